@@ -1,0 +1,262 @@
+//! Project automation: `cargo xtask <command>`.
+//!
+//! - `gpu-test [--run] [--long] [--filter F]`: build the CUDA test suite (one release test
+//!   binary) and the demo, and bundle them, compressed, with a runner script and a manifest
+//!   into `target/gpu-bundle/`, a folder that runs on a GPU machine without a Rust toolchain.
+//!   `--run` then runs the bundle here (needs a local NVIDIA GPU).
+//! - `bundle-dir`: print the bundle folder (for scripts).
+//!
+//! Plain `std` only, so that `cargo xtask` costs seconds to build.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+const BUNDLE_DIR: &str = "target/gpu-bundle";
+/// What travels to a GPU machine must stay under this (the remote runner's limit).
+const BUNDLE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("gpu-test") => gpu_test(&args[1..]),
+        Some("bundle-dir") => {
+            println!("{}", root().join(BUNDLE_DIR).display());
+            Ok(())
+        }
+        _ => Err(format!(
+            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME]\n       cargo xtask bundle-dir\n(got {args:?})"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    // xtask lives one level below the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+struct GpuTestOptions {
+    run: bool,
+    long: bool,
+    filter: Option<String>,
+}
+
+fn parse_gpu_test(args: &[String]) -> Result<GpuTestOptions, String> {
+    let mut options = GpuTestOptions {
+        run: false,
+        long: false,
+        filter: None,
+    };
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--run" => options.run = true,
+            "--long" => options.long = true,
+            "--filter" => {
+                options.filter = Some(
+                    iter.next()
+                        .ok_or("--filter needs a test name substring")?
+                        .clone(),
+                )
+            }
+            other => return Err(format!("gpu-test: unknown argument `{other}`")),
+        }
+    }
+    Ok(options)
+}
+
+/// One artifact cargo built, as `--message-format=json` reports it.
+struct Artifact {
+    name: String,
+    kind: &'static str,
+    path: PathBuf,
+}
+
+fn gpu_test(args: &[String]) -> Result<(), String> {
+    let options = parse_gpu_test(args)?;
+    let root = root();
+    let artifacts = cargo_build_gpu(&root)?;
+    let bundle = root.join(BUNDLE_DIR);
+    if bundle.exists() {
+        std::fs::remove_dir_all(&bundle).map_err(|e| format!("clearing {bundle:?}: {e}"))?;
+    }
+    std::fs::create_dir_all(&bundle).map_err(|e| format!("creating {bundle:?}: {e}"))?;
+
+    let mut manifest = String::from("{\n  \"artifacts\": [\n");
+    for (index, artifact) in artifacts.iter().enumerate() {
+        let file = format!("{}-{}.xz", artifact.kind, artifact.name);
+        let target = bundle.join(&file);
+        compress(&artifact.path, &target)?;
+        let size = std::fs::metadata(&target).map_err(|e| e.to_string())?.len();
+        manifest.push_str(&format!(
+            "    {{\"kind\": \"{}\", \"name\": \"{}\", \"file\": \"{}\", \"xz_bytes\": {}}}{}\n",
+            artifact.kind,
+            artifact.name,
+            file,
+            size,
+            if index + 1 == artifacts.len() {
+                ""
+            } else {
+                ","
+            }
+        ));
+    }
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(&root)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    manifest.push_str(&format!(
+        "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"cuda\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
+    ));
+    write(&bundle.join("manifest.json"), &manifest)?;
+    write(&bundle.join("run.sh"), RUN_SH)?;
+    make_executable(&bundle.join("run.sh"))?;
+
+    let total = dir_size(&bundle)?;
+    println!(
+        "xtask: bundle at {} ({:.1} MiB)",
+        bundle.display(),
+        total as f64 / (1024.0 * 1024.0)
+    );
+    if total > BUNDLE_LIMIT_BYTES {
+        return Err(format!(
+            "bundle is {total} bytes, over the {BUNDLE_LIMIT_BYTES}-byte limit of a remote run"
+        ));
+    }
+    println!(
+        "xtask: on a GPU machine without Rust, run `bash {BUNDLE_DIR}/run.sh` from the repository root"
+    );
+
+    if options.run {
+        let mut command = Command::new("bash");
+        command.arg(bundle.join("run.sh")).current_dir(&root);
+        if options.long {
+            command.env("BURN_GRAPHED_LONG", "1");
+        }
+        if let Some(filter) = &options.filter {
+            command.env("BURN_GRAPHED_FILTER", filter);
+        }
+        let status = command.status().map_err(|e| format!("running run.sh: {e}"))?;
+        if !status.success() {
+            return Err(format!("GPU suite failed ({status})"));
+        }
+    }
+    Ok(())
+}
+
+/// Builds the GPU test binary and the demo in release mode with the `cuda` feature.
+fn cargo_build_gpu(root: &Path) -> Result<Vec<Artifact>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--no-default-features",
+            "--features",
+            "cuda",
+            "--test",
+            "gpu",
+            "--example",
+            "train_mlp",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !output.status.success() {
+        return Err("cargo build of the GPU suite failed".into());
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut artifacts = Vec::new();
+    for line in stdout.lines() {
+        if !line.contains("\"reason\":\"compiler-artifact\"") {
+            continue;
+        }
+        let Some(executable) = json_string(line, "executable") else {
+            continue;
+        };
+        let kind = if line.contains("\"kind\":[\"test\"]") {
+            "test"
+        } else if line.contains("\"kind\":[\"example\"]") {
+            "example"
+        } else {
+            continue;
+        };
+        let name = json_string(line, "name").unwrap_or_else(|| "unnamed".into());
+        artifacts.push(Artifact {
+            name,
+            kind,
+            path: PathBuf::from(executable),
+        });
+    }
+    if !artifacts.iter().any(|a| a.kind == "test") {
+        return Err("cargo reported no GPU test executable".into());
+    }
+    Ok(artifacts)
+}
+
+/// The value of the first `"key":"value"` pair in a line of cargo's JSON (cargo never puts
+/// escaped quotes into the fields read here).
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let pattern = format!("\"{key}\":\"");
+    let start = line.find(&pattern)? + pattern.len();
+    let end = line[start..].find('"')? + start;
+    Some(line[start..end].to_string())
+}
+
+fn compress(source: &Path, target: &Path) -> Result<(), String> {
+    let input = std::fs::File::open(source).map_err(|e| format!("opening {source:?}: {e}"))?;
+    let out = std::fs::File::create(target).map_err(|e| format!("creating {target:?}: {e}"))?;
+    let status = Command::new("xz")
+        .args(["-6", "-T0", "-c"])
+        .stdin(input)
+        .stdout(out)
+        .status()
+        .map_err(|e| format!("running xz (install it: apt-get install xz-utils): {e}"))?;
+    if !status.success() {
+        return Err(format!("xz failed on {source:?}"));
+    }
+    Ok(())
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), String> {
+    std::fs::write(path, contents).map_err(|e| format!("writing {path:?}: {e}"))
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {path:?}: {e}"))
+}
+
+#[cfg(not(unix))]
+fn make_executable(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        total += entry.metadata().map_err(|e| e.to_string())?.len();
+    }
+    Ok(total)
+}
+
+/// The runner that travels with the bundle. Needs bash and xz (or python3) only.
+const RUN_SH: &str = include_str!("run.sh");

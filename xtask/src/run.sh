@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runner of the burn-graphed GPU bundle, made by `cargo xtask gpu-test`.
+# Needs bash and xz (or python3) and an NVIDIA driver with CUDA 12.x/13.x libraries; no Rust.
+#
+#   bash run.sh            run the GPU test suite, print "N passed, N failed", exit 1 on failure
+#   bash run.sh demo       run the training demo (eager vs graphed)
+#   bash run.sh bench      run the benchmark example, if bundled
+#
+# Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
+# property-test cases), OUT (a folder to copy the log into).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mode="${1:-tests}"
+
+unpack() { # unpack FILE.xz -> $work/NAME
+  local src="$here/$1" dst="$work/${1%.xz}"
+  if command -v xz >/dev/null 2>&1; then
+    xz -dc "$src" >"$dst" || return 1
+  else
+    python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$src" "$dst" || return 1
+  fi
+  chmod +x "$dst"
+  echo "$dst"
+}
+
+# NVRTC and the driver are loaded at run time; make the usual CUDA locations visible.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+
+case "$mode" in
+  tests)
+    bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
+    args=(--test-threads=1)
+    [ -n "${BURN_GRAPHED_FILTER:-}" ] && args+=("$BURN_GRAPHED_FILTER")
+    log="$work/gpu-tests.log"
+    "$bin" "${args[@]}" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    [ -n "${OUT:-}" ] && cp "$log" "$OUT/" 2>/dev/null
+    passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+      failed=1 # the binary died before libtest could report
+      echo "gpu suite: test binary exited with status $rc before reporting"
+    fi
+    echo "$passed passed, $failed failed"
+    [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
+    ;;
+  demo)
+    bin="$(unpack example-train_mlp.xz)" || exit 1
+    shift
+    "$bin" "$@"
+    ;;
+  bench)
+    bin="$(unpack example-bench.xz)" || { echo "no benchmark in this bundle"; exit 1; }
+    shift
+    "$bin" "$@"
+    ;;
+  *)
+    echo "usage: run.sh [tests|demo|bench]"; exit 2;;
+esac
