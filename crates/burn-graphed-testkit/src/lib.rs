@@ -1,1 +1,423 @@
-//! testkit
+//! # burn-graphed-testkit
+//!
+//! A numerical-equivalence harness for [`burn_graphed::Graphed`]: train an eager model and a
+//! graphed copy side by side, from identical parameters and batches, and compare every step's
+//! outputs, loss, parameter gradients and updated parameters. Put it in your own CI to prove
+//! that graphing your model changes nothing.
+//!
+//! ```no_run
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::optim::AdamConfig;
+//! use burn::prelude::*;
+//! use burn_graphed::GraphedConfig;
+//! use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training};
+//!
+//! #[derive(Module, Debug)]
+//! struct Net {
+//!     layer: Linear,
+//! }
+//!
+//! fn forward(net: &Net, x: Tensor<2>) -> Tensor<2> {
+//!     net.layer.forward(x)
+//! }
+//!
+//! let device = Device::default().autodiff();
+//! let report = compare_training(TrainingComparison {
+//!     model: Net { layer: LinearConfig::new(8, 8).init(&device) },
+//!     call: forward,
+//!     optimizer: AdamConfig::new().init(),
+//!     learning_rate: 1e-3,
+//!     batch: &mut |_step| Tensor::<2>::ones([4, 8], &device),
+//!     loss: |y: Tensor<2>| y.powi_scalar(2).mean(),
+//!     steps: 5,
+//!     graphed: GraphedConfig::new(),
+//!     tolerance: Tolerance::default(),
+//! })
+//! .unwrap();
+//! assert!(report.passed(), "{report}");
+//! ```
+#![warn(missing_docs)]
+
+use std::fmt;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Tensor, TensorData};
+use burn_graphed::{Graphed, GraphedConfig, GraphedError, TensorGroup};
+
+/// How close graphed values must be to eager ones.
+///
+/// A value passes when `|graphed - eager| <= abs + rel * |eager|` or when the two are within
+/// `ulps` units in the last place. Both paths run the same kernels on the same buffers' values,
+/// so bitwise equality ([`Tolerance::exact`]) is the expectation on one backend; the default
+/// leaves room for reductions whose order a fused or captured kernel may change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Absolute error allowed.
+    pub abs: f64,
+    /// Relative error allowed.
+    pub rel: f64,
+    /// Distance in units in the last place (f32) allowed.
+    pub ulps: u64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Self {
+        Self {
+            abs: 1e-6,
+            rel: 1e-5,
+            ulps: 4,
+        }
+    }
+}
+
+impl Tolerance {
+    /// Bitwise equality.
+    pub fn exact() -> Self {
+        Self {
+            abs: 0.0,
+            rel: 0.0,
+            ulps: 0,
+        }
+    }
+
+    fn accepts(&self, eager: f32, graphed: f32) -> bool {
+        if eager.to_bits() == graphed.to_bits() || (eager.is_nan() && graphed.is_nan()) {
+            return true;
+        }
+        let diff = (f64::from(eager) - f64::from(graphed)).abs();
+        diff <= self.abs + self.rel * f64::from(eager).abs() || ulp_distance(eager, graphed) <= self.ulps
+    }
+}
+
+/// Distance between two f32 values in units in the last place.
+pub fn ulp_distance(a: f32, b: f32) -> u64 {
+    fn ordered(x: f32) -> i64 {
+        let bits = i64::from(x.to_bits() as i32);
+        if bits < 0 { i64::from(i32::MIN) - bits } else { bits }
+    }
+    if a.is_nan() || b.is_nan() {
+        return u64::MAX;
+    }
+    ordered(a).abs_diff(ordered(b))
+}
+
+/// The comparison of one tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorComparison {
+    /// What was compared, e.g. `step 3 grad param 2`.
+    pub name: String,
+    /// Number of elements.
+    pub len: usize,
+    /// Largest absolute difference.
+    pub max_abs: f64,
+    /// Largest relative difference (to the eager value).
+    pub max_rel: f64,
+    /// Largest ULP distance.
+    pub max_ulps: u64,
+    /// First element outside the tolerance.
+    pub first_mismatch: Option<usize>,
+    /// Whether the shapes differ (then nothing else was compared).
+    pub shape_mismatch: bool,
+}
+
+impl TensorComparison {
+    /// Compares `graphed` to `eager` under `tolerance`.
+    pub fn new(name: impl Into<String>, eager: &TensorData, graphed: &TensorData, tolerance: Tolerance) -> Self {
+        let mut comparison = Self {
+            name: name.into(),
+            len: 0,
+            max_abs: 0.0,
+            max_rel: 0.0,
+            max_ulps: 0,
+            first_mismatch: None,
+            shape_mismatch: eager.shape() != graphed.shape(),
+        };
+        if comparison.shape_mismatch {
+            return comparison;
+        }
+        let (Ok(eager), Ok(graphed)) = (eager.try_to_vec::<f32>(), graphed.try_to_vec::<f32>()) else {
+            comparison.shape_mismatch = true;
+            return comparison;
+        };
+        comparison.len = eager.len();
+        for (index, (&e, &g)) in eager.iter().zip(&graphed).enumerate() {
+            let abs = (f64::from(e) - f64::from(g)).abs();
+            let rel = if e == 0.0 { abs } else { abs / f64::from(e).abs() };
+            comparison.max_abs = comparison.max_abs.max(abs);
+            comparison.max_rel = comparison.max_rel.max(rel);
+            comparison.max_ulps = comparison.max_ulps.max(ulp_distance(e, g));
+            if comparison.first_mismatch.is_none() && !tolerance.accepts(e, g) {
+                comparison.first_mismatch = Some(index);
+            }
+        }
+        comparison
+    }
+
+    /// Whether the tensor is within tolerance.
+    pub fn passed(&self) -> bool {
+        !self.shape_mismatch && self.first_mismatch.is_none()
+    }
+
+    /// Whether the two tensors are bitwise equal.
+    pub fn bitwise(&self) -> bool {
+        self.passed() && self.max_ulps == 0
+    }
+}
+
+impl fmt::Display for TensorComparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.shape_mismatch {
+            return write!(f, "{}: shapes or dtypes differ", self.name);
+        }
+        write!(
+            f,
+            "{}: {} elements, max abs {:.3e}, max rel {:.3e}, max ulps {}{}",
+            self.name,
+            self.len,
+            self.max_abs,
+            self.max_rel,
+            self.max_ulps,
+            match self.first_mismatch {
+                Some(index) => format!(", FIRST MISMATCH at {index}"),
+                None => String::new(),
+            }
+        )
+    }
+}
+
+/// The result of [`compare_training`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EquivalenceReport {
+    /// Every tensor compared, in order.
+    pub tensors: Vec<TensorComparison>,
+    /// The graphed model's counters at the end.
+    pub stats: burn_graphed::GraphStats,
+    /// The capture summary.
+    pub summary: burn_graphed::CaptureSummary,
+}
+
+impl EquivalenceReport {
+    /// Whether every tensor is within tolerance.
+    pub fn passed(&self) -> bool {
+        self.tensors.iter().all(TensorComparison::passed)
+    }
+
+    /// Whether every tensor is bitwise equal.
+    pub fn bitwise(&self) -> bool {
+        self.tensors.iter().all(TensorComparison::bitwise)
+    }
+
+    /// The comparisons outside tolerance.
+    pub fn failures(&self) -> impl Iterator<Item = &TensorComparison> {
+        self.tensors.iter().filter(|t| !t.passed())
+    }
+
+    /// The largest ULP distance seen.
+    pub fn max_ulps(&self) -> u64 {
+        self.tensors.iter().map(|t| t.max_ulps).max().unwrap_or(0)
+    }
+}
+
+impl fmt::Display for EquivalenceReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let failed = self.failures().count();
+        writeln!(
+            f,
+            "{} tensors compared, {} outside tolerance, max ulps {}, bitwise {}; {:?}",
+            self.tensors.len(),
+            failed,
+            self.max_ulps(),
+            self.bitwise(),
+            self.stats
+        )?;
+        for failure in self.failures().take(10) {
+            writeln!(f, "  {failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why [`compare_training`] could not run (a mismatch is a report, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// Capturing or calling the graphed model failed.
+    #[error("graphed model: {0}")]
+    Graphed(#[from] GraphedError),
+    /// A tensor could not be read back.
+    #[error("reading {what} back: {reason}")]
+    Read {
+        /// What was read.
+        what: String,
+        /// The backend's reason.
+        reason: String,
+    },
+}
+
+/// Everything [`compare_training`] needs.
+pub struct TrainingComparison<'a, M, I, O> {
+    /// The model, on an autodiff device, in training mode. The eager run trains a deep copy.
+    pub model: M,
+    /// The function that calls it.
+    pub call: fn(&M, I) -> O,
+    /// The optimizer; the graphed run gets a clone of it.
+    pub optimizer: ModuleOptimizer,
+    /// The learning rate.
+    pub learning_rate: f64,
+    /// The batch of each step (called once per step; the same batch feeds both runs). Step
+    /// `usize::MAX` asks for the capture's sample batch.
+    pub batch: &'a mut dyn FnMut(usize) -> I,
+    /// The loss of the outputs.
+    pub loss: fn(O) -> Tensor<1>,
+    /// Number of optimizer steps.
+    pub steps: usize,
+    /// Configuration of the graphed model.
+    pub graphed: GraphedConfig,
+    /// How close values must be.
+    pub tolerance: Tolerance,
+}
+
+/// A copy of `module` whose parameters live in buffers of their own (a clone would share them).
+pub fn deep_copy<M: Module>(module: &M) -> M {
+    struct Copier;
+    impl ModuleMapper for Copier {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let require_grad = param.is_require_grad();
+            param.map(|tensor| {
+                let copy = Tensor::from_inner(tensor.inner().mul_scalar(1.0));
+                if require_grad { copy.require_grad() } else { copy }
+            })
+        }
+    }
+    module.clone().map(&mut Copier)
+}
+
+fn read<const D: usize>(tensor: Tensor<D>, what: &str) -> Result<TensorData, HarnessError> {
+    tensor.try_into_data().map_err(|error| HarnessError::Read {
+        what: what.to_string(),
+        reason: error.to_string(),
+    })
+}
+
+fn params_data<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)> {
+    struct Reader(Vec<(burn::module::ParamId, TensorData)>);
+    impl burn::module::ModuleVisitor for Reader {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push((param.id, param.val().inner().into_data()));
+        }
+    }
+    let mut reader = Reader(Vec::new());
+    module.visit(&mut reader);
+    reader.0
+}
+
+fn grads_data<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option<TensorData>> {
+    struct Reader<'a>(&'a GradientsParams, Vec<Option<TensorData>>);
+    impl burn::module::ModuleVisitor for Reader<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let grad = self.0.get::<D>(param.id).map(Tensor::into_data);
+            self.1.push(grad);
+        }
+    }
+    let mut reader = Reader(grads, Vec::new());
+    module.visit(&mut reader);
+    reader.1
+}
+
+/// Trains `comparison.model` eagerly and, from identical parameters, a graphed copy, on the same
+/// batches, and compares each step's outputs, loss, every parameter gradient and every parameter
+/// after the optimizer step.
+///
+/// # Errors
+///
+/// [`HarnessError::Graphed`] when the capture or a graphed call fails,
+/// [`HarnessError::Read`] when a tensor cannot be read back. A numerical mismatch is not an
+/// error: it is in the report ([`EquivalenceReport::passed`]).
+pub fn compare_training<M, I, O>(
+    comparison: TrainingComparison<'_, M, I, O>,
+) -> Result<EquivalenceReport, HarnessError>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let TrainingComparison {
+        model,
+        call,
+        optimizer,
+        learning_rate,
+        batch,
+        loss,
+        steps,
+        graphed,
+        tolerance,
+    } = comparison;
+    let mut eager = deep_copy(&model);
+    let mut eager_optimizer = optimizer.clone();
+    let mut graphed_optimizer = optimizer;
+    let sample = batch(usize::MAX);
+    let mut graphed = Graphed::new(model, call, sample, &graphed)?;
+    let mut tensors = Vec::new();
+
+    for step in 0..steps {
+        let input = batch(step);
+        let eager_out = call(&eager, input.clone()).flatten();
+        let graphed_out = graphed.forward(input)?.flatten();
+        for (index, (e, g)) in eager_out.iter().zip(&graphed_out).enumerate() {
+            let e = read(Tensor::<1>::from_dispatch(e_tensor(e)).inner(), "eager output")?;
+            let g = read(Tensor::<1>::from_dispatch(e_tensor(g)).inner(), "graphed output")?;
+            tensors.push(TensorComparison::new(format!("step {step} output {index}"), &e, &g, tolerance));
+        }
+        let eager_loss = loss(O::unflatten(eager_out).expect("same structure"));
+        let graphed_loss = loss(O::unflatten(graphed_out).expect("same structure"));
+        tensors.push(TensorComparison::new(
+            format!("step {step} loss"),
+            &read(eager_loss.clone().inner(), "eager loss")?,
+            &read(graphed_loss.clone().inner(), "graphed loss")?,
+            tolerance,
+        ));
+        let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
+        let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
+        let e_grads = grads_data(&eager, &eager_grads);
+        let g_grads = grads_data(&graphed, &graphed_grads);
+        for (index, (e, g)) in e_grads.iter().zip(&g_grads).enumerate() {
+            match (e, g) {
+                (Some(e), Some(g)) => tensors.push(TensorComparison::new(
+                    format!("step {step} grad param {index}"),
+                    e,
+                    g,
+                    tolerance,
+                )),
+                (None, None) => {}
+                _ => tensors.push(TensorComparison {
+                    name: format!("step {step} grad param {index}: present in one run only"),
+                    len: 0,
+                    max_abs: f64::INFINITY,
+                    max_rel: f64::INFINITY,
+                    max_ulps: u64::MAX,
+                    first_mismatch: Some(0),
+                    shape_mismatch: true,
+                }),
+            }
+        }
+        eager = eager_optimizer.step(learning_rate, eager, eager_grads);
+        graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
+        for (index, ((_, e), (_, g))) in params_data(&eager).iter().zip(&params_data(&graphed)).enumerate() {
+            tensors.push(TensorComparison::new(
+                format!("step {step} param {index} after update"),
+                e,
+                g,
+                tolerance,
+            ));
+        }
+    }
+    Ok(EquivalenceReport {
+        tensors,
+        stats: graphed.stats(),
+        summary: graphed.summary().clone(),
+    })
+}
+
+fn e_tensor(flat: &burn_graphed::FlatTensor) -> burn::backend::DispatchTensor {
+    flat.tensor().clone()
+}

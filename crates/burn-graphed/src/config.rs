@@ -1,0 +1,73 @@
+//! Options of a graphed callable.
+
+use burn::config::Config;
+
+/// What a call does when it does not match the capture (other shapes, dtypes, `require_grad`,
+/// train/eval mode, a backend without graphs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
+#[serde(crate = "burn::serde")]
+pub enum MismatchPolicy {
+    /// Run the wrapped callable eagerly and count the fallback (the default, as PyTorch does
+    /// for `training` changes).
+    Fallback,
+    /// Return [`GraphedError::Mismatch`](crate::GraphedError::Mismatch).
+    Error,
+}
+
+/// How outputs and gradients leave the static buffers that every replay overwrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
+#[serde(crate = "burn::serde")]
+pub enum OutputPolicy {
+    /// Hand out copies (the default). A copy is one elementwise kernel, which fusion usually
+    /// merges into the first consumer (the loss); a tensor kept across steps keeps its value.
+    Copy,
+    /// Hand out the static buffers themselves: no copy, but a tensor kept past the next call
+    /// of the same callable shows that call's values (PyTorch's behaviour).
+    Static,
+}
+
+/// Configuration of [`Graphed`](crate::Graphed).
+#[derive(Config, Debug)]
+pub struct GraphedConfig {
+    /// Eager iterations (forward and backward) before each capture, so that autotuning,
+    /// fusion and the allocator reach their steady state.
+    #[config(default = 3)]
+    pub warmup_iters: usize,
+    /// What a call that does not match the capture does.
+    #[config(default = "MismatchPolicy::Fallback")]
+    pub on_mismatch: MismatchPolicy,
+    /// How outputs and gradients are handed out.
+    #[config(default = "OutputPolicy::Copy")]
+    pub outputs: OutputPolicy,
+    /// Accept inputs that require grad but are not used by the callable (their gradient is then
+    /// absent), as PyTorch's `allow_unused_input`.
+    #[config(default = false)]
+    pub allow_unused_input: bool,
+    /// Accept float parameters that do not require grad while training; they are treated as
+    /// constants that the caller may replace between steps, never as state the forward updates.
+    #[config(default = false)]
+    pub allow_non_trainable_params: bool,
+    /// Fail with [`GraphedError::Unsupported`](crate::GraphedError::Unsupported) instead of
+    /// running eagerly when the device's backend cannot capture graphs.
+    #[config(default = false)]
+    pub require_graphs: bool,
+    /// Deliberate faults, for proving that equivalence tests catch them. Never set this in
+    /// real use.
+    #[doc(hidden)]
+    #[config(default = "FaultInjection::None")]
+    pub fault: FaultInjection,
+}
+
+/// Deliberate faults that make graphed results wrong, so that tests can show the equivalence
+/// harness fails on them.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
+#[serde(crate = "burn::serde")]
+pub enum FaultInjection {
+    /// Correct behaviour.
+    None,
+    /// Never copy updated parameters into the graphs' buffers (stale parameters).
+    SkipParamCopy,
+    /// Never copy new inputs into the static input buffers (stale inputs).
+    SkipInputCopy,
+}

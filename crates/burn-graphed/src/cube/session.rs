@@ -1,0 +1,193 @@
+//! A captured forward/backward pair and everything that replaying it needs.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use burn::backend::{Backend, Cube, DispatchGraph};
+use burn::backend::ops::FloatTensorOps;
+
+use super::buffers::{FusedTensor, StaticBuffer};
+use crate::config::{FaultInjection, OutputPolicy};
+use crate::error::GraphedError;
+use crate::stats::GraphStats;
+
+/// The graphs of one capture and their static buffers.
+///
+/// Field order is drop order: the graphs go before the buffers they point into.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub forward: DispatchGraph,
+    pub backward: DispatchGraph,
+    /// The device the graphs were captured on (without autodiff).
+    pub device: <Cube as burn::backend::BackendTypes>::Device,
+    /// One per flattened input.
+    pub inputs: Vec<StaticBuffer>,
+    /// One per float parameter, in visiting order.
+    pub params: Vec<StaticBuffer>,
+    /// One per output; written by the forward graph.
+    pub outputs: Vec<StaticBuffer>,
+    /// One per output; read by the backward graph.
+    pub grad_outputs: Vec<StaticBuffer>,
+    /// Zeros shaped like each output, for outputs that receive no gradient.
+    pub zeros: Vec<StaticBuffer>,
+    /// One per parent slot (inputs, then parameters): the gradient the backward graph writes,
+    /// `None` where the slot needs none (no require_grad, or unused).
+    pub grad_parents: Vec<Option<StaticBuffer>>,
+    pub output_policy: OutputPolicy,
+    pub fault: FaultInjection,
+    pub state: Mutex<SessionState>,
+}
+
+/// What changes from call to call.
+#[derive(Debug, Default)]
+pub(crate) struct SessionState {
+    pub stats: GraphStats,
+    /// Alive while a replayed forward waits for its backward.
+    pub pending: Weak<PendingBackward>,
+    /// Outputs of the last forward replay, taken by the autodiff node.
+    pub fresh_outputs: Vec<FusedTensor>,
+    /// Which outputs received a gradient for the pending backward.
+    pub received: Vec<bool>,
+}
+
+/// Token of a forward replay whose backward has not run: dropped when the backward ran or the
+/// autodiff graph was freed without it.
+#[derive(Debug)]
+pub(crate) struct PendingBackward;
+
+impl Session {
+    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
+        // A poisoned lock only means a panic elsewhere while holding it; the counters stay
+        // usable.
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Whether a previous forward still waits for its backward.
+    pub fn backward_pending(&self) -> bool {
+        self.lock().pending.strong_count() > 0
+    }
+
+    /// Bytes of the static buffers.
+    pub fn static_bytes(&self) -> u64 {
+        let buffers = self
+            .inputs
+            .iter()
+            .chain(&self.params)
+            .chain(&self.outputs)
+            .chain(&self.grad_outputs)
+            .chain(&self.zeros)
+            .chain(self.grad_parents.iter().flatten());
+        buffers.map(StaticBuffer::bytes).sum()
+    }
+
+    /// Copies the call's inputs and parameters into the static buffers where they are not
+    /// there already, replays the forward graph and keeps its outputs for the autodiff node.
+    pub fn replay_forward(
+        &self,
+        inputs: &[FusedTensor],
+        params: &[FusedTensor],
+    ) -> Result<(), GraphedError> {
+        let mut input_copies = 0;
+        if self.fault != FaultInjection::SkipInputCopy {
+            for (buffer, input) in self.inputs.iter().zip(inputs) {
+                input_copies += u64::from(buffer.write_from(input));
+            }
+        }
+        let mut param_copies = 0;
+        if self.fault != FaultInjection::SkipParamCopy {
+            for (buffer, param) in self.params.iter().zip(params) {
+                param_copies += u64::from(buffer.write_from(param));
+            }
+        }
+        // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
+        // used concurrently, and refreshed on the capture stream. The static buffers live in
+        // `self`, which outlives the graph (field order); the activations the recording wrote
+        // were freed into pages that stay guarded while the graph lives, so nothing else is
+        // placed there; the copies above were issued from this thread, the capture thread's
+        // stream (the caller checked the thread), before the replay on the same stream.
+        unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.forward)?) }
+            .map_err(|error| GraphedError::Replay {
+                which: "forward",
+                reason: error.to_string(),
+            })?;
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|buffer| self.hand_out(&buffer.fused))
+            .collect();
+        let mut state = self.lock();
+        state.stats.forward_replays += 1;
+        state.stats.input_copies += input_copies;
+        state.stats.param_copies += param_copies;
+        state.fresh_outputs = outputs;
+        state.received = vec![false; self.outputs.len()];
+        Ok(())
+    }
+
+    /// Registers the token of the forward just replayed.
+    pub fn start_pending(&self) -> Arc<PendingBackward> {
+        let token = Arc::new(PendingBackward);
+        self.lock().pending = Arc::downgrade(&token);
+        token
+    }
+
+    /// Takes the outputs of the last forward replay.
+    pub fn take_outputs(&self) -> Vec<FusedTensor> {
+        std::mem::take(&mut self.lock().fresh_outputs)
+    }
+
+    /// Stores the gradient of output `index` for the coming backward replay.
+    pub fn deposit_grad(&self, index: usize, grad: &FusedTensor) {
+        self.grad_outputs[index].write_from(grad);
+        if let Some(received) = self.lock().received.get_mut(index) {
+            *received = true;
+        }
+    }
+
+    /// Zero-fills the gradients of outputs that received none, replays the backward graph and
+    /// returns the gradient of each parent slot.
+    pub fn replay_backward(&self) -> Result<Vec<Option<FusedTensor>>, GraphedError> {
+        let received = std::mem::take(&mut self.lock().received);
+        for (index, buffer) in self.grad_outputs.iter().enumerate() {
+            if !received.get(index).copied().unwrap_or(false) {
+                buffer.copy_from_cube(self.zeros[index].cube.clone());
+            }
+        }
+        // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
+        // lies in guarded pages, and the gradient copies above were issued on this stream.
+        unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.backward)?) }
+            .map_err(|error| GraphedError::Replay {
+                which: "backward",
+                reason: error.to_string(),
+            })?;
+        self.lock().stats.backward_replays += 1;
+        Ok(self
+            .grad_parents
+            .iter()
+            .map(|slot| slot.as_ref().map(|buffer| self.hand_out(&buffer.fused)))
+            .collect())
+    }
+
+    /// A static buffer as handed to user code, according to the output policy.
+    fn hand_out(&self, buffer: &FusedTensor) -> FusedTensor {
+        match self.output_policy {
+            // x * 1 is exact for every float, NaN and signed zero included; fusion merges it
+            // into the consumer, and drains it before the next replay overwrites the buffer.
+            OutputPolicy::Copy => Cube::float_mul_scalar(buffer.clone(), 1.0f32.into()),
+            OutputPolicy::Static => buffer.clone(),
+        }
+    }
+
+    fn cube_graph<'a>(
+        &self,
+        graph: &'a DispatchGraph,
+    ) -> Result<&'a burn::backend::BackendGraph<Cube>, GraphedError> {
+        match graph {
+            DispatchGraph::Cube(graph) => Ok(graph),
+            #[allow(unreachable_patterns)]
+            other => Err(GraphedError::Replay {
+                which: "lookup",
+                reason: format!("graph {other:?} was not captured on burn's cubecl backend"),
+            }),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The error type of every fallible operation in this crate.
+
+use std::fmt;
+
+/// Which step of a capture failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapturePhase {
+    /// Copying sample inputs and parameters into static buffers.
+    StaticBuffers,
+    /// Eager warm-up runs before the forward capture.
+    ForwardWarmup,
+    /// Recording the forward graph.
+    Forward,
+    /// Eager warm-up runs before the backward capture.
+    BackwardWarmup,
+    /// Recording the backward graph.
+    Backward,
+}
+
+impl fmt::Display for CapturePhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CapturePhase::StaticBuffers => "static-buffer setup",
+            CapturePhase::ForwardWarmup => "forward warm-up",
+            CapturePhase::Forward => "forward capture",
+            CapturePhase::BackwardWarmup => "backward warm-up",
+            CapturePhase::Backward => "backward capture",
+        })
+    }
+}
+
+/// Everything that can go wrong when capturing or calling a graphed callable.
+///
+/// Every variant names the argument or the step concerned, what was given and what was
+/// expected. None of them leaves the model or the device in a changed state: a failed capture
+/// drops its partial graphs and static buffers, and a rejected call runs nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GraphedError {
+    /// A call passed a different number of input tensors than the sample inputs had.
+    #[error("wrong number of inputs: the callable was captured with {expected} input tensor(s), got {got}")]
+    InputCount {
+        /// Tensors in the sample inputs.
+        expected: usize,
+        /// Tensors passed now.
+        got: usize,
+    },
+    /// An input's shape differs from the sample input's shape.
+    #[error("input {index}: shape {got:?} differs from the captured shape {expected:?}")]
+    InputShape {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+        /// Shape at capture.
+        expected: Vec<usize>,
+        /// Shape passed now.
+        got: Vec<usize>,
+    },
+    /// An input's dtype differs from the sample input's dtype.
+    #[error("input {index}: dtype {got} differs from the captured dtype {expected}")]
+    InputDType {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+        /// Dtype at capture.
+        expected: String,
+        /// Dtype passed now.
+        got: String,
+    },
+    /// An input's `require_grad` differs from the sample input's.
+    #[error(
+        "input {index}: require_grad is {got} but the sample input had {expected}; \
+         pass sample inputs whose require_grad matches real use"
+    )]
+    InputRequireGrad {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+        /// `require_grad` at capture.
+        expected: bool,
+        /// `require_grad` now.
+        got: bool,
+    },
+    /// An input lives on another device than the one the graphs were captured on.
+    #[error("input {index}: device {got} differs from the capture device {expected}")]
+    InputDevice {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+        /// Capture device.
+        expected: String,
+        /// Device of the tensor passed now.
+        got: String,
+    },
+    /// The module's parameters are not the ones it had at capture (added, removed, reshaped).
+    #[error("the module's parameters changed since capture: {detail}")]
+    ParametersChanged {
+        /// What differs.
+        detail: String,
+    },
+    /// The module holds float state that is not trained (e.g. batch-norm running statistics),
+    /// which a replayed graph would not keep up to date.
+    #[error(
+        "parameter {index} ({shape:?}) does not require grad while the module is in training mode: \
+         it may be state that the forward updates (e.g. BatchNorm running statistics), which a \
+         replayed graph would leave stale. Set `allow_non_trainable_params` only if such \
+         tensors are constants"
+    )]
+    NonTrainableState {
+        /// Position of the parameter in visiting order.
+        index: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// An input that requires grad received no gradient at capture.
+    #[error(
+        "input {index} requires grad but the callable does not use it; \
+         set `allow_unused_input` to accept that (its gradient is then absent)"
+    )]
+    UnusedInput {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+    },
+    /// The sample inputs contained no tensor.
+    #[error("a graphed callable needs at least one input tensor")]
+    NoInputs,
+    /// The callable returned no tensor.
+    #[error("the callable returned no output tensor")]
+    NoOutputs,
+    /// The device's backend cannot record graphs and `require_graphs` was set.
+    #[error("the backend of device {device} cannot capture graphs (needs burn's cubecl backend: cuda or wgpu)")]
+    Unsupported {
+        /// The device.
+        device: String,
+    },
+    /// The device and the module disagree on autodiff: capture needs a training setup.
+    #[error("capture needs {what} on an autodiff device (Device::autodiff()); got {device}")]
+    NotAutodiff {
+        /// What was not on an autodiff device.
+        what: &'static str,
+        /// The device found.
+        device: String,
+    },
+    /// A capture step failed; the graphs were dropped and the device left out of capture mode.
+    #[error("capture failed during {phase}: {reason}")]
+    Capture {
+        /// The step that failed.
+        phase: CapturePhase,
+        /// What the backend reported.
+        reason: String,
+    },
+    /// Replaying a captured graph failed.
+    #[error("graph replay failed ({which}): {reason}")]
+    Replay {
+        /// `forward` or `backward`.
+        which: &'static str,
+        /// What the backend reported.
+        reason: String,
+    },
+    /// A call does not match the capture and the policy is to refuse rather than run eagerly.
+    #[error("call does not match the capture and on_mismatch = Error: {reason}")]
+    Mismatch {
+        /// Why the call does not match.
+        reason: crate::FallbackReason,
+    },
+}

@@ -1,0 +1,457 @@
+//! [`Graphed`]: a module wrapper whose calls replay captured forward and backward graphs.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+};
+use burn::tensor::Device;
+
+use crate::config::{GraphedConfig, MismatchPolicy};
+use crate::error::GraphedError;
+use crate::params::{self, ModuleMode};
+use crate::stats::{CaptureSummary, FallbackReason, GraphStats};
+use crate::tensors::{FlatTensor, TensorGroup};
+
+/// What the capture recorded about the inputs.
+#[derive(Debug, Clone)]
+struct InputSpec {
+    shape: Vec<usize>,
+    dtype: burn::tensor::DType,
+    require_grad: bool,
+}
+
+/// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
+/// copies): the graphs, the signature they were captured with, and the counters.
+struct Shared {
+    #[cfg(feature = "cube")]
+    session: Option<Arc<crate::cube::session::Session>>,
+    /// Why there are no graphs, when there are none.
+    eager_reason: Option<FallbackReason>,
+    inputs: Vec<InputSpec>,
+    mode: ModuleMode,
+    device: Device,
+    thread: ThreadId,
+    policy: MismatchPolicy,
+    summary: CaptureSummary,
+    /// Counters of eager calls (replays are counted by the session).
+    eager: Mutex<GraphStats>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("summary", &self.summary)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A module whose forward pass and autodiff backward pass replay captured graphs.
+///
+/// Made by [`Graphed::new`] from a module, the function that calls it, and sample inputs.
+/// It is itself a [`Module`]: optimizers, records and `valid()` see the wrapped module's
+/// parameters, and every copy shares the captured graphs.
+///
+/// A call replays the graphs when it matches the capture: same input shapes, dtypes and
+/// `require_grad`, the module in the same train/eval state with the same parameters, on an
+/// autodiff device, on the capturing thread, with the previous call's backward done. Any other
+/// call runs the wrapped function eagerly (or fails, with
+/// [`MismatchPolicy::Error`](crate::MismatchPolicy::Error)); [`Graphed::stats`] counts both.
+///
+/// After an optimizer step the parameters are new tensors: the next call copies them into the
+/// graphs' parameter buffers (one device copy per changed parameter). Inputs are copied into the
+/// static input buffers unless they are those buffers already.
+pub struct Graphed<M, I, O> {
+    inner: M,
+    call: fn(&M, I) -> O,
+    shared: Arc<Shared>,
+}
+
+impl<M: Clone, I, O> Clone for Graphed<M, I, O> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            call: self.call,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M: fmt::Debug, I, O> fmt::Debug for Graphed<M, I, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graphed")
+            .field("inner", &self.inner)
+            .field("capture", &self.shared.summary)
+            .finish()
+    }
+}
+
+impl<M, I, O> Graphed<M, I, O>
+where
+    M: Module,
+    I: TensorGroup,
+    O: TensorGroup,
+{
+    /// Captures `call(&module, sample)`'s forward pass and autodiff backward pass as graphs.
+    ///
+    /// `module` must be on an autodiff device in training mode, as it will be used; `sample`
+    /// must have the shapes, dtypes and `require_grad` of the real inputs (its values do not
+    /// matter). The module itself is not modified: the graphs run on copies of its parameters,
+    /// refreshed before each call.
+    ///
+    /// On a backend that cannot capture graphs (e.g. Flex) the result runs every call eagerly,
+    /// unless [`GraphedConfig::require_graphs`] asks for an error.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::NoInputs`], [`GraphedError::NotAutodiff`],
+    /// [`GraphedError::NonTrainableState`], [`GraphedError::UnusedInput`],
+    /// [`GraphedError::Capture`] (with the failing step; the device is left out of capture mode
+    /// and usable), and [`GraphedError::Unsupported`] when graphs are required but impossible.
+    pub fn new(
+        module: M,
+        call: fn(&M, I) -> O,
+        sample: I,
+        config: &GraphedConfig,
+    ) -> Result<Self, GraphedError> {
+        let sample = sample.flatten();
+        let first = sample.first().ok_or(GraphedError::NoInputs)?;
+        let device = first.device.clone();
+        let (module_params, mode) = params::collect(&module);
+        let inputs = sample
+            .iter()
+            .map(|t| InputSpec {
+                shape: t.shape.clone(),
+                dtype: t.dtype,
+                require_grad: t.require_grad,
+            })
+            .collect::<Vec<_>>();
+        let mut summary = CaptureSummary {
+            graphed: false,
+            eager_reason: None,
+            inputs: sample.len(),
+            inputs_requiring_grad: sample.iter().filter(|t| t.require_grad).count(),
+            outputs: 0,
+            params: module_params.len(),
+            trainable_params: module_params
+                .iter()
+                .filter(|p| p.tensor.require_grad)
+                .count(),
+            static_bytes: 0,
+        };
+
+        let param_device = params::device_of(&module_params).unwrap_or_else(|| device.clone());
+        if !param_device.is_autodiff() {
+            return Err(GraphedError::NotAutodiff {
+                what: "the module",
+                device: format!("{param_device:?}"),
+            });
+        }
+        for (index, param) in module_params.iter().enumerate() {
+            if !param.tensor.require_grad && !config.allow_non_trainable_params {
+                return Err(GraphedError::NonTrainableState {
+                    index,
+                    shape: param.tensor.shape.clone(),
+                });
+            }
+        }
+
+        let mut eager_reason = None;
+        #[cfg(feature = "cube")]
+        let mut session = None;
+        #[cfg(feature = "cube")]
+        let can_capture = crate::cube::capture::supports_capture(&device);
+        #[cfg(not(feature = "cube"))]
+        let can_capture = false;
+        if !can_capture {
+            if config.require_graphs {
+                return Err(GraphedError::Unsupported {
+                    device: format!("{device:?}"),
+                });
+            }
+            eager_reason = Some(FallbackReason::Unsupported);
+        }
+        #[cfg(feature = "cube")]
+        if can_capture {
+            let parents = sample.len() + module_params.len();
+            if parents > crate::cube::node::MAX_PARENTS {
+                return Err(GraphedError::ParametersChanged {
+                    detail: format!(
+                        "{parents} inputs and parameters, more than the {} one graphed call supports",
+                        crate::cube::node::MAX_PARENTS
+                    ),
+                });
+            }
+            let captured =
+                crate::cube::capture::capture(&module, call, sample, &module_params, config)?;
+            summary.graphed = true;
+            summary.outputs = captured.session.outputs.len();
+            summary.static_bytes = captured.session.static_bytes();
+            session = Some(captured.session);
+        }
+        summary.eager_reason = eager_reason.as_ref().map(ToString::to_string);
+
+        Ok(Self {
+            inner: module,
+            call,
+            shared: Arc::new(Shared {
+                #[cfg(feature = "cube")]
+                session,
+                eager_reason,
+                inputs,
+                mode,
+                device,
+                thread: std::thread::current().id(),
+                policy: config.on_mismatch,
+                summary,
+                eager: Mutex::new(GraphStats::default()),
+            }),
+        })
+    }
+
+    /// Runs the callable: a replay of the graphs when the call matches the capture, the wrapped
+    /// function otherwise (see [`Graphed`]).
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InputCount`] when the number of input tensors differs from capture (for
+    /// `Vec` inputs), [`GraphedError::InputDevice`] for an input on another device,
+    /// [`GraphedError::Mismatch`] for any other difference when the policy is
+    /// [`MismatchPolicy::Error`], and [`GraphedError::Replay`] when the device rejects a replay.
+    ///
+    /// # Panics
+    ///
+    /// The backward pass of a replayed call panics if the device rejects the backward replay:
+    /// burn's backward steps cannot return errors, and continuing would yield wrong gradients.
+    pub fn forward(&self, input: I) -> Result<O, GraphedError> {
+        let flat = input.flatten();
+        if flat.len() != self.shared.inputs.len() {
+            return Err(GraphedError::InputCount {
+                expected: self.shared.inputs.len(),
+                got: flat.len(),
+            });
+        }
+        for (index, tensor) in flat.iter().enumerate() {
+            if tensor.device != self.shared.device {
+                return Err(GraphedError::InputDevice {
+                    index,
+                    expected: format!("{:?}", self.shared.device),
+                    got: format!("{:?}", tensor.device),
+                });
+            }
+        }
+        match self.replay_plan(&flat) {
+            Ok(()) => self.replay(flat),
+            Err(reason) => self.eager(flat, reason),
+        }
+    }
+
+    /// Why this call cannot replay, if it cannot.
+    fn replay_plan(&self, flat: &[FlatTensor]) -> Result<(), FallbackReason> {
+        if let Some(reason) = &self.shared.eager_reason {
+            return Err(reason.clone());
+        }
+        if std::thread::current().id() != self.shared.thread {
+            return Err(FallbackReason::OtherThread);
+        }
+        let autodiff = flat.iter().any(|t| t.device.is_autodiff());
+        if !autodiff {
+            return Err(FallbackReason::NoAutodiff);
+        }
+        for (index, (tensor, spec)) in flat.iter().zip(&self.shared.inputs).enumerate() {
+            if tensor.shape != spec.shape {
+                return Err(FallbackReason::Shape { index });
+            }
+            if tensor.dtype != spec.dtype {
+                return Err(FallbackReason::DType { index });
+            }
+            if tensor.require_grad != spec.require_grad {
+                return Err(FallbackReason::RequireGrad { index });
+            }
+        }
+        Ok(())
+    }
+
+    fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
+        if self.shared.policy == MismatchPolicy::Error && reason != FallbackReason::Unsupported {
+            return Err(GraphedError::Mismatch { reason });
+        }
+        *self
+            .shared
+            .eager
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .fallbacks
+            .entry(reason)
+            .or_default() += 1;
+        let input = I::unflatten(flat).ok_or(GraphedError::InputCount {
+            expected: self.shared.inputs.len(),
+            got: self.shared.inputs.len(),
+        })?;
+        Ok((self.call)(&self.inner, input))
+    }
+
+    #[cfg(not(feature = "cube"))]
+    fn replay(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
+        self.eager(flat, FallbackReason::Unsupported)
+    }
+
+    #[cfg(feature = "cube")]
+    fn replay(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
+        use crate::cube::capture::fused;
+        use burn::backend::ops::FloatTensorOps;
+
+        let Some(session) = self.shared.session.as_ref() else {
+            return self.eager(flat, FallbackReason::Unsupported);
+        };
+        let (module_params, mode) = params::collect(&self.inner);
+        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        if mode.difference(&self.shared.mode).is_some() {
+            return self.eager(flat, FallbackReason::ModeChanged);
+        }
+        if session.backward_pending() {
+            return self.eager(flat, FallbackReason::BackwardPending);
+        }
+        let mut inputs = Vec::with_capacity(flat.len());
+        for tensor in &flat {
+            match fused(&tensor.tensor) {
+                Some(f) => inputs.push(f),
+                None => return self.eager(flat, FallbackReason::Unsupported),
+            }
+        }
+        let mut param_tensors = Vec::with_capacity(module_params.len());
+        for param in &module_params {
+            match fused(&param.tensor.tensor) {
+                Some(f) => param_tensors.push(f),
+                None => return self.eager(flat, FallbackReason::Unsupported),
+            }
+        }
+        let Some(route) = flat
+            .iter()
+            .map(|t| &t.tensor)
+            .chain(module_params.iter().map(|p| &p.tensor.tensor))
+            .find(|t| burn::backend::Dispatch::float_is_require_grad(t))
+            .cloned()
+        else {
+            // Nothing requires grad: there is no backward to graph.
+            return self.eager(flat, FallbackReason::ModeChanged);
+        };
+        session.replay_forward(&inputs, &param_tensors)?;
+        let parents = flat
+            .into_iter()
+            .map(|t| t.tensor)
+            .chain(module_params.into_iter().map(|p| p.tensor.tensor))
+            .collect();
+        let outputs = crate::cube::node::link(route, parents, session);
+        let outputs = outputs
+            .into_iter()
+            .zip(session.outputs.iter())
+            .map(|(tensor, buffer)| FlatTensor::from_parts(tensor, &buffer.fused))
+            .collect::<Vec<_>>();
+        O::unflatten(outputs).ok_or(GraphedError::NoOutputs)
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        &self.inner
+    }
+
+    /// Unwraps the module (the graphs are dropped with the last copy of this wrapper).
+    pub fn into_module(self) -> M {
+        self.inner
+    }
+
+    /// What was captured.
+    pub fn summary(&self) -> &CaptureSummary {
+        &self.shared.summary
+    }
+
+    /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper.
+    pub fn stats(&self) -> GraphStats {
+        let mut stats = self
+            .shared
+            .eager
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone();
+        #[cfg(feature = "cube")]
+        if let Some(session) = &self.shared.session {
+            let replayed = session.lock().stats.clone();
+            stats.forward_replays = replayed.forward_replays;
+            stats.backward_replays = replayed.backward_replays;
+            stats.input_copies = replayed.input_copies;
+            stats.param_copies = replayed.param_copies;
+        }
+        stats
+    }
+}
+
+impl<M: Module, I, O> Module for Graphed<M, I, O> {
+    fn collect_devices(&self, devices: Devices) -> Devices {
+        self.inner.collect_devices(devices)
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        Self {
+            inner: self.inner.fork(device),
+            ..self
+        }
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        Self {
+            inner: self.inner.to_device(device),
+            ..self
+        }
+    }
+
+    fn train(self) -> Self {
+        Self {
+            inner: self.inner.train(),
+            ..self
+        }
+    }
+
+    fn valid(&self) -> Self {
+        Self {
+            inner: self.inner.valid(),
+            call: self.call,
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn materialize(self) -> Self {
+        Self {
+            inner: self.inner.materialize(),
+            ..self
+        }
+    }
+
+    fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
+        self.inner.visit(visitor)
+    }
+
+    fn map<Mp: ModuleMapper>(self, mapper: &mut Mp) -> Self {
+        Self {
+            inner: self.inner.map(mapper),
+            ..self
+        }
+    }
+}
+
+// SAFETY-free marker impls: `Graphed` is `Send` when its parts are; `Module` requires it.
+impl<M: Module + ModuleDisplay, I, O> ModuleDisplayDefault for Graphed<M, I, O> {
+    fn content(&self, content: Content) -> Option<Content> {
+        self.inner.content(content)
+    }
+
+    fn num_params(&self) -> usize {
+        Module::num_params(self)
+    }
+}
+
+impl<M: Module + ModuleDisplay, I, O> ModuleDisplay for Graphed<M, I, O> {}

@@ -1,0 +1,101 @@
+//! Counters of what graphed calls did, readable at any time.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Why a call ran eagerly instead of replaying the graphs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FallbackReason {
+    /// The device's backend cannot capture graphs (e.g. Flex).
+    Unsupported,
+    /// The inputs are not on an autodiff device (inference, e.g. after `valid()`).
+    NoAutodiff,
+    /// The module's train/eval flags or the parameters' `require_grad` differ from capture.
+    ModeChanged,
+    /// An input's shape differs from capture.
+    Shape {
+        /// Input position.
+        index: usize,
+    },
+    /// An input's dtype differs from capture.
+    DType {
+        /// Input position.
+        index: usize,
+    },
+    /// An input's `require_grad` differs from capture.
+    RequireGrad {
+        /// Input position.
+        index: usize,
+    },
+    /// The previous graphed call's backward has not run yet: replaying now would overwrite the
+    /// activations it needs.
+    BackwardPending,
+    /// The call came from another thread than the capture (graphs replay on the capturing
+    /// thread's stream only).
+    OtherThread,
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FallbackReason::Unsupported => f.write_str("backend cannot capture graphs"),
+            FallbackReason::NoAutodiff => f.write_str("inputs not on an autodiff device"),
+            FallbackReason::ModeChanged => {
+                f.write_str("train/eval mode or parameter require_grad differs from capture")
+            }
+            FallbackReason::Shape { index } => write!(f, "input {index} shape differs"),
+            FallbackReason::DType { index } => write!(f, "input {index} dtype differs"),
+            FallbackReason::RequireGrad { index } => {
+                write!(f, "input {index} require_grad differs")
+            }
+            FallbackReason::BackwardPending => {
+                f.write_str("previous call's backward still pending")
+            }
+            FallbackReason::OtherThread => f.write_str("called from another thread than the capture"),
+        }
+    }
+}
+
+/// What a graphed callable has done so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Calls that replayed the forward graph.
+    pub forward_replays: u64,
+    /// Backward passes that replayed the backward graph.
+    pub backward_replays: u64,
+    /// Input tensors copied into static buffers (an input already in its static buffer is not).
+    pub input_copies: u64,
+    /// Parameter tensors copied into static buffers (after optimizer steps).
+    pub param_copies: u64,
+    /// Calls that ran eagerly, by reason.
+    pub fallbacks: BTreeMap<FallbackReason, u64>,
+}
+
+impl GraphStats {
+    /// Total eager fallbacks.
+    pub fn total_fallbacks(&self) -> u64 {
+        self.fallbacks.values().sum()
+    }
+}
+
+/// Shape of what was captured: counts and bytes, stable across runs (snapshot material).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSummary {
+    /// Whether hardware graphs were captured (false: every call runs eagerly).
+    pub graphed: bool,
+    /// Why there are no graphs, when there are none.
+    pub eager_reason: Option<String>,
+    /// Flattened input tensors.
+    pub inputs: usize,
+    /// Inputs that require grad at capture.
+    pub inputs_requiring_grad: usize,
+    /// Output tensors.
+    pub outputs: usize,
+    /// Float parameters of the module.
+    pub params: usize,
+    /// Parameters that receive gradients.
+    pub trainable_params: usize,
+    /// Bytes of the static buffers this callable owns: inputs, parameter copies, outputs,
+    /// incoming and outgoing gradients. The graphs' internal activations are not included.
+    pub static_bytes: u64,
+}

@@ -1,0 +1,50 @@
+//! The CPU suite: burn's wgpu backend on Mesa's software Vulkan (lavapipe), which records and
+//! replays real (software) graphs through the same capture lifecycle as CUDA, and Flex, where
+//! every call runs eagerly.
+
+mod scenarios;
+
+use burn::prelude::*;
+
+fn wgpu() -> Device {
+    // lavapipe prints a warning without a runtime dir; point it somewhere harmless.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: set before any thread of this test reads the environment... not guaranteed in
+        // a multi-threaded test binary, so the variable is also set by `.ci/run`.
+    }
+    Device::wgpu(Default::default())
+}
+
+macro_rules! on_devices {
+    ($($name:ident => $body:expr;)+) => {
+        mod wgpu_suite {
+            use super::*;
+            $(#[test] fn $name() { let device = wgpu(); let f: fn(&Device) = $body; f(&device); })+
+        }
+        mod flex_suite {
+            use super::*;
+            $(#[test] fn $name() { let device = Device::flex(); let f: fn(&Device) = $body; f(&device); })+
+        }
+    };
+}
+
+on_devices! {
+    mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
+    multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);
+    input_gradient_matches_eager => scenarios::input_gradient_matches_eager;
+    unused_input_is_refused => scenarios::unused_input_is_refused;
+    eval_mode_falls_back => scenarios::eval_mode_falls_back;
+    shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
+    second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;
+    harness_catches_faults => scenarios::harness_catches_faults;
+}
+
+#[test]
+fn wgpu_records_graphs() {
+    assert!(scenarios::supports_graphs(&wgpu()), "wgpu should capture (software graphs)");
+}
+
+#[test]
+fn flex_runs_eagerly() {
+    assert!(!scenarios::supports_graphs(&Device::flex()));
+}

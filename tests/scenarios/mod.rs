@@ -1,0 +1,288 @@
+//! Scenarios shared by the CPU suite (`tests/cpu.rs`, wgpu on a software Vulkan, and Flex) and
+//! the GPU suite (`tests/gpu.rs`, CUDA): each takes the device to run on.
+
+#![allow(dead_code)]
+
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::prelude::*;
+use burn_graphed::{
+    FallbackReason, FaultInjection, Graphed, GraphedConfig, GraphedError, MismatchPolicy,
+};
+use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training};
+
+/// depth x Linear(width, width) + ReLU, then Linear(width, out).
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub layers: Vec<Linear>,
+    pub head: Linear,
+}
+
+impl Mlp {
+    pub fn new(width: usize, depth: usize, out: usize, device: &Device) -> Self {
+        Self {
+            layers: (0..depth).map(|_| LinearConfig::new(width, width).init(device)).collect(),
+            head: LinearConfig::new(width, out).init(device),
+        }
+    }
+
+    pub fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
+        for layer in &self.layers {
+            x = Relu::new().forward(layer.forward(x));
+        }
+        self.head.forward(x)
+    }
+}
+
+/// Two inputs and two outputs; the third input is unused.
+#[derive(Module, Debug)]
+pub struct TwoHeads {
+    pub a: Linear,
+    pub b: Linear,
+    pub shared: Linear,
+}
+
+impl TwoHeads {
+    pub fn new(device: &Device) -> Self {
+        Self {
+            a: LinearConfig::new(16, 16).init(device),
+            b: LinearConfig::new(8, 16).init(device),
+            shared: LinearConfig::new(16, 4).init(device),
+        }
+    }
+
+    pub fn forward(&self, (x, y, _unused): (Tensor<2>, Tensor<2>, Tensor<2>)) -> (Tensor<2>, Tensor<2>) {
+        let h = Relu::new().forward(self.a.forward(x) + self.b.forward(y));
+        let out = self.shared.forward(h.clone());
+        (out, h.sum_dim(1))
+    }
+}
+
+fn mlp_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    m.forward(x)
+}
+
+fn square_mean(y: Tensor<2>) -> Tensor<1> {
+    y.powi_scalar(2).mean()
+}
+
+/// Deterministic batches: one per step, seeded by the step.
+fn batch(shape: [usize; 2], step: usize, device: &Device) -> Tensor<2> {
+    let n = shape[0] * shape[1];
+    let values: Vec<f32> = (0..n)
+        .map(|i| (((i * 7919 + (step % 997) * 104_729) % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    Tensor::<1>::from_floats(values.as_slice(), device).reshape(shape)
+}
+
+/// Graphed MLP training equals eager training for `steps` Adam steps.
+pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(32, 3, 8, &device);
+    let report = compare_training(TrainingComparison {
+        model,
+        call: mlp_forward,
+        optimizer: AdamConfig::new().init(),
+        learning_rate: 1e-2,
+        batch: &mut |step| batch([16, 32], step, &device),
+        loss: square_mean,
+        steps,
+        graphed: GraphedConfig::new(),
+        tolerance: Tolerance::default(),
+    })
+    .expect("comparison runs");
+    println!("mlp: {report}");
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
+        // The graphs run on copies of the parameters; every call after an optimizer step (and
+        // the first call) copies the module's current parameters into them.
+        let params = report.summary.params as u64;
+        assert_eq!(report.stats.param_copies, params * steps as u64, "{report}");
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
+}
+
+fn two_heads_forward(m: &TwoHeads, inputs: (Tensor<2>, Tensor<2>, Tensor<2>)) -> (Tensor<2>, Tensor<2>) {
+    m.forward(inputs)
+}
+
+fn two_heads_loss((out, h): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+    out.powi_scalar(2).mean() + h.mean()
+}
+
+/// Several inputs (one requiring grad, one unused) and several outputs.
+pub fn multi_io_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let model = TwoHeads::new(&device);
+    let make = |step: usize| {
+        (
+            batch([4, 16], step, &device).require_grad(),
+            batch([4, 8], step + 1000, &device),
+            batch([4, 3], step + 2000, &device),
+        )
+    };
+    let report = compare_training(TrainingComparison {
+        model,
+        call: two_heads_forward,
+        optimizer: AdamConfig::new().init(),
+        learning_rate: 1e-2,
+        batch: &mut |step| make(if step == usize::MAX { 0 } else { step }),
+        loss: two_heads_loss,
+        steps,
+        graphed: GraphedConfig::new().with_allow_unused_input(true),
+        tolerance: Tolerance::default(),
+    })
+    .expect("comparison runs");
+    println!("two heads: {report}");
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        assert_eq!(report.summary.outputs, 2);
+        assert_eq!(report.stats.forward_replays, steps as u64);
+    }
+}
+
+/// The gradient of an input that requires grad equals eager's.
+pub fn input_gradient_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = TwoHeads::new(&device);
+    let eager = burn_graphed_testkit::deep_copy(&model);
+    let make = || {
+        (
+            batch([4, 16], 3, &device).require_grad(),
+            batch([4, 8], 4, &device),
+            batch([4, 3], 5, &device),
+        )
+    };
+    let graphed = Graphed::new(model, two_heads_forward, make(), &GraphedConfig::new().with_allow_unused_input(true))
+        .expect("capture");
+    let (xe, ye, ze) = make();
+    let (xg, yg, zg) = make();
+    let loss_e = two_heads_loss(eager.forward((xe.clone(), ye, ze)));
+    let loss_g = two_heads_loss(graphed.forward((xg.clone(), yg, zg)).expect("call"));
+    let ge = xe.grad(&loss_e.backward()).expect("eager grad").into_data();
+    let gg = xg.grad(&loss_g.backward()).expect("graphed grad").into_data();
+    ge.assert_approx_eq::<f32>(&gg, Default::default());
+}
+
+/// An unused input that requires grad is refused unless allowed.
+pub fn unused_input_is_refused(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let model = TwoHeads::new(&device);
+    let sample = (
+        batch([4, 16], 0, &device),
+        batch([4, 8], 0, &device),
+        batch([4, 3], 0, &device).require_grad(),
+    );
+    let error = Graphed::new(model, two_heads_forward, sample, &GraphedConfig::new())
+        .expect_err("the third input is unused");
+    assert_eq!(error, GraphedError::UnusedInput { index: 2 });
+}
+
+/// After `valid()` the module runs eagerly on the inner device, and training resumes graphed.
+pub fn eval_mode_falls_back(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let sample = batch([8, 16], 0, &device);
+    let graphed = Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture");
+    let valid = graphed.valid();
+    let x = batch([8, 16], 1, &device.clone().inner());
+    let expected = valid.module().forward(x.clone()).into_data();
+    let got = valid.forward(x).expect("eval call").into_data();
+    got.assert_eq(&expected, true);
+    let stats = graphed.stats();
+    let reason = if supports_graphs(&device) {
+        FallbackReason::NoAutodiff
+    } else {
+        FallbackReason::Unsupported
+    };
+    assert_eq!(stats.fallbacks.get(&reason), Some(&1), "{stats:?}");
+    // Back in training mode, the graphs serve again.
+    let y = graphed.forward(batch([8, 16], 2, &device)).expect("train call");
+    let _ = y.powi_scalar(2).mean().backward();
+    if supports_graphs(&device) {
+        assert_eq!(graphed.stats().forward_replays, 1);
+    }
+}
+
+/// Another batch size runs eagerly (fallback) or fails (Error policy).
+pub fn shape_change_falls_back_or_errors(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let model = Mlp::new(16, 1, 4, &device);
+    let graphed = Graphed::new(model.clone(), mlp_forward, batch([8, 16], 0, &device), &GraphedConfig::new())
+        .expect("capture");
+    let y = graphed.forward(batch([4, 16], 0, &device)).expect("fallback");
+    assert_eq!(y.dims(), [4, 4]);
+    assert_eq!(graphed.stats().fallbacks.get(&FallbackReason::Shape { index: 0 }), Some(&1));
+
+    let strict = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new().with_on_mismatch(MismatchPolicy::Error),
+    )
+    .expect("capture");
+    let error = strict.forward(batch([4, 16], 0, &device)).expect_err("strict");
+    assert_eq!(error, GraphedError::Mismatch { reason: FallbackReason::Shape { index: 0 } });
+}
+
+/// A second forward before the first one's backward would overwrite its activations: it runs
+/// eagerly, and both gradients are right.
+pub fn second_call_before_backward_is_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 1, 4, &device);
+    let eager = burn_graphed_testkit::deep_copy(&model);
+    let graphed = Graphed::new(model, mlp_forward, batch([8, 16], 0, &device), &GraphedConfig::new())
+        .expect("capture");
+    let a = batch([8, 16], 1, &device);
+    let b = batch([8, 16], 2, &device);
+    let loss_g = square_mean(graphed.forward(a.clone()).unwrap()) + square_mean(graphed.forward(b.clone()).unwrap());
+    let loss_e = square_mean(eager.forward(a)) + square_mean(eager.forward(b));
+    let grads_g = GradientsParams::from_grads(loss_g.backward(), &graphed);
+    let grads_e = GradientsParams::from_grads(loss_e.backward(), &eager);
+    let ge = grads_e.get::<2>(eager.head.weight.id).unwrap().into_data();
+    let gg = grads_g.get::<2>(graphed.module().head.weight.id).unwrap().into_data();
+    ge.assert_approx_eq::<f32>(&gg, Default::default());
+    if supports_graphs(&device) {
+        assert_eq!(graphed.stats().fallbacks.get(&FallbackReason::BackwardPending), Some(&1));
+    }
+}
+
+/// The harness catches stale parameters and stale inputs.
+pub fn harness_catches_faults(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    for fault in [FaultInjection::SkipParamCopy, FaultInjection::SkipInputCopy] {
+        let report = compare_training(TrainingComparison {
+            model: Mlp::new(16, 2, 4, &device),
+            call: mlp_forward,
+            optimizer: AdamConfig::new().init(),
+            learning_rate: 1e-2,
+            batch: &mut |step| batch([8, 16], step, &device),
+            loss: square_mean,
+            steps: 3,
+            graphed: GraphedConfig::new().with_fault(fault),
+            tolerance: Tolerance::default(),
+        })
+        .expect("comparison runs");
+        assert!(!report.passed(), "{fault:?} went unnoticed: {report}");
+    }
+}
+
+/// Whether `device` records graphs (cubecl backend).
+pub fn supports_graphs(device: &Device) -> bool {
+    let model = Mlp::new(4, 0, 4, &device.clone().autodiff());
+    Graphed::new(model, mlp_forward, Tensor::zeros([1, 4], &device.clone().autodiff()), &GraphedConfig::new())
+        .map(|g| g.summary().graphed)
+        .unwrap_or(false)
+}
