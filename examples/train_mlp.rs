@@ -38,7 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::cuda(0).autodiff();
     device.seed(0);
     let model = Mlp {
-        layers: (0..depth).map(|_| LinearConfig::new(width, width).init(&device)).collect(),
+        layers: (0..depth)
+            .map(|_| LinearConfig::new(width, width).init(&device))
+            .collect(),
     };
     let eager_model = burn_graphed_testkit::deep_copy(&model);
     let x = Tensor::<2>::random([batch, width], burn::tensor::Distribution::Default, &device);
@@ -55,7 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let loss = loss_of(eager.forward(x.clone()));
         let grads = GradientsParams::from_grads(loss.backward(), &eager);
         if step == 0 {
-            eager_grads = grads.get::<2>(eager.layers[0].weight.id).map(|g| g.into_data());
+            eager_grads = grads
+                .get::<2>(eager.layers[0].weight.id)
+                .map(|g| g.into_data());
         }
         eager = optim.step(1e-3, eager, grads);
         device.sync()?;
@@ -74,7 +78,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let loss = loss_of(graphed.forward(x.clone())?);
         let grads = GradientsParams::from_grads(loss.backward(), &graphed);
         if step == 0 {
-            graphed_grads = grads.get::<2>(graphed.module().layers[0].weight.id).map(|g| g.into_data());
+            graphed_grads = grads
+                .get::<2>(graphed.module().layers[0].weight.id)
+                .map(|g| g.into_data());
         }
         graphed = optim.step(1e-3, graphed, grads);
         device.sync()?;
@@ -106,10 +112,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .abs()
         .max()
         .into_scalar::<f32>();
-    println!("MLP {depth} x Linear({width},{width}) + ReLU, batch {batch}, Adam, {steps} steps, f32");
+    println!(
+        "MLP {depth} x Linear({width},{width}) + ReLU, batch {batch}, Adam, {steps} steps, f32"
+    );
     println!("capture: {capture_ms:.1} ms; {:?}", graphed.summary());
     println!("eager train step:   {eager_us:8.1} us (median after 10 warm-up steps)");
-    println!("graphed train step: {graphed_us:8.1} us  -> speedup {:.2}x", eager_us / graphed_us);
+    println!(
+        "graphed train step: {graphed_us:8.1} us  -> speedup {:.2}x",
+        eager_us / graphed_us
+    );
     println!("max |grad diff| (step 0, layer 0 weight): {max_grad_diff:e}");
     println!("max |param diff| after {steps} steps (layer 0 weight): {max_param_diff:e}");
     println!("stats: {:?}", graphed.stats());

@@ -28,8 +28,8 @@ fn smoke_backend_graph_replays_against_eager() {
     Dispatch::graph_start_capture(dispatch).expect("start");
     let out = f(&x);
     let graph = Dispatch::graph_stop_capture(dispatch).expect("stop");
-    // New values in the captured input buffer: x <- x * 2 + 1, written in place through the
-    // graphed module's copy path is not available here, so compare the replay of the same input.
+    // Replays with new input values are what the scenarios below check (a new batch every
+    // step, compared to eager); here the raw API replays the captured input.
     // SAFETY: every tensor the closure touched (x, w, out) is alive, nothing else runs
     // concurrently, and the replay is issued from the capturing thread.
     unsafe { Dispatch::graph_replay(dispatch, &graph) }.expect("replay");

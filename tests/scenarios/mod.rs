@@ -22,7 +22,9 @@ pub struct Mlp {
 impl Mlp {
     pub fn new(width: usize, depth: usize, out: usize, device: &Device) -> Self {
         Self {
-            layers: (0..depth).map(|_| LinearConfig::new(width, width).init(device)).collect(),
+            layers: (0..depth)
+                .map(|_| LinearConfig::new(width, width).init(device))
+                .collect(),
             head: LinearConfig::new(width, out).init(device),
         }
     }
@@ -52,7 +54,10 @@ impl TwoHeads {
         }
     }
 
-    pub fn forward(&self, (x, y, _unused): (Tensor<2>, Tensor<2>, Tensor<2>)) -> (Tensor<2>, Tensor<2>) {
+    pub fn forward(
+        &self,
+        (x, y, _unused): (Tensor<2>, Tensor<2>, Tensor<2>),
+    ) -> (Tensor<2>, Tensor<2>) {
         let h = Relu::new().forward(self.a.forward(x) + self.b.forward(y));
         let out = self.shared.forward(h.clone());
         (out, h.sum_dim(1))
@@ -105,7 +110,10 @@ pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-fn two_heads_forward(m: &TwoHeads, inputs: (Tensor<2>, Tensor<2>, Tensor<2>)) -> (Tensor<2>, Tensor<2>) {
+fn two_heads_forward(
+    m: &TwoHeads,
+    inputs: (Tensor<2>, Tensor<2>, Tensor<2>),
+) -> (Tensor<2>, Tensor<2>) {
     m.forward(inputs)
 }
 
@@ -156,14 +164,22 @@ pub fn input_gradient_matches_eager(device: &Device) {
             batch([4, 3], 5, &device),
         )
     };
-    let graphed = Graphed::new(model, two_heads_forward, make(), &GraphedConfig::new().with_allow_unused_input(true))
-        .expect("capture");
+    let graphed = Graphed::new(
+        model,
+        two_heads_forward,
+        make(),
+        &GraphedConfig::new().with_allow_unused_input(true),
+    )
+    .expect("capture");
     let (xe, ye, ze) = make();
     let (xg, yg, zg) = make();
     let loss_e = two_heads_loss(eager.forward((xe.clone(), ye, ze)));
     let loss_g = two_heads_loss(graphed.forward((xg.clone(), yg, zg)).expect("call"));
     let ge = xe.grad(&loss_e.backward()).expect("eager grad").into_data();
-    let gg = xg.grad(&loss_g.backward()).expect("graphed grad").into_data();
+    let gg = xg
+        .grad(&loss_g.backward())
+        .expect("graphed grad")
+        .into_data();
     ge.assert_approx_eq::<f32>(&gg, Default::default());
 }
 
@@ -203,7 +219,9 @@ pub fn eval_mode_falls_back(device: &Device) {
     };
     assert_eq!(stats.fallbacks.get(&reason), Some(&1), "{stats:?}");
     // Back in training mode, the graphs serve again.
-    let y = graphed.forward(batch([8, 16], 2, &device)).expect("train call");
+    let y = graphed
+        .forward(batch([8, 16], 2, &device))
+        .expect("train call");
     let _ = y.powi_scalar(2).mean().backward();
     if supports_graphs(&device) {
         assert_eq!(graphed.stats().forward_replays, 1);
@@ -217,11 +235,24 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         return;
     }
     let model = Mlp::new(16, 1, 4, &device);
-    let graphed = Graphed::new(model.clone(), mlp_forward, batch([8, 16], 0, &device), &GraphedConfig::new())
-        .expect("capture");
-    let y = graphed.forward(batch([4, 16], 0, &device)).expect("fallback");
+    let graphed = Graphed::new(
+        model.clone(),
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let y = graphed
+        .forward(batch([4, 16], 0, &device))
+        .expect("fallback");
     assert_eq!(y.dims(), [4, 4]);
-    assert_eq!(graphed.stats().fallbacks.get(&FallbackReason::Shape { index: 0 }), Some(&1));
+    assert_eq!(
+        graphed
+            .stats()
+            .fallbacks
+            .get(&FallbackReason::Shape { index: 0 }),
+        Some(&1)
+    );
 
     let strict = Graphed::new(
         model,
@@ -230,8 +261,15 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         &GraphedConfig::new().with_on_mismatch(MismatchPolicy::Error),
     )
     .expect("capture");
-    let error = strict.forward(batch([4, 16], 0, &device)).expect_err("strict");
-    assert_eq!(error, GraphedError::Mismatch { reason: FallbackReason::Shape { index: 0 } });
+    let error = strict
+        .forward(batch([4, 16], 0, &device))
+        .expect_err("strict");
+    assert_eq!(
+        error,
+        GraphedError::Mismatch {
+            reason: FallbackReason::Shape { index: 0 }
+        }
+    );
 }
 
 /// A second forward before the first one's backward would overwrite its activations: it runs
@@ -240,19 +278,34 @@ pub fn second_call_before_backward_is_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
     let eager = burn_graphed_testkit::deep_copy(&model);
-    let graphed = Graphed::new(model, mlp_forward, batch([8, 16], 0, &device), &GraphedConfig::new())
-        .expect("capture");
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
     let a = batch([8, 16], 1, &device);
     let b = batch([8, 16], 2, &device);
-    let loss_g = square_mean(graphed.forward(a.clone()).unwrap()) + square_mean(graphed.forward(b.clone()).unwrap());
+    let loss_g = square_mean(graphed.forward(a.clone()).unwrap())
+        + square_mean(graphed.forward(b.clone()).unwrap());
     let loss_e = square_mean(eager.forward(a)) + square_mean(eager.forward(b));
     let grads_g = GradientsParams::from_grads(loss_g.backward(), &graphed);
     let grads_e = GradientsParams::from_grads(loss_e.backward(), &eager);
     let ge = grads_e.get::<2>(eager.head.weight.id).unwrap().into_data();
-    let gg = grads_g.get::<2>(graphed.module().head.weight.id).unwrap().into_data();
+    let gg = grads_g
+        .get::<2>(graphed.module().head.weight.id)
+        .unwrap()
+        .into_data();
     ge.assert_approx_eq::<f32>(&gg, Default::default());
     if supports_graphs(&device) {
-        assert_eq!(graphed.stats().fallbacks.get(&FallbackReason::BackwardPending), Some(&1));
+        assert_eq!(
+            graphed
+                .stats()
+                .fallbacks
+                .get(&FallbackReason::BackwardPending),
+            Some(&1)
+        );
     }
 }
 
@@ -282,7 +335,12 @@ pub fn harness_catches_faults(device: &Device) {
 /// Whether `device` records graphs (cubecl backend).
 pub fn supports_graphs(device: &Device) -> bool {
     let model = Mlp::new(4, 0, 4, &device.clone().autodiff());
-    Graphed::new(model, mlp_forward, Tensor::zeros([1, 4], &device.clone().autodiff()), &GraphedConfig::new())
-        .map(|g| g.summary().graphed)
-        .unwrap_or(false)
+    Graphed::new(
+        model,
+        mlp_forward,
+        Tensor::zeros([1, 4], &device.clone().autodiff()),
+        &GraphedConfig::new(),
+    )
+    .map(|g| g.summary().graphed)
+    .unwrap_or(false)
 }

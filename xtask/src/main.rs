@@ -149,7 +149,9 @@ fn gpu_test(args: &[String]) -> Result<(), String> {
         if let Some(filter) = &options.filter {
             command.env("BURN_GRAPHED_FILTER", filter);
         }
-        let status = command.status().map_err(|e| format!("running run.sh: {e}"))?;
+        let status = command
+            .status()
+            .map_err(|e| format!("running run.sh: {e}"))?;
         if !status.success() {
             return Err(format!("GPU suite failed ({status})"));
         }

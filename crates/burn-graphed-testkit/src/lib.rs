@@ -86,7 +86,8 @@ impl Tolerance {
             return true;
         }
         let diff = (f64::from(eager) - f64::from(graphed)).abs();
-        diff <= self.abs + self.rel * f64::from(eager).abs() || ulp_distance(eager, graphed) <= self.ulps
+        diff <= self.abs + self.rel * f64::from(eager).abs()
+            || ulp_distance(eager, graphed) <= self.ulps
     }
 }
 
@@ -94,7 +95,11 @@ impl Tolerance {
 pub fn ulp_distance(a: f32, b: f32) -> u64 {
     fn ordered(x: f32) -> i64 {
         let bits = i64::from(x.to_bits() as i32);
-        if bits < 0 { i64::from(i32::MIN) - bits } else { bits }
+        if bits < 0 {
+            i64::from(i32::MIN) - bits
+        } else {
+            bits
+        }
     }
     if a.is_nan() || b.is_nan() {
         return u64::MAX;
@@ -123,7 +128,12 @@ pub struct TensorComparison {
 
 impl TensorComparison {
     /// Compares `graphed` to `eager` under `tolerance`.
-    pub fn new(name: impl Into<String>, eager: &TensorData, graphed: &TensorData, tolerance: Tolerance) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        eager: &TensorData,
+        graphed: &TensorData,
+        tolerance: Tolerance,
+    ) -> Self {
         let mut comparison = Self {
             name: name.into(),
             len: 0,
@@ -136,14 +146,19 @@ impl TensorComparison {
         if comparison.shape_mismatch {
             return comparison;
         }
-        let (Ok(eager), Ok(graphed)) = (eager.try_to_vec::<f32>(), graphed.try_to_vec::<f32>()) else {
+        let (Ok(eager), Ok(graphed)) = (eager.try_to_vec::<f32>(), graphed.try_to_vec::<f32>())
+        else {
             comparison.shape_mismatch = true;
             return comparison;
         };
         comparison.len = eager.len();
         for (index, (&e, &g)) in eager.iter().zip(&graphed).enumerate() {
             let abs = (f64::from(e) - f64::from(g)).abs();
-            let rel = if e == 0.0 { abs } else { abs / f64::from(e).abs() };
+            let rel = if e == 0.0 {
+                abs
+            } else {
+                abs / f64::from(e).abs()
+            };
             comparison.max_abs = comparison.max_abs.max(abs);
             comparison.max_rel = comparison.max_rel.max(rel);
             comparison.max_ulps = comparison.max_ulps.max(ulp_distance(e, g));
@@ -285,7 +300,11 @@ pub fn deep_copy<M: Module>(module: &M) -> M {
             let require_grad = param.is_require_grad();
             param.map(|tensor| {
                 let copy = Tensor::from_inner(tensor.inner().mul_scalar(1.0));
-                if require_grad { copy.require_grad() } else { copy }
+                if require_grad {
+                    copy.require_grad()
+                } else {
+                    copy
+                }
             })
         }
     }
@@ -364,9 +383,20 @@ where
         let eager_out = call(&eager, input.clone()).flatten();
         let graphed_out = graphed.forward(input)?.flatten();
         for (index, (e, g)) in eager_out.iter().zip(&graphed_out).enumerate() {
-            let e = read(Tensor::<1>::from_dispatch(e_tensor(e)).inner(), "eager output")?;
-            let g = read(Tensor::<1>::from_dispatch(e_tensor(g)).inner(), "graphed output")?;
-            tensors.push(TensorComparison::new(format!("step {step} output {index}"), &e, &g, tolerance));
+            let e = read(
+                Tensor::<1>::from_dispatch(e_tensor(e)).inner(),
+                "eager output",
+            )?;
+            let g = read(
+                Tensor::<1>::from_dispatch(e_tensor(g)).inner(),
+                "graphed output",
+            )?;
+            tensors.push(TensorComparison::new(
+                format!("step {step} output {index}"),
+                &e,
+                &g,
+                tolerance,
+            ));
         }
         let eager_loss = loss(O::unflatten(eager_out).expect("same structure"));
         let graphed_loss = loss(O::unflatten(graphed_out).expect("same structure"));
@@ -402,7 +432,11 @@ where
         }
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
-        for (index, ((_, e), (_, g))) in params_data(&eager).iter().zip(&params_data(&graphed)).enumerate() {
+        for (index, ((_, e), (_, g))) in params_data(&eager)
+            .iter()
+            .zip(&params_data(&graphed))
+            .enumerate()
+        {
             tensors.push(TensorComparison::new(
                 format!("step {step} param {index} after update"),
                 e,

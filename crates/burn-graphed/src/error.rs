@@ -37,7 +37,9 @@ impl fmt::Display for CapturePhase {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GraphedError {
     /// A call passed a different number of input tensors than the sample inputs had.
-    #[error("wrong number of inputs: the callable was captured with {expected} input tensor(s), got {got}")]
+    #[error(
+        "wrong number of inputs: the callable was captured with {expected} input tensor(s), got {got}"
+    )]
     InputCount {
         /// Tensors in the sample inputs.
         expected: usize,
@@ -123,7 +125,9 @@ pub enum GraphedError {
     #[error("the callable returned no output tensor")]
     NoOutputs,
     /// The device's backend cannot record graphs and `require_graphs` was set.
-    #[error("the backend of device {device} cannot capture graphs (needs burn's cubecl backend: cuda or wgpu)")]
+    #[error(
+        "the backend of device {device} cannot capture graphs (needs burn's cubecl backend: cuda or wgpu)"
+    )]
     Unsupported {
         /// The device.
         device: String,

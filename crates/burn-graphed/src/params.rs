@@ -25,11 +25,19 @@ impl ModuleMode {
     /// cannot serve this module.
     pub fn structural_difference(&self, captured: &ModuleMode) -> Option<String> {
         let now = ModuleMode {
-            params: self.params.iter().map(|(id, shape, _)| (*id, shape.clone(), false)).collect(),
+            params: self
+                .params
+                .iter()
+                .map(|(id, shape, _)| (*id, shape.clone(), false))
+                .collect(),
             flags: Vec::new(),
         };
         let then = ModuleMode {
-            params: captured.params.iter().map(|(id, shape, _)| (*id, shape.clone(), false)).collect(),
+            params: captured
+                .params
+                .iter()
+                .map(|(id, shape, _)| (*id, shape.clone(), false))
+                .collect(),
             flags: Vec::new(),
         };
         now.difference(&then)
@@ -124,7 +132,9 @@ impl ModuleMapper for Replacer<'_> {
         let index = self.index;
         self.index += 1;
         let replace = &mut self.replace;
-        param.map(|tensor| Tensor::from_dispatch(replace(index, FlatTensor::from_tensor(tensor)).tensor))
+        param.map(|tensor| {
+            Tensor::from_dispatch(replace(index, FlatTensor::from_tensor(tensor)).tensor)
+        })
     }
 }
 

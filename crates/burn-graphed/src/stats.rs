@@ -51,7 +51,9 @@ impl fmt::Display for FallbackReason {
             FallbackReason::BackwardPending => {
                 f.write_str("previous call's backward still pending")
             }
-            FallbackReason::OtherThread => f.write_str("called from another thread than the capture"),
+            FallbackReason::OtherThread => {
+                f.write_str("called from another thread than the capture")
+            }
         }
     }
 }

@@ -50,7 +50,10 @@ impl FlatTensor {
 impl FlatTensor {
     /// A replayed output: the dispatch tensor of the autodiff node, with the static buffer's
     /// metadata.
-    pub(crate) fn from_parts(tensor: DispatchTensor, buffer: &crate::cube::buffers::FusedTensor) -> Self {
+    pub(crate) fn from_parts(
+        tensor: DispatchTensor,
+        buffer: &crate::cube::buffers::FusedTensor,
+    ) -> Self {
         use burn::backend::TensorMetadata;
         let device = Tensor::<1>::from_dispatch(tensor.clone()).device();
         Self {
@@ -69,8 +72,10 @@ pub trait TensorGroup: Sized {
     /// Appends the group's tensors, in order.
     fn flatten_into(self, out: &mut Vec<FlatTensor>);
     /// Rebuilds the group from the front of `tensors`; `None` if too few remain.
-    fn unflatten_from(tensors: &mut std::vec::IntoIter<FlatTensor>, len_hint: usize)
-    -> Option<Self>;
+    fn unflatten_from(
+        tensors: &mut std::vec::IntoIter<FlatTensor>,
+        len_hint: usize,
+    ) -> Option<Self>;
 
     /// The group's tensors as a list.
     fn flatten(self) -> Vec<FlatTensor> {
@@ -170,7 +175,11 @@ mod tests {
     #[test]
     fn unflatten_rejects_a_wrong_count() {
         let device = Device::flex();
-        let flat = (Tensor::<1>::ones([1], &device), Tensor::<1>::ones([1], &device)).flatten();
+        let flat = (
+            Tensor::<1>::ones([1], &device),
+            Tensor::<1>::ones([1], &device),
+        )
+            .flatten();
         assert!(Tensor::<1>::unflatten(flat).is_none());
     }
 }

@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::{AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchTensor, TensorMetadata};
+use burn::backend::{
+    AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchTensor, TensorMetadata,
+};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
@@ -20,7 +22,10 @@ static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
 
 /// Whether graphs can be captured on `device` (burn's cubecl backend).
 pub(crate) fn supports_capture(device: &Device) -> bool {
-    matches!(device.clone().inner().as_dispatch(), DispatchDevice::Cube(_))
+    matches!(
+        device.clone().inner().as_dispatch(),
+        DispatchDevice::Cube(_)
+    )
 }
 
 /// The fusion handle of a tensor of burn's cubecl backend, without its autodiff node.
@@ -86,8 +91,10 @@ pub(crate) struct Captured {
 fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Tensor<1> {
     let mut total: Option<DispatchTensor> = None;
     for (output, grad) in outputs.iter().zip(grad_outputs) {
-        let product = Dispatch::float_mul(output.tensor.clone(), Dispatch::from_inner(grad.clone()));
-        let flat = Dispatch::float_reshape(product, [output.shape.iter().product::<usize>()].into());
+        let product =
+            Dispatch::float_mul(output.tensor.clone(), Dispatch::from_inner(grad.clone()));
+        let flat =
+            Dispatch::float_reshape(product, [output.shape.iter().product::<usize>()].into());
         let term = Dispatch::float_sum(flat);
         total = Some(match total {
             Some(total) => Dispatch::float_add(total, term),
@@ -113,7 +120,9 @@ where
     let device = sample[0].device.clone();
     let inner = device.clone().inner();
     let dispatch = inner.as_dispatch();
-    let _lock = CAPTURE_LOCK.lock().unwrap_or_else(|poison| poison.into_inner());
+    let _lock = CAPTURE_LOCK
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
 
     // Static inputs and parameter copies, with the autodiff views the callable runs on.
     let static_inputs: Vec<DispatchTensor> = sample.iter().map(|t| fresh_copy(&t.tensor)).collect();
@@ -235,13 +244,22 @@ where
                 });
             }
         },
-        inputs: static_inputs.iter().map(to_buffer).collect::<Result<_, _>>()?,
-        params: static_params.iter().map(to_buffer).collect::<Result<_, _>>()?,
+        inputs: static_inputs
+            .iter()
+            .map(to_buffer)
+            .collect::<Result<_, _>>()?,
+        params: static_params
+            .iter()
+            .map(to_buffer)
+            .collect::<Result<_, _>>()?,
         outputs: outputs
             .iter()
             .map(|o| to_buffer(&o.tensor))
             .collect::<Result<_, _>>()?,
-        grad_outputs: grad_outputs.iter().map(to_buffer).collect::<Result<_, _>>()?,
+        grad_outputs: grad_outputs
+            .iter()
+            .map(to_buffer)
+            .collect::<Result<_, _>>()?,
         zeros: zeros.iter().map(to_buffer).collect::<Result<_, _>>()?,
         grad_parents: parent_grads
             .iter()

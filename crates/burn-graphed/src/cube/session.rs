@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use burn::backend::{Backend, Cube, DispatchGraph};
 use burn::backend::ops::FloatTensorOps;
+use burn::backend::{Backend, Cube, DispatchGraph};
 
 use super::buffers::{FusedTensor, StaticBuffer};
 use crate::config::{FaultInjection, OutputPolicy};
@@ -58,7 +58,9 @@ impl Session {
     pub fn lock(&self) -> MutexGuard<'_, SessionState> {
         // A poisoned lock only means a panic elsewhere while holding it; the counters stay
         // usable.
-        self.state.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Whether a previous forward still waits for its backward.
@@ -106,9 +108,9 @@ impl Session {
         // stream (the caller checked the thread), before the replay on the same stream.
         unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.forward)?) }
             .map_err(|error| GraphedError::Replay {
-                which: "forward",
-                reason: error.to_string(),
-            })?;
+            which: "forward",
+            reason: error.to_string(),
+        })?;
         let outputs = self
             .outputs
             .iter()
