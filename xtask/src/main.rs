@@ -262,3 +262,29 @@ fn dir_size(dir: &Path) -> Result<u64, String> {
 
 /// The runner that travels with the bundle. Needs bash and xz (or python3) only.
 const RUN_SH: &str = include_str!("run.sh");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fields_of_cargo_artifact_lines() {
+        let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"gpu"},"executable":"/t/release/deps/gpu-1"}"#;
+        assert_eq!(json_string(line, "name").as_deref(), Some("gpu"));
+        assert_eq!(
+            json_string(line, "executable").as_deref(),
+            Some("/t/release/deps/gpu-1")
+        );
+        assert_eq!(json_string(line, "missing"), None);
+    }
+
+    #[test]
+    fn parses_gpu_test_flags() {
+        let args = ["--run", "--filter", "mlp"].map(String::from);
+        let options = parse_gpu_test(&args).expect("valid flags");
+        assert!(options.run && !options.long);
+        assert_eq!(options.filter.as_deref(), Some("mlp"));
+        assert!(parse_gpu_test(&["--bogus".to_string()]).is_err());
+        assert!(parse_gpu_test(&["--filter".to_string()]).is_err());
+    }
+}

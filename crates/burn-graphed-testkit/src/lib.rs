@@ -455,3 +455,46 @@ where
 fn e_tensor(flat: &burn_graphed::FlatTensor) -> burn::backend::DispatchTensor {
     flat.tensor().clone()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulp_distance_counts_representable_steps() {
+        assert_eq!(ulp_distance(1.0, 1.0), 0);
+        assert_eq!(ulp_distance(1.0, f32::from_bits(1.0f32.to_bits() + 3)), 3);
+        // Across zero: +0 and -0 are the same point, the smallest subnormals one step away.
+        assert_eq!(ulp_distance(0.0, -0.0), 0);
+        assert_eq!(ulp_distance(f32::from_bits(1), -f32::from_bits(1)), 2);
+        assert_eq!(ulp_distance(f32::NAN, 1.0), u64::MAX);
+    }
+
+    #[test]
+    fn exact_tolerance_rejects_one_ulp() {
+        let next = f32::from_bits(2.0f32.to_bits() + 1);
+        assert!(Tolerance::exact().accepts(2.0, 2.0));
+        assert!(!Tolerance::exact().accepts(2.0, next));
+        assert!(Tolerance::default().accepts(2.0, next));
+        assert!(!Tolerance::default().accepts(2.0, 2.1));
+        assert!(Tolerance::exact().accepts(f32::NAN, f32::NAN));
+    }
+
+    #[test]
+    fn comparison_reports_first_mismatch_and_shape_errors() {
+        let eager = TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+        let graphed = TensorData::new(vec![1.0f32, 2.0, 3.5, 4.5], [2, 2]);
+        let comparison = TensorComparison::new("t", &eager, &graphed, Tolerance::default());
+        assert_eq!(comparison.first_mismatch, Some(2));
+        assert!((comparison.max_abs - 0.5).abs() < 1e-12);
+        assert!(!comparison.passed());
+
+        let other_shape = TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [4]);
+        let comparison = TensorComparison::new("t", &eager, &other_shape, Tolerance::default());
+        assert!(comparison.shape_mismatch);
+        assert!(!comparison.passed());
+
+        let same = TensorComparison::new("t", &eager, &eager.clone(), Tolerance::exact());
+        assert!(same.bitwise());
+    }
+}

@@ -154,3 +154,61 @@ pub(crate) fn replace<M: Module>(
 pub(crate) fn device_of(params: &[ParamEntry]) -> Option<Device> {
     params.first().map(|p| p.tensor.device.clone())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(params: &[(u64, &[usize], bool)], flags: &[bool]) -> ModuleMode {
+        ModuleMode {
+            params: params
+                .iter()
+                .map(|(id, shape, grad)| (ParamId::from(*id), shape.to_vec(), *grad))
+                .collect(),
+            flags: flags.to_vec(),
+        }
+    }
+
+    #[test]
+    fn same_mode_has_no_difference() {
+        let a = mode(&[(1, &[2, 3], true)], &[true]);
+        assert_eq!(a.difference(&a.clone()), None);
+        assert_eq!(a.structural_difference(&a.clone()), None);
+    }
+
+    #[test]
+    fn require_grad_and_flags_are_mode_changes_not_structural() {
+        let captured = mode(&[(1, &[2, 3], true)], &[true]);
+        let eval = mode(&[(1, &[2, 3], false)], &[false]);
+        assert!(eval.difference(&captured).unwrap().contains("require_grad"));
+        assert_eq!(eval.structural_difference(&captured), None);
+        let flags = mode(&[(1, &[2, 3], true)], &[false]);
+        assert!(flags.difference(&captured).unwrap().contains("flags"));
+    }
+
+    #[test]
+    fn added_replaced_or_reshaped_parameters_are_structural() {
+        let captured = mode(&[(1, &[2, 3], true)], &[]);
+        let added = mode(&[(1, &[2, 3], true), (2, &[3], true)], &[]);
+        assert!(
+            added
+                .structural_difference(&captured)
+                .unwrap()
+                .contains("2 float parameters now, 1 at capture")
+        );
+        let replaced = mode(&[(7, &[2, 3], true)], &[]);
+        assert!(
+            replaced
+                .structural_difference(&captured)
+                .unwrap()
+                .contains("id")
+        );
+        let reshaped = mode(&[(1, &[3, 2], true)], &[]);
+        assert!(
+            reshaped
+                .structural_difference(&captured)
+                .unwrap()
+                .contains("shape")
+        );
+    }
+}

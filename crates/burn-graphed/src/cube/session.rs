@@ -151,7 +151,7 @@ impl Session {
         let received = std::mem::take(&mut self.lock().received);
         for (index, buffer) in self.grad_outputs.iter().enumerate() {
             if !received.get(index).copied().unwrap_or(false) {
-                buffer.copy_from_cube(self.zeros[index].cube.clone());
+                buffer.overwrite_from_cube(self.zeros[index].cube.clone());
             }
         }
         // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
