@@ -7,6 +7,8 @@ use burn::backend::ir::TensorId;
 use burn::backend::{BackendTypes, Cube};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 
+use super::copy_op::StaticCopyOps;
+
 /// A tensor of burn's cubecl backend as user code holds it (a fusion handle).
 pub(crate) type FusedTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 
@@ -28,14 +30,12 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
     (id.value, start, end)
 }
 
-/// A buffer that a graph reads or writes. Holding the resolved cube tensor keeps the buffer
-/// alive for as long as the graph lives and keeps fusion from reusing it in place.
+/// A buffer that a graph reads or writes. Holding the fusion handle keeps the buffer alive for
+/// as long as the graph lives and keeps fusion from reusing it in place for another tensor.
 #[derive(Debug)]
 pub(crate) struct StaticBuffer {
     /// The fusion handle, given to burn ops and to user code.
     pub fused: FusedTensor,
-    /// The resolved tensor, used for copies.
-    pub cube: CubeTensor,
     /// Its identity.
     pub key: BufferKey,
     /// The tensor last copied in. burn tensors never change value (an in-place kernel only
@@ -45,13 +45,11 @@ pub(crate) struct StaticBuffer {
 }
 
 impl StaticBuffer {
-    /// Wraps `fused`, resolving it (executing its pending work).
+    /// Wraps `fused`, resolving it (executing its pending work) to learn its buffer.
     pub fn new(fused: FusedTensor) -> Self {
-        let cube = resolve(&fused);
-        let key = key_of(&cube);
+        let key = key_of(&resolve(&fused));
         Self {
             fused,
-            cube,
             key,
             last_source: Mutex::new(None),
         }
@@ -62,39 +60,27 @@ impl StaticBuffer {
         self.key.2.saturating_sub(self.key.1)
     }
 
-    /// Copies `source` into this buffer unless it is this buffer already; returns whether a
-    /// copy was issued. Shapes and dtypes were checked by the caller.
-    pub fn write_from(&self, source: &FusedTensor) -> bool {
+    /// Queues a copy of `source` into this buffer unless it is this buffer already or was
+    /// the last tensor copied in; returns the queued operation's output, which must be kept
+    /// alive until the stream drained (fusion skips work whose results nobody holds).
+    pub fn write_from(&self, source: &FusedTensor) -> Option<FusedTensor> {
         if source.id == self.fused.id {
-            return false;
+            return None;
         }
         let mut last = self.last_source.lock().unwrap_or_else(|p| p.into_inner());
         if *last == Some(source.id) {
-            return false;
+            return None;
         }
-        let resolved = resolve(source);
-        if key_of(&resolved) == self.key {
-            return false;
-        }
-        self.copy_from_cube(resolved);
         *last = Some(source.id);
-        true
+        Some(<Cube as StaticCopyOps>::copy_into_buffer(
+            &self.fused,
+            source,
+        ))
     }
 
-    /// Copies a resolved tensor into this buffer (which then holds no known source tensor).
-    pub fn overwrite_from_cube(&self, source: CubeTensor) {
+    /// Queues a copy of `source` into this buffer, which then holds no known source tensor.
+    pub fn overwrite_from(&self, source: &FusedTensor) -> FusedTensor {
         *self.last_source.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        self.copy_from_cube(source);
-    }
-
-    fn copy_from_cube(&self, source: CubeTensor) {
-        let source = burn_cubecl::kernel::untile(source);
-        let dtype = burn::backend::cubecl::dtype_to_storage_type(self.cube.dtype);
-        cubecl::std::tensor::copy_into(
-            &self.cube.client,
-            source.binding(),
-            self.cube.clone().binding(),
-            dtype,
-        );
+        <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
     }
 }

@@ -3,5 +3,6 @@
 
 pub(crate) mod buffers;
 pub(crate) mod capture;
+pub(crate) mod copy_op;
 pub(crate) mod node;
 pub(crate) mod session;

@@ -47,6 +47,8 @@ pub(crate) struct SessionState {
     pub fresh_outputs: Vec<FusedTensor>,
     /// Which outputs received a gradient for the pending backward.
     pub received: Vec<bool>,
+    /// Queued gradient copies, held until the backward replay drained the stream.
+    pub queued: Vec<FusedTensor>,
 }
 
 /// Token of a forward replay whose backward has not run: dropped when the backward ran or the
@@ -88,18 +90,26 @@ impl Session {
         inputs: &[FusedTensor],
         params: &[FusedTensor],
     ) -> Result<(), GraphedError> {
-        let mut input_copies = 0;
+        // Queued copies; held until the replay below drained the stream.
+        let mut queued = Vec::new();
         if self.fault != FaultInjection::SkipInputCopy {
-            for (buffer, input) in self.inputs.iter().zip(inputs) {
-                input_copies += u64::from(buffer.write_from(input));
-            }
+            queued.extend(
+                self.inputs
+                    .iter()
+                    .zip(inputs)
+                    .filter_map(|(buffer, input)| buffer.write_from(input)),
+            );
         }
-        let mut param_copies = 0;
+        let input_copies = queued.len() as u64;
         if self.fault != FaultInjection::SkipParamCopy {
-            for (buffer, param) in self.params.iter().zip(params) {
-                param_copies += u64::from(buffer.write_from(param));
-            }
+            queued.extend(
+                self.params
+                    .iter()
+                    .zip(params)
+                    .filter_map(|(buffer, param)| buffer.write_from(param)),
+            );
         }
+        let param_copies = queued.len() as u64 - input_copies;
         // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
         // used concurrently, and refreshed on the capture stream. The static buffers live in
         // `self`, which outlives the graph (field order); the activations the recording wrote
@@ -139,28 +149,38 @@ impl Session {
 
     /// Stores the gradient of output `index` for the coming backward replay.
     pub fn deposit_grad(&self, index: usize, grad: &FusedTensor) {
-        self.grad_outputs[index].write_from(grad);
-        if let Some(received) = self.lock().received.get_mut(index) {
+        let queued = self.grad_outputs[index].write_from(grad);
+        let mut state = self.lock();
+        if let Some(received) = state.received.get_mut(index) {
             *received = true;
         }
+        state.queued.extend(queued);
     }
 
     /// Zero-fills the gradients of outputs that received none, replays the backward graph and
     /// returns the gradient of each parent slot.
     pub fn replay_backward(&self) -> Result<Vec<Option<FusedTensor>>, GraphedError> {
-        let received = std::mem::take(&mut self.lock().received);
+        let (received, mut queued) = {
+            let mut state = self.lock();
+            (
+                std::mem::take(&mut state.received),
+                std::mem::take(&mut state.queued),
+            )
+        };
         for (index, buffer) in self.grad_outputs.iter().enumerate() {
             if !received.get(index).copied().unwrap_or(false) {
-                buffer.overwrite_from_cube(self.zeros[index].cube.clone());
+                queued.push(buffer.overwrite_from(&self.zeros[index].fused));
             }
         }
         // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
-        // lies in guarded pages, and the gradient copies above were issued on this stream.
+        // lies in guarded pages, and the gradient copies above were queued on this stream,
+        // which fusion drains before it replays.
         unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.backward)?) }
             .map_err(|error| GraphedError::Replay {
                 which: "backward",
                 reason: error.to_string(),
             })?;
+        drop(queued);
         self.lock().stats.backward_replays += 1;
         Ok(self
             .grad_parents
