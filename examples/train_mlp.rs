@@ -128,6 +128,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(error) = failure {
         return Err(error.into());
     }
+    // The same with outputs and gradients handed out as the static buffers themselves.
+    let static_model = Graphed::new(
+        burn_graphed_testkit::deep_copy(graphed.module()),
+        Mlp::forward,
+        x.clone(),
+        &GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Static),
+    )?;
+    let static_fb = time(&device, steps, |_| match static_model.forward(x.clone()) {
+        Ok(y) => drop(loss_of(y).backward()),
+        Err(error) => failure = Some(error),
+    })?;
+    if let Some(error) = failure {
+        return Err(error.into());
+    }
+    drop(static_model);
 
     // Whole training steps with Adam.
     // (Models move through `Option`s so that the optimizer owns the only reference to the old
@@ -176,6 +191,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "forward+backward: eager {eager_fb:8.1} us, graphed {graphed_fb:8.1} us -> {:.2}x",
         eager_fb / graphed_fb
+    );
+    println!(
+        "forward+backward, OutputPolicy::Static: graphed {static_fb:8.1} us -> {:.2}x",
+        eager_fb / static_fb
     );
     println!(
         "train step (Adam): eager {eager_step:8.1} us, graphed {graphed_step:8.1} us -> {:.2}x",

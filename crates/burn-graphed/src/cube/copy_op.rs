@@ -19,6 +19,13 @@ pub(crate) trait StaticCopyOps: Backend {
         destination: &FloatTensor<Self>,
         source: &FloatTensor<Self>,
     ) -> FloatTensor<Self>;
+
+    /// A copy of `source` in a new buffer. A plain copy kernel rather than an elementwise op:
+    /// fusion would merge an op like `x * 1` into its consumer, but re-plans its queue on every
+    /// call when such outputs are dropped unused (measured: forward+backward 9.2 ms instead of
+    /// 0.34 ms on an H200 when gradients were computed and dropped).
+    #[fusion(dtype = source, shape = source)]
+    fn copy_to_new_buffer(source: &FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 impl StaticCopyOps for CubeBackend {
@@ -36,5 +43,23 @@ impl StaticCopyOps for CubeBackend {
             );
         }
         destination.clone()
+    }
+
+    fn copy_to_new_buffer(source: &CubeTensor) -> CubeTensor {
+        let source = burn_cubecl::kernel::untile(source.clone());
+        let output = burn_cubecl::ops::numeric::empty_device_dtype(
+            source.client.clone(),
+            source.device.clone(),
+            source.meta.shape().clone(),
+            source.dtype,
+        );
+        let dtype = burn::backend::cubecl::dtype_to_storage_type(output.dtype);
+        cubecl::std::tensor::copy_into(
+            &output.client,
+            source.binding(),
+            output.clone().binding(),
+            dtype,
+        );
+        output
     }
 }
