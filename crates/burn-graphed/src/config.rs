@@ -18,8 +18,8 @@ pub enum MismatchPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
 #[serde(crate = "burn::serde")]
 pub enum OutputPolicy {
-    /// Hand out copies (the default). A copy is one elementwise kernel, which fusion usually
-    /// merges into the first consumer (the loss); a tensor kept across steps keeps its value.
+    /// Hand out copies (the default): one copy kernel per output and per gradient; a tensor
+    /// kept across steps keeps its value.
     Copy,
     /// Hand out the static buffers themselves: no copy, but a tensor kept past the next call
     /// of the same callable shows that call's values (PyTorch's behaviour).
