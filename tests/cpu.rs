@@ -31,6 +31,7 @@ on_devices! {
     input_gradient_matches_eager => scenarios::input_gradient_matches_eager;
     unused_input_is_refused => scenarios::unused_input_is_refused;
     eval_mode_falls_back => scenarios::eval_mode_falls_back;
+    inner_device_inputs_replay => scenarios::inner_device_inputs_replay;
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;
     harness_catches_faults => scenarios::harness_catches_faults;

@@ -65,6 +65,11 @@ fn eval_mode_falls_back() {
 }
 
 #[test]
+fn inner_device_inputs_replay() {
+    scenarios::inner_device_inputs_replay(&cuda());
+}
+
+#[test]
 fn shape_change_falls_back_or_errors() {
     scenarios::shape_change_falls_back_or_errors(&cuda());
 }

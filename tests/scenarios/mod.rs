@@ -228,6 +228,44 @@ pub fn eval_mode_falls_back(device: &Device) {
     }
 }
 
+/// Inputs made on the inner (non-autodiff) device, as data loaders often do, still replay:
+/// the module's parameters decide that this is training.
+pub fn inner_device_inputs_replay(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 1, 4, &device);
+    let eager = burn_graphed_testkit::deep_copy(&model);
+    let inner = device.clone().inner();
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &inner),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let x = batch([8, 16], 1, &inner);
+    let loss_g = square_mean(graphed.forward(x.clone()).expect("call"));
+    let loss_e = square_mean(eager.forward(x));
+    let grads_g = GradientsParams::from_grads(loss_g.backward(), &graphed);
+    let grads_e = GradientsParams::from_grads(loss_e.backward(), &eager);
+    let ge = grads_e
+        .get::<2>(eager.head.weight.id)
+        .expect("eager grad")
+        .into_data();
+    let gg = grads_g
+        .get::<2>(graphed.module().head.weight.id)
+        .expect("graphed grad")
+        .into_data();
+    ge.assert_approx_eq::<f32>(&gg, Default::default());
+    if supports_graphs(&device) {
+        let stats = graphed.stats();
+        assert_eq!(
+            (stats.forward_replays, stats.backward_replays),
+            (1, 1),
+            "{stats:?}"
+        );
+    }
+}
+
 /// Another batch size runs eagerly (fallback) or fails (Error policy).
 pub fn shape_change_falls_back_or_errors(device: &Device) {
     let device = device.clone().autodiff();

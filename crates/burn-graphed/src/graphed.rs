@@ -256,10 +256,6 @@ where
         if std::thread::current().id() != self.shared.thread {
             return Err(FallbackReason::OtherThread);
         }
-        let autodiff = flat.iter().any(|t| t.device.is_autodiff());
-        if !autodiff {
-            return Err(FallbackReason::NoAutodiff);
-        }
         for (index, (tensor, spec)) in flat.iter().zip(&self.shared.inputs).enumerate() {
             if tensor.shape != spec.shape {
                 return Err(FallbackReason::Shape { index });
@@ -307,6 +303,15 @@ where
             return self.eager(flat, FallbackReason::Unsupported);
         };
         let (module_params, mode) = params::collect(&self.inner);
+        // Inputs may come from the inner device (data loaders often make them there); what
+        // decides training is the module's parameters, or an input that is on autodiff.
+        let autodiff = flat
+            .iter()
+            .chain(module_params.iter().map(|p| &p.tensor))
+            .any(|t| t.device.is_autodiff());
+        if !autodiff {
+            return self.eager(flat, FallbackReason::NoAutodiff);
+        }
         if let Some(detail) = mode.structural_difference(&self.shared.mode) {
             return Err(GraphedError::ParametersChanged { detail });
         }

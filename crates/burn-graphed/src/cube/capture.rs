@@ -36,7 +36,10 @@ pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
 
 /// A copy of `tensor` in a buffer of its own, on the device without autodiff.
 fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
-    let inner = Dispatch::inner(tensor.clone());
+    // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.
+    let inner = Tensor::<1>::from_dispatch(tensor.clone())
+        .inner()
+        .into_dispatch();
     Dispatch::float_mul_scalar(inner, 1.0f32.into())
 }
 
