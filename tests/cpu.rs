@@ -35,6 +35,14 @@ on_devices! {
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;
     harness_catches_faults => scenarios::harness_catches_faults;
+    structural_facts => scenarios::facts::structural_facts;
+}
+
+/// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels
+/// in software (Flex would only compare eager with eager).
+#[test]
+fn wgpu_graphed_training_equals_eager() {
+    scenarios::prop::graphed_training_equals_eager(&wgpu(), 4);
 }
 
 #[test]

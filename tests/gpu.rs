@@ -85,6 +85,17 @@ fn harness_catches_faults() {
 }
 
 #[test]
+fn structural_facts() {
+    scenarios::facts::structural_facts(&cuda());
+}
+
+/// 48 cases by default; 256 with `cargo xtask gpu-test --long`.
+#[test]
+fn graphed_training_equals_eager() {
+    scenarios::prop::graphed_training_equals_eager(&cuda(), 48);
+}
+
+#[test]
 fn cuda_records_graphs() {
     assert!(scenarios::supports_graphs(&cuda()));
 }

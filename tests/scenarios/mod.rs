@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod facts;
+pub mod prop;
+
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams};

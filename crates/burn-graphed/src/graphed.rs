@@ -219,7 +219,9 @@ where
     /// [`GraphedError::InputCount`] when the number of input tensors differs from capture (for
     /// `Vec` inputs), [`GraphedError::InputDevice`] for an input on another device,
     /// [`GraphedError::Mismatch`] for any other difference when the policy is
-    /// [`MismatchPolicy::Error`], and [`GraphedError::Replay`] when the device rejects a replay.
+    /// [`MismatchPolicy::Error`], [`GraphedError::ParametersChanged`] when the module's
+    /// parameters were added, removed, replaced or reshaped since capture (the graphs cannot
+    /// serve it: capture again), and [`GraphedError::Replay`] when the device rejects a replay.
     ///
     /// # Panics
     ///
@@ -242,32 +244,58 @@ where
                 });
             }
         }
-        match self.replay_plan(&flat) {
-            Ok(()) => self.replay(flat),
+        match self.replay_plan(&flat)? {
+            Ok(module_params) => self.replay(flat, module_params),
             Err(reason) => self.eager(flat, reason),
         }
     }
 
-    /// Why this call cannot replay, if it cannot.
-    fn replay_plan(&self, flat: &[FlatTensor]) -> Result<(), FallbackReason> {
+    /// The module's parameters if this call can replay, or why it cannot. Checks go from the
+    /// general to the particular, so that an eval call is reported as such rather than as the
+    /// input differences that eval brings along.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ParametersChanged`] when parameters were added, removed, replaced or
+    /// reshaped since capture.
+    fn replay_plan(
+        &self,
+        flat: &[FlatTensor],
+    ) -> Result<Result<Vec<params::ParamEntry>, FallbackReason>, GraphedError> {
         if let Some(reason) = &self.shared.eager_reason {
-            return Err(reason.clone());
+            return Ok(Err(reason.clone()));
         }
         if std::thread::current().id() != self.shared.thread {
-            return Err(FallbackReason::OtherThread);
+            return Ok(Err(FallbackReason::OtherThread));
+        }
+        let (module_params, mode) = params::collect(&self.inner);
+        // Inputs may come from the inner device (data loaders often make them there); what
+        // decides training is the module's parameters, or an input that is on autodiff.
+        let autodiff = flat
+            .iter()
+            .chain(module_params.iter().map(|p| &p.tensor))
+            .any(|t| t.device.is_autodiff());
+        if !autodiff {
+            return Ok(Err(FallbackReason::NoAutodiff));
+        }
+        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        if mode.difference(&self.shared.mode).is_some() {
+            return Ok(Err(FallbackReason::ModeChanged));
         }
         for (index, (tensor, spec)) in flat.iter().zip(&self.shared.inputs).enumerate() {
             if tensor.shape != spec.shape {
-                return Err(FallbackReason::Shape { index });
+                return Ok(Err(FallbackReason::Shape { index }));
             }
             if tensor.dtype != spec.dtype {
-                return Err(FallbackReason::DType { index });
+                return Ok(Err(FallbackReason::DType { index }));
             }
             if tensor.require_grad != spec.require_grad {
-                return Err(FallbackReason::RequireGrad { index });
+                return Ok(Err(FallbackReason::RequireGrad { index }));
             }
         }
-        Ok(())
+        Ok(Ok(module_params))
     }
 
     fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
@@ -290,34 +318,26 @@ where
     }
 
     #[cfg(not(feature = "cube"))]
-    fn replay(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
+    fn replay(
+        &self,
+        flat: Vec<FlatTensor>,
+        _module_params: Vec<params::ParamEntry>,
+    ) -> Result<O, GraphedError> {
         self.eager(flat, FallbackReason::Unsupported)
     }
 
     #[cfg(feature = "cube")]
-    fn replay(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
+    fn replay(
+        &self,
+        flat: Vec<FlatTensor>,
+        module_params: Vec<params::ParamEntry>,
+    ) -> Result<O, GraphedError> {
         use crate::cube::capture::fused;
         use burn::backend::ops::FloatTensorOps;
 
         let Some(session) = self.shared.session.as_ref() else {
             return self.eager(flat, FallbackReason::Unsupported);
         };
-        let (module_params, mode) = params::collect(&self.inner);
-        // Inputs may come from the inner device (data loaders often make them there); what
-        // decides training is the module's parameters, or an input that is on autodiff.
-        let autodiff = flat
-            .iter()
-            .chain(module_params.iter().map(|p| &p.tensor))
-            .any(|t| t.device.is_autodiff());
-        if !autodiff {
-            return self.eager(flat, FallbackReason::NoAutodiff);
-        }
-        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
-            return Err(GraphedError::ParametersChanged { detail });
-        }
-        if mode.difference(&self.shared.mode).is_some() {
-            return self.eager(flat, FallbackReason::ModeChanged);
-        }
         if session.backward_pending() {
             return self.eager(flat, FallbackReason::BackwardPending);
         }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use burn::backend::ir::TensorId;
 use burn::backend::{BackendTypes, Cube};
-use burn_cubecl::{CubeBackend, tensor::CubeTensor};
+use burn_cubecl::tensor::CubeTensor;
 
 use super::copy_op::StaticCopyOps;
 
@@ -15,14 +15,6 @@ pub(crate) type FusedTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 /// Identity of a device buffer: allocation id and byte range. Two tensors with the same key
 /// are the same memory (PyTorch's `data_ptr` comparison).
 pub(crate) type BufferKey = (usize, u64, u64);
-
-/// The cube tensor behind a fusion handle. Drains the handle's stream (executing its pending
-/// work) and leaves `tensor` untouched.
-pub(crate) fn resolve(tensor: &FusedTensor) -> CubeTensor {
-    let tensor = tensor.clone();
-    let client = tensor.client.clone();
-    client.resolve_tensor_float::<CubeBackend>(tensor)
-}
 
 /// The identity of the buffer behind a cube tensor.
 pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
@@ -36,8 +28,6 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
 pub(crate) struct StaticBuffer {
     /// The fusion handle, given to burn ops and to user code.
     pub fused: FusedTensor,
-    /// Its identity.
-    pub key: BufferKey,
     /// The tensor last copied in. burn tensors never change value (an in-place kernel only
     /// reuses the buffer of a tensor nobody holds anymore, under a new id), so the same id
     /// again means the same contents, already here.
@@ -45,19 +35,20 @@ pub(crate) struct StaticBuffer {
 }
 
 impl StaticBuffer {
-    /// Wraps `fused`, resolving it (executing its pending work) to learn its buffer.
+    /// Wraps `fused`.
     pub fn new(fused: FusedTensor) -> Self {
-        let key = key_of(&resolve(&fused));
         Self {
             fused,
-            key,
             last_source: Mutex::new(None),
         }
     }
 
-    /// Bytes of the buffer.
+    /// Bytes of the tensor's elements (the pool may pad the allocation; that is not counted,
+    /// so the figure is the same on every backend).
     pub fn bytes(&self) -> u64 {
-        self.key.2.saturating_sub(self.key.1)
+        use burn::backend::TensorMetadata;
+        let elements: usize = self.fused.shape().iter().product();
+        (elements * self.fused.dtype().size()) as u64
     }
 
     /// Queues a copy of `source` into this buffer unless it is this buffer already or was

@@ -1,0 +1,229 @@
+//! Structural facts, snapshotted with insta: what a capture holds, what a scripted sequence of
+//! calls did and why, and the text of the errors users see. Never raw floats.
+//!
+//! Snapshots live in `tests/scenarios/snapshots/`, shared by the CPU suite (wgpu) and the GPU
+//! suite (CUDA): both capture graphs, so their facts must be the same. Flex, which captures
+//! nothing, has its own. CI (`CI=true`) fails on any drift; `INSTA_UPDATE=always cargo test`
+//! rewrites them for review. The GPU bundle's runner sets `INSTA_WORKSPACE_ROOT` so that the
+//! files are found there too.
+
+use std::fmt::Write;
+
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::prelude::*;
+use burn_graphed::{Graphed, GraphedConfig, MismatchPolicy};
+
+use super::prop::{Arch, PropNet};
+use super::{Mlp, TwoHeads, batch, mlp_forward, square_mean, two_heads_forward, two_heads_loss};
+
+fn snapshot(name: &str, facts: &str) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_snapshot_path("snapshots");
+    settings.set_omit_expression(true);
+    settings.bind(|| insta::assert_snapshot!(name, facts));
+}
+
+fn error_text<T>(result: Result<T, impl std::fmt::Display>) -> String {
+    match result {
+        Ok(_) => "no error".to_string(),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// Replaces what differs between backends and runs (device names, random parameter ids).
+fn redact(text: String, device: &Device, ids: &[ParamId]) -> String {
+    let mut text = text.replace(&format!("{device:?}"), "<device>");
+    for id in ids {
+        text = text.replace(&id.to_string(), "<id>");
+    }
+    text
+}
+
+fn first_param_id<M: Module>(module: &M) -> ParamId {
+    struct First(Option<ParamId>);
+    impl burn::module::ModuleVisitor for First {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.get_or_insert(param.id);
+        }
+    }
+    let mut first = First(None);
+    module.visit(&mut first);
+    first.0.expect("a float parameter")
+}
+
+/// Gives the first float parameter a new id, as replacing a layer after capture would.
+struct NewIdForFirst(bool);
+
+impl ModuleMapper for NewIdForFirst {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if std::mem::replace(&mut self.0, false) {
+            Param::initialized(ParamId::new(), param.val())
+        } else {
+            param
+        }
+    }
+}
+
+/// Captures the two-headed model, runs a scripted sequence of calls, and snapshots what the
+/// capture holds, what each call did, and the errors of bad uses.
+pub fn structural_facts(device: &Device) {
+    let device = device.clone().autodiff();
+    let mut facts = String::new();
+    let sample = || {
+        (
+            batch([4, 16], 0, &device).require_grad(),
+            batch([4, 8], 1, &device),
+            batch([4, 3], 2, &device),
+        )
+    };
+    let config = GraphedConfig::new().with_allow_unused_input(true);
+    let graphed = Graphed::new(TwoHeads::new(&device), two_heads_forward, sample(), &config)
+        .expect("capture");
+    let graphs = graphed.summary().graphed;
+    writeln!(facts, "capture: {:#?}", graphed.summary()).unwrap();
+
+    // Two training calls with the same input tensors: the second copies nothing.
+    let inputs = (
+        batch([4, 16], 10, &device).require_grad(),
+        batch([4, 8], 11, &device),
+        batch([4, 3], 12, &device),
+    );
+    for _ in 0..2 {
+        let loss = two_heads_loss(graphed.forward(inputs.clone()).expect("call"));
+        let _ = loss.backward();
+    }
+    writeln!(facts, "after two calls with the same inputs: {:?}", graphed.stats()).unwrap();
+    // Eval: eager on the inner device.
+    let inner = device.clone().inner();
+    let _ = graphed
+        .valid()
+        .forward((
+            batch([4, 16], 0, &inner),
+            batch([4, 8], 0, &inner),
+            batch([4, 3], 0, &inner),
+        ))
+        .expect("eval call");
+    // Another batch size: eager.
+    let _ = graphed
+        .forward((
+            batch([2, 16], 0, &device).require_grad(),
+            batch([2, 8], 0, &device),
+            batch([2, 3], 0, &device),
+        ))
+        .expect("fallback call");
+    // require_grad differs: eager.
+    let _ = graphed
+        .forward((
+            batch([4, 16], 0, &device),
+            batch([4, 8], 0, &device),
+            batch([4, 3], 0, &device),
+        ))
+        .expect("fallback call");
+    // Two calls before one backward: the second is eager.
+    let first = graphed.forward(inputs.clone()).expect("call");
+    let second = graphed.forward(inputs.clone()).expect("call");
+    let _ = (two_heads_loss(first) + two_heads_loss(second)).backward();
+    writeln!(facts, "after eval, shape, require_grad and pending calls:").unwrap();
+    writeln!(facts, "  replays: forward {}, backward {}", graphed.stats().forward_replays, graphed.stats().backward_replays).unwrap();
+    writeln!(facts, "  copies: inputs {}, params {}", graphed.stats().input_copies, graphed.stats().param_copies).unwrap();
+    for (reason, count) in &graphed.stats().fallbacks {
+        writeln!(facts, "  fallback {count} x {reason}").unwrap();
+    }
+
+    writeln!(facts, "errors:").unwrap();
+    let unused = Graphed::new(
+        TwoHeads::new(&device),
+        two_heads_forward,
+        (
+            batch([4, 16], 0, &device),
+            batch([4, 8], 0, &device),
+            batch([4, 3], 0, &device).require_grad(),
+        ),
+        &GraphedConfig::new(),
+    );
+    writeln!(facts, "  unused input: {}", error_text(unused)).unwrap();
+    let frozen = Graphed::new(
+        Mlp::new(8, 1, 2, &device).no_grad(),
+        mlp_forward,
+        batch([4, 8], 0, &device),
+        &GraphedConfig::new(),
+    );
+    writeln!(facts, "  non-trainable parameter: {}", error_text(frozen)).unwrap();
+    let on_inner = Graphed::new(
+        Mlp::new(8, 1, 2, &inner),
+        mlp_forward,
+        batch([4, 8], 0, &inner),
+        &GraphedConfig::new(),
+    );
+    writeln!(
+        facts,
+        "  module without autodiff: {}",
+        redact(error_text(on_inner), &inner, &[])
+    )
+    .unwrap();
+    let strict = Graphed::new(
+        Mlp::new(8, 1, 2, &device),
+        mlp_forward,
+        batch([4, 8], 0, &device),
+        &GraphedConfig::new().with_on_mismatch(MismatchPolicy::Error),
+    )
+    .expect("capture");
+    writeln!(
+        facts,
+        "  strict shape mismatch: {}",
+        error_text(strict.forward(batch([3, 8], 0, &device)))
+    )
+    .unwrap();
+    let arch = Arch {
+        inputs: vec![4, 4],
+        unused: 0,
+        unused_grad: false,
+        first_grad: false,
+        hidden: vec![4],
+        outputs: vec![2],
+        activation: 0,
+        bias: true,
+        batch: 2,
+        optimizer: 0,
+        learning_rate: 1e-3,
+        seed: 0,
+        steps: 1,
+    };
+    let vec_inputs = Graphed::new(
+        PropNet::new(&arch, &device),
+        |net: &PropNet, xs: Vec<Tensor<2>>| net.forward(xs),
+        vec![batch([2, 4], 0, &device), batch([2, 4], 1, &device)],
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    writeln!(
+        facts,
+        "  wrong input count: {}",
+        error_text(vec_inputs.forward(vec![batch([2, 4], 0, &device)]))
+    )
+    .unwrap();
+    let captured = Graphed::new(
+        Mlp::new(8, 1, 2, &device),
+        mlp_forward,
+        batch([4, 8], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let old_id = first_param_id(&captured);
+    let replaced = captured.map(&mut NewIdForFirst(true));
+    let new_id = first_param_id(&replaced);
+    writeln!(
+        facts,
+        "  parameter replaced after capture: {}",
+        redact(
+            error_text(replaced.forward(batch([4, 8], 0, &device)).map(square_mean)),
+            &device,
+            &[old_id, new_id]
+        )
+    )
+    .unwrap();
+
+    let name = if graphs { "facts_graphed" } else { "facts_eager" };
+    snapshot(name, &facts);
+}

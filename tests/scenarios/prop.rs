@@ -1,0 +1,277 @@
+//! The property: graphed training equals eager training, over generated architectures, batch
+//! sizes, input data and optimizer settings.
+//!
+//! Case counts: `BURN_GRAPHED_PROPTEST_CASES` if set, else 256 with `BURN_GRAPHED_LONG=1`
+//! (`cargo xtask gpu-test --long`), else the caller's default (small on the CPU suite, whose
+//! software Vulkan is slow, larger on CUDA). Failing seeds are stored in
+//! `proptest-regressions/graphed_equals_eager.txt` (committed) and replayed first on every run.
+
+use std::cell::Cell;
+
+use burn::module::Module;
+use burn::nn::activation::{Activation, ActivationConfig};
+use burn::nn::{LeakyReluConfig, Linear, LinearConfig};
+use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
+use burn::prelude::*;
+use burn_graphed::GraphedConfig;
+use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+
+/// Widths around the warp size and degenerate ones.
+const WIDTHS: [usize; 6] = [1, 3, 31, 32, 33, 64];
+
+/// A generated architecture and training set-up.
+#[derive(Debug, Clone)]
+pub struct Arch {
+    /// Width of each input that the model uses.
+    pub inputs: Vec<usize>,
+    /// Inputs passed but not used (width 3); each requires grad when `unused_grad`.
+    pub unused: usize,
+    pub unused_grad: bool,
+    /// Whether the first input requires grad (its gradient is then compared too, via the loss).
+    pub first_grad: bool,
+    /// Hidden widths: the first is the embedding width, the rest trunk layers.
+    pub hidden: Vec<usize>,
+    /// Width of each output head.
+    pub outputs: Vec<usize>,
+    pub activation: usize,
+    pub bias: bool,
+    pub batch: usize,
+    pub optimizer: usize,
+    pub learning_rate: f64,
+    pub seed: u64,
+    pub steps: usize,
+}
+
+fn width() -> impl Strategy<Value = usize> {
+    prop::sample::select(WIDTHS.to_vec())
+}
+
+/// The generator of [`Arch`]s.
+pub fn arch() -> impl Strategy<Value = Arch> {
+    (
+        prop::collection::vec(width(), 1..=2),
+        0usize..=1,
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(width(), 1..=3),
+        prop::collection::vec(prop::sample::select(vec![1usize, 4, 33]), 1..=2),
+        0usize..6,
+        any::<bool>(),
+        prop::sample::select(vec![1usize, 2, 7, 32]),
+        0usize..3,
+        prop::sample::select(vec![1e-3, 1e-2]),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                inputs,
+                unused,
+                unused_grad,
+                first_grad,
+                hidden,
+                outputs,
+                activation,
+                bias,
+                batch,
+                optimizer,
+                learning_rate,
+                seed,
+            )| Arch {
+                inputs,
+                unused,
+                unused_grad,
+                first_grad,
+                hidden,
+                outputs,
+                activation,
+                bias,
+                batch,
+                optimizer,
+                learning_rate,
+                seed,
+                steps: 3,
+            },
+        )
+}
+
+/// Inputs (each embedded to `hidden[0]` and summed), a trunk, and one head per output.
+#[derive(Module, Debug)]
+pub struct PropNet {
+    pub embed: Vec<Linear>,
+    pub trunk: Vec<Linear>,
+    pub heads: Vec<Linear>,
+    pub act: Activation,
+}
+
+impl PropNet {
+    pub fn new(arch: &Arch, device: &Device) -> Self {
+        let linear = |i, o| LinearConfig::new(i, o).with_bias(arch.bias).init(device);
+        let act = match arch.activation {
+            0 => ActivationConfig::Relu,
+            1 => ActivationConfig::Gelu,
+            2 => ActivationConfig::Tanh,
+            3 => ActivationConfig::Sigmoid,
+            4 => ActivationConfig::LeakyRelu(LeakyReluConfig::new()),
+            _ => ActivationConfig::Identity,
+        };
+        Self {
+            embed: arch.inputs.iter().map(|&w| linear(w, arch.hidden[0])).collect(),
+            trunk: arch.hidden.windows(2).map(|w| linear(w[0], w[1])).collect(),
+            heads: arch
+                .outputs
+                .iter()
+                .map(|&o| linear(*arch.hidden.last().expect("one hidden width"), o))
+                .collect(),
+            act: act.init(device),
+        }
+    }
+
+    /// Uses the first `embed.len()` inputs; the rest are passed but unused.
+    pub fn forward(&self, inputs: Vec<Tensor<2>>) -> Vec<Tensor<2>> {
+        let mut hidden: Option<Tensor<2>> = None;
+        for (layer, x) in self.embed.iter().zip(inputs) {
+            let y = layer.forward(x);
+            hidden = Some(match hidden {
+                Some(h) => h + y,
+                None => y,
+            });
+        }
+        let mut h = self.act.forward(hidden.expect("at least one used input"));
+        for layer in &self.trunk {
+            h = self.act.forward(layer.forward(h));
+        }
+        self.heads
+            .iter()
+            .map(|head| head.forward(h.clone()))
+            .collect()
+    }
+}
+
+fn prop_forward(net: &PropNet, inputs: Vec<Tensor<2>>) -> Vec<Tensor<2>> {
+    net.forward(inputs)
+}
+
+fn prop_loss(outputs: Vec<Tensor<2>>) -> Tensor<1> {
+    outputs
+        .into_iter()
+        .map(|y| y.powi_scalar(2).mean())
+        .reduce(|a, b| a + b)
+        .expect("at least one output")
+}
+
+/// Deterministic pseudo-random values in [-1, 1) from a seed (splitmix64).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn inputs_of(arch: &Arch, step: usize, device: &Device) -> Vec<Tensor<2>> {
+    let widths = arch
+        .inputs
+        .iter()
+        .copied()
+        .chain(std::iter::repeat_n(3, arch.unused));
+    widths
+        .enumerate()
+        .map(|(index, w)| {
+            let seed = arch.seed ^ ((step as u64) << 8) ^ index as u64;
+            let x = Tensor::<1>::from_floats(values(arch.batch * w, seed).as_slice(), device)
+                .reshape([arch.batch, w]);
+            let grad = if index < arch.inputs.len() {
+                index == 0 && arch.first_grad
+            } else {
+                arch.unused_grad
+            };
+            if grad { x.require_grad() } else { x }
+        })
+        .collect()
+}
+
+fn optimizer(arch: &Arch) -> ModuleOptimizer {
+    match arch.optimizer {
+        0 => AdamConfig::new().init(),
+        1 => AdamWConfig::new().with_weight_decay(0.01).init(),
+        _ => SgdConfig::new()
+            .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+            .init(),
+    }
+}
+
+/// How many cases to run.
+pub fn cases(default: u32) -> u32 {
+    if let Some(cases) = std::env::var("BURN_GRAPHED_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return cases;
+    }
+    if std::env::var("BURN_GRAPHED_LONG").is_ok_and(|v| v == "1") {
+        return 256;
+    }
+    default
+}
+
+/// Checks the property for `cases(default_cases)` generated cases on `device`; panics with the
+/// minimal failing architecture and the harness report otherwise.
+pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
+    let device = device.clone().autodiff();
+    let cases = cases(default_cases);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        // Every shrink step trains two models; a few dozen find a small case.
+        max_shrink_iters: 32,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/graphed_equals_eager.txt",
+        ))),
+        ..Config::default()
+    });
+    let ran = Cell::new(0u32);
+    let bitwise = Cell::new(0u32);
+    let max_ulps = Cell::new(0u64);
+    let result = runner.run(&arch(), |arch| {
+        let report = compare_training(TrainingComparison {
+            model: PropNet::new(&arch, &device),
+            call: prop_forward,
+            optimizer: optimizer(&arch),
+            learning_rate: arch.learning_rate,
+            batch: &mut |step| inputs_of(&arch, if step == usize::MAX { 0 } else { step }, &device),
+            loss: prop_loss,
+            steps: arch.steps,
+            graphed: GraphedConfig::new().with_allow_unused_input(true),
+            tolerance: Tolerance::default(),
+        })
+        .map_err(|error| TestCaseError::fail(format!("harness error: {error}")))?;
+        prop_assert!(report.passed(), "{arch:?}\n{report}");
+        if report.summary.graphed {
+            let steps = arch.steps as u64;
+            prop_assert_eq!(report.stats.forward_replays, steps, "{}", report);
+            prop_assert_eq!(report.stats.backward_replays, steps, "{}", report);
+            prop_assert_eq!(report.stats.total_fallbacks(), 0, "{}", report);
+        }
+        ran.set(ran.get() + 1);
+        bitwise.set(bitwise.get() + u32::from(report.bitwise()));
+        max_ulps.set(max_ulps.get().max(report.max_ulps()));
+        Ok(())
+    });
+    if let Err(error) = result {
+        panic!("graphed training differs from eager: {error}");
+    }
+    println!(
+        "proptest graphed_training_equals_eager: {} cases passed ({cases} asked), \
+         {} bitwise, max ulps {}",
+        ran.get(),
+        bitwise.get(),
+        max_ulps.get()
+    );
+}
