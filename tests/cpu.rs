@@ -36,6 +36,7 @@ on_devices! {
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;
     harness_catches_faults => scenarios::harness_catches_faults;
     structural_facts => scenarios::facts::structural_facts;
+    capture_failure_leaves_device_usable => |d| scenarios::capture_failure_leaves_device_usable(d, false);
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -85,6 +85,11 @@ fn harness_catches_faults() {
 }
 
 #[test]
+fn capture_failure_leaves_device_usable() {
+    scenarios::capture_failure_leaves_device_usable(&cuda(), true);
+}
+
+#[test]
 fn structural_facts() {
     scenarios::facts::structural_facts(&cuda());
 }

@@ -93,7 +93,12 @@ pub fn structural_facts(device: &Device) {
         let loss = two_heads_loss(graphed.forward(inputs.clone()).expect("call"));
         let _ = loss.backward();
     }
-    writeln!(facts, "after two calls with the same inputs: {:?}", graphed.stats()).unwrap();
+    writeln!(
+        facts,
+        "after two calls with the same inputs: {:?}",
+        graphed.stats()
+    )
+    .unwrap();
     // Eval: eager on the inner device.
     let inner = device.clone().inner();
     let _ = graphed
@@ -125,8 +130,20 @@ pub fn structural_facts(device: &Device) {
     let second = graphed.forward(inputs.clone()).expect("call");
     let _ = (two_heads_loss(first) + two_heads_loss(second)).backward();
     writeln!(facts, "after eval, shape, require_grad and pending calls:").unwrap();
-    writeln!(facts, "  replays: forward {}, backward {}", graphed.stats().forward_replays, graphed.stats().backward_replays).unwrap();
-    writeln!(facts, "  copies: inputs {}, params {}", graphed.stats().input_copies, graphed.stats().param_copies).unwrap();
+    writeln!(
+        facts,
+        "  replays: forward {}, backward {}",
+        graphed.stats().forward_replays,
+        graphed.stats().backward_replays
+    )
+    .unwrap();
+    writeln!(
+        facts,
+        "  copies: inputs {}, params {}",
+        graphed.stats().input_copies,
+        graphed.stats().param_copies
+    )
+    .unwrap();
     for (reason, count) in &graphed.stats().fallbacks {
         writeln!(facts, "  fallback {count} x {reason}").unwrap();
     }
@@ -224,6 +241,10 @@ pub fn structural_facts(device: &Device) {
     )
     .unwrap();
 
-    let name = if graphs { "facts_graphed" } else { "facts_eager" };
+    let name = if graphs {
+        "facts_graphed"
+    } else {
+        "facts_eager"
+    };
     snapshot(name, &facts);
 }

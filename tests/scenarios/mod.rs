@@ -385,3 +385,58 @@ pub fn supports_graphs(device: &Device) -> bool {
     .map(|g| g.summary().graphed)
     .unwrap_or(false)
 }
+
+/// A forward that reads a value back to the host: a device sync, which a CUDA capture forbids.
+fn syncing_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    let y = m.forward(x);
+    let _ = y.clone().sum().try_into_data();
+    y
+}
+
+/// A capture that fails inside the forward returns `GraphedError::Capture`, leaves the module's
+/// parameters untouched and the device usable: eager training and a new capture of a correct
+/// forward still give the eager results. `must_fail`: whether the backend refuses syncs inside
+/// a capture (CUDA does; wgpu's software graphs may not).
+pub fn capture_failure_leaves_device_usable(device: &Device, must_fail: bool) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let model = Mlp::new(16, 2, 4, &device);
+    let before = burn_graphed_testkit::deep_copy(&model);
+    let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Graphed::new(
+            model.clone(),
+            syncing_forward,
+            batch([8, 16], 0, &device),
+            &GraphedConfig::new(),
+        )
+    }));
+    match attempt {
+        Ok(Err(GraphedError::Capture { phase, reason })) => {
+            println!("capture failed as expected during {phase}: {reason}");
+        }
+        Ok(Err(other)) => panic!("expected a capture error, got {other}"),
+        Ok(Ok(_)) if must_fail => panic!("a host read inside the capture went unnoticed"),
+        Ok(Ok(_)) => println!("this backend records host reads without failing"),
+        Err(_) => panic!("the failed capture panicked instead of returning an error"),
+    }
+    // The module is untouched.
+    for ((_, a), (_, b)) in params_of(&model).iter().zip(&params_of(&before)) {
+        a.assert_eq(b, true);
+    }
+    // The device still runs eager work and captures correctly.
+    mlp_training_matches_eager(&device, 3);
+}
+
+fn params_of<M: Module>(module: &M) -> Vec<(burn::module::ParamId, burn::tensor::TensorData)> {
+    struct Reader(Vec<(burn::module::ParamId, burn::tensor::TensorData)>);
+    impl burn::module::ModuleVisitor for Reader {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            self.0.push((param.id, param.val().inner().into_data()));
+        }
+    }
+    let mut reader = Reader(Vec::new());
+    module.visit(&mut reader);
+    reader.0
+}

@@ -117,7 +117,11 @@ impl PropNet {
             _ => ActivationConfig::Identity,
         };
         Self {
-            embed: arch.inputs.iter().map(|&w| linear(w, arch.hidden[0])).collect(),
+            embed: arch
+                .inputs
+                .iter()
+                .map(|&w| linear(w, arch.hidden[0]))
+                .collect(),
             trunk: arch.hidden.windows(2).map(|w| linear(w[0], w[1])).collect(),
             heads: arch
                 .outputs

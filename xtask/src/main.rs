@@ -1,9 +1,12 @@
 //! Project automation: `cargo xtask <command>`.
 //!
 //! - `gpu-test [--run] [--long] [--filter F]`: build the CUDA test suite (one release test
-//!   binary) and the demo, and bundle them, compressed, with a runner script and a manifest
-//!   into `target/gpu-bundle/`, a folder that runs on a GPU machine without a Rust toolchain.
-//!   `--run` then runs the bundle here (needs a local NVIDIA GPU).
+//!   binary), the demo and the train-step benchmark, and bundle them, compressed, with a runner
+//!   script, the PyTorch reference script and a manifest into `target/gpu-bundle/`, a folder
+//!   that runs on a GPU machine without a Rust toolchain. `--run` then runs the tests here
+//!   (needs a local NVIDIA GPU).
+//! - `bench [--run]`: the same bundle; `--run` runs the benchmark (Burn and PyTorch side by
+//!   side) here.
 //! - `bundle-dir`: print the bundle folder (for scripts).
 //!
 //! Plain `std` only, so that `cargo xtask` costs seconds to build.
@@ -18,13 +21,14 @@ const BUNDLE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("gpu-test") => gpu_test(&args[1..]),
+        Some("gpu-test") => gpu_test(&args[1..], "tests"),
+        Some("bench") => gpu_test(&args[1..], "bench"),
         Some("bundle-dir") => {
             println!("{}", root().join(BUNDLE_DIR).display());
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME]\n       cargo xtask bundle-dir\n(got {args:?})"
+            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
         )),
     };
     match result {
@@ -81,7 +85,9 @@ struct Artifact {
     path: PathBuf,
 }
 
-fn gpu_test(args: &[String]) -> Result<(), String> {
+/// Builds and bundles the GPU suite, the demo and the benchmark; with `--run`, runs the bundle
+/// here in `mode` (`tests` or `bench`).
+fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
     let options = parse_gpu_test(args)?;
     let root = root();
     let artifacts = cargo_build_gpu(&root)?;
@@ -123,6 +129,11 @@ fn gpu_test(args: &[String]) -> Result<(), String> {
     ));
     write(&bundle.join("manifest.json"), &manifest)?;
     write(&bundle.join("run.sh"), RUN_SH)?;
+    std::fs::copy(
+        root.join("benches/torch_reference.py"),
+        bundle.join("torch_reference.py"),
+    )
+    .map_err(|e| format!("copying the PyTorch reference script: {e}"))?;
     make_executable(&bundle.join("run.sh"))?;
 
     let total = dir_size(&bundle)?;
@@ -142,7 +153,10 @@ fn gpu_test(args: &[String]) -> Result<(), String> {
 
     if options.run {
         let mut command = Command::new("bash");
-        command.arg(bundle.join("run.sh")).current_dir(&root);
+        command
+            .arg(bundle.join("run.sh"))
+            .arg(mode)
+            .current_dir(&root);
         if options.long {
             command.env("BURN_GRAPHED_LONG", "1");
         }
@@ -153,7 +167,7 @@ fn gpu_test(args: &[String]) -> Result<(), String> {
             .status()
             .map_err(|e| format!("running run.sh: {e}"))?;
         if !status.success() {
-            return Err(format!("GPU suite failed ({status})"));
+            return Err(format!("GPU {mode} failed ({status})"));
         }
     }
     Ok(())
@@ -173,6 +187,8 @@ fn cargo_build_gpu(root: &Path) -> Result<Vec<Artifact>, String> {
             "gpu",
             "--example",
             "train_mlp",
+            "--bench",
+            "train_step",
             "--message-format=json-render-diagnostics",
         ])
         .current_dir(root)
@@ -195,6 +211,8 @@ fn cargo_build_gpu(root: &Path) -> Result<Vec<Artifact>, String> {
             "test"
         } else if line.contains("\"kind\":[\"example\"]") {
             "example"
+        } else if line.contains("\"kind\":[\"bench\"]") {
+            "bench"
         } else {
             continue;
         };

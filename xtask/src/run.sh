@@ -4,10 +4,13 @@
 #
 #   bash run.sh            run the GPU test suite, print "N passed, N failed", exit 1 on failure
 #   bash run.sh demo       run the training demo (eager vs graphed)
-#   bash run.sh bench      run the benchmark example, if bundled
+#   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
+#                          bf16), printing JSON lines; extra arguments go to both sides
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
-# property-test cases), OUT (a folder to copy the log into).
+# property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
+# repository checkout the tests read their snapshots and proptest regressions from; default:
+# two folders up from this script, i.e. the checkout that holds target/gpu-bundle).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d)"
@@ -30,13 +33,18 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/loc
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 
+repo="${BURN_GRAPHED_REPO:-$(cd "$here/../.." && pwd)}"
+# Snapshot tests (insta) compare, never write, and find their files in the checkout.
+export INSTA_WORKSPACE_ROOT="$repo" INSTA_UPDATE=no
+[ -d "$repo/tests/scenarios/snapshots" ] || echo "run.sh: no snapshots under $repo (set BURN_GRAPHED_REPO)"
+
 case "$mode" in
   tests)
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
     args=(--test-threads=1)
     [ -n "${BURN_GRAPHED_FILTER:-}" ] && args+=("$BURN_GRAPHED_FILTER")
     log="$work/gpu-tests.log"
-    "$bin" "${args[@]}" 2>&1 | tee "$log"
+    (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     [ -n "${OUT:-}" ] && cp "$log" "$OUT/" 2>/dev/null
     passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
@@ -54,9 +62,15 @@ case "$mode" in
     "$bin" "$@"
     ;;
   bench)
-    bin="$(unpack example-bench.xz)" || { echo "no benchmark in this bundle"; exit 1; }
+    bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
     shift
-    "$bin" "$@"
+    results="$work/bench.jsonl"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
+    for dtype in f32 bf16; do
+      "$bin" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
+      python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
+    done
+    [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
     ;;
   *)
     echo "usage: run.sh [tests|demo|bench]"; exit 2;;

@@ -1,0 +1,115 @@
+"""Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
+into BENCHMARKS.md's table and a PNG plot.
+
+    python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
+
+Needs matplotlib for the plot (`pip install matplotlib`); the table needs nothing.
+"""
+import argparse
+import json
+from collections import OrderedDict
+
+
+def load(path):
+    rows, device = [], None
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("# device:"):
+            device = line.split(":", 1)[1].strip()
+        elif line.startswith("{"):
+            rows.append(json.loads(line))
+    return rows, device
+
+
+def key(row):
+    return (row["model"], row["dtype"])
+
+
+def table(rows):
+    by = OrderedDict()
+    for row in rows:
+        by.setdefault(key(row), {})[(row["framework"], row["mode"])] = row
+    out = [
+        "| model | dtype | burn eager | burn graphed | torch eager | torch graphed "
+        "| burn graphed / torch graphed | burn speedup | torch speedup "
+        "| burn input copy | burn param copy | reserved MiB burn eager / graphed "
+        "| reserved MiB torch eager / graphed |",
+        "|" + " --- |" * 13,
+    ]
+    for (model, dtype), r in by.items():
+        def us(framework, mode):
+            row = r.get((framework, mode))
+            return row["median_us"] if row else float("nan")
+
+        def cell(framework, mode):
+            row = r.get((framework, mode))
+            if not row:
+                return "n/a"
+            return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+
+        def mem(framework, mode):
+            row = r.get((framework, mode))
+            return f"{row['reserved_mib']:.0f}" if row else "n/a"
+
+        be, bg = us("burn", "eager"), us("burn", "graphed")
+        te, tg = us("torch", "eager"), us("torch", "graphed")
+        input_copy = bg - us("burn", "graphed_no_input_copy")
+        param_copy = bg - us("burn", "graphed_no_param_copy")
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'eager')} | {cell('burn', 'graphed')} "
+            f"| {cell('torch', 'eager')} | {cell('torch', 'graphed')} | {bg / tg:.2f} "
+            f"| {be / bg:.2f}x | {te / tg:.2f}x | {input_copy:.0f} us | {param_copy:.0f} us "
+            f"| {mem('burn', 'eager')} / {mem('burn', 'graphed')} "
+            f"| {mem('torch', 'eager')} / {mem('torch', 'graphed')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def plot(rows, device, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(OrderedDict((key(r), None) for r in rows))
+    series = [("burn", "eager"), ("burn", "graphed"), ("torch", "eager"), ("torch", "graphed")]
+    colors = ["#f4a259", "#bc4b51", "#8cb369", "#5b8e7d"]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.2
+    for i, ((framework, mode), color) in enumerate(zip(series, colors)):
+        values, lows, highs = [], [], []
+        for k in keys:
+            row = next((r for r in rows if key(r) == k and r["framework"] == framework
+                        and r["mode"] == mode), None)
+            values.append(row["median_us"] if row else 0)
+            lows.append(row["median_us"] - row["p10_us"] if row else 0)
+            highs.append(row["p90_us"] - row["median_us"] if row else 0)
+        xs = [j + (i - 1.5) * width for j in range(len(keys))]
+        ax.bar(xs, values, width, yerr=[lows, highs], label=f"{framework} {mode}", color=color)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{m}\n{d}" for m, d in keys], fontsize=8)
+    ax.set_ylabel("train step, us (median; bars: p10-p90)")
+    ax.set_yscale("log")
+    ax.set_title(f"Train step (fwd+loss+bwd+Adam), lower is better — {device or 'GPU'}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("results")
+    parser.add_argument("--table")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    rows, device = load(args.results)
+    text = f"Device: {device}\n\n" + table(rows)
+    if args.table:
+        open(args.table, "w").write(text)
+    print(text)
+    if args.plot:
+        plot(rows, device, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""PyTorch side of the train-step benchmark: the same models, math, dtype, optimizer (Adam),
+input rotation and timing method as benches/train_step.rs, eager and with
+torch.cuda.make_graphed_callables. Prints one JSON line per row (same fields as the Rust side).
+
+    python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16]
+                                       [--steps 50] [--reps 30]
+
+A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4), a new input batch every step
+(rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
+reported: the median over reps of rep time / steps, with the 10th and 90th percentiles.
+Memory: torch.cuda.memory_reserved() after the run, relative to before the model was made
+(the caching allocator's pools, comparable to burn's reserved bytes).
+"""
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+
+def mlp():
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(256, 256), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(
+            d_model=256, nhead=8, dim_feedforward=1024, dropout=0.0,
+            activation="gelu", batch_first=True, norm_first=False)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+def cnn():
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+MODELS = {
+    "mlp": ("mlp 8x256 b32", mlp, (32, 256)),
+    "mlp256": ("mlp 8x256 b256", mlp, (256, 256)),
+    "transformer": ("transformer 2x256 s128 b8", Encoder, (8, 128, 256)),
+    "cnn": ("cnn 2conv b32 32x32", cnn, (32, 3, 32, 32)),
+}
+
+
+def time_steps(step, steps, reps):
+    for i in range(20):
+        step(i)
+    torch.cuda.synchronize()
+    per_step = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+        per_step.append((time.perf_counter() - start) * 1e6 / steps)
+    per_step.sort()
+    at = lambda q: per_step[round((len(per_step) - 1) * q)]
+    return at(0.5), at(0.1), at(0.9)
+
+
+def run(key, mode, dtype, steps, reps):
+    name, make, shape = MODELS[key]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    model = make().cuda().to(dtype)
+    inputs = [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
+    if mode == "graphed":
+        model = torch.cuda.make_graphed_callables(model, (inputs[0].clone(),))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(i):
+        y = model(inputs[i % 4])
+        loss = (y * y).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    median, p10, p90 = time_steps(step, steps, reps)
+    reserved = (torch.cuda.memory_reserved() - before) / 2**20
+    print(json.dumps({
+        "framework": "torch", "model": name,
+        "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
+        "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
+        "reserved_mib": round(reserved, 1)}), flush=True)
+    del model, optimizer, inputs
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="mlp,mlp256,transformer,cnn")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    for key in args.models.split(","):
+        for mode in ("eager", "graphed"):
+            run(key, mode, dtype, args.steps, args.reps)
+
+
+if __name__ == "__main__":
+    main()

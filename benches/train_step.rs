@@ -1,0 +1,336 @@
+//! Train-step benchmark: eager Burn against graphed Burn on the same models, the counterpart of
+//! `benches/torch_reference.py` (same models, math, dtype, optimizer, input rotation and timing
+//! method). Built and bundled by `cargo xtask gpu-test` (or `cargo xtask bench`); run on a GPU
+//! machine with `bash target/gpu-bundle/run.sh bench`, which runs both sides and writes the
+//! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
+//!
+//! ```text
+//! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
+//! ```
+//!
+//! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
+//! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
+//! each input, as `make_graphed_callables` does for a tensor at another address). A *rep* is
+//! `steps` steps followed by a device sync; the reported time per step is the median over reps
+//! of (rep time / steps), with the 10th and 90th percentiles as spread. Memory is the device
+//! allocator's reserved bytes after the run (its pools only grow), relative to before the
+//! model was made.
+//!
+//! Graphed runs are repeated with the input copies or the parameter copies deliberately
+//! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
+//! overheads are reported separately.
+
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::prelude::*;
+use burn::tensor::{Distribution, FloatDType};
+use burn_graphed::{FaultInjection, Graphed, GraphedConfig, TensorGroup};
+
+#[derive(Module, Debug)]
+struct Mlp {
+    layers: Vec<Linear>,
+}
+
+fn mlp_forward(m: &Mlp, mut x: Tensor<2>) -> Tensor<2> {
+    for layer in &m.layers {
+        x = Relu::new().forward(layer.forward(x));
+    }
+    x
+}
+
+#[derive(Module, Debug)]
+struct Encoder {
+    encoder: TransformerEncoder,
+}
+
+fn encoder_forward(m: &Encoder, x: Tensor<3>) -> Tensor<3> {
+    m.encoder.forward(TransformerEncoderInput::new(x))
+}
+
+#[derive(Module, Debug)]
+struct Cnn {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    pool: AdaptiveAvgPool2d,
+    head: Linear,
+}
+
+fn cnn_forward(m: &Cnn, x: Tensor<4>) -> Tensor<2> {
+    let x = Relu::new().forward(m.conv1.forward(x));
+    let x = Relu::new().forward(m.conv2.forward(x));
+    let x = m.pool.forward(x).flatten::<2>(1, 3);
+    m.head.forward(x)
+}
+
+fn mean_square<const D: usize>(y: Tensor<D>) -> Tensor<1> {
+    y.powi_scalar(2).mean()
+}
+
+/// One benchmark row, printed as a JSON line.
+struct Row {
+    framework: &'static str,
+    model: String,
+    dtype: String,
+    mode: &'static str,
+    median_us: f64,
+    p10_us: f64,
+    p90_us: f64,
+    reserved_mib: f64,
+}
+
+impl Row {
+    fn print(&self) {
+        println!(
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}}}",
+            self.framework,
+            self.model,
+            self.dtype,
+            self.mode,
+            self.median_us,
+            self.p10_us,
+            self.p90_us,
+            self.reserved_mib
+        );
+    }
+}
+
+struct Options {
+    models: Vec<String>,
+    dtype: String,
+    steps: usize,
+    reps: usize,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        models: ["mlp", "mlp256", "transformer", "cnn"]
+            .map(String::from)
+            .to_vec(),
+        dtype: "f32".into(),
+        steps: 50,
+        reps: 30,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let value = iter.next().cloned().unwrap_or_default();
+        match arg.as_str() {
+            "--models" => options.models = value.split(',').map(String::from).collect(),
+            "--dtype" => options.dtype = value,
+            "--steps" => options.steps = value.parse().expect("--steps takes a number"),
+            "--reps" => options.reps = value.parse().expect("--reps takes a number"),
+            // libtest passes `--bench` to bench targets; nothing to do.
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    options
+}
+
+fn reserved(device: &Device) -> u64 {
+    device
+        .memory_pool_usage()
+        .map(|usage| usage.bytes_reserved)
+        .unwrap_or(0)
+}
+
+/// Median, 10th and 90th percentile of per-step times over reps.
+fn spread(mut per_step: Vec<f64>) -> (f64, f64, f64) {
+    per_step.sort_by(f64::total_cmp);
+    let at = |q: f64| per_step[((per_step.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.1), at(0.9))
+}
+
+/// A model, its call and loss, and how to make inputs of it.
+struct Case<M, I, O> {
+    name: String,
+    make: fn(&Device) -> M,
+    call: fn(&M, I) -> O,
+    loss: fn(O) -> Tensor<1>,
+    input: fn(&Device) -> I,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Eager,
+    Graphed(FaultInjection),
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::Graphed(FaultInjection::None) => "graphed",
+            Mode::Graphed(FaultInjection::SkipInputCopy) => "graphed_no_input_copy",
+            Mode::Graphed(FaultInjection::SkipParamCopy) => "graphed_no_param_copy",
+        }
+    }
+}
+
+/// Times `reps` x `steps` training steps in `mode`, from a fresh model.
+fn run<M, I, O>(case: &Case<M, I, O>, mode: Mode, device: &Device, options: &Options) -> Row
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    device.memory_cleanup();
+    let before = reserved(device);
+    let model = (case.make)(device);
+    let inputs: Vec<I> = (0..4).map(|_| (case.input)(device)).collect();
+    let mut optimizer: ModuleOptimizer = AdamConfig::new().init();
+    let per_step = match mode {
+        Mode::Eager => {
+            let mut model = model;
+            let mut step = |i: usize| {
+                let loss = (case.loss)((case.call)(&model, inputs[i % inputs.len()].clone()));
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-4, model.clone(), grads);
+            };
+            time(device, options, &mut step)
+        }
+        Mode::Graphed(fault) => {
+            let config = GraphedConfig::new().with_fault(fault);
+            let mut model =
+                Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
+            let mut step = |i: usize| {
+                let out = model
+                    .forward(inputs[i % inputs.len()].clone())
+                    .expect("graphed call");
+                let loss = (case.loss)(out);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optimizer.step(1e-4, model.clone(), grads);
+            };
+            let per_step = time(device, options, &mut step);
+            let stats = model.stats();
+            assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+            per_step
+        }
+    };
+    let (median_us, p10_us, p90_us) = spread(per_step);
+    Row {
+        framework: "burn",
+        model: case.name.clone(),
+        dtype: options.dtype.clone(),
+        mode: mode.label(),
+        median_us,
+        p10_us,
+        p90_us,
+        reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
+    }
+}
+
+/// Warm-up (20 steps), then `reps` timed reps of `steps` steps; per-step microseconds per rep.
+fn time(device: &Device, options: &Options, step: &mut dyn FnMut(usize)) -> Vec<f64> {
+    for i in 0..20 {
+        step(i);
+    }
+    device.sync().expect("sync");
+    (0..options.reps)
+        .map(|_| {
+            let start = Instant::now();
+            for i in 0..options.steps {
+                step(i);
+            }
+            device.sync().expect("sync");
+            start.elapsed().as_secs_f64() * 1e6 / options.steps as f64
+        })
+        .collect()
+}
+
+fn bench<M, I, O>(case: Case<M, I, O>, device: &Device, options: &Options)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    for mode in [
+        Mode::Eager,
+        Mode::Graphed(FaultInjection::None),
+        Mode::Graphed(FaultInjection::SkipInputCopy),
+        Mode::Graphed(FaultInjection::SkipParamCopy),
+    ] {
+        run(&case, mode, device, options).print();
+    }
+}
+
+fn main() {
+    let options = options();
+    let mut base = Device::cuda(0);
+    if options.dtype == "bf16" {
+        base.configure(burn::tensor::DeviceConfig::new().float_dtype(FloatDType::BF16))
+            .expect("bf16 before any tensor");
+    }
+    let device = base.autodiff();
+    for model in &options.models {
+        match model.as_str() {
+            "mlp" | "mlp256" => {
+                let batch = if model == "mlp" { 32 } else { 256 };
+                let input: fn(&Device) -> Tensor<2> = if batch == 32 {
+                    |d| Tensor::random([32, 256], Distribution::Default, d)
+                } else {
+                    |d| Tensor::random([256, 256], Distribution::Default, d)
+                };
+                bench(
+                    Case {
+                        name: format!("mlp 8x256 b{batch}"),
+                        make: |d| Mlp {
+                            layers: (0..8)
+                                .map(|_| LinearConfig::new(256, 256).init(d))
+                                .collect(),
+                        },
+                        call: mlp_forward,
+                        loss: mean_square,
+                        input,
+                    },
+                    &device,
+                    &options,
+                );
+            }
+            "transformer" => bench(
+                Case {
+                    name: "transformer 2x256 s128 b8".into(),
+                    make: |d| Encoder {
+                        encoder: TransformerEncoderConfig::new(256, 1024, 8, 2)
+                            .with_dropout(0.0)
+                            .init(d),
+                    },
+                    call: encoder_forward,
+                    loss: mean_square,
+                    input: |d| Tensor::random([8, 128, 256], Distribution::Default, d),
+                },
+                &device,
+                &options,
+            ),
+            "cnn" => bench(
+                Case {
+                    name: "cnn 2conv b32 32x32".into(),
+                    make: |d| Cnn {
+                        conv1: Conv2dConfig::new([3, 16], [3, 3])
+                            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                            .init(d),
+                        conv2: Conv2dConfig::new([16, 32], [3, 3])
+                            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                            .init(d),
+                        pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+                        head: LinearConfig::new(32, 10).init(d),
+                    },
+                    call: cnn_forward,
+                    loss: mean_square,
+                    input: |d| Tensor::random([32, 3, 32, 32], Distribution::Default, d),
+                },
+                &device,
+                &options,
+            ),
+            other => panic!("unknown model {other}"),
+        }
+    }
+}
