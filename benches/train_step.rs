@@ -266,7 +266,7 @@ fn main() {
     let options = options();
     let mut base = Device::cuda(0);
     if options.dtype == "bf16" {
-        base.configure(burn::tensor::DeviceConfig::new().float_dtype(FloatDType::BF16))
+        base.configure(FloatDType::BF16)
             .expect("bf16 before any tensor");
     }
     let device = base.autodiff();

@@ -14,7 +14,7 @@ use burn::nn::{LeakyReluConfig, Linear, LinearConfig};
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
 use burn::prelude::*;
 use burn_graphed::GraphedConfig;
-use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training};
+use burn_graphed_testkit::{TrainingComparison, compare_training};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
@@ -253,7 +253,7 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
             loss: prop_loss,
             steps: arch.steps,
             graphed: GraphedConfig::new().with_allow_unused_input(true),
-            tolerance: Tolerance::default(),
+            tolerance: super::tolerance_for(&device),
         })
         .map_err(|error| TestCaseError::fail(format!("harness error: {error}")))?;
         prop_assert!(report.passed(), "{arch:?}\n{report}");

@@ -2,7 +2,8 @@
 # Runner of the burn-graphed GPU bundle, made by `cargo xtask gpu-test`.
 # Needs bash and xz (or python3) and an NVIDIA driver with CUDA 12.x/13.x libraries; no Rust.
 #
-#   bash run.sh            run the GPU test suite, print "N passed, N failed", exit 1 on failure
+#   bash run.sh [tests [ARGS]]  run the GPU test suite, print "N passed, N failed", exit 1 on
+#                          failure; ARGS go to the test binary (e.g. --ignored NAME)
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16), printing JSON lines; extra arguments go to both sides
@@ -43,6 +44,8 @@ case "$mode" in
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
     args=(--test-threads=1)
     [ -n "${BURN_GRAPHED_FILTER:-}" ] && args+=("$BURN_GRAPHED_FILTER")
+    shift $(( $# > 0 ? 1 : 0 ))
+    args+=("$@") # e.g. --ignored NAME
     log="$work/gpu-tests.log"
     (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}

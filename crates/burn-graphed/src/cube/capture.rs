@@ -43,6 +43,43 @@ fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
     Dispatch::float_mul_scalar(inner, 1.0f32.into())
 }
 
+/// Leaves the prepared state on drop unless a recording started: an error between
+/// `graph_prepare` and `graph_start_capture` (a failed warm-up) would otherwise leave the stream
+/// prepared, and every later capture on it would fail with "already prepared".
+struct Prepared<'a> {
+    device: &'a DispatchDevice,
+    armed: bool,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(device: &'a DispatchDevice, phase: CapturePhase) -> Result<Self, GraphedError> {
+        Dispatch::graph_prepare(device).map_err(capture_error(phase))?;
+        Ok(Self {
+            device,
+            armed: true,
+        })
+    }
+
+    /// Starts the recording that consumes the prepared state.
+    fn record(mut self, phase: CapturePhase) -> Result<Recording<'a>, GraphedError> {
+        let recording = Recording::start(self.device, phase)?;
+        self.armed = false;
+        Ok(recording)
+    }
+}
+
+impl Drop for Prepared<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // The lifecycle has no "cancel": an empty recording returns the stream to its
+            // normal state, and the empty graph is dropped at once.
+            if Dispatch::graph_start_capture(self.device).is_ok() {
+                let _ = Dispatch::graph_stop_capture(self.device);
+            }
+        }
+    }
+}
+
 /// Ends the capture on drop unless stopped: whatever happens inside the window (an error, a
 /// panic in user code), the stream leaves capture mode.
 struct Recording<'a> {
@@ -82,6 +119,15 @@ fn capture_error(phase: CapturePhase) -> impl Fn(burn::backend::ExecutionError) 
         phase,
         reason: error.to_string(),
     }
+}
+
+/// The message of a caught panic, when it carries one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// What a successful capture hands to the graphed module.
@@ -156,12 +202,21 @@ where
         FlatTensor { tensor, ..param }
     });
 
-    let run = |inputs: &[FlatTensor]| -> Result<Vec<FlatTensor>, GraphedError> {
+    // A panic in the callable (e.g. a host read that the device refuses inside a capture)
+    // becomes an error of the step it happened in; `Recording` ends an open capture on the way.
+    let run = |inputs: &[FlatTensor], phase| -> Result<Vec<FlatTensor>, GraphedError> {
         let input = I::unflatten(inputs.to_vec()).ok_or(GraphedError::InputCount {
             expected: inputs.len(),
             got: inputs.len(),
         })?;
-        let outputs = call(&capture_module, input).flatten();
+        let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            call(&capture_module, input)
+        }))
+        .map_err(|panic| GraphedError::Capture {
+            phase,
+            reason: format!("the callable panicked: {}", panic_message(&*panic)),
+        })?
+        .flatten();
         if outputs.is_empty() {
             return Err(GraphedError::NoOutputs);
         }
@@ -169,11 +224,11 @@ where
     };
 
     // Forward warm-up (with backward, so that both paths are tuned and pooled).
-    Dispatch::graph_prepare(dispatch).map_err(capture_error(CapturePhase::ForwardWarmup))?;
+    let prepared = Prepared::new(dispatch, CapturePhase::ForwardWarmup)?;
     let mut grad_outputs: Vec<DispatchTensor> = Vec::new();
     let warmup = |grad_outputs: &mut Vec<DispatchTensor>, phase| -> Result<(), GraphedError> {
         for _ in 0..config.warmup_iters.max(1) {
-            let outputs = run(&autodiff_inputs)?;
+            let outputs = run(&autodiff_inputs, phase)?;
             if grad_outputs.is_empty() {
                 *grad_outputs = outputs
                     .iter()
@@ -192,16 +247,16 @@ where
     warmup(&mut grad_outputs, CapturePhase::ForwardWarmup)?;
 
     // Forward capture: the autodiff graph built here is what the backward capture runs.
-    let recording = Recording::start(dispatch, CapturePhase::Forward)?;
-    let outputs = run(&autodiff_inputs)?;
+    let recording = prepared.record(CapturePhase::Forward)?;
+    let outputs = run(&autodiff_inputs, CapturePhase::Forward)?;
     let forward = recording.stop(CapturePhase::Forward)?;
 
     // Backward warm-up in fresh memory, then the backward capture.
-    Dispatch::graph_prepare(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
+    let prepared = Prepared::new(dispatch, CapturePhase::BackwardWarmup)?;
     warmup(&mut grad_outputs, CapturePhase::BackwardWarmup)?;
     let loss = surrogate_loss(&outputs, &grad_outputs);
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
-    let recording = Recording::start(dispatch, CapturePhase::Backward)?;
+    let recording = prepared.record(CapturePhase::Backward)?;
     let grads = loss.backward();
     let parents: Vec<&DispatchTensor> = autodiff_inputs
         .iter()
