@@ -37,6 +37,10 @@ on_devices! {
     harness_catches_faults => scenarios::harness_catches_faults;
     structural_facts => scenarios::facts::structural_facts;
     capture_failure_leaves_device_usable => |d| scenarios::capture_failure_leaves_device_usable(d, false);
+    chained_group_matches_eager => |d| scenarios::group::chained_group_matches_eager(d, 3, burn_graphed::OutputPolicy::Copy);
+    chained_group_static_outputs_match_eager => |d| scenarios::group::chained_group_matches_eager(d, 2, burn_graphed::OutputPolicy::Static);
+    chained_group_shares_buffers_safely => scenarios::group::chained_group_shares_buffers_safely;
+    chain_errors => scenarios::group::chain_errors;
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -80,6 +80,26 @@ fn second_call_before_backward_is_eager() {
 }
 
 #[test]
+fn chained_group_matches_eager() {
+    scenarios::group::chained_group_matches_eager(&cuda(), 20, burn_graphed::OutputPolicy::Copy);
+}
+
+#[test]
+fn chained_group_static_outputs_match_eager() {
+    scenarios::group::chained_group_matches_eager(&cuda(), 5, burn_graphed::OutputPolicy::Static);
+}
+
+#[test]
+fn chained_group_shares_buffers_safely() {
+    scenarios::group::chained_group_shares_buffers_safely(&cuda());
+}
+
+#[test]
+fn chain_errors() {
+    scenarios::group::chain_errors(&cuda());
+}
+
+#[test]
 fn harness_catches_faults() {
     scenarios::harness_catches_faults(&cuda());
 }

@@ -41,15 +41,7 @@ fn redact(text: String, device: &Device, ids: &[ParamId]) -> String {
 }
 
 fn first_param_id<M: Module>(module: &M) -> ParamId {
-    struct First(Option<ParamId>);
-    impl burn::module::ModuleVisitor for First {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.get_or_insert(param.id);
-        }
-    }
-    let mut first = First(None);
-    module.visit(&mut first);
-    first.0.expect("a float parameter")
+    burn_graphed_testkit::param_values(module)[0].0
 }
 
 /// Gives the first float parameter a new id, as replacing a layer after capture would.
@@ -241,10 +233,107 @@ pub fn structural_facts(device: &Device) {
     )
     .unwrap();
 
+    group_facts(&device, &mut facts);
+
     let name = if graphs {
         "facts_graphed"
     } else {
         "facts_eager"
     };
     snapshot(name, &facts);
+}
+
+/// What a chain of three callables captured together holds, what one training step copied,
+/// and the errors of bad chains.
+fn group_facts(device: &Device, facts: &mut String) {
+    use super::group::{Decoder, Encoder, Mixer};
+    use burn_graphed::{Callable, make_graphed_callables};
+
+    let (encoder, mixer, decoder) = make_graphed_callables(
+        (
+            Callable::new(
+                Encoder::new(device),
+                Encoder::forward,
+                batch([8, 16], 0, device),
+            ),
+            Callable::chained(Mixer::new(device), Mixer::forward),
+            Callable::chained(Decoder::new(device), Decoder::forward),
+        ),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    writeln!(facts, "group of three (encoder -> mixer -> decoder):").unwrap();
+    for (name, summary) in [
+        ("encoder", encoder.summary()),
+        ("mixer", mixer.summary()),
+        ("decoder", decoder.summary()),
+    ] {
+        writeln!(
+            facts,
+            "  {name}: graphed {}, inputs {} ({} require grad), outputs {}, params {}, static bytes {}",
+            summary.graphed,
+            summary.inputs,
+            summary.inputs_requiring_grad,
+            summary.outputs,
+            summary.params,
+            summary.static_bytes
+        )
+        .unwrap();
+    }
+    writeln!(
+        facts,
+        "  group static bytes: {}",
+        decoder.memory().group_static_bytes
+    )
+    .unwrap();
+    let x = batch([8, 16], 1, device);
+    let (h, s) = encoder.forward(x.clone()).expect("encoder");
+    let y = decoder
+        .forward(mixer.forward((h, s.clone())).expect("mixer"))
+        .expect("decoder");
+    let _ = ((y - x).powi_scalar(2).mean() + s.powi_scalar(2).mean()).backward();
+    for (name, stats) in [
+        ("encoder", encoder.stats()),
+        ("mixer", mixer.stats()),
+        ("decoder", decoder.stats()),
+    ] {
+        writeln!(
+            facts,
+            "  after one step, {name}: replays {}/{}, copies: inputs {}, params {}, grads {}, fallbacks {}",
+            stats.forward_replays,
+            stats.backward_replays,
+            stats.input_copies,
+            stats.param_copies,
+            stats.grad_copies,
+            stats.total_fallbacks()
+        )
+        .unwrap();
+    }
+    let first_chained = make_graphed_callables(
+        (
+            Callable::<Mixer, (Tensor<2>, Tensor<2>), Tensor<2>>::chained(
+                Mixer::new(device),
+                Mixer::forward,
+            ),
+        ),
+        &GraphedConfig::new(),
+    );
+    writeln!(
+        facts,
+        "  first callable chained: {}",
+        error_text(first_chained)
+    )
+    .unwrap();
+    let misfit = make_graphed_callables(
+        (
+            Callable::new(
+                Encoder::new(device),
+                Encoder::forward,
+                batch([8, 16], 0, device),
+            ),
+            Callable::chained(Decoder::new(device), Decoder::forward),
+        ),
+        &GraphedConfig::new(),
+    );
+    writeln!(facts, "  inputs do not fit: {}", error_text(misfit)).unwrap();
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod facts;
+pub mod group;
 pub mod prop;
 
 use burn::module::Module;
@@ -13,7 +14,7 @@ use burn::prelude::*;
 use burn_graphed::{
     FallbackReason, FaultInjection, Graphed, GraphedConfig, GraphedError, MismatchPolicy,
 };
-use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training};
+use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training, param_values};
 
 /// depth x Linear(width, width) + ReLU, then Linear(width, out).
 #[derive(Module, Debug)]
@@ -433,21 +434,9 @@ pub fn capture_failure_leaves_device_usable(device: &Device, must_fail: bool) {
         Err(_) => panic!("the failed capture panicked instead of returning an error"),
     }
     // The module is untouched.
-    for ((_, a), (_, b)) in params_of(&model).iter().zip(&params_of(&before)) {
+    for ((_, a), (_, b)) in param_values(&model).iter().zip(&param_values(&before)) {
         a.assert_eq(b, true);
     }
     // The device still runs eager work and captures correctly.
     mlp_training_matches_eager(&device, 3);
-}
-
-fn params_of<M: Module>(module: &M) -> Vec<(burn::module::ParamId, burn::tensor::TensorData)> {
-    struct Reader(Vec<(burn::module::ParamId, burn::tensor::TensorData)>);
-    impl burn::module::ModuleVisitor for Reader {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-            self.0.push((param.id, param.val().inner().into_data()));
-        }
-    }
-    let mut reader = Reader(Vec::new());
-    module.visit(&mut reader);
-    reader.0
 }

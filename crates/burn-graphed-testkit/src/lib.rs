@@ -349,7 +349,9 @@ fn read<const D: usize>(tensor: Tensor<D>, what: &str) -> Result<TensorData, Har
     })
 }
 
-fn params_data<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)> {
+/// Every float parameter of `module`, in visiting order, with its id and values (read back to
+/// the host).
+pub fn param_values<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)> {
     struct Reader(Vec<(burn::module::ParamId, TensorData)>);
     impl burn::module::ModuleVisitor for Reader {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -361,7 +363,9 @@ fn params_data<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)
     reader.0
 }
 
-fn grads_data<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option<TensorData>> {
+/// The gradient of every float parameter of `module` in `grads`, in visiting order (`None` where
+/// there is none), read back to the host.
+pub fn grad_values<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option<TensorData>> {
     struct Reader<'a>(&'a GradientsParams, Vec<Option<TensorData>>);
     impl burn::module::ModuleVisitor for Reader<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -439,8 +443,8 @@ where
         ));
         let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
         let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
-        let e_grads = grads_data(&eager, &eager_grads);
-        let g_grads = grads_data(&graphed, &graphed_grads);
+        let e_grads = grad_values(&eager, &eager_grads);
+        let g_grads = grad_values(&graphed, &graphed_grads);
         for (index, (e, g)) in e_grads.iter().zip(&g_grads).enumerate() {
             match (e, g) {
                 (Some(e), Some(g)) => tensors.push(TensorComparison::new(
@@ -463,9 +467,9 @@ where
         }
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
-        for (index, ((_, e), (_, g))) in params_data(&eager)
+        for (index, ((_, e), (_, g))) in param_values(&eager)
             .iter()
-            .zip(&params_data(&graphed))
+            .zip(&param_values(&graphed))
             .enumerate()
         {
             tensors.push(TensorComparison::new(

@@ -118,6 +118,14 @@ pub enum GraphedError {
         /// Position of the tensor among the flattened inputs.
         index: usize,
     },
+    /// A chained callable of a group cannot take the previous callable's outputs as inputs.
+    #[error("callable {index} of the group is chained to the previous one, but {detail}")]
+    Chain {
+        /// Position of the callable in the group.
+        index: usize,
+        /// What does not fit.
+        detail: String,
+    },
     /// The sample inputs contained no tensor.
     #[error("a graphed callable needs at least one input tensor")]
     NoInputs,

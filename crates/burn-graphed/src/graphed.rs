@@ -11,17 +11,10 @@ use burn::tensor::Device;
 
 use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::error::GraphedError;
+use crate::group::{Built, Callable, make_graphed_callables};
 use crate::params::{self, ModuleMode};
-use crate::stats::{CaptureSummary, FallbackReason, GraphStats};
-use crate::tensors::{FlatTensor, TensorGroup};
-
-/// What the capture recorded about the inputs.
-#[derive(Debug, Clone)]
-struct InputSpec {
-    shape: Vec<usize>,
-    dtype: burn::tensor::DType,
-    require_grad: bool,
-}
+use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
+use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
 /// copies): the graphs, the signature they were captured with, and the counters.
@@ -30,12 +23,13 @@ struct Shared {
     session: Option<Arc<crate::cube::session::Session>>,
     /// Why there are no graphs, when there are none.
     eager_reason: Option<FallbackReason>,
-    inputs: Vec<InputSpec>,
+    inputs: Vec<TensorSpec>,
     mode: ModuleMode,
     device: Device,
     thread: ThreadId,
     policy: MismatchPolicy,
     summary: CaptureSummary,
+    memory: GraphMemory,
     /// Counters of eager calls (replays are counted by the session).
     eager: Mutex<GraphStats>,
 }
@@ -116,99 +110,34 @@ where
         sample: I,
         config: &GraphedConfig,
     ) -> Result<Self, GraphedError> {
-        let sample = sample.flatten();
-        let first = sample.first().ok_or(GraphedError::NoInputs)?;
-        let device = first.device.clone();
-        let (module_params, mode) = params::collect(&module);
-        let inputs = sample
-            .iter()
-            .map(|t| InputSpec {
-                shape: t.shape.clone(),
-                dtype: t.dtype,
-                require_grad: t.require_grad,
-            })
-            .collect::<Vec<_>>();
-        let mut summary = CaptureSummary {
-            graphed: false,
-            eager_reason: None,
-            inputs: sample.len(),
-            inputs_requiring_grad: sample.iter().filter(|t| t.require_grad).count(),
-            outputs: 0,
-            params: module_params.len(),
-            trainable_params: module_params
-                .iter()
-                .filter(|p| p.tensor.require_grad)
-                .count(),
-            static_bytes: 0,
-        };
+        let (graphed,) = make_graphed_callables((Callable::new(module, call, sample),), config)?;
+        Ok(graphed)
+    }
 
-        let param_device = params::device_of(&module_params).unwrap_or_else(|| device.clone());
-        if !param_device.is_autodiff() {
-            return Err(GraphedError::NotAutodiff {
-                what: "the module",
-                device: format!("{param_device:?}"),
-            });
-        }
-        for (index, param) in module_params.iter().enumerate() {
-            if !param.tensor.require_grad && !config.allow_non_trainable_params {
-                return Err(GraphedError::NonTrainableState {
-                    index,
-                    shape: param.tensor.shape.clone(),
-                });
-            }
-        }
-
-        let mut eager_reason = None;
-        #[cfg(feature = "cube")]
-        let mut session = None;
-        #[cfg(feature = "cube")]
-        let can_capture = crate::cube::capture::supports_capture(&device);
-        #[cfg(not(feature = "cube"))]
-        let can_capture = false;
-        if !can_capture {
-            if config.require_graphs {
-                return Err(GraphedError::Unsupported {
-                    device: format!("{device:?}"),
-                });
-            }
-            eager_reason = Some(FallbackReason::Unsupported);
-        }
-        #[cfg(feature = "cube")]
-        if can_capture {
-            let parents = sample.len() + module_params.len();
-            if parents > crate::cube::node::MAX_PARENTS {
-                return Err(GraphedError::ParametersChanged {
-                    detail: format!(
-                        "{parents} inputs and parameters, more than the {} one graphed call supports",
-                        crate::cube::node::MAX_PARENTS
-                    ),
-                });
-            }
-            let captured =
-                crate::cube::capture::capture(&module, call, sample, &module_params, config)?;
-            summary.graphed = true;
-            summary.outputs = captured.session.outputs.len();
-            summary.static_bytes = captured.session.static_bytes();
-            session = Some(captured.session);
-        }
-        summary.eager_reason = eager_reason.as_ref().map(ToString::to_string);
-
-        Ok(Self {
+    /// Assembles a graphed module from what the capture of its group made.
+    pub(crate) fn from_built(
+        module: M,
+        call: fn(&M, I) -> O,
+        built: Built,
+        config: &GraphedConfig,
+    ) -> Self {
+        Self {
             inner: module,
             call,
             shared: Arc::new(Shared {
                 #[cfg(feature = "cube")]
-                session,
-                eager_reason,
-                inputs,
-                mode,
-                device,
+                session: built.session,
+                eager_reason: built.eager_reason,
+                inputs: built.inputs,
+                mode: built.mode,
+                device: built.device,
                 thread: std::thread::current().id(),
                 policy: config.on_mismatch,
-                summary,
+                summary: built.summary,
+                memory: built.memory,
                 eager: Mutex::new(GraphStats::default()),
             }),
-        })
+        }
     }
 
     /// Runs the callable: a replay of the graphs when the call matches the capture, the wrapped
@@ -348,6 +277,9 @@ where
                 None => return self.eager(flat, FallbackReason::Unsupported),
             }
         }
+        if session.shared_buffer_busy(&inputs) {
+            return self.eager(flat, FallbackReason::SharedBufferBusy);
+        }
         let mut param_tensors = Vec::with_capacity(module_params.len());
         for param in &module_params {
             match fused(&param.tensor.tensor) {
@@ -395,6 +327,12 @@ where
         &self.shared.summary
     }
 
+    /// Device memory that the capture holds: this callable's static buffers, those of its
+    /// whole group, and what the capture added to the device's pools.
+    pub fn memory(&self) -> GraphMemory {
+        self.shared.memory
+    }
+
     /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper.
     pub fn stats(&self) -> GraphStats {
         let mut stats = self
@@ -410,6 +348,7 @@ where
             stats.backward_replays = replayed.backward_replays;
             stats.input_copies = replayed.input_copies;
             stats.param_copies = replayed.param_copies;
+            stats.grad_copies = replayed.grad_copies;
         }
         stats
     }

@@ -30,6 +30,10 @@ pub enum FallbackReason {
     /// The previous graphed call's backward has not run yet: replaying now would overwrite the
     /// activations it needs.
     BackwardPending,
+    /// A replay would overwrite a buffer shared with another callable of the group whose
+    /// backward has not run yet (e.g. a chained callable given another tensor than the previous
+    /// callable's output while that callable's backward is pending).
+    SharedBufferBusy,
     /// The call came from another thread than the capture (graphs replay on the capturing
     /// thread's stream only).
     OtherThread,
@@ -51,6 +55,9 @@ impl fmt::Display for FallbackReason {
             FallbackReason::BackwardPending => {
                 f.write_str("previous call's backward still pending")
             }
+            FallbackReason::SharedBufferBusy => f.write_str(
+                "a buffer shared with another callable of the group is still needed by its backward",
+            ),
             FallbackReason::OtherThread => {
                 f.write_str("called from another thread than the capture")
             }
@@ -69,6 +76,9 @@ pub struct GraphStats {
     pub input_copies: u64,
     /// Parameter tensors copied into static buffers (after optimizer steps).
     pub param_copies: u64,
+    /// Output gradients copied into the static gradient buffers. A gradient that a chained
+    /// callable's backward graph wrote there itself is not copied.
+    pub grad_copies: u64,
     /// Calls that ran eagerly, by reason.
     pub fallbacks: BTreeMap<FallbackReason, u64>,
 }
@@ -100,4 +110,17 @@ pub struct CaptureSummary {
     /// Bytes of the static buffers this callable owns: inputs, parameter copies, outputs,
     /// incoming and outgoing gradients. The graphs' internal activations are not included.
     pub static_bytes: u64,
+}
+
+/// Device memory that a graphed callable's capture holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphMemory {
+    /// Bytes of the static buffers this callable owns (as in [`CaptureSummary::static_bytes`]).
+    pub static_bytes: u64,
+    /// Bytes of the static buffers of every callable captured with it (a shared buffer once).
+    pub group_static_bytes: u64,
+    /// Growth of the device's reserved pool bytes over the whole group's capture, warm-ups
+    /// included: the memory the capture added to the pools, which the graphs may pin (cubecl
+    /// guards every page a recording touched until the graph is dropped). 0 without graphs.
+    pub capture_pool_growth_bytes: u64,
 }

@@ -19,7 +19,25 @@ pub struct FlatTensor {
     pub(crate) require_grad: bool,
 }
 
+/// What a capture records of one input tensor and a call must match: shape, dtype and
+/// `require_grad`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TensorSpec {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub require_grad: bool,
+}
+
 impl FlatTensor {
+    /// What a call must match to use a capture made with this tensor.
+    pub(crate) fn spec(&self) -> TensorSpec {
+        TensorSpec {
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            require_grad: self.require_grad,
+        }
+    }
+
     /// The tensor, rank-erased (`Tensor::from_dispatch` turns it back into a `Tensor<D>`).
     pub fn tensor(&self) -> &DispatchTensor {
         &self.tensor

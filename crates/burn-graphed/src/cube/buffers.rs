@@ -24,14 +24,19 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
 
 /// A buffer that a graph reads or writes. Holding the fusion handle keeps the buffer alive for
 /// as long as the graph lives and keeps fusion from reusing it in place for another tensor.
+///
+/// In a group of callables one buffer can serve two graphs (an output of one callable is the
+/// input of the next; the input gradient of the next is the output gradient of the first): it is
+/// then shared through an `Arc`, and `contents` is the one record of what it holds.
 #[derive(Debug)]
 pub(crate) struct StaticBuffer {
     /// The fusion handle, given to burn ops and to user code.
     pub fused: FusedTensor,
-    /// The tensor last copied in. burn tensors never change value (an in-place kernel only
-    /// reuses the buffer of a tensor nobody holds anymore, under a new id), so the same id
-    /// again means the same contents, already here.
-    last_source: Mutex<Option<TensorId>>,
+    /// The tensor whose values the buffer holds, when known: the tensor last copied in, or the
+    /// copy handed out after a graph wrote the buffer. burn tensors never change value (an
+    /// in-place kernel only reuses the buffer of a tensor nobody holds anymore, under a new
+    /// id), so the same id again means the same contents, already here.
+    contents: Mutex<Option<TensorId>>,
 }
 
 impl StaticBuffer {
@@ -39,8 +44,12 @@ impl StaticBuffer {
     pub fn new(fused: FusedTensor) -> Self {
         Self {
             fused,
-            last_source: Mutex::new(None),
+            contents: Mutex::new(None),
         }
+    }
+
+    fn contents(&self) -> std::sync::MutexGuard<'_, Option<TensorId>> {
+        self.contents.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Bytes of the tensor's elements (the pool may pad the allocation; that is not counted,
@@ -51,18 +60,20 @@ impl StaticBuffer {
         (elements * self.fused.dtype().size()) as u64
     }
 
-    /// Queues a copy of `source` into this buffer unless it is this buffer already or was
-    /// the last tensor copied in; returns the queued operation's output, which must be kept
-    /// alive until the stream drained (fusion skips work whose results nobody holds).
+    /// Whether `source`'s values still have to be copied in: it is neither this buffer nor the
+    /// tensor whose values the buffer holds.
+    pub fn needs_copy(&self, source: &FusedTensor) -> bool {
+        source.id != self.fused.id && *self.contents() != Some(source.id)
+    }
+
+    /// Queues a copy of `source` into this buffer unless [`needs_copy`](Self::needs_copy) says
+    /// the values are here; returns the queued operation's output, which must be kept alive
+    /// until the stream drained (fusion skips work whose results nobody holds).
     pub fn write_from(&self, source: &FusedTensor) -> Option<FusedTensor> {
-        if source.id == self.fused.id {
+        if !self.needs_copy(source) {
             return None;
         }
-        let mut last = self.last_source.lock().unwrap_or_else(|p| p.into_inner());
-        if *last == Some(source.id) {
-            return None;
-        }
-        *last = Some(source.id);
+        *self.contents() = Some(source.id);
         Some(<Cube as StaticCopyOps>::copy_into_buffer(
             &self.fused,
             source,
@@ -71,7 +82,13 @@ impl StaticBuffer {
 
     /// Queues a copy of `source` into this buffer, which then holds no known source tensor.
     pub fn overwrite_from(&self, source: &FusedTensor) -> FusedTensor {
-        *self.last_source.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.contents() = None;
         <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
+    }
+
+    /// Records that a graph just wrote the buffer and `handed_out` (a copy of it, or `None`)
+    /// is the tensor that now has the same values.
+    pub fn written_by_graph(&self, handed_out: Option<TensorId>) {
+        *self.contents() = handed_out;
     }
 }

@@ -7,15 +7,14 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::{
     AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchTensor, TensorMetadata,
 };
-use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::buffers::{FusedTensor, StaticBuffer};
-use super::session::{Session, SessionState};
+use super::session::{GroupLinks, Session, SessionState};
 use crate::config::GraphedConfig;
 use crate::error::{CapturePhase, GraphedError};
-use crate::params::{self, ParamEntry};
-use crate::tensors::{FlatTensor, TensorGroup};
+use crate::group::{Member, Runner};
+use crate::tensors::{FlatTensor, TensorSpec};
 
 /// CUDA captures in global mode: one capture at a time in the whole process.
 static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
@@ -130,9 +129,15 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
-/// What a successful capture hands to the graphed module.
-pub(crate) struct Captured {
-    pub session: Arc<Session>,
+/// What a successful capture of a group hands to the graphed modules.
+pub(crate) struct CapturedGroup {
+    /// One per member, in execution order.
+    pub sessions: Vec<Arc<Session>>,
+    /// Per member, the inputs as captured (for a chained member: the previous outputs).
+    pub inputs: Vec<Vec<TensorSpec>>,
+    /// Growth of the device's reserved pool bytes over the whole capture (warm-ups included):
+    /// an upper bound on the memory that the graphs pin.
+    pub pool_growth_bytes: u64,
 }
 
 /// One eager forward and backward with gradient `grad_outputs` on the outputs, returning the
@@ -153,132 +158,267 @@ fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Te
     Tensor::<1>::from_dispatch(total.expect("at least one output"))
 }
 
-/// Captures `call` on `module` with `sample` inputs.
-pub(crate) fn capture<M, I, O>(
-    module: &M,
-    call: fn(&M, I) -> O,
-    sample: Vec<FlatTensor>,
-    module_params: &[ParamEntry],
-    config: &GraphedConfig,
-) -> Result<Captured, GraphedError>
-where
-    M: Module,
-    I: TensorGroup,
-    O: TensorGroup,
-{
-    let device = sample[0].device.clone();
-    let inner = device.clone().inner();
-    let dispatch = inner.as_dispatch();
-    let _lock = CAPTURE_LOCK
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+/// A member of the group on its way through the capture.
+struct Recorded<'a> {
+    /// Static inputs, without autodiff (for a chained member: the previous outputs).
+    static_inputs: Vec<DispatchTensor>,
+    /// Autodiff views of the static inputs, as the callable receives them.
+    autodiff_inputs: Vec<FlatTensor>,
+    static_params: Vec<DispatchTensor>,
+    autodiff_params: Vec<DispatchTensor>,
+    run: Runner<'a>,
+    /// Gradients fed to the outputs in warm-ups and, unless the next member is chained, in
+    /// the backward capture.
+    grad_outputs: Vec<DispatchTensor>,
+    outputs: Vec<FlatTensor>,
+    forward: Option<burn::backend::DispatchGraph>,
+}
 
-    // Static inputs and parameter copies, with the autodiff views the callable runs on.
-    let static_inputs: Vec<DispatchTensor> = sample.iter().map(|t| fresh_copy(&t.tensor)).collect();
-    let autodiff_inputs: Vec<FlatTensor> = sample
-        .iter()
-        .zip(&static_inputs)
-        .map(|(sample, copy)| {
-            let mut tensor = Dispatch::from_inner(copy.clone());
-            if sample.require_grad {
-                tensor = Dispatch::float_set_require_grad(tensor, true);
-            }
-            FlatTensor {
-                tensor,
-                ..sample.clone()
-            }
-        })
-        .collect();
-    let mut static_params = Vec::with_capacity(module_params.len());
-    let mut autodiff_params = Vec::with_capacity(module_params.len());
-    let capture_module = params::replace(module.clone(), |_, param| {
-        let copy = fresh_copy(&param.tensor);
-        static_params.push(copy.clone());
-        let mut tensor = Dispatch::from_inner(copy);
-        if param.require_grad {
-            tensor = Dispatch::float_set_require_grad(tensor, true);
-        }
-        autodiff_params.push(tensor.clone());
-        FlatTensor { tensor, ..param }
-    });
-
-    // A panic in the callable (e.g. a host read that the device refuses inside a capture)
-    // becomes an error of the step it happened in; `Recording` ends an open capture on the way.
-    let run = |inputs: &[FlatTensor], phase| -> Result<Vec<FlatTensor>, GraphedError> {
-        let input = I::unflatten(inputs.to_vec()).ok_or(GraphedError::InputCount {
-            expected: inputs.len(),
-            got: inputs.len(),
-        })?;
+impl Recorded<'_> {
+    /// Runs the callable on `inputs`; a panic (e.g. a host read that the device refuses inside
+    /// a capture) becomes an error of `phase`, and `Recording` ends an open capture on the way.
+    fn run(&self, index: usize, phase: CapturePhase) -> Result<Vec<FlatTensor>, GraphedError> {
         let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            call(&capture_module, input)
+            (self.run)(self.autodiff_inputs.clone())
         }))
         .map_err(|panic| GraphedError::Capture {
             phase,
             reason: format!("the callable panicked: {}", panic_message(&*panic)),
         })?
-        .flatten();
+        .ok_or_else(|| crate::group::misfit(index, self.autodiff_inputs.len()))?;
         if outputs.is_empty() {
             return Err(GraphedError::NoOutputs);
         }
         Ok(outputs)
-    };
+    }
 
-    // Forward warm-up (with backward, so that both paths are tuned and pooled).
-    let prepared = Prepared::new(dispatch, CapturePhase::ForwardWarmup)?;
-    let mut grad_outputs: Vec<DispatchTensor> = Vec::new();
-    let warmup = |grad_outputs: &mut Vec<DispatchTensor>, phase| -> Result<(), GraphedError> {
-        for _ in 0..config.warmup_iters.max(1) {
-            let outputs = run(&autodiff_inputs, phase)?;
-            if grad_outputs.is_empty() {
-                *grad_outputs = outputs
+    /// `iters` eager forward+backward runs, each held until the device synchronized (fusion
+    /// elides work whose results are dropped).
+    fn warm_up(
+        &mut self,
+        index: usize,
+        iters: usize,
+        dispatch: &DispatchDevice,
+        phase: CapturePhase,
+    ) -> Result<(), GraphedError> {
+        for _ in 0..iters.max(1) {
+            let outputs = self.run(index, phase)?;
+            if self.grad_outputs.is_empty() {
+                self.grad_outputs = outputs
                     .iter()
                     .map(|o| {
                         Dispatch::float_zeros(o.shape.clone().into(), dispatch, o.dtype.into())
                     })
                     .collect();
             }
-            let loss = surrogate_loss(&outputs, grad_outputs);
+            let loss = surrogate_loss(&outputs, &self.grad_outputs);
             let grads = loss.backward();
             Dispatch::sync(dispatch).map_err(capture_error(phase))?;
             drop((outputs, grads));
         }
         Ok(())
-    };
-    warmup(&mut grad_outputs, CapturePhase::ForwardWarmup)?;
-
-    // Forward capture: the autodiff graph built here is what the backward capture runs.
-    let recording = prepared.record(CapturePhase::Forward)?;
-    let outputs = run(&autodiff_inputs, CapturePhase::Forward)?;
-    let forward = recording.stop(CapturePhase::Forward)?;
-
-    // Backward warm-up in fresh memory, then the backward capture.
-    let prepared = Prepared::new(dispatch, CapturePhase::BackwardWarmup)?;
-    warmup(&mut grad_outputs, CapturePhase::BackwardWarmup)?;
-    let loss = surrogate_loss(&outputs, &grad_outputs);
-    Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
-    let recording = prepared.record(CapturePhase::Backward)?;
-    let grads = loss.backward();
-    let parents: Vec<&DispatchTensor> = autodiff_inputs
-        .iter()
-        .map(|input| &input.tensor)
-        .chain(&autodiff_params)
-        .collect();
-    let mut parent_grads = Vec::with_capacity(parents.len());
-    for (slot, parent) in parents.iter().enumerate() {
-        let requires = Dispatch::float_is_require_grad(parent);
-        let grad = requires
-            .then(|| Tensor::<1>::from_dispatch((*parent).clone()).grad(&grads))
-            .flatten()
-            .map(|grad| grad.into_dispatch());
-        if requires && grad.is_none() && slot < sample.len() && !config.allow_unused_input {
-            drop(recording);
-            return Err(GraphedError::UnusedInput { index: slot });
-        }
-        parent_grads.push(grad);
     }
-    let backward = recording.stop(CapturePhase::Backward)?;
-    drop(grads);
+}
 
+/// An autodiff view of `tensor` (on the device without autodiff), a leaf that requires grad
+/// when `require_grad`.
+fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor {
+    let leaf = Dispatch::from_inner(tensor.clone());
+    if require_grad {
+        Dispatch::float_set_require_grad(leaf, true)
+    } else {
+        leaf
+    }
+}
+
+/// Reserved bytes of the device's pools, after a sync.
+fn reserved_bytes(dispatch: &DispatchDevice) -> u64 {
+    let _ = Dispatch::sync(dispatch);
+    Dispatch::memory_pool_usage(dispatch).map_or(0, |usage| usage.bytes_reserved)
+}
+
+/// Captures the members of a group together: the forward graphs in execution order, then the
+/// backward graphs in reverse, so that a chained member's input gradients (written by its
+/// backward graph) are the previous member's output gradients. `members[0]` has sample inputs
+/// (the caller checked that).
+pub(crate) fn capture_group(
+    members: &[Member<'_>],
+    config: &GraphedConfig,
+) -> Result<CapturedGroup, GraphedError> {
+    let first = members
+        .first()
+        .and_then(|m| m.sample.as_ref())
+        .and_then(|s| s.first())
+        .ok_or(GraphedError::NoInputs)?;
+    let inner = first.device.clone().inner();
+    let dispatch = inner.as_dispatch();
+    let cube_device = match dispatch {
+        DispatchDevice::Cube(device) => device.clone(),
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(GraphedError::Unsupported {
+                device: format!("{other:?}"),
+            });
+        }
+    };
+    let _lock = CAPTURE_LOCK
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    let reserved_before = reserved_bytes(dispatch);
+
+    // Forwards, in execution order.
+    let mut recorded: Vec<Recorded<'_>> = Vec::with_capacity(members.len());
+    for (index, member) in members.iter().enumerate() {
+        let (static_inputs, autodiff_inputs) = match (&member.sample, recorded.last()) {
+            (Some(sample), _) => {
+                let statics: Vec<DispatchTensor> =
+                    sample.iter().map(|t| fresh_copy(&t.tensor)).collect();
+                let views = sample
+                    .iter()
+                    .zip(&statics)
+                    .map(|(sample, copy)| FlatTensor {
+                        tensor: autodiff_leaf(copy, sample.require_grad),
+                        ..sample.clone()
+                    })
+                    .collect::<Vec<_>>();
+                (statics, views)
+            }
+            (None, Some(previous)) => {
+                let statics: Vec<DispatchTensor> = previous
+                    .outputs
+                    .iter()
+                    .map(|o| {
+                        Tensor::<1>::from_dispatch(o.tensor.clone())
+                            .inner()
+                            .into_dispatch()
+                    })
+                    .collect();
+                let views = previous
+                    .outputs
+                    .iter()
+                    .zip(&statics)
+                    .map(|(output, inner)| FlatTensor {
+                        tensor: autodiff_leaf(inner, output.require_grad),
+                        ..output.clone()
+                    })
+                    .collect::<Vec<_>>();
+                (statics, views)
+            }
+            (None, None) => {
+                return Err(GraphedError::Chain {
+                    index,
+                    detail: "the first callable of a group has no previous callable".into(),
+                });
+            }
+        };
+        let parents = autodiff_inputs.len() + member.params.len();
+        if parents > super::node::MAX_PARENTS {
+            return Err(GraphedError::ParametersChanged {
+                detail: format!(
+                    "{parents} inputs and parameters, more than the {} one graphed call supports",
+                    super::node::MAX_PARENTS
+                ),
+            });
+        }
+        let mut static_params = Vec::with_capacity(member.params.len());
+        let mut autodiff_params = Vec::with_capacity(member.params.len());
+        let replacements = member
+            .params
+            .iter()
+            .map(|param| {
+                let copy = fresh_copy(&param.tensor.tensor);
+                static_params.push(copy.clone());
+                let tensor = autodiff_leaf(&copy, param.tensor.require_grad);
+                autodiff_params.push(tensor.clone());
+                FlatTensor {
+                    tensor,
+                    ..param.tensor.clone()
+                }
+            })
+            .collect();
+        let mut member_state = Recorded {
+            static_inputs,
+            autodiff_inputs,
+            static_params,
+            autodiff_params,
+            run: (member.with_params)(replacements),
+            grad_outputs: Vec::new(),
+            outputs: Vec::new(),
+            forward: None,
+        };
+        let prepared = Prepared::new(dispatch, CapturePhase::ForwardWarmup)?;
+        member_state.warm_up(
+            index,
+            config.warmup_iters,
+            dispatch,
+            CapturePhase::ForwardWarmup,
+        )?;
+        // The autodiff graph built while recording is what the backward capture runs.
+        let recording = prepared.record(CapturePhase::Forward)?;
+        member_state.outputs = member_state.run(index, CapturePhase::Forward)?;
+        member_state.forward = Some(recording.stop(CapturePhase::Forward)?);
+        recorded.push(member_state);
+    }
+
+    // Backwards, in reverse order. A member followed by a chained one takes that one's input
+    // gradients as its output gradients.
+    let chained: Vec<bool> = members.iter().map(|m| m.sample.is_none()).collect();
+    let mut parent_grads: Vec<Vec<Option<DispatchTensor>>> = vec![Vec::new(); members.len()];
+    let mut backwards = Vec::with_capacity(members.len());
+    for index in (0..recorded.len()).rev() {
+        let prepared = Prepared::new(dispatch, CapturePhase::BackwardWarmup)?;
+        let member_state = &mut recorded[index];
+        member_state.warm_up(
+            index,
+            config.warmup_iters,
+            dispatch,
+            CapturePhase::BackwardWarmup,
+        )?;
+        if chained.get(index + 1).copied().unwrap_or(false) {
+            for (slot, grad) in parent_grads[index + 1]
+                .iter()
+                .take(member_state.outputs.len())
+                .enumerate()
+            {
+                if let Some(grad) = grad {
+                    member_state.grad_outputs[slot] = grad.clone();
+                }
+            }
+        }
+        let loss = surrogate_loss(&member_state.outputs, &member_state.grad_outputs);
+        Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
+        let recording = prepared.record(CapturePhase::Backward)?;
+        let grads = loss.backward();
+        let parents = member_state
+            .autodiff_inputs
+            .iter()
+            .map(|input| &input.tensor)
+            .chain(&member_state.autodiff_params);
+        let mut grads_of_member = Vec::new();
+        for (slot, parent) in parents.enumerate() {
+            let requires = Dispatch::float_is_require_grad(parent);
+            let grad = requires
+                .then(|| Tensor::<1>::from_dispatch(parent.clone()).grad(&grads))
+                .flatten()
+                .map(|grad| grad.into_dispatch());
+            let is_input = slot < member_state.autodiff_inputs.len();
+            // An unused input of a chained member only means that the previous member's
+            // output gets a zero gradient.
+            if requires && grad.is_none() && is_input && !chained[index] {
+                if !config.allow_unused_input {
+                    drop(recording);
+                    return Err(GraphedError::UnusedInput { index: slot });
+                }
+            }
+            grads_of_member.push(grad);
+        }
+        backwards.push(recording.stop(CapturePhase::Backward)?);
+        drop(grads);
+        parent_grads[index] = grads_of_member;
+    }
+    backwards.reverse();
+
+    // Static buffers; the ones two members share are built once.
     let to_buffer = |tensor: &DispatchTensor| -> Result<StaticBuffer, GraphedError> {
         let fused = fused(tensor).ok_or_else(|| GraphedError::Capture {
             phase: CapturePhase::StaticBuffers,
@@ -286,49 +426,97 @@ where
         })?;
         Ok(StaticBuffer::new(fused))
     };
-    let zeros = grad_outputs
+    let shared = |tensor: &DispatchTensor| to_buffer(tensor).map(Arc::new);
+    let outputs: Vec<Vec<Arc<StaticBuffer>>> = recorded
         .iter()
-        .map(|g| Dispatch::float_zeros(g.shape(), dispatch, g.dtype().into()))
-        .collect::<Vec<_>>();
-    let session = Session {
-        forward,
-        backward,
-        device: match dispatch {
-            DispatchDevice::Cube(device) => device.clone(),
-            #[allow(unreachable_patterns)]
-            other => {
-                return Err(GraphedError::Unsupported {
-                    device: format!("{other:?}"),
-                });
-            }
-        },
-        inputs: static_inputs
+        .map(|r| r.outputs.iter().map(|o| shared(&o.tensor)).collect())
+        .collect::<Result<_, _>>()?;
+    let grad_parents: Vec<Vec<Option<Arc<StaticBuffer>>>> = parent_grads
+        .iter()
+        .map(|grads| {
+            grads
+                .iter()
+                .map(|g| g.as_ref().map(shared).transpose())
+                .collect()
+        })
+        .collect::<Result<_, _>>()?;
+    let links = Arc::new(GroupLinks::new(chained.clone()));
+    let mut sessions = Vec::with_capacity(recorded.len());
+    let mut inputs = Vec::with_capacity(recorded.len());
+    for (index, (member_state, backward)) in recorded.into_iter().zip(backwards).enumerate() {
+        let input_buffers = if chained[index] {
+            outputs[index - 1].clone()
+        } else {
+            member_state
+                .static_inputs
+                .iter()
+                .map(shared)
+                .collect::<Result<_, _>>()?
+        };
+        let next_chained = chained.get(index + 1).copied().unwrap_or(false);
+        let grad_outputs = member_state
+            .grad_outputs
             .iter()
-            .map(to_buffer)
-            .collect::<Result<_, _>>()?,
-        params: static_params
+            .enumerate()
+            .map(|(slot, grad)| {
+                match grad_parents
+                    .get(index + 1)
+                    .and_then(|next| next.get(slot))
+                    .filter(|_| next_chained)
+                {
+                    Some(Some(buffer)) => Ok(buffer.clone()),
+                    _ => shared(grad),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let zeros = member_state
+            .grad_outputs
             .iter()
-            .map(to_buffer)
-            .collect::<Result<_, _>>()?,
-        outputs: outputs
-            .iter()
-            .map(|o| to_buffer(&o.tensor))
-            .collect::<Result<_, _>>()?,
-        grad_outputs: grad_outputs
-            .iter()
-            .map(to_buffer)
-            .collect::<Result<_, _>>()?,
-        zeros: zeros.iter().map(to_buffer).collect::<Result<_, _>>()?,
-        grad_parents: parent_grads
-            .iter()
-            .map(|g| g.as_ref().map(to_buffer).transpose())
-            .collect::<Result<_, _>>()?,
-        output_policy: config.outputs,
-        fault: config.fault,
-        state: Mutex::new(SessionState::default()),
-    };
+            .map(|g| {
+                to_buffer(&Dispatch::float_zeros(
+                    g.shape(),
+                    dispatch,
+                    g.dtype().into(),
+                ))
+            })
+            .collect::<Result<_, _>>()?;
+        inputs.push(
+            member_state
+                .autodiff_inputs
+                .iter()
+                .map(FlatTensor::spec)
+                .collect(),
+        );
+        let forward = member_state.forward.ok_or_else(|| GraphedError::Capture {
+            phase: CapturePhase::Forward,
+            reason: "no forward graph was recorded".into(),
+        })?;
+        sessions.push(Arc::new(Session {
+            forward,
+            backward,
+            device: cube_device.clone(),
+            inputs: input_buffers,
+            params: member_state
+                .static_params
+                .iter()
+                .map(to_buffer)
+                .collect::<Result<_, _>>()?,
+            outputs: outputs[index].clone(),
+            grad_outputs,
+            zeros,
+            grad_parents: grad_parents[index].clone(),
+            output_policy: config.outputs,
+            fault: config.fault,
+            group: links.clone(),
+            member: index,
+            state: Mutex::new(SessionState::default()),
+        }));
+    }
+    let reserved_after = reserved_bytes(dispatch);
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
-    Ok(Captured {
-        session: Arc::new(session),
+    Ok(CapturedGroup {
+        sessions,
+        inputs,
+        pool_growth_bytes: reserved_after.saturating_sub(reserved_before),
     })
 }

@@ -9,39 +9,74 @@ use crate::config::{FaultInjection, OutputPolicy};
 use crate::error::GraphedError;
 use crate::stats::GraphStats;
 
-/// The graphs of one capture and their static buffers.
+/// The graphs of one captured callable and their static buffers.
 ///
-/// Field order is drop order: the graphs go before the buffers they point into.
+/// Field order is drop order: the graphs go before the buffers they point into. Buffers shared
+/// with another callable of the same group are `Arc`s, so they outlive both graphs.
 #[derive(Debug)]
 pub(crate) struct Session {
     pub forward: DispatchGraph,
     pub backward: DispatchGraph,
     /// The device the graphs were captured on (without autodiff).
     pub device: <Cube as burn::backend::BackendTypes>::Device,
-    /// One per flattened input.
-    pub inputs: Vec<StaticBuffer>,
+    /// One per flattened input. For a chained callable, the previous callable's outputs.
+    pub inputs: Vec<Arc<StaticBuffer>>,
     /// One per float parameter, in visiting order.
     pub params: Vec<StaticBuffer>,
     /// One per output; written by the forward graph.
-    pub outputs: Vec<StaticBuffer>,
-    /// One per output; read by the backward graph.
-    pub grad_outputs: Vec<StaticBuffer>,
+    pub outputs: Vec<Arc<StaticBuffer>>,
+    /// One per output; read by the backward graph. Where the next callable of the group is
+    /// chained to this one, its input gradients, written by its backward graph.
+    pub grad_outputs: Vec<Arc<StaticBuffer>>,
     /// Zeros shaped like each output, for outputs that receive no gradient.
     pub zeros: Vec<StaticBuffer>,
     /// One per parent slot (inputs, then parameters): the gradient the backward graph writes,
     /// `None` where the slot needs none (no require_grad, or unused).
-    pub grad_parents: Vec<Option<StaticBuffer>>,
+    pub grad_parents: Vec<Option<Arc<StaticBuffer>>>,
     pub output_policy: OutputPolicy,
     pub fault: FaultInjection,
+    /// The group this callable was captured in, and its position there.
+    pub group: Arc<GroupLinks>,
+    pub member: usize,
     pub state: Mutex<SessionState>,
+}
+
+/// What the callables of one group know of each other: which ones share buffers, and which
+/// ones wait for their backward.
+#[derive(Debug)]
+pub(crate) struct GroupLinks {
+    /// Per member: whether its inputs are the previous member's output buffers.
+    pub chained: Vec<bool>,
+    /// Per member: alive while a replayed forward waits for its backward.
+    pending: Mutex<Vec<Weak<PendingBackward>>>,
+}
+
+impl GroupLinks {
+    pub fn new(chained: Vec<bool>) -> Self {
+        let pending = vec![Weak::new(); chained.len()];
+        Self {
+            chained,
+            pending: Mutex::new(pending),
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Vec<Weak<PendingBackward>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn is_pending(&self, member: usize) -> bool {
+        self.pending()
+            .get(member)
+            .is_some_and(|token| token.strong_count() > 0)
+    }
 }
 
 /// What changes from call to call.
 #[derive(Debug, Default)]
 pub(crate) struct SessionState {
     pub stats: GraphStats,
-    /// Alive while a replayed forward waits for its backward.
-    pub pending: Weak<PendingBackward>,
     /// Outputs of the last forward replay, taken by the autodiff node.
     pub fresh_outputs: Vec<FusedTensor>,
     /// Which outputs received a gradient for the pending backward.
@@ -66,20 +101,57 @@ impl Session {
 
     /// Whether a previous forward still waits for its backward.
     pub fn backward_pending(&self) -> bool {
-        self.lock().pending.strong_count() > 0
+        self.group.is_pending(self.member)
     }
 
-    /// Bytes of the static buffers.
+    /// Whether a forward replay with `inputs` now would overwrite a buffer shared with another
+    /// callable of the group whose backward still needs it: the outputs, which the next chained
+    /// callable's backward reads as its inputs, or (when an input is not already there) the
+    /// inputs, which are the previous callable's outputs.
+    pub fn shared_buffer_busy(&self, inputs: &[FusedTensor]) -> bool {
+        let next = self.member + 1;
+        if self.group.chained.get(next).copied().unwrap_or(false) && self.group.is_pending(next) {
+            return true;
+        }
+        self.member > 0
+            && self.group.chained[self.member]
+            && self.group.is_pending(self.member - 1)
+            && self
+                .inputs
+                .iter()
+                .zip(inputs)
+                .any(|(buffer, input)| buffer.needs_copy(input))
+    }
+
+    /// Bytes of the static buffers this callable owns (a buffer shared with the previous
+    /// callable of its group is counted there: the inputs of a chained callable, and the
+    /// output gradients that are the next callable's input gradients).
     pub fn static_bytes(&self) -> u64 {
-        let buffers = self
-            .inputs
+        let chained = self.group.chained[self.member];
+        let next_chained = self
+            .group
+            .chained
+            .get(self.member + 1)
+            .copied()
+            .unwrap_or(false);
+        let inputs = self.inputs.iter().filter(|_| !chained).map(|b| b.bytes());
+        let grad_outputs = self
+            .grad_outputs
             .iter()
-            .chain(&self.params)
-            .chain(&self.outputs)
-            .chain(&self.grad_outputs)
+            .filter(|_| !next_chained)
+            .map(|b| b.bytes());
+        let owned = self
+            .params
+            .iter()
             .chain(&self.zeros)
-            .chain(self.grad_parents.iter().flatten());
-        buffers.map(StaticBuffer::bytes).sum()
+            .map(StaticBuffer::bytes)
+            .chain(
+                self.outputs
+                    .iter()
+                    .chain(self.grad_parents.iter().flatten())
+                    .map(|b| b.bytes()),
+            );
+        inputs.chain(grad_outputs).chain(owned).sum()
     }
 
     /// Copies the call's inputs and parameters into the static buffers where they are not
@@ -120,11 +192,7 @@ impl Session {
             which: "forward",
             reason: error.to_string(),
         })?;
-        let outputs = self
-            .outputs
-            .iter()
-            .map(|buffer| self.hand_out(&buffer.fused))
-            .collect();
+        let outputs = self.outputs.iter().map(|b| self.hand_out(b)).collect();
         let mut state = self.lock();
         state.stats.forward_replays += 1;
         state.stats.input_copies += input_copies;
@@ -137,7 +205,9 @@ impl Session {
     /// Registers the token of the forward just replayed.
     pub fn start_pending(&self) -> Arc<PendingBackward> {
         let token = Arc::new(PendingBackward);
-        self.lock().pending = Arc::downgrade(&token);
+        if let Some(slot) = self.group.pending().get_mut(self.member) {
+            *slot = Arc::downgrade(&token);
+        }
         token
     }
 
@@ -153,6 +223,7 @@ impl Session {
         if let Some(received) = state.received.get_mut(index) {
             *received = true;
         }
+        state.stats.grad_copies += u64::from(queued.is_some());
         state.queued.extend(queued);
     }
 
@@ -184,20 +255,24 @@ impl Session {
         Ok(self
             .grad_parents
             .iter()
-            .map(|slot| slot.as_ref().map(|buffer| self.hand_out(&buffer.fused)))
+            .map(|slot| slot.as_ref().map(|buffer| self.hand_out(buffer)))
             .collect())
     }
 
-    /// A static buffer as handed to user code, according to the output policy.
-    fn hand_out(&self, buffer: &FusedTensor) -> FusedTensor {
-        match self.output_policy {
+    /// A buffer a replay just wrote, as handed to user code according to the output policy;
+    /// the buffer records that the handed-out tensor holds its values, so that passing it to
+    /// the next callable of a group (or back as a gradient) copies nothing.
+    fn hand_out(&self, buffer: &StaticBuffer) -> FusedTensor {
+        let tensor = match self.output_policy {
             // A queued copy kernel: fusion runs it before the next replay overwrites the buffer
             // (it drains the stream first).
             OutputPolicy::Copy => {
-                <Cube as super::copy_op::StaticCopyOps>::copy_to_new_buffer(buffer)
+                <Cube as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&buffer.fused)
             }
-            OutputPolicy::Static => buffer.clone(),
-        }
+            OutputPolicy::Static => buffer.fused.clone(),
+        };
+        buffer.written_by_graph(Some(tensor.id));
+        tensor
     }
 
     fn cube_graph<'a>(
