@@ -307,10 +307,11 @@ pub fn chained_group_shares_buffers_safely(device: &Device) {
     }
     let (enc_e, mix_e, (enc_g, mix_g)) = pair(&device);
     let x = batch([8, 16], 1, &device);
+    // Tensors that need a gradient, as the encoder's outputs do (the chained inputs' spec).
     let other = || {
         (
             batch([8, 8], 2, &device).require_grad(),
-            batch([8, 8], 3, &device),
+            batch([8, 8], 3, &device).require_grad(),
         )
     };
 

@@ -6,7 +6,8 @@
 #                          failure; ARGS go to the test binary (e.g. --ignored NAME)
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
-#                          bf16), printing JSON lines; extra arguments go to both sides
+#                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
+#                          arguments go to both sides (e.g. --models mlp,cnn --reps 15)
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
@@ -69,7 +70,7 @@ case "$mode" in
     shift
     results="$work/bench.jsonl"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
-    for dtype in f32 bf16; do
+    for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
       "$bin" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
       python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
     done

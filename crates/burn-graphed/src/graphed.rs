@@ -262,7 +262,6 @@ where
         module_params: Vec<params::ParamEntry>,
     ) -> Result<O, GraphedError> {
         use crate::cube::capture::fused;
-        use burn::backend::ops::FloatTensorOps;
 
         let Some(session) = self.shared.session.as_ref() else {
             return self.eager(flat, FallbackReason::Unsupported);
@@ -291,7 +290,7 @@ where
             .iter()
             .map(|t| &t.tensor)
             .chain(module_params.iter().map(|p| &p.tensor.tensor))
-            .find(|t| burn::backend::Dispatch::float_is_require_grad(t))
+            .find(|t| burn::backend::Dispatch::is_tracked(t))
             .cloned()
         else {
             // Nothing requires grad: there is no backward to graph.

@@ -15,7 +15,9 @@ pub struct FlatTensor {
     pub(crate) dtype: DType,
     /// Its device (with its autodiff setting).
     pub(crate) device: Device,
-    /// Whether it requires grad.
+    /// Whether it needs a gradient: a leaf that requires grad, or a tensor computed from one
+    /// (autodiff tracks it). burn's `is_require_grad` is false for the latter, but a graphed
+    /// call must still pass the gradient on to it, or the layers before it would get none.
     pub(crate) require_grad: bool,
 }
 
@@ -48,7 +50,7 @@ impl FlatTensor {
         &self.shape
     }
 
-    /// Whether it requires grad.
+    /// Whether it needs a gradient (requires grad, or is computed from a tensor that does).
     pub fn require_grad(&self) -> bool {
         self.require_grad
     }
@@ -58,7 +60,7 @@ impl FlatTensor {
             shape: tensor.shape().to_vec(),
             dtype: tensor.dtype(),
             device: tensor.device(),
-            require_grad: tensor.is_require_grad(),
+            require_grad: tensor.is_require_grad() || tensor.is_tracked(),
             tensor: tensor.into_dispatch(),
         }
     }
