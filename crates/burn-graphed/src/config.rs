@@ -29,10 +29,15 @@ pub enum OutputPolicy {
 /// Configuration of [`Graphed`](crate::Graphed).
 #[derive(Config, Debug)]
 pub struct GraphedConfig {
-    /// Eager iterations (forward and backward) before each capture, so that autotuning,
-    /// fusion and the allocator reach their steady state.
+    /// Eager iterations (forward and backward) before each capture, at least, so that
+    /// autotuning, fusion and the allocator reach their steady state.
     #[config(default = 3)]
     pub warmup_iters: usize,
+    /// Eager iterations before each capture, at most: past `warmup_iters`, warm-up goes on
+    /// until one iteration leaves the device's live allocations as the previous one did (no
+    /// new cached kernel metadata, which a recording must not create; see ARCHITECTURE.md).
+    #[config(default = 12)]
+    pub max_warmup_iters: usize,
     /// What a call that does not match the capture does.
     #[config(default = "MismatchPolicy::Fallback")]
     pub on_mismatch: MismatchPolicy,

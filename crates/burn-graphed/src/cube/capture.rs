@@ -192,16 +192,27 @@ impl Recorded<'_> {
         Ok(outputs)
     }
 
-    /// `iters` eager forward+backward runs, each held until the device synchronized (fusion
-    /// elides work whose results are dropped).
+    /// Eager forward+backward runs, each held until the device synchronized (fusion elides
+    /// work whose results are dropped): at least `min_iters`, then more until one run leaves
+    /// the device's live allocations as the previous one did, at most `max_iters`.
+    ///
+    /// Why adaptive: every kernel launch reads its shapes, strides and scalars from a device
+    /// buffer that cubecl caches by content. A launch that first appears inside the recording
+    /// (a kernel that autotuning or fusion picks only on a later run) builds its buffer there:
+    /// the upload is recorded instead of executed, so the cached buffer stays uninitialized
+    /// for every later eager launch with the same metadata, and each replay re-uploads from
+    /// host memory that has since been reused. Measured on an H100: out-of-bounds reads in
+    /// eager kernels (CUDA error 700) and wrong outputs of a replay. A run that creates no new
+    /// cached buffer is the sign that the next run, the recording, will not either.
     fn warm_up(
         &mut self,
         index: usize,
-        iters: usize,
+        (min_iters, max_iters): (usize, usize),
         dispatch: &DispatchDevice,
         phase: CapturePhase,
-    ) -> Result<(), GraphedError> {
-        for _ in 0..iters.max(1) {
+    ) -> Result<usize, GraphedError> {
+        let mut previous = None;
+        for iteration in 1..=max_iters.max(min_iters).max(1) {
             let outputs = self.run(index, phase)?;
             if self.grad_outputs.is_empty() {
                 self.grad_outputs = outputs
@@ -215,8 +226,15 @@ impl Recorded<'_> {
             let grads = loss.backward();
             Dispatch::sync(dispatch).map_err(capture_error(phase))?;
             drop((outputs, grads));
+            Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+            let allocations =
+                Dispatch::memory_pool_usage(dispatch).map(|usage| usage.number_allocs);
+            if iteration >= min_iters.max(1) && allocations.is_some() && allocations == previous {
+                return Ok(iteration);
+            }
+            previous = allocations;
         }
-        Ok(())
+        Ok(max_iters.max(min_iters).max(1))
     }
 }
 
@@ -349,7 +367,7 @@ pub(crate) fn capture_group(
         let prepared = Prepared::new(dispatch, CapturePhase::ForwardWarmup)?;
         member_state.warm_up(
             index,
-            config.warmup_iters,
+            (config.warmup_iters, config.max_warmup_iters),
             dispatch,
             CapturePhase::ForwardWarmup,
         )?;
@@ -368,16 +386,13 @@ pub(crate) fn capture_group(
     for index in (0..recorded.len()).rev() {
         let prepared = Prepared::new(dispatch, CapturePhase::BackwardWarmup)?;
         let member_state = &mut recorded[index];
-        member_state.warm_up(
-            index,
-            config.warmup_iters,
-            dispatch,
-            CapturePhase::BackwardWarmup,
-        )?;
+        // Before the warm-up: the recording must launch nothing the warm-up did not (the
+        // chained member's gradient buffers can have other strides than zeros made here, and
+        // new strides are new kernel metadata; see `warm_up`).
         if chained.get(index + 1).copied().unwrap_or(false) {
             for (slot, grad) in parent_grads[index + 1]
                 .iter()
-                .take(member_state.outputs.len())
+                .take(member_state.grad_outputs.len())
                 .enumerate()
             {
                 if let Some(grad) = grad {
@@ -385,6 +400,12 @@ pub(crate) fn capture_group(
                 }
             }
         }
+        member_state.warm_up(
+            index,
+            (config.warmup_iters, config.max_warmup_iters),
+            dispatch,
+            CapturePhase::BackwardWarmup,
+        )?;
         let loss = surrogate_loss(&member_state.outputs, &member_state.grad_outputs);
         Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
         let recording = prepared.record(CapturePhase::Backward)?;
