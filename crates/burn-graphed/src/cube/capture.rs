@@ -425,11 +425,14 @@ pub(crate) fn capture_group(
             let is_input = slot < member_state.autodiff_inputs.len();
             // An unused input of a chained member only means that the previous member's
             // output gets a zero gradient.
-            if requires && grad.is_none() && is_input && !chained[index] {
-                if !config.allow_unused_input {
-                    drop(recording);
-                    return Err(GraphedError::UnusedInput { index: slot });
-                }
+            if requires
+                && grad.is_none()
+                && is_input
+                && !chained[index]
+                && !config.allow_unused_input
+            {
+                drop(recording);
+                return Err(GraphedError::UnusedInput { index: slot });
             }
             grads_of_member.push(grad);
         }

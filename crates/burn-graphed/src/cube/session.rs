@@ -53,7 +53,7 @@ pub(crate) struct GroupLinks {
 
 impl GroupLinks {
     pub fn new(chained: Vec<bool>) -> Self {
-        let pending = vec![Weak::new(); chained.len()];
+        let pending = chained.iter().map(|_| Weak::new()).collect();
         Self {
             chained,
             pending: Mutex::new(pending),
