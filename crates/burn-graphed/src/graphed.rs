@@ -334,6 +334,7 @@ where
 
     /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper.
     pub fn stats(&self) -> GraphStats {
+        #[cfg_attr(not(feature = "cube"), allow(unused_mut))]
         let mut stats = self
             .shared
             .eager

@@ -2,8 +2,6 @@
 //! tuple: forward graphs in execution order, backward graphs in reverse, and no copy where one
 //! callable's outputs are the next one's inputs.
 
-use std::sync::Arc;
-
 use burn::module::Module;
 use burn::tensor::Device;
 
@@ -64,6 +62,7 @@ pub(crate) struct Member<'a> {
     pub fits: Box<dyn Fn(Vec<FlatTensor>) -> bool + 'a>,
     /// Runs the callable on a copy of the module whose float parameters are replaced, in
     /// visiting order.
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
     pub with_params: Box<dyn Fn(Vec<FlatTensor>) -> Runner<'a> + 'a>,
 }
 
@@ -97,7 +96,7 @@ impl<M: Module, I: TensorGroup, O: TensorGroup> Callable<M, I, O> {
 /// What [`build`] makes of one member: everything a [`Graphed`] needs besides the module.
 pub(crate) struct Built {
     #[cfg(feature = "cube")]
-    pub session: Option<Arc<crate::cube::session::Session>>,
+    pub session: Option<std::sync::Arc<crate::cube::session::Session>>,
     /// Why there are no graphs, when there are none.
     pub eager_reason: Option<FallbackReason>,
     pub inputs: Vec<TensorSpec>,
