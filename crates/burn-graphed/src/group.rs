@@ -114,12 +114,7 @@ pub(crate) fn build(
 ) -> Result<Vec<Built>, GraphedError> {
     let device = match members.first().map(|m| m.sample.as_ref()) {
         Some(Some(sample)) => sample.first().ok_or(GraphedError::NoInputs)?.device.clone(),
-        Some(None) => {
-            return Err(GraphedError::Chain {
-                index: 0,
-                detail: "the first callable of a group has no previous callable".into(),
-            });
-        }
+        Some(None) => return Err(first_chained()),
         None => return Err(GraphedError::NoInputs),
     };
     for member in &members {
@@ -190,6 +185,14 @@ pub(crate) fn build(
         });
     }
     Ok(built)
+}
+
+/// The error of a group whose first callable is chained (it has nothing to chain to).
+pub(crate) fn first_chained() -> GraphedError {
+    GraphedError::Chain {
+        index: 0,
+        detail: "the first callable of a group has no previous callable".into(),
+    }
 }
 
 /// The error of a chained callable whose inputs do not fit the previous callable's `outputs`.

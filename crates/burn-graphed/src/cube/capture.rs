@@ -249,9 +249,8 @@ fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor 
     }
 }
 
-/// Reserved bytes of the device's pools, after a sync.
+/// Reserved bytes of the device's pools (call after a sync).
 fn reserved_bytes(dispatch: &DispatchDevice) -> u64 {
-    let _ = Dispatch::sync(dispatch);
     Dispatch::memory_pool_usage(dispatch).map_or(0, |usage| usage.bytes_reserved)
 }
 
@@ -282,6 +281,7 @@ pub(crate) fn capture_group(
     let _lock = CAPTURE_LOCK
         .lock()
         .unwrap_or_else(|poison| poison.into_inner());
+    Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
     let reserved_before = reserved_bytes(dispatch);
 
     // Forwards, in execution order.
@@ -322,12 +322,7 @@ pub(crate) fn capture_group(
                     .collect::<Vec<_>>();
                 (statics, views)
             }
-            (None, None) => {
-                return Err(GraphedError::Chain {
-                    index,
-                    detail: "the first callable of a group has no previous callable".into(),
-                });
-            }
+            (None, None) => return Err(crate::group::first_chained()),
         };
         let parents = autodiff_inputs.len() + member.params.len();
         if parents > super::node::MAX_PARENTS {
@@ -536,8 +531,8 @@ pub(crate) fn capture_group(
             state: Mutex::new(SessionState::default()),
         }));
     }
-    let reserved_after = reserved_bytes(dispatch);
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
+    let reserved_after = reserved_bytes(dispatch);
     Ok(CapturedGroup {
         sessions,
         inputs,
