@@ -79,21 +79,16 @@ fn second_call_before_backward_is_eager() {
     scenarios::second_call_before_backward_is_eager(&cuda());
 }
 
-/// Ignored until understood: on an H100 the three-callable chain crashes the device (the
-/// encoder's forward replay fails with CUDA_ERROR_ILLEGAL_ADDRESS, or 717 invalid address space;
-/// compute-sanitizer points at an eager `elemwise_fuse_*` kernel reading 8 GB past an
-/// allocation), which poisons every later test in the process. The two-callable chain
-/// (`chained_group_shares_buffers_safely`) passes. Run alone with
-/// `bash run.sh tests --ignored chained_group`.
+/// Three callables chained (encoder -> hidden -> decoder). Before `materialize` (capture.rs)
+/// this crashed the H100 (an eager kernel reading metadata that a recording had only recorded
+/// the upload of); it is the regression test for that.
 #[test]
-#[ignore = "three-callable chain crashes the CUDA device (illegal address); under investigation"]
 fn chained_group_matches_eager() {
     scenarios::group::chained_group_matches_eager(&cuda(), 20, burn_graphed::OutputPolicy::Copy);
 }
 
-/// Ignored with `chained_group_matches_eager` (same chain, same crash).
+/// The same chain handing out the static output buffers.
 #[test]
-#[ignore = "three-callable chain crashes the CUDA device (illegal address); under investigation"]
 fn chained_group_static_outputs_match_eager() {
     scenarios::group::chained_group_matches_eager(&cuda(), 5, burn_graphed::OutputPolicy::Static);
 }

@@ -196,14 +196,16 @@ impl Recorded<'_> {
     /// work whose results are dropped): at least `min_iters`, then more until one run leaves
     /// the device's live allocations as the previous one did, at most `max_iters`.
     ///
-    /// Why adaptive: every kernel launch reads its shapes, strides and scalars from a device
-    /// buffer that cubecl caches by content. A launch that first appears inside the recording
-    /// (a kernel that autotuning or fusion picks only on a later run) builds its buffer there:
-    /// the upload is recorded instead of executed, so the cached buffer stays uninitialized
-    /// for every later eager launch with the same metadata, and each replay re-uploads from
-    /// host memory that has since been reused. Measured on an H100: out-of-bounds reads in
-    /// eager kernels (CUDA error 700) and wrong outputs of a replay. A run that creates no new
-    /// cached buffer is the sign that the next run, the recording, will not either.
+    /// Each run syncs where the recordings end (after the forward, after building the
+    /// surrogate loss), so that fusion cuts the work into the same kernels as in the forward
+    /// and backward recordings: kernels that only the recording launches carry metadata that
+    /// is first seen there (see [`materialize`]).
+    ///
+    /// Why adaptive: every kernel launch reads its shapes and strides from a device buffer
+    /// that cubecl caches by content. A launch that first appears inside the recording (a
+    /// kernel that autotuning or fusion picks only on a later run) builds its buffer there.
+    /// A run that creates no new cached buffer is the sign that the next run, the recording,
+    /// will not either.
     fn warm_up(
         &mut self,
         index: usize,
@@ -212,6 +214,7 @@ impl Recorded<'_> {
         phase: CapturePhase,
     ) -> Result<usize, GraphedError> {
         let mut previous = None;
+        let sync = || Dispatch::sync(dispatch).map_err(capture_error(phase));
         for iteration in 1..=max_iters.max(min_iters).max(1) {
             let outputs = self.run(index, phase)?;
             if self.grad_outputs.is_empty() {
@@ -222,11 +225,13 @@ impl Recorded<'_> {
                     })
                     .collect();
             }
+            sync()?;
             let loss = surrogate_loss(&outputs, &self.grad_outputs);
+            sync()?;
             let grads = loss.backward();
-            Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+            sync()?;
             drop((outputs, grads));
-            Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+            sync()?;
             let allocations =
                 Dispatch::memory_pool_usage(dispatch).map(|usage| usage.number_allocs);
             if iteration >= min_iters.max(1) && allocations.is_some() && allocations == previous {
@@ -236,6 +241,44 @@ impl Recorded<'_> {
         }
         Ok(max_iters.max(min_iters).max(1))
     }
+}
+
+/// Replays a graph right after its recording, and waits for it.
+///
+/// Why: a kernel launch reads its shapes and strides from a device buffer that cubecl caches
+/// by content. A launch whose metadata is first seen inside a recording builds that buffer
+/// there, and the upload into it is recorded, not executed: until the graph first runs, the
+/// cached buffer holds whatever the memory held before, and every eager launch with the same
+/// metadata reads it. Measured on an H100 before this existed: out-of-bounds reads by eager
+/// kernels of the next warm-up (CUDA error 700, 8 GB past an allocation) and wrong replayed
+/// outputs. Running the graph once initializes every such buffer (the graph keeps the host
+/// bytes it uploads from) before anything else launches.
+///
+/// # Errors
+///
+/// [`GraphedError::Capture`] of `phase` when the replay or the wait fails.
+fn materialize(
+    dispatch: &DispatchDevice,
+    graph: &burn::backend::DispatchGraph,
+    phase: CapturePhase,
+) -> Result<(), GraphedError> {
+    // SAFETY: `graph_replay` needs every buffer the recording touched alive, unused by other
+    // streams, and refreshed on the capture stream. The caller still holds every tensor the
+    // recording read or wrote (static inputs, parameters, outputs, gradients), the freed
+    // activations lie in pages guarded for the graph's life, and this thread holds the
+    // capture lock and issued the recording on this stream.
+    unsafe { Dispatch::graph_replay(dispatch, graph) }.map_err(capture_error(phase))?;
+    Dispatch::sync(dispatch).map_err(capture_error(phase))
+}
+
+/// Drops the metadata buffers that a failed recording left in cubecl's cache.
+///
+/// An abandoned recording leaves the entries it created in the cache, unpinned, with the
+/// recorded (never executed) uploads: eager launches with that metadata would read
+/// uninitialized memory (see [`materialize`]). A memory cleanup evicts every entry no live
+/// graph pins; entries of live graphs were initialized by [`materialize`].
+fn forget_unrun_metadata(dispatch: &DispatchDevice) {
+    Dispatch::memory_cleanup(dispatch);
 }
 
 /// An autodiff view of `tensor` (on the device without autodiff), a leaf that requires grad
@@ -281,6 +324,20 @@ pub(crate) fn capture_group(
     let _lock = CAPTURE_LOCK
         .lock()
         .unwrap_or_else(|poison| poison.into_inner());
+    let captured = capture_locked(members, config, dispatch, &cube_device);
+    if captured.is_err() {
+        forget_unrun_metadata(dispatch);
+    }
+    captured
+}
+
+/// [`capture_group`] once the capture lock is held.
+fn capture_locked(
+    members: &[Member<'_>],
+    config: &GraphedConfig,
+    dispatch: &DispatchDevice,
+    cube_device: &<Cube as burn::backend::BackendTypes>::Device,
+) -> Result<CapturedGroup, GraphedError> {
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
     let reserved_before = reserved_bytes(dispatch);
 
@@ -369,7 +426,9 @@ pub(crate) fn capture_group(
         // The autodiff graph built while recording is what the backward capture runs.
         let recording = prepared.record(CapturePhase::Forward)?;
         member_state.outputs = member_state.run(index, CapturePhase::Forward)?;
-        member_state.forward = Some(recording.stop(CapturePhase::Forward)?);
+        let forward = recording.stop(CapturePhase::Forward)?;
+        materialize(dispatch, &forward, CapturePhase::Forward)?;
+        member_state.forward = Some(forward);
         recorded.push(member_state);
     }
 
@@ -431,7 +490,9 @@ pub(crate) fn capture_group(
             }
             grads_of_member.push(grad);
         }
-        backwards.push(recording.stop(CapturePhase::Backward)?);
+        let backward = recording.stop(CapturePhase::Backward)?;
+        materialize(dispatch, &backward, CapturePhase::Backward)?;
+        backwards.push(backward);
         drop(grads);
         parent_grads[index] = grads_of_member;
     }
