@@ -41,6 +41,8 @@ on_devices! {
     chained_group_static_outputs_match_eager => |d| scenarios::group::chained_group_matches_eager(d, 2, burn_graphed::OutputPolicy::Static);
     chained_group_shares_buffers_safely => scenarios::group::chained_group_shares_buffers_safely;
     chain_errors => scenarios::group::chain_errors;
+    shape_cache_matches_eager => scenarios::robust::shape_cache_matches_eager;
+    soak_short => |d| { scenarios::robust::soak(d, scenarios::robust::sgd_momentum, 60, 10, 20, 20); };
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -118,6 +118,20 @@ fn capture_failure_leaves_device_usable() {
 }
 
 #[test]
+fn shape_cache_matches_eager() {
+    scenarios::robust::shape_cache_matches_eager(&cuda());
+}
+
+/// Thousands of graphed Adam steps beside eager ones, eval every 100, parameters compared (and
+/// re-synchronized) every 250; device memory must stop growing after the first checkpoint.
+#[test]
+fn soak() {
+    let figures = scenarios::robust::soak(&cuda(), scenarios::robust::adam, 3000, 100, 250, 250)
+        .expect("CUDA captures");
+    println!("soak figures: {figures:?}");
+}
+
+#[test]
 fn structural_facts() {
     scenarios::facts::structural_facts(&cuda());
 }

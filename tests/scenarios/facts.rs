@@ -69,7 +69,11 @@ pub fn structural_facts(device: &Device) {
             batch([4, 3], 2, &device),
         )
     };
-    let config = GraphedConfig::new().with_allow_unused_input(true);
+    // One graph only (PyTorch's behaviour), so that other signatures fall back; the shape
+    // cache has its own facts below.
+    let config = GraphedConfig::new()
+        .with_allow_unused_input(true)
+        .with_max_graphs(1);
     let graphed = Graphed::new(TwoHeads::new(&device), two_heads_forward, sample(), &config)
         .expect("capture");
     let graphs = graphed.summary().graphed;
@@ -175,7 +179,9 @@ pub fn structural_facts(device: &Device) {
         Mlp::new(8, 1, 2, &device),
         mlp_forward,
         batch([4, 8], 0, &device),
-        &GraphedConfig::new().with_on_mismatch(MismatchPolicy::Error),
+        &GraphedConfig::new()
+            .with_on_mismatch(MismatchPolicy::Error)
+            .with_max_graphs(1),
     )
     .expect("capture");
     writeln!(
@@ -234,6 +240,7 @@ pub fn structural_facts(device: &Device) {
     .unwrap();
 
     group_facts(&device, &mut facts);
+    shape_cache_facts(&device, &mut facts);
 
     let name = if graphs {
         "facts_graphed"
@@ -241,6 +248,72 @@ pub fn structural_facts(device: &Device) {
         "facts_eager"
     };
     snapshot(name, &facts);
+}
+
+/// What the shape cache does over a scripted sequence of batch sizes: captures, hits, LRU
+/// evictions, and the fallback when a byte limit leaves no room.
+fn shape_cache_facts(device: &Device, facts: &mut String) {
+    let step = |graphed: &Graphed<Mlp, Tensor<2>, Tensor<2>>, rows: usize| {
+        let y = graphed
+            .forward(batch([rows, 8], rows, device))
+            .expect("call");
+        let _ = square_mean(y).backward();
+    };
+    let graphed = Graphed::new(
+        Mlp::new(8, 1, 2, device),
+        mlp_forward,
+        batch([4, 8], 0, device),
+        &GraphedConfig::new().with_max_graphs(2),
+    )
+    .expect("capture");
+    writeln!(
+        facts,
+        "shape cache (max_graphs 2), batch sizes 4 2 4 3 2 2:"
+    )
+    .unwrap();
+    for rows in [4, 2, 4, 3, 2, 2] {
+        step(&graphed, rows);
+    }
+    let cache = graphed.shape_cache();
+    let stats = graphed.stats();
+    writeln!(
+        facts,
+        "  graphs {}, hits {}, captures {}, evictions {}, failed {}, holds bytes: {}",
+        cache.graphs,
+        cache.hits,
+        cache.captures,
+        cache.evictions,
+        cache.failed_captures,
+        cache.held_bytes > 0
+    )
+    .unwrap();
+    writeln!(
+        facts,
+        "  replays: forward {}, backward {}, fallbacks {}",
+        stats.forward_replays,
+        stats.backward_replays,
+        stats.total_fallbacks()
+    )
+    .unwrap();
+    let tight = Graphed::new(
+        Mlp::new(8, 1, 2, device),
+        mlp_forward,
+        batch([4, 8], 0, device),
+        &GraphedConfig::new().with_max_graph_bytes(Some(1)),
+    )
+    .expect("capture");
+    step(&tight, 2);
+    step(&tight, 4);
+    let cache = tight.shape_cache();
+    writeln!(
+        facts,
+        "shape cache (max_graph_bytes 1), batch sizes 2 4: graphs {}, captures {}, evictions {}",
+        cache.graphs, cache.captures, cache.evictions
+    )
+    .unwrap();
+    for (reason, count) in &tight.stats().fallbacks {
+        writeln!(facts, "  fallback {count} x {reason}").unwrap();
+    }
 }
 
 /// What a chain of three callables captured together holds, what one training step copied,

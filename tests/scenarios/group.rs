@@ -217,6 +217,7 @@ pub fn chained_group_matches_eager(device: &Device, steps: usize, outputs: Outpu
         tensors,
         stats: dec_g.stats(),
         summary: dec_g.summary().clone(),
+        shape_cache: dec_g.shape_cache(),
     };
     println!("chained group ({outputs:?}): {report}");
     assert!(report.passed(), "{report}");

@@ -6,6 +6,7 @@
 pub mod facts;
 pub mod group;
 pub mod prop;
+pub mod robust;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
@@ -281,7 +282,7 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         model.clone(),
         mlp_forward,
         batch([8, 16], 0, &device),
-        &GraphedConfig::new(),
+        &GraphedConfig::new().with_max_graphs(1),
     )
     .expect("capture");
     let y = graphed
@@ -300,7 +301,9 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         model,
         mlp_forward,
         batch([8, 16], 0, &device),
-        &GraphedConfig::new().with_on_mismatch(MismatchPolicy::Error),
+        &GraphedConfig::new()
+            .with_on_mismatch(MismatchPolicy::Error)
+            .with_max_graphs(1),
     )
     .expect("capture");
     let error = strict

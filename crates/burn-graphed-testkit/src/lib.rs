@@ -241,6 +241,8 @@ pub struct EquivalenceReport {
     pub stats: burn_graphed::GraphStats,
     /// The capture summary.
     pub summary: burn_graphed::CaptureSummary,
+    /// The graphed model's shape cache at the end (captures of other batch sizes, evictions).
+    pub shape_cache: burn_graphed::ShapeCacheStats,
 }
 
 impl EquivalenceReport {
@@ -484,6 +486,7 @@ where
         tensors,
         stats: graphed.stats(),
         summary: graphed.summary().clone(),
+        shape_cache: graphed.shape_cache(),
     })
 }
 

@@ -41,6 +41,19 @@ pub struct GraphedConfig {
     /// What a call that does not match the capture does.
     #[config(default = "MismatchPolicy::Fallback")]
     pub on_mismatch: MismatchPolicy,
+    /// Input signatures (shapes, dtypes, `require_grad`) that may have graphs at once, the
+    /// capture's own included. A call with a new signature is captured (warm-up and recording:
+    /// milliseconds to seconds, once) while the cache has room or can evict its least recently
+    /// used entry; beyond that it runs eagerly. 1 gives PyTorch's behaviour: only the sample's
+    /// signature replays. Only for a callable captured alone: the members of a group keep the
+    /// signatures they were captured with.
+    #[config(default = 4)]
+    pub max_graphs: usize,
+    /// Device bytes that the cached graphs of one callable may hold together
+    /// ([`GraphMemory::held_bytes`](crate::GraphMemory::held_bytes) each); `None`: no limit
+    /// besides `max_graphs`. A new signature whose graphs do not fit runs eagerly.
+    #[config(default = "None")]
+    pub max_graph_bytes: Option<u64>,
     /// How outputs and gradients are handed out.
     #[config(default = "OutputPolicy::Copy")]
     pub outputs: OutputPolicy,

@@ -13,24 +13,34 @@ use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::error::GraphedError;
 use crate::group::{Built, Callable, make_graphed_callables};
 use crate::params::{self, ModuleMode};
+use crate::shape_cache::ShapeCacheStats;
+#[cfg(feature = "cube")]
+use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
 use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
-/// copies): the graphs, the signature they were captured with, and the counters.
+/// copies): the graphs by input signature, the capture's signature, and the counters.
 struct Shared {
+    /// The captured graphs, by input signature; `None` without graphs.
     #[cfg(feature = "cube")]
-    session: Option<Arc<crate::cube::session::Session>>,
+    graphs: Option<Mutex<ShapeCache<Arc<crate::cube::session::Session>>>>,
     /// Why there are no graphs, when there are none.
     eager_reason: Option<FallbackReason>,
+    /// The signature of the first capture (the sample's).
     inputs: Vec<TensorSpec>,
     mode: ModuleMode,
     device: Device,
     thread: ThreadId,
-    policy: MismatchPolicy,
+    /// Configuration of the first capture, for the captures of new signatures.
+    config: GraphedConfig,
+    /// Whether new signatures may be captured (a callable captured alone, `max_graphs > 1`).
+    #[cfg(feature = "cube")]
+    recapture: bool,
     summary: CaptureSummary,
     memory: GraphMemory,
-    /// Counters of eager calls (replays are counted by the session).
+    /// Counters of eager calls, and the replay counters of graphs evicted from the cache
+    /// (live graphs count their own replays).
     eager: Mutex<GraphStats>,
 }
 
@@ -41,6 +51,10 @@ impl fmt::Debug for Shared {
             .finish_non_exhaustive()
     }
 }
+
+/// What a call that may replay brings along: the module's parameters, and how its inputs differ
+/// from the capture's sample (graphs of another signature may still serve it).
+type ReplayPlan = (Vec<params::ParamEntry>, Option<FallbackReason>);
 
 /// A module whose forward pass and autodiff backward pass replay captured graphs.
 ///
@@ -121,18 +135,32 @@ where
         built: Built,
         config: &GraphedConfig,
     ) -> Self {
+        #[cfg(feature = "cube")]
+        let graphs = built.session.map(|session| {
+            Mutex::new(ShapeCache::new(
+                CacheLimits {
+                    max_graphs: config.max_graphs,
+                    max_bytes: config.max_graph_bytes,
+                },
+                built.inputs.clone(),
+                session,
+                built.memory.held_bytes(),
+            ))
+        });
         Self {
             inner: module,
             call,
             shared: Arc::new(Shared {
                 #[cfg(feature = "cube")]
-                session: built.session,
+                graphs,
                 eager_reason: built.eager_reason,
                 inputs: built.inputs,
                 mode: built.mode,
                 device: built.device,
                 thread: std::thread::current().id(),
-                policy: config.on_mismatch,
+                config: config.clone(),
+                #[cfg(feature = "cube")]
+                recapture: built.alone && config.max_graphs > 1,
                 summary: built.summary,
                 memory: built.memory,
                 eager: Mutex::new(GraphStats::default()),
@@ -174,14 +202,15 @@ where
             }
         }
         match self.replay_plan(&flat)? {
-            Ok(module_params) => self.replay(flat, module_params),
+            Ok((module_params, mismatch)) => self.replay(flat, module_params, mismatch),
             Err(reason) => self.eager(flat, reason),
         }
     }
 
-    /// The module's parameters if this call can replay, or why it cannot. Checks go from the
-    /// general to the particular, so that an eval call is reported as such rather than as the
-    /// input differences that eval brings along.
+    /// The module's parameters if this call can replay, with how its inputs differ from the
+    /// capture's sample (graphs of another signature may serve it), or why it cannot replay.
+    /// Checks go from the general to the particular, so that an eval call is reported as such
+    /// rather than as the input differences that eval brings along.
     ///
     /// # Errors
     ///
@@ -190,7 +219,7 @@ where
     fn replay_plan(
         &self,
         flat: &[FlatTensor],
-    ) -> Result<Result<Vec<params::ParamEntry>, FallbackReason>, GraphedError> {
+    ) -> Result<Result<ReplayPlan, FallbackReason>, GraphedError> {
         if let Some(reason) = &self.shared.eager_reason {
             return Ok(Err(reason.clone()));
         }
@@ -213,32 +242,31 @@ where
         if mode.difference(&self.shared.mode).is_some() {
             return Ok(Err(FallbackReason::ModeChanged));
         }
-        for (index, (tensor, spec)) in flat.iter().zip(&self.shared.inputs).enumerate() {
-            if tensor.shape != spec.shape {
-                return Ok(Err(FallbackReason::Shape { index }));
-            }
-            if tensor.dtype != spec.dtype {
-                return Ok(Err(FallbackReason::DType { index }));
-            }
-            if tensor.require_grad != spec.require_grad {
-                return Ok(Err(FallbackReason::RequireGrad { index }));
-            }
-        }
-        Ok(Ok(module_params))
+        let mismatch =
+            flat.iter()
+                .zip(&self.shared.inputs)
+                .enumerate()
+                .find_map(|(index, (tensor, spec))| {
+                    if tensor.shape != spec.shape {
+                        Some(FallbackReason::Shape { index })
+                    } else if tensor.dtype != spec.dtype {
+                        Some(FallbackReason::DType { index })
+                    } else if tensor.require_grad != spec.require_grad {
+                        Some(FallbackReason::RequireGrad { index })
+                    } else {
+                        None
+                    }
+                });
+        Ok(Ok((module_params, mismatch)))
     }
 
     fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
-        if self.shared.policy == MismatchPolicy::Error && reason != FallbackReason::Unsupported {
+        if self.shared.config.on_mismatch == MismatchPolicy::Error
+            && reason != FallbackReason::Unsupported
+        {
             return Err(GraphedError::Mismatch { reason });
         }
-        *self
-            .shared
-            .eager
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .fallbacks
-            .entry(reason)
-            .or_default() += 1;
+        *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
         let input = I::unflatten(flat).ok_or(GraphedError::InputCount {
             expected: self.shared.inputs.len(),
             got: self.shared.inputs.len(),
@@ -251,8 +279,85 @@ where
         &self,
         flat: Vec<FlatTensor>,
         _module_params: Vec<params::ParamEntry>,
+        _mismatch: Option<FallbackReason>,
     ) -> Result<O, GraphedError> {
         self.eager(flat, FallbackReason::Unsupported)
+    }
+
+    /// The graphs for this call's input signature: cached, or captured now when the shape
+    /// cache allows (see [`ShapeCache`]), or why the call runs eagerly.
+    ///
+    /// # Errors
+    ///
+    /// The capture's error when it fails and [`GraphedConfig::require_graphs`] is set.
+    #[cfg(feature = "cube")]
+    fn graphs_for(
+        &self,
+        flat: &[FlatTensor],
+        mismatch: Option<FallbackReason>,
+    ) -> Result<Result<Arc<crate::cube::session::Session>, FallbackReason>, GraphedError> {
+        let Some(cache) = self.shared.graphs.as_ref() else {
+            return Ok(Err(FallbackReason::Unsupported));
+        };
+        let lock = || cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let key: Vec<TensorSpec> = flat.iter().map(FlatTensor::spec).collect();
+        if let Some(session) = lock().get(&key) {
+            return Ok(Ok(session.clone()));
+        }
+        // Only a signature the cache lost can match the sample's.
+        let reason = mismatch.unwrap_or(FallbackReason::ShapeCacheFull);
+        if !self.shared.recapture {
+            return Ok(Err(reason));
+        }
+        match lock().admit(&key, |s| s.backward_pending()) {
+            Admission::Capture => {}
+            Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
+            Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
+        }
+        let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::InputCount {
+            expected: self.shared.inputs.len(),
+            got: flat.len(),
+        })?;
+        let mut callable = Callable::new(self.inner.clone(), self.call, sample);
+        let built =
+            crate::group::build(vec![callable.member()], &self.shared.config).and_then(|built| {
+                let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
+                let memory = built.memory;
+                built
+                    .session
+                    .map(|session| (session, memory))
+                    .ok_or(GraphedError::Unsupported {
+                        device: format!("{:?}", self.shared.device),
+                    })
+            });
+        let (session, memory) = match built {
+            Ok(built) => built,
+            Err(error) if self.shared.config.require_graphs => return Err(error),
+            Err(error) => {
+                lock().record_failure(key, error.to_string());
+                return Ok(Err(FallbackReason::CaptureFailed));
+            }
+        };
+        let inserted = lock().insert(key, session.clone(), memory.held_bytes(), |s| {
+            s.backward_pending()
+        });
+        match inserted {
+            Ok(evicted) => {
+                let mut retired = self.lock_eager();
+                for graph in evicted {
+                    retired.add_replays(&graph.lock().stats);
+                }
+                Ok(Ok(session))
+            }
+            Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
+        }
+    }
+
+    fn lock_eager(&self) -> std::sync::MutexGuard<'_, GraphStats> {
+        self.shared
+            .eager
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     #[cfg(feature = "cube")]
@@ -260,11 +365,13 @@ where
         &self,
         flat: Vec<FlatTensor>,
         module_params: Vec<params::ParamEntry>,
+        mismatch: Option<FallbackReason>,
     ) -> Result<O, GraphedError> {
         use crate::cube::capture::fused;
 
-        let Some(session) = self.shared.session.as_ref() else {
-            return self.eager(flat, FallbackReason::Unsupported);
+        let session = match self.graphs_for(&flat, mismatch)? {
+            Ok(session) => session,
+            Err(reason) => return self.eager(flat, reason),
         };
         if session.backward_pending() {
             return self.eager(flat, FallbackReason::BackwardPending);
@@ -302,7 +409,7 @@ where
             .map(|t| t.tensor)
             .chain(module_params.into_iter().map(|p| p.tensor.tensor))
             .collect();
-        let outputs = crate::cube::node::link(route, parents, session);
+        let outputs = crate::cube::node::link(route, parents, &session);
         let outputs = outputs
             .into_iter()
             .zip(session.outputs.iter())
@@ -332,25 +439,33 @@ where
         self.shared.memory
     }
 
-    /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper.
+    /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper
+    /// and every graph it captured (evicted ones included).
     pub fn stats(&self) -> GraphStats {
         #[cfg_attr(not(feature = "cube"), allow(unused_mut))]
-        let mut stats = self
-            .shared
-            .eager
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .clone();
+        let mut stats = self.lock_eager().clone();
         #[cfg(feature = "cube")]
-        if let Some(session) = &self.shared.session {
-            let replayed = session.lock().stats.clone();
-            stats.forward_replays = replayed.forward_replays;
-            stats.backward_replays = replayed.backward_replays;
-            stats.input_copies = replayed.input_copies;
-            stats.param_copies = replayed.param_copies;
-            stats.grad_copies = replayed.grad_copies;
+        if let Some(cache) = &self.shared.graphs {
+            let cache = cache.lock().unwrap_or_else(|poison| poison.into_inner());
+            for session in cache.values() {
+                stats.add_replays(&session.lock().stats);
+            }
         }
         stats
+    }
+
+    /// The shape cache: graphs held per input signature, hits, captures of new signatures,
+    /// evictions (see [`GraphedConfig::max_graphs`]). Empty counters without graphs.
+    pub fn shape_cache(&self) -> ShapeCacheStats {
+        #[cfg(feature = "cube")]
+        if let Some(cache) = &self.shared.graphs {
+            return cache
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .stats()
+                .clone();
+        }
+        ShapeCacheStats::default()
     }
 }
 

@@ -67,7 +67,7 @@ pub(crate) struct Member<'a> {
 }
 
 impl<M: Module, I: TensorGroup, O: TensorGroup> Callable<M, I, O> {
-    fn member(&mut self) -> Member<'_> {
+    pub(crate) fn member(&mut self) -> Member<'_> {
         let Callable {
             module,
             call,
@@ -104,6 +104,10 @@ pub(crate) struct Built {
     pub device: Device,
     pub summary: CaptureSummary,
     pub memory: GraphMemory,
+    /// Whether the callable was captured alone (not in a group of several), which lets it
+    /// capture more signatures later.
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
+    pub alone: bool,
 }
 
 /// Checks the members and captures them together (or prepares eager execution where the
@@ -182,6 +186,7 @@ pub(crate) fn build(
             mode: member.mode.clone(),
             device: member_device,
             memory: GraphMemory::default(),
+            alone: members.len() == 1,
         });
     }
     Ok(built)
@@ -251,6 +256,7 @@ fn captured(members: &[Member<'_>], config: &GraphedConfig) -> Result<Vec<Built>
                 capture_pool_growth_bytes: group.pool_growth_bytes,
             },
             session: Some(session),
+            alone: members.len() == 1,
             eager_reason: None,
             inputs,
             mode: member.mode.clone(),

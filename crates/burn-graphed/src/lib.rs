@@ -52,6 +52,7 @@ mod error;
 mod graphed;
 mod group;
 mod params;
+mod shape_cache;
 mod stats;
 mod tensors;
 
@@ -59,5 +60,6 @@ pub use config::{FaultInjection, GraphedConfig, MismatchPolicy, OutputPolicy};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
 pub use group::{Callable, CallableGroup, make_graphed_callables};
+pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
 pub use tensors::{FlatTensor, TensorGroup};

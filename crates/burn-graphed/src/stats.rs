@@ -37,6 +37,13 @@ pub enum FallbackReason {
     /// The call came from another thread than the capture (graphs replay on the capturing
     /// thread's stream only).
     OtherThread,
+    /// The call's input signature has no graphs and the shape cache cannot take one more
+    /// (see [`GraphedConfig::max_graphs`](crate::GraphedConfig::max_graphs) and
+    /// [`GraphedConfig::max_graph_bytes`](crate::GraphedConfig::max_graph_bytes)).
+    ShapeCacheFull,
+    /// Capturing graphs for the call's input signature failed (once; the signature is not
+    /// tried again). The error is in [`ShapeCacheStats::last_capture_error`](crate::ShapeCacheStats::last_capture_error).
+    CaptureFailed,
 }
 
 impl fmt::Display for FallbackReason {
@@ -61,6 +68,12 @@ impl fmt::Display for FallbackReason {
             FallbackReason::OtherThread => {
                 f.write_str("called from another thread than the capture")
             }
+            FallbackReason::ShapeCacheFull => {
+                f.write_str("no graphs for these input shapes and the shape cache is full")
+            }
+            FallbackReason::CaptureFailed => {
+                f.write_str("capturing graphs for these input shapes failed")
+            }
         }
     }
 }
@@ -84,6 +97,16 @@ pub struct GraphStats {
 }
 
 impl GraphStats {
+    /// Adds the replay and copy counters of `other` (another graph of the same callable).
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
+    pub(crate) fn add_replays(&mut self, other: &GraphStats) {
+        self.forward_replays += other.forward_replays;
+        self.backward_replays += other.backward_replays;
+        self.input_copies += other.input_copies;
+        self.param_copies += other.param_copies;
+        self.grad_copies += other.grad_copies;
+    }
+
     /// Total eager fallbacks.
     pub fn total_fallbacks(&self) -> u64 {
         self.fallbacks.values().sum()
@@ -123,4 +146,13 @@ pub struct GraphMemory {
     /// included: the memory the capture added to the pools, which the graphs may pin (cubecl
     /// guards every page a recording touched until the graph is dropped). 0 without graphs.
     pub capture_pool_growth_bytes: u64,
+}
+
+impl GraphMemory {
+    /// The device bytes attributed to these graphs in the shape cache's byte limit: the larger
+    /// of the static buffers and the pool growth of the capture (an estimate: the pages a
+    /// recording pins can also lie in memory the pools had before).
+    pub fn held_bytes(&self) -> u64 {
+        self.static_bytes.max(self.capture_pool_growth_bytes)
+    }
 }

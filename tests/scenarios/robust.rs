@@ -1,0 +1,228 @@
+//! Robustness over time and shapes: the shape cache (captures of new batch sizes, LRU
+//! evictions) and a soak run (many steps with optimizer updates and periodic eval, device
+//! memory that must stop growing, equality with eager at checkpoints).
+
+use burn::backend::{Backend, Dispatch};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::{
+    AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig,
+};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn_graphed::{Graphed, GraphedConfig};
+use burn_graphed_testkit::{
+    TensorComparison, TrainingComparison, compare_training, deep_copy, param_values,
+};
+
+use super::{Mlp, batch, mlp_forward, square_mean, supports_graphs, tolerance_for};
+
+/// Batch sizes that change from step to step (as the last batch of an epoch does, more often):
+/// with `max_graphs` 2 the shape cache captures each new size, evicts the least recently used
+/// one, and training equals eager at every step.
+pub fn shape_cache_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    // With the sample's 16 cached first: hit, capture, hit, capture (evicts 8), capture (evicts
+    // 16), capture (evicts 4), capture (evicts 8), hit.
+    let sizes = [16, 8, 16, 4, 8, 16, 4, 4];
+    let report = compare_training(TrainingComparison {
+        model: Mlp::new(32, 2, 8, &device),
+        call: mlp_forward,
+        optimizer: AdamConfig::new().init(),
+        learning_rate: 1e-2,
+        batch: &mut |step| batch([sizes.get(step).copied().unwrap_or(16), 32], step, &device),
+        loss: square_mean,
+        steps: sizes.len(),
+        graphed: GraphedConfig::new().with_max_graphs(2),
+        tolerance: tolerance_for(&device),
+    })
+    .expect("comparison runs");
+    println!("shape cache: {report}; {:?}", report.shape_cache);
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        let cache = &report.shape_cache;
+        assert_eq!(
+            (cache.hits, cache.captures, cache.evictions, cache.graphs),
+            (3, 5, 4, 2),
+            "{cache:?}"
+        );
+        let steps = sizes.len() as u64;
+        assert_eq!(
+            (report.stats.forward_replays, report.stats.backward_replays),
+            (steps, steps),
+            "{report}"
+        );
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
+}
+
+/// Overwrites a module's float parameters, in visiting order, with `values` (same ids).
+struct Overwrite<'a> {
+    values: std::slice::Iter<'a, (burn::module::ParamId, TensorData)>,
+}
+
+impl ModuleMapper for Overwrite<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (_, data) = self.values.next().expect("same parameter count");
+        param.map(|tensor| {
+            let require_grad = tensor.is_require_grad();
+            Tensor::<D>::from_data(data.clone(), &tensor.device()).set_require_grad(require_grad)
+        })
+    }
+}
+
+/// What a soak run measured.
+#[derive(Debug)]
+pub struct SoakFigures {
+    /// Training steps run (graphed and eager side by side).
+    pub steps: usize,
+    /// Checkpoints at which parameters were compared (and re-synchronized).
+    pub checkpoints: usize,
+    /// Eval passes compared.
+    pub evals: usize,
+    /// Device bytes reserved after the first `settle` steps, and at the end.
+    pub reserved_after_settle: u64,
+    /// See `reserved_after_settle`.
+    pub reserved_at_end: u64,
+    /// Largest reserved bytes seen after settling.
+    pub reserved_peak: u64,
+    /// Live allocations after settling and at the end.
+    pub allocs_after_settle: u64,
+    /// See `allocs_after_settle`.
+    pub allocs_at_end: u64,
+    /// Graph replays (forward) over the run.
+    pub replays: u64,
+}
+
+/// Trains a graphed MLP and an eager copy side by side for `steps` Adam steps: every
+/// `eval_every` steps both run in eval mode (the graphed one falls back) and must agree; every
+/// `checkpoint_every` steps their parameters must agree, and the graphed one is re-synchronized
+/// to the eager one (through new parameter tensors, as loading a record does), so that
+/// rounding differences cannot compound over thousands of steps. After `settle` steps (make it
+/// a multiple of `checkpoint_every`, so that every kind of work, eval and re-synchronization
+/// included, has run once: new kernel metadata is cached on the device) the device's reserved
+/// bytes and live allocations must not grow.
+///
+/// `optimizer`: Adam where the backend passes kernel scalars as launch constants (CUDA). Where
+/// it puts them in the cached metadata buffers (wgpu), Adam's per-step bias corrections are new
+/// metadata every step, which cubecl caches (up to 4096 buffers, eager training alike): use an
+/// optimizer with constant scalars there (SGD with momentum) to see the graphs' own memory.
+pub fn soak(
+    device: &Device,
+    optimizer: fn() -> ModuleOptimizer,
+    steps: usize,
+    eval_every: usize,
+    checkpoint_every: usize,
+    settle: usize,
+) -> Option<SoakFigures> {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return None;
+    }
+    let inner = device.clone().inner();
+    let dispatch = inner.as_dispatch();
+    let tolerance = tolerance_for(&device);
+    let model = Mlp::new(32, 3, 8, &device);
+    let mut eager = deep_copy(&model);
+    let mut graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([16, 32], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let mut eager_optimizer = optimizer();
+    let mut graphed_optimizer = optimizer();
+    let usage = || {
+        device.sync().expect("sync");
+        Dispatch::memory_pool_usage(dispatch).expect("pool usage")
+    };
+    let mut figures = SoakFigures {
+        steps,
+        checkpoints: 0,
+        evals: 0,
+        reserved_after_settle: 0,
+        reserved_at_end: 0,
+        reserved_peak: 0,
+        allocs_after_settle: 0,
+        allocs_at_end: 0,
+        replays: 0,
+    };
+    for step in 0..steps {
+        let x = batch([16, 32], step, &device);
+        let eager_loss = square_mean(mlp_forward(&eager, x.clone()));
+        let graphed_loss = square_mean(graphed.forward(x).expect("graphed call"));
+        let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
+        let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
+        eager = eager_optimizer.step(1e-3, eager, eager_grads);
+        graphed = graphed_optimizer.step(1e-3, graphed, graphed_grads);
+
+        if (step + 1) % eval_every == 0 {
+            let x = batch([16, 32], step + 7, &inner);
+            let e = mlp_forward(&eager.valid(), x.clone()).into_data();
+            let g = graphed.valid().forward(x).expect("eval call").into_data();
+            let comparison =
+                TensorComparison::new(format!("eval after step {step}"), &e, &g, tolerance);
+            assert!(comparison.passed(), "{comparison:?}");
+            figures.evals += 1;
+        }
+        if (step + 1) % checkpoint_every == 0 {
+            let eager_params = param_values(&eager);
+            for ((_, e), (_, g)) in eager_params.iter().zip(&param_values(&graphed)) {
+                let comparison =
+                    TensorComparison::new(format!("param after step {step}"), e, g, tolerance);
+                assert!(comparison.passed(), "{comparison:?}");
+            }
+            graphed = graphed.map(&mut Overwrite {
+                values: eager_params.iter(),
+            });
+            figures.checkpoints += 1;
+        }
+        if step + 1 == settle {
+            let now = usage();
+            figures.reserved_after_settle = now.bytes_reserved;
+            figures.allocs_after_settle = now.number_allocs;
+        }
+        if step + 1 > settle && (step + 1) % checkpoint_every == 0 {
+            let now = usage();
+            figures.reserved_peak = figures.reserved_peak.max(now.bytes_reserved);
+            println!(
+                "soak step {}: reserved {} B, live allocations {}",
+                step + 1,
+                now.bytes_reserved,
+                now.number_allocs
+            );
+        }
+    }
+    let end = usage();
+    figures.reserved_at_end = end.bytes_reserved;
+    figures.allocs_at_end = end.number_allocs;
+    figures.reserved_peak = figures.reserved_peak.max(end.bytes_reserved);
+    let stats = graphed.stats();
+    figures.replays = stats.forward_replays;
+    println!("soak: {figures:?}");
+    assert_eq!(
+        figures.replays, steps as u64,
+        "every training step replays: {stats:?}"
+    );
+    assert!(
+        figures.reserved_peak <= figures.reserved_after_settle,
+        "device memory grew after {settle} steps: {figures:?}"
+    );
+    assert!(
+        figures.allocs_at_end <= figures.allocs_after_settle,
+        "live allocations grew after {settle} steps: {figures:?}"
+    );
+    Some(figures)
+}
+
+/// Adam, as most training uses.
+pub fn adam() -> ModuleOptimizer {
+    AdamConfig::new().init()
+}
+
+/// SGD with momentum: per-step kernel scalars that never change.
+pub fn sgd_momentum() -> ModuleOptimizer {
+    SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
+        .init()
+}
