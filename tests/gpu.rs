@@ -118,6 +118,11 @@ fn capture_failure_leaves_device_usable() {
 }
 
 #[test]
+fn replay_validation_refuses_frozen_values() {
+    scenarios::robust::replay_validation_refuses_frozen_values(&cuda());
+}
+
+#[test]
 fn shape_cache_matches_eager() {
     scenarios::robust::shape_cache_matches_eager(&cuda());
 }

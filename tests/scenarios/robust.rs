@@ -226,3 +226,89 @@ pub fn sgd_momentum() -> ModuleOptimizer {
         .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
         .init()
 }
+
+/// A linear layer followed by burn's (host-seeded) dropout.
+#[derive(Module, Debug)]
+pub struct DropNet {
+    pub linear: burn::nn::Linear,
+    pub dropout: burn::nn::Dropout,
+}
+
+fn dropnet_forward(m: &DropNet, x: Tensor<2>) -> Tensor<2> {
+    m.dropout.forward(m.linear.forward(x))
+}
+
+/// Scales the MLP's output by a value read on the host: a graph would replay the value read at
+/// capture.
+fn host_scaled_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    let y = m.forward(x);
+    let scale = y.clone().abs().mean().into_scalar::<f32>();
+    y.mul_scalar(scale)
+}
+
+/// Replay validation refuses what a graph would silently freeze (burn's dropout mask, a value
+/// read on the host) with an error that names the fix, leaves the module untouched and the
+/// device usable; `validate_replay = false` accepts frozen randomness.
+pub fn replay_validation_refuses_frozen_values(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let net = DropNet {
+        linear: burn::nn::LinearConfig::new(32, 64).init(&device),
+        dropout: burn::nn::DropoutConfig::new(0.5).init(),
+    };
+    let before = param_values(&net);
+    let refused = Graphed::new(
+        net.clone(),
+        dropnet_forward,
+        batch([8, 32], 0, &device),
+        &GraphedConfig::new(),
+    );
+    match refused {
+        Err(
+            error @ burn_graphed::GraphedError::ReplayDiffers {
+                callable: 0,
+                output: 0,
+                ..
+            },
+        ) => {
+            let text = error.to_string();
+            assert!(
+                text.contains("Dropout") && text.contains("validate_replay"),
+                "{text}"
+            );
+            println!("dropout refused: {text}");
+        }
+        other => panic!("expected ReplayDiffers for burn's dropout, got {other:?}"),
+    }
+    for ((_, a), (_, b)) in param_values(&net).iter().zip(&before) {
+        a.assert_eq(b, true);
+    }
+    let frozen = Graphed::new(
+        net,
+        dropnet_forward,
+        batch([8, 32], 0, &device),
+        &GraphedConfig::new().with_validate_replay(false),
+    );
+    assert!(
+        frozen.is_ok_and(|g| g.summary().graphed),
+        "frozen randomness accepted on request"
+    );
+
+    let host_read = Graphed::new(
+        Mlp::new(16, 1, 4, &device),
+        host_scaled_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    );
+    match host_read {
+        Err(burn_graphed::GraphedError::ReplayDiffers { .. }) => {}
+        Err(burn_graphed::GraphedError::Capture { phase, reason }) => {
+            println!("host read refused by the backend during {phase}: {reason}")
+        }
+        other => panic!("a host read that decides the output must be refused, got {other:?}"),
+    }
+    // The device still trains and captures correctly.
+    super::mlp_training_matches_eager(&device, 2);
+}

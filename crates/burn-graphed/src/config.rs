@@ -65,6 +65,14 @@ pub struct GraphedConfig {
     /// constants that the caller may replace between steps, never as state the forward updates.
     #[config(default = false)]
     pub allow_non_trainable_params: bool,
+    /// After capturing each forward graph, replay it on new input values (the sample's,
+    /// scaled and shifted) and compare it with an eager run on the same values; refuse the
+    /// capture with [`GraphedError::ReplayDiffers`](crate::GraphedError::ReplayDiffers) when
+    /// they differ. This catches what a graph silently freezes: burn's random ops (a replayed
+    /// dropout would repeat one mask) and values read on the host inside the callable. Costs
+    /// one eager forward and one replay per capture. Set `false` to accept frozen randomness.
+    #[config(default = true)]
+    pub validate_replay: bool,
     /// Fail with [`GraphedError::Unsupported`](crate::GraphedError::Unsupported) instead of
     /// running eagerly when the device's backend cannot capture graphs.
     #[config(default = false)]

@@ -15,6 +15,8 @@ pub enum CapturePhase {
     BackwardWarmup,
     /// Recording the backward graph.
     Backward,
+    /// Checking the forward graph against eager execution on new input values.
+    Validation,
 }
 
 impl fmt::Display for CapturePhase {
@@ -25,6 +27,7 @@ impl fmt::Display for CapturePhase {
             CapturePhase::Forward => "forward capture",
             CapturePhase::BackwardWarmup => "backward warm-up",
             CapturePhase::Backward => "backward capture",
+            CapturePhase::Validation => "replay validation",
         })
     }
 }
@@ -36,6 +39,25 @@ impl fmt::Display for CapturePhase {
 /// drops its partial graphs and static buffers, and a rejected call runs nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GraphedError {
+    /// After capture, the forward graph replayed on new input values gave other outputs than an
+    /// eager run of the callable on the same values: the callable does something that a graph
+    /// cannot repeat.
+    #[error(
+        "callable {callable}: the replayed forward graph differs from eager execution on the same \
+         inputs (output {output}: {detail}). A graph repeats what it recorded: random ops (burn's \
+         Dropout draws its mask on the host, so a replay would reuse one mask forever; use \
+         burn-graphed's graph-safe randomness, or set `validate_replay = false` to accept \
+         frozen randomness) and values read on the host inside the callable (`into_data`, \
+         `into_scalar`: a replay reuses the value read at capture) cannot be graphed"
+    )]
+    ReplayDiffers {
+        /// Position of the callable in its group (0 when captured alone).
+        callable: usize,
+        /// Position of the first differing output among the flattened outputs.
+        output: usize,
+        /// Where and by how much it differs.
+        detail: String,
+    },
     /// A call passed a different number of input tensors than the sample inputs had.
     #[error(
         "wrong number of inputs: the callable was captured with {expected} input tensor(s), got {got}"

@@ -281,6 +281,109 @@ fn forget_unrun_metadata(dispatch: &DispatchDevice) {
     Dispatch::memory_cleanup(dispatch);
 }
 
+impl Recorded<'_> {
+    /// Replays the forward graph on new input values (the static inputs scaled by 1.5 and
+    /// shifted by 0.25) and compares its outputs with an eager run on the same values.
+    ///
+    /// Same inputs and parameters, same kernels: the two agree up to rounding (fusion may order
+    /// a reduction differently), so the tolerance is loose (1% of each value plus 0.1% of the
+    /// output's largest magnitude). What a graph freezes differs by far more: a dropout mask
+    /// drawn on the host, or a scalar read on the host from the sample's values.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ReplayDiffers`] for the first output that differs, and
+    /// [`GraphedError::Capture`] when the device fails.
+    fn validate_forward(
+        &self,
+        index: usize,
+        graph: &burn::backend::DispatchGraph,
+        dispatch: &DispatchDevice,
+    ) -> Result<(), GraphedError> {
+        use super::copy_op::StaticCopyOps;
+        let phase = CapturePhase::Validation;
+        let as_fused = |tensor: &DispatchTensor| {
+            fused(tensor).ok_or_else(|| GraphedError::Capture {
+                phase,
+                reason: "a static tensor is not on burn's cubecl backend".into(),
+            })
+        };
+        let mut queued = Vec::with_capacity(self.static_inputs.len());
+        for input in &self.static_inputs {
+            let shifted = Dispatch::float_add_scalar(
+                Dispatch::float_mul_scalar(input.clone(), 1.5f32.into()),
+                0.25f32.into(),
+            );
+            queued.push(<Cube as StaticCopyOps>::copy_into_buffer(
+                &as_fused(input)?,
+                &as_fused(&shifted)?,
+            ));
+        }
+        Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+        drop(queued);
+        materialize(dispatch, graph, phase)?;
+        let read = |tensor: &DispatchTensor| -> Result<Vec<f32>, GraphedError> {
+            let reason = |error: String| GraphedError::Capture {
+                phase,
+                reason: format!("reading an output back: {error}"),
+            };
+            Tensor::<1>::from_dispatch(tensor.clone())
+                .inner()
+                .try_into_data()
+                .map_err(|error| reason(error.to_string()))?
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .map_err(|error| reason(format!("{error:?}")))
+        };
+        let replayed = self
+            .outputs
+            .iter()
+            .map(|o| read(&o.tensor))
+            .collect::<Result<Vec<_>, _>>()?;
+        let eager = self.run(index, phase)?;
+        for (output, (replayed, eager)) in replayed.iter().zip(&eager).enumerate() {
+            let eager = read(&eager.tensor)?;
+            if let Some(detail) = first_difference(replayed, &eager) {
+                return Err(GraphedError::ReplayDiffers {
+                    callable: index,
+                    output,
+                    detail,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where `replayed` differs from `eager` beyond the validation tolerance (see
+/// [`Recorded::validate_forward`]), if anywhere.
+fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {
+    let scale = eager
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    let differing: Vec<usize> = replayed
+        .iter()
+        .zip(eager)
+        .enumerate()
+        .filter(|(_, (r, e))| {
+            let both_nan = r.is_nan() && e.is_nan();
+            let close = (*r - *e).abs() <= 1e-2 * e.abs() + 1e-3 * scale + 1e-6;
+            // A NaN on one side only is a difference (`close` is false for it).
+            !both_nan && !close
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let first = *differing.first()?;
+    Some(format!(
+        "{} of {} elements differ, first at {first}: replayed {}, eager {}",
+        differing.len(),
+        eager.len(),
+        replayed[first],
+        eager[first]
+    ))
+}
+
 /// An autodiff view of `tensor` (on the device without autodiff), a leaf that requires grad
 /// when `require_grad`.
 fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor {
@@ -428,6 +531,9 @@ fn capture_locked(
         member_state.outputs = member_state.run(index, CapturePhase::Forward)?;
         let forward = recording.stop(CapturePhase::Forward)?;
         materialize(dispatch, &forward, CapturePhase::Forward)?;
+        if config.validate_replay {
+            member_state.validate_forward(index, &forward, dispatch)?;
+        }
         member_state.forward = Some(forward);
         recorded.push(member_state);
     }
