@@ -42,6 +42,7 @@ on_devices! {
     chained_group_shares_buffers_safely => scenarios::group::chained_group_shares_buffers_safely;
     chain_errors => scenarios::group::chain_errors;
     shape_cache_matches_eager => scenarios::robust::shape_cache_matches_eager;
+    other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
     soak_short => |d| { scenarios::robust::soak(d, scenarios::robust::sgd_momentum, 60, 10, 20, 20); };
 }

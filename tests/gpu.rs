@@ -123,6 +123,11 @@ fn replay_validation_refuses_frozen_values() {
 }
 
 #[test]
+fn other_thread_runs_eagerly() {
+    scenarios::robust::other_thread_runs_eagerly(&cuda());
+}
+
+#[test]
 fn shape_cache_matches_eager() {
     scenarios::robust::shape_cache_matches_eager(&cuda());
 }

@@ -312,3 +312,39 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
     // The device still trains and captures correctly.
     super::mlp_training_matches_eager(&device, 2);
 }
+
+/// A call from another thread than the capture runs eagerly (graphs replay on the capturing
+/// thread's stream only), with the eager result, and is counted.
+pub fn other_thread_runs_eagerly(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let graphed = Graphed::new(
+        Mlp::new(16, 1, 4, &device),
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let other = graphed.clone();
+    let thread_device = device.clone();
+    let from_thread = std::thread::spawn(move || {
+        let y = other
+            .forward(batch([8, 16], 1, &thread_device))
+            .expect("call from another thread");
+        let _ = square_mean(y.clone()).backward();
+        y.into_data()
+    })
+    .join()
+    .expect("the other thread");
+    let eager = mlp_forward(graphed.module(), batch([8, 16], 1, &device)).into_data();
+    from_thread.assert_approx_eq::<f32>(&eager, Default::default());
+    assert_eq!(
+        graphed
+            .stats()
+            .fallbacks
+            .get(&burn_graphed::FallbackReason::OtherThread),
+        Some(&1)
+    );
+}
