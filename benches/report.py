@@ -55,10 +55,15 @@ def table(rows):
         te, tg = us("torch", "eager"), us("torch", "graphed")
         input_copy = bg - us("burn", "graphed_no_input_copy")
         param_copy = bg - us("burn", "graphed_no_param_copy")
+        def num(value, fmt, unit=""):
+            # A missing measurement (NaN) prints as n/a, not as a number.
+            return "n/a" if value != value else format(value, fmt) + unit
+
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'eager')} | {cell('burn', 'graphed')} "
-            f"| {cell('torch', 'eager')} | {cell('torch', 'graphed')} | {bg / tg:.2f} "
-            f"| {be / bg:.2f}x | {te / tg:.2f}x | {input_copy:.0f} us | {param_copy:.0f} us "
+            f"| {cell('torch', 'eager')} | {cell('torch', 'graphed')} | {num(bg / tg, '.2f')} "
+            f"| {num(be / bg, '.2f', 'x')} | {num(te / tg, '.2f', 'x')} "
+            f"| {num(input_copy, '.0f', ' us')} | {num(param_copy, '.0f', ' us')} "
             f"| {mem('burn', 'eager')} / {mem('burn', 'graphed')} "
             f"| {mem('torch', 'eager')} / {mem('torch', 'graphed')} |"
         )
@@ -87,7 +92,10 @@ def plot(rows, device, path):
         xs = [j + (i - 1.5) * width for j in range(len(keys))]
         ax.bar(xs, values, width, yerr=[lows, highs], label=f"{framework} {mode}", color=color)
     ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([f"{m}\n{d}" for m, d in keys], fontsize=8)
+    # "transformer 2x256 s128 b8" -> "transformer 2x256 s128" / "b8" / dtype: labels that fit.
+    labels = [f"{m.rsplit(' b', 1)[0]}\nb{m.rsplit(' b', 1)[1]} {d}" if " b" in m else f"{m}\n{d}"
+              for m, d in keys]
+    ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("train step, us (median; bars: p10-p90)")
     ax.set_yscale("log")
     ax.set_title(f"Train step (fwd+loss+bwd+Adam), lower is better — {device or 'GPU'}")
