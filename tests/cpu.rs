@@ -43,6 +43,8 @@ on_devices! {
     chain_errors => scenarios::group::chain_errors;
     shape_cache_matches_eager => scenarios::robust::shape_cache_matches_eager;
     other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
+    device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
+    graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
     soak_short => |d| { scenarios::robust::soak(d, scenarios::robust::sgd_momentum, 60, 10, 20, 20); };
 }

@@ -123,6 +123,16 @@ fn replay_validation_refuses_frozen_values() {
 }
 
 #[test]
+fn device_rng_draws_fresh_masks() {
+    scenarios::random::device_rng_draws_fresh_masks(&cuda());
+}
+
+#[test]
+fn graph_dropout_matches_eager() {
+    scenarios::random::graph_dropout_matches_eager(&cuda(), 20);
+}
+
+#[test]
 fn other_thread_runs_eagerly() {
     scenarios::robust::other_thread_runs_eagerly(&cuda());
 }

@@ -59,6 +59,12 @@ pub enum GraphedError {
         /// Where and by how much it differs.
         detail: String,
     },
+    /// A dropout probability outside `[0, 1)`.
+    #[error("dropout probability {prob} is not in [0, 1)")]
+    InvalidProbability {
+        /// The probability given.
+        prob: f64,
+    },
     /// A call passed a different number of input tensors than the sample inputs had.
     #[error(
         "wrong number of inputs: the callable was captured with {expected} input tensor(s), got {got}"

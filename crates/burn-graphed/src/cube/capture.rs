@@ -321,6 +321,8 @@ impl Recorded<'_> {
         }
         Dispatch::sync(dispatch).map_err(capture_error(phase))?;
         drop(queued);
+        // The replay and the eager run must draw the same numbers from device generators.
+        let generators = crate::rng::save_device_states();
         materialize(dispatch, graph, phase)?;
         let read = |tensor: &DispatchTensor| -> Result<Vec<f32>, GraphedError> {
             let reason = |error: String| GraphedError::Capture {
@@ -340,6 +342,7 @@ impl Recorded<'_> {
             .iter()
             .map(|o| read(&o.tensor))
             .collect::<Result<Vec<_>, _>>()?;
+        crate::rng::restore_device_states(&generators).map_err(capture_error(phase))?;
         let eager = self.run(index, phase)?;
         for (output, (replayed, eager)) in replayed.iter().zip(&eager).enumerate() {
             let eager = read(&eager.tensor)?;
@@ -427,11 +430,19 @@ pub(crate) fn capture_group(
     let _lock = CAPTURE_LOCK
         .lock()
         .unwrap_or_else(|poison| poison.into_inner());
+    // Warm-ups, recordings and checks draw from the device generators too: put them back, so
+    // that capturing consumes no randomness (a graphed model and an eager copy seeded alike
+    // then draw the same masks).
+    let generators = crate::rng::save_device_states();
     let captured = capture_locked(members, config, dispatch, &cube_device);
-    if captured.is_err() {
+    let restored = crate::rng::restore_device_states(&generators)
+        .map_err(capture_error(CapturePhase::StaticBuffers));
+    if captured.is_err() || restored.is_err() {
         forget_unrun_metadata(dispatch);
     }
-    captured
+    let captured = captured?;
+    restored?;
+    Ok(captured)
 }
 
 /// [`capture_group`] once the capture lock is held.

@@ -63,3 +63,28 @@ impl StaticCopyOps for CubeBackend {
         output
     }
 }
+
+/// A bit-for-bit copy of `tensor` (on burn's cubecl backend, without autodiff) in a new buffer.
+pub(crate) fn copy_tensor(tensor: &burn::tensor::Tensor<1>) -> Option<burn::tensor::Tensor<1>> {
+    use burn::backend::Cube;
+    let fused = tensor.clone().try_into_primitive::<Cube>().ok()?;
+    let copy = <Cube as StaticCopyOps>::copy_to_new_buffer(&fused);
+    Some(burn::tensor::Tensor::from_primitive::<Cube>(copy))
+}
+
+/// Queues a copy of `source`'s values into `destination`'s own buffer (both on burn's cubecl
+/// backend, without autodiff, same shape and dtype). Returns the queued operation's output,
+/// which the caller keeps until the device synchronized (fusion skips work whose results
+/// nobody holds); `None` when a tensor is not on the cubecl backend.
+pub(crate) fn copy_tensor_into(
+    destination: &burn::tensor::Tensor<1>,
+    source: &burn::tensor::Tensor<1>,
+) -> Option<FloatTensor<burn::backend::Cube>> {
+    use burn::backend::Cube;
+    let destination = destination.clone().try_into_primitive::<Cube>().ok()?;
+    let source = source.clone().try_into_primitive::<Cube>().ok()?;
+    Some(<Cube as StaticCopyOps>::copy_into_buffer(
+        &destination,
+        &source,
+    ))
+}

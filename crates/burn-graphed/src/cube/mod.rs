@@ -5,4 +5,5 @@ pub(crate) mod buffers;
 pub(crate) mod capture;
 pub(crate) mod copy_op;
 pub(crate) mod node;
+pub(crate) mod random_op;
 pub(crate) mod session;
