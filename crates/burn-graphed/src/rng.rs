@@ -277,6 +277,36 @@ impl ModuleDisplay for DeviceRng {}
 /// Dropout whose masks come from a [`DeviceRng`]: graph-safe (every replay draws a new mask),
 /// otherwise as burn's `Dropout` (kept values scaled by `1 / (1 - prob)`, identity in eval mode
 /// or without autodiff).
+///
+/// ```no_run
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::prelude::*;
+/// use burn_graphed::{DeviceRng, GraphDropout, Graphed, GraphedConfig};
+///
+/// #[derive(Module, Debug)]
+/// struct Net {
+///     linear: Linear,
+///     dropout: GraphDropout,
+/// }
+///
+/// fn forward(net: &Net, x: Tensor<2>) -> Tensor<2> {
+///     net.dropout.forward(net.linear.forward(x))
+/// }
+///
+/// # fn main() -> Result<(), burn_graphed::GraphedError> {
+/// let device = Device::default().autodiff();
+/// let net = Net {
+///     linear: LinearConfig::new(64, 64).init(&device),
+///     dropout: GraphDropout::new(0.1, DeviceRng::new(42, &device))?,
+/// };
+/// let sample = Tensor::<2>::zeros([32, 64], &device);
+/// // Replay validation accepts it: the replay and an eager run draw the same mask.
+/// let net = Graphed::new(net, forward, sample, &GraphedConfig::new())?;
+/// let y = net.forward(Tensor::<2>::ones([32, 64], &device))?; // a new mask every replay
+/// # let _ = y;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Module, Debug)]
 pub struct GraphDropout {
     /// Probability of zeroing an element during training.
