@@ -46,7 +46,6 @@ on_devices! {
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
     graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
-    soak_short => |d| { scenarios::robust::soak(d, scenarios::robust::sgd_momentum, 60, 10, 20, 20); };
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels
