@@ -55,6 +55,13 @@ fn wgpu_graphed_training_equals_eager() {
     scenarios::prop::graphed_training_equals_eager(&wgpu(), 4);
 }
 
+/// Graphs on wgpu, an input on Flex (and the other way round): a typed error, nothing runs.
+#[test]
+fn input_on_another_device_is_refused() {
+    scenarios::robust::input_on_another_device_is_refused(&wgpu(), &Device::flex());
+    scenarios::robust::input_on_another_device_is_refused(&Device::flex(), &wgpu());
+}
+
 #[test]
 fn wgpu_records_graphs() {
     assert!(

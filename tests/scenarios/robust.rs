@@ -348,3 +348,46 @@ pub fn other_thread_runs_eagerly(device: &Device) {
         Some(&1)
     );
 }
+
+/// An input on another device than the capture's is refused with a typed error naming the
+/// input and both devices, before anything runs; the module is untouched and the next call
+/// replays.
+pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 1, 4, &device);
+    let before = param_values(&model);
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let foreign = batch([8, 16], 0, &other.clone().autodiff());
+    match graphed.forward(foreign) {
+        Err(burn_graphed::GraphedError::InputDevice {
+            index: 0,
+            expected,
+            got,
+        }) => {
+            assert_ne!(expected, got);
+        }
+        other => panic!("expected InputDevice for input 0, got {other:?}"),
+    }
+    for ((_, a), (_, b)) in param_values(graphed.module()).iter().zip(&before) {
+        a.assert_eq(b, true);
+    }
+    let y = graphed
+        .forward(batch([8, 16], 1, &device))
+        .expect("a call on the right device");
+    let _ = square_mean(y).backward();
+    if graphed.summary().graphed {
+        assert_eq!(
+            graphed.stats().total_fallbacks(),
+            0,
+            "{:?}",
+            graphed.stats()
+        );
+        assert_eq!(graphed.stats().forward_replays, 1);
+    }
+}
