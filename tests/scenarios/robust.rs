@@ -275,7 +275,7 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
         ) => {
             let text = error.to_string();
             assert!(
-                text.contains("Dropout") && text.contains("validate_replay"),
+                text.contains("GraphDropout") && text.contains("validate_replay"),
                 "{text}"
             );
             println!("dropout refused: {text}");

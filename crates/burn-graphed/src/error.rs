@@ -45,9 +45,10 @@ pub enum GraphedError {
     #[error(
         "callable {callable}: the replayed forward graph differs from eager execution on the same \
          inputs (output {output}: {detail}). A graph repeats what it recorded: random ops (burn's \
-         Dropout draws its mask on the host, so a replay would reuse one mask forever: keep \
-         random ops outside the graphed callable, or set `validate_replay = false` to accept \
-         frozen randomness) and values read on the host inside the callable (`into_data`, \
+         Dropout draws its mask on the host, so a replay would reuse one mask forever: use \
+         burn_graphed::GraphDropout, whose DeviceRng draws anew on every replay, keep random \
+         ops outside the graphed callable, or set `validate_replay = false` to accept frozen \
+         randomness) and values read on the host inside the callable (`into_data`, \
          `into_scalar`: a replay reuses the value read at capture; move the read out of the \
          callable) cannot be graphed"
     )]
