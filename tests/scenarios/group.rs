@@ -412,4 +412,29 @@ pub fn chain_errors(device: &Device) {
         matches!(error, GraphedError::Chain { index: 1, .. }),
         "{error}"
     );
+    // A frozen parameter in the second callable: the error says which callable.
+    let error = make_graphed_callables(
+        (
+            Callable::new(
+                Encoder::new(&device),
+                Encoder::forward,
+                batch([8, 16], 0, &device),
+            ),
+            Callable::chained(Mixer::new(&device).no_grad(), Mixer::forward),
+        ),
+        &GraphedConfig::new(),
+    )
+    .map(|_| ())
+    .expect_err("a non-trainable parameter in callable 1");
+    match &error {
+        GraphedError::InGroup { callable: 1, error } => assert!(
+            matches!(**error, GraphedError::NonTrainableState { index: 0, .. }),
+            "{error}"
+        ),
+        other => panic!("expected InGroup for callable 1, got {other}"),
+    }
+    assert!(
+        error.to_string().starts_with("callable 1 of the group: "),
+        "{error}"
+    );
 }

@@ -60,6 +60,15 @@ pub enum GraphedError {
         /// Where and by how much it differs.
         detail: String,
     },
+    /// A check of one callable of a group (several captured together) failed: which one, and
+    /// why. A callable captured alone reports the inner error directly.
+    #[error("callable {callable} of the group: {error}")]
+    InGroup {
+        /// Position of the callable in the group.
+        callable: usize,
+        /// What is wrong with it.
+        error: Box<GraphedError>,
+    },
     /// A dropout probability outside `[0, 1)`.
     #[error("dropout probability {prob} is not in [0, 1)")]
     InvalidProbability {

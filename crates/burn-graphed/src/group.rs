@@ -121,25 +121,9 @@ pub(crate) fn build(
         Some(None) => return Err(first_chained()),
         None => return Err(GraphedError::NoInputs),
     };
-    for member in &members {
-        if member.sample.as_ref().is_some_and(Vec::is_empty) {
-            return Err(GraphedError::NoInputs);
-        }
-        let param_device = params::device_of(&member.params).unwrap_or_else(|| device.clone());
-        if !param_device.is_autodiff() {
-            return Err(GraphedError::NotAutodiff {
-                what: "the module",
-                device: format!("{param_device:?}"),
-            });
-        }
-        for (index, param) in member.params.iter().enumerate() {
-            if !param.tensor.require_grad && !config.allow_non_trainable_params {
-                return Err(GraphedError::NonTrainableState {
-                    index,
-                    shape: param.tensor.shape.clone(),
-                });
-            }
-        }
+    let alone = members.len() == 1;
+    for (callable, member) in members.iter().enumerate() {
+        check_member(member, &device, config).map_err(|error| in_group(alone, callable, error))?;
     }
 
     #[cfg(feature = "cube")]
@@ -190,6 +174,46 @@ pub(crate) fn build(
         });
     }
     Ok(built)
+}
+
+/// The checks of one member before any capture: sample inputs, an autodiff module, trainable
+/// parameters only (unless allowed).
+fn check_member(
+    member: &Member<'_>,
+    device: &Device,
+    config: &GraphedConfig,
+) -> Result<(), GraphedError> {
+    if member.sample.as_ref().is_some_and(Vec::is_empty) {
+        return Err(GraphedError::NoInputs);
+    }
+    let param_device = params::device_of(&member.params).unwrap_or_else(|| device.clone());
+    if !param_device.is_autodiff() {
+        return Err(GraphedError::NotAutodiff {
+            what: "the module",
+            device: format!("{param_device:?}"),
+        });
+    }
+    for (index, param) in member.params.iter().enumerate() {
+        if !param.tensor.require_grad && !config.allow_non_trainable_params {
+            return Err(GraphedError::NonTrainableState {
+                index,
+                shape: param.tensor.shape.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `error` of callable `callable`, saying which callable when it is one of several.
+pub(crate) fn in_group(alone: bool, callable: usize, error: GraphedError) -> GraphedError {
+    if alone {
+        error
+    } else {
+        GraphedError::InGroup {
+            callable,
+            error: Box::new(error),
+        }
+    }
 }
 
 /// The error of a group whose first callable is chained (it has nothing to chain to).

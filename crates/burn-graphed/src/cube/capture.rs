@@ -603,7 +603,11 @@ fn capture_locked(
                 && !config.allow_unused_input
             {
                 drop(recording);
-                return Err(GraphedError::UnusedInput { index: slot });
+                return Err(crate::group::in_group(
+                    members.len() == 1,
+                    index,
+                    GraphedError::UnusedInput { index: slot },
+                ));
             }
             grads_of_member.push(grad);
         }
