@@ -299,7 +299,7 @@ where
         let Some(cache) = self.shared.graphs.as_ref() else {
             return Ok(Err(FallbackReason::Unsupported));
         };
-        let lock = || cache.lock().unwrap_or_else(|poison| poison.into_inner());
+        let lock = || crate::lock(cache);
         let key: Vec<TensorSpec> = flat.iter().map(FlatTensor::spec).collect();
         if let Some(session) = lock().get(&key) {
             return Ok(Ok(session.clone()));
@@ -354,10 +354,7 @@ where
     }
 
     fn lock_eager(&self) -> std::sync::MutexGuard<'_, GraphStats> {
-        self.shared
-            .eager
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        crate::lock(&self.shared.eager)
     }
 
     #[cfg(feature = "cube")]
@@ -446,7 +443,7 @@ where
         let mut stats = self.lock_eager().clone();
         #[cfg(feature = "cube")]
         if let Some(cache) = &self.shared.graphs {
-            let cache = cache.lock().unwrap_or_else(|poison| poison.into_inner());
+            let cache = crate::lock(cache);
             for session in cache.values() {
                 stats.add_replays(&session.lock().stats);
             }
@@ -459,11 +456,7 @@ where
     pub fn shape_cache(&self) -> ShapeCacheStats {
         #[cfg(feature = "cube")]
         if let Some(cache) = &self.shared.graphs {
-            return cache
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner())
-                .stats()
-                .clone();
+            return crate::lock(cache).stats().clone();
         }
         ShapeCacheStats::default()
     }

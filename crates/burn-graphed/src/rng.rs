@@ -116,9 +116,7 @@ impl DeviceRng {
                 device,
                 state: State::Device(Box::new(state)),
             });
-            let mut live = DEVICE_RNGS
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
+            let mut live = crate::lock(&DEVICE_RNGS);
             live.retain(|weak| weak.strong_count() > 0);
             live.push(Arc::downgrade(&inner));
             return Self { inner };
@@ -171,7 +169,7 @@ impl DeviceRng {
                 )
             }
             State::Host(counter) => {
-                let mut counter = counter.lock().unwrap_or_else(|poison| poison.into_inner());
+                let mut counter = crate::lock(counter);
                 let state = words(self.inner.seed, *counter);
                 *counter += 1;
                 let shape = like.shape();
@@ -193,9 +191,7 @@ impl DeviceRng {
 /// The device states of every live generator, copied, for [`restore_device_states`].
 #[cfg(feature = "cube")]
 pub(crate) fn save_device_states() -> Vec<(Arc<RngInner>, Tensor<1>)> {
-    let live = DEVICE_RNGS
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let live = crate::lock(&DEVICE_RNGS);
     live.iter()
         .filter_map(std::sync::Weak::upgrade)
         .filter_map(|inner| match &inner.state {

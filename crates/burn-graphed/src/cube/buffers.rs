@@ -49,7 +49,7 @@ impl StaticBuffer {
     }
 
     fn contents(&self) -> std::sync::MutexGuard<'_, Option<TensorId>> {
-        self.contents.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock(&self.contents)
     }
 
     /// Bytes of the tensor's elements (the pool may pad the allocation; that is not counted,

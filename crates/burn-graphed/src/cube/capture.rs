@@ -33,6 +33,15 @@ pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
     inner.try_into_primitive::<Cube>().ok()
 }
 
+/// [`fused`], or the capture error of `phase` saying that a static tensor is not on burn's
+/// cubecl backend.
+fn static_fused(tensor: &DispatchTensor, phase: CapturePhase) -> Result<FusedTensor, GraphedError> {
+    fused(tensor).ok_or_else(|| GraphedError::Capture {
+        phase,
+        reason: "a static tensor is not on burn's cubecl backend".into(),
+    })
+}
+
 /// A copy of `tensor` in a buffer of its own, on the device without autodiff.
 fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
     // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.
@@ -302,12 +311,6 @@ impl Recorded<'_> {
     ) -> Result<(), GraphedError> {
         use super::copy_op::StaticCopyOps;
         let phase = CapturePhase::Validation;
-        let as_fused = |tensor: &DispatchTensor| {
-            fused(tensor).ok_or_else(|| GraphedError::Capture {
-                phase,
-                reason: "a static tensor is not on burn's cubecl backend".into(),
-            })
-        };
         let mut queued = Vec::with_capacity(self.static_inputs.len());
         for input in &self.static_inputs {
             let shifted = Dispatch::float_add_scalar(
@@ -315,8 +318,8 @@ impl Recorded<'_> {
                 0.25f32.into(),
             );
             queued.push(<Cube as StaticCopyOps>::copy_into_buffer(
-                &as_fused(input)?,
-                &as_fused(&shifted)?,
+                &static_fused(input, phase)?,
+                &static_fused(&shifted, phase)?,
             ));
         }
         Dispatch::sync(dispatch).map_err(capture_error(phase))?;
@@ -427,9 +430,7 @@ pub(crate) fn capture_group(
             });
         }
     };
-    let _lock = CAPTURE_LOCK
-        .lock()
-        .unwrap_or_else(|poison| poison.into_inner());
+    let _lock = crate::lock(&CAPTURE_LOCK);
     // Warm-ups, recordings and checks draw from the device generators too: put them back, so
     // that capturing consumes no randomness (a graphed model and an eager copy seeded alike
     // then draw the same masks).
@@ -620,12 +621,8 @@ fn capture_locked(
     backwards.reverse();
 
     // Static buffers; the ones two members share are built once.
-    let to_buffer = |tensor: &DispatchTensor| -> Result<StaticBuffer, GraphedError> {
-        let fused = fused(tensor).ok_or_else(|| GraphedError::Capture {
-            phase: CapturePhase::StaticBuffers,
-            reason: "a static tensor is not on burn's cubecl backend".into(),
-        })?;
-        Ok(StaticBuffer::new(fused))
+    let to_buffer = |tensor: &DispatchTensor| {
+        static_fused(tensor, CapturePhase::StaticBuffers).map(StaticBuffer::new)
     };
     let shared = |tensor: &DispatchTensor| to_buffer(tensor).map(Arc::new);
     let outputs: Vec<Vec<Arc<StaticBuffer>>> = recorded

@@ -61,9 +61,7 @@ impl GroupLinks {
     }
 
     fn pending(&self) -> MutexGuard<'_, Vec<Weak<PendingBackward>>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        crate::lock(&self.pending)
     }
 
     fn is_pending(&self, member: usize) -> bool {
@@ -92,11 +90,7 @@ pub(crate) struct PendingBackward;
 
 impl Session {
     pub fn lock(&self) -> MutexGuard<'_, SessionState> {
-        // A poisoned lock only means a panic elsewhere while holding it; the counters stay
-        // usable.
-        self.state
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        crate::lock(&self.state)
     }
 
     /// Whether a previous forward still waits for its backward.
