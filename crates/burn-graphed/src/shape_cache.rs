@@ -171,15 +171,14 @@ impl<S> ShapeCache<S> {
             }
             return Err(value);
         }
-        // Remove from the back so that indices stay valid; hand out in eviction order.
-        let mut by_index = victims.clone();
-        by_index.sort_unstable_by(|a, b| b.cmp(a));
-        let mut removed: Vec<(usize, S)> = by_index
+        // Victims were picked least recently used first: hand them out in that order.
+        let (mut removed, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.entries)
             .into_iter()
-            .map(|index| (index, self.entries.remove(index).value))
-            .collect();
-        removed.sort_by_key(|(index, _)| victims.iter().position(|v| v == index));
-        let evicted: Vec<S> = removed.into_iter().map(|(_, value)| value).collect();
+            .enumerate()
+            .partition(|(index, _)| victims.contains(index));
+        self.entries = kept.into_iter().map(|(_, entry)| entry).collect();
+        removed.sort_by_key(|(_, entry)| entry.last_used);
+        let evicted: Vec<S> = removed.into_iter().map(|(_, entry)| entry.value).collect();
         self.stats.evictions += evicted.len() as u64;
         self.stats.captures += 1;
         self.push(key, value, bytes);
