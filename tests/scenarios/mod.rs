@@ -388,6 +388,19 @@ pub fn tolerance_for(device: &Device) -> Tolerance {
     }
 }
 
+/// Asserts that `module`'s float parameters are, bit for bit and in number, the values
+/// `before` recorded (a failed capture or a refused call must leave the module as it was).
+pub fn assert_params_unchanged<M: Module>(
+    module: &M,
+    before: &[(burn::module::ParamId, TensorData)],
+) {
+    let now = param_values(module);
+    assert_eq!(now.len(), before.len(), "parameter count changed");
+    for ((_, a), (_, b)) in now.iter().zip(before) {
+        a.assert_eq(b, true);
+    }
+}
+
 /// Whether `device` records graphs (cubecl backend).
 pub fn supports_graphs(device: &Device) -> bool {
     let model = Mlp::new(4, 0, 4, &device.clone().autodiff());
@@ -438,9 +451,7 @@ pub fn capture_failure_leaves_device_usable(device: &Device, must_fail: bool) {
         Err(_) => panic!("the failed capture panicked instead of returning an error"),
     }
     // The module is untouched.
-    for ((_, a), (_, b)) in param_values(&model).iter().zip(&param_values(&before)) {
-        a.assert_eq(b, true);
-    }
+    assert_params_unchanged(&model, &param_values(&before));
     // The device still runs eager work and captures correctly.
     mlp_training_matches_eager(&device, 3);
 }

@@ -282,9 +282,7 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
         }
         other => panic!("expected ReplayDiffers for burn's dropout, got {other:?}"),
     }
-    for ((_, a), (_, b)) in param_values(&net).iter().zip(&before) {
-        a.assert_eq(b, true);
-    }
+    super::assert_params_unchanged(&net, &before);
     let frozen = Graphed::new(
         net,
         dropnet_forward,
@@ -374,9 +372,7 @@ pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
         }
         other => panic!("expected InputDevice for input 0, got {other:?}"),
     }
-    for ((_, a), (_, b)) in param_values(graphed.module()).iter().zip(&before) {
-        a.assert_eq(b, true);
-    }
+    super::assert_params_unchanged(graphed.module(), &before);
     let y = graphed
         .forward(batch([8, 16], 1, &device))
         .expect("a call on the right device");
