@@ -459,43 +459,36 @@ fn capture_locked(
     // Forwards, in execution order.
     let mut recorded: Vec<Recorded<'_>> = Vec::with_capacity(members.len());
     for (index, member) in members.iter().enumerate() {
-        let (static_inputs, autodiff_inputs) = match (&member.sample, recorded.last()) {
-            (Some(sample), _) => {
-                let statics: Vec<DispatchTensor> =
-                    sample.iter().map(|t| fresh_copy(&t.tensor)).collect();
-                let views = sample
-                    .iter()
-                    .zip(&statics)
-                    .map(|(sample, copy)| FlatTensor {
-                        tensor: autodiff_leaf(copy, sample.require_grad),
-                        ..sample.clone()
-                    })
-                    .collect::<Vec<_>>();
-                (statics, views)
-            }
-            (None, Some(previous)) => {
-                let statics: Vec<DispatchTensor> = previous
-                    .outputs
-                    .iter()
-                    .map(|o| {
-                        Tensor::<1>::from_dispatch(o.tensor.clone())
-                            .inner()
-                            .into_dispatch()
-                    })
-                    .collect();
-                let views = previous
-                    .outputs
-                    .iter()
-                    .zip(&statics)
-                    .map(|(output, inner)| FlatTensor {
-                        tensor: autodiff_leaf(inner, output.require_grad),
-                        ..output.clone()
-                    })
-                    .collect::<Vec<_>>();
-                (statics, views)
-            }
-            (None, None) => return Err(crate::group::first_chained()),
-        };
+        // Static inputs: copies of the sample, or for a chained member the previous member's
+        // recorded outputs themselves (without autodiff).
+        let (source, static_inputs): (&[FlatTensor], Vec<DispatchTensor>) =
+            match (&member.sample, recorded.last()) {
+                (Some(sample), _) => (
+                    sample,
+                    sample.iter().map(|t| fresh_copy(&t.tensor)).collect(),
+                ),
+                (None, Some(previous)) => (
+                    &previous.outputs,
+                    previous
+                        .outputs
+                        .iter()
+                        .map(|o| {
+                            Tensor::<1>::from_dispatch(o.tensor.clone())
+                                .inner()
+                                .into_dispatch()
+                        })
+                        .collect(),
+                ),
+                (None, None) => return Err(crate::group::first_chained()),
+            };
+        let autodiff_inputs: Vec<FlatTensor> = source
+            .iter()
+            .zip(&static_inputs)
+            .map(|(tensor, static_input)| FlatTensor {
+                tensor: autodiff_leaf(static_input, tensor.require_grad),
+                ..tensor.clone()
+            })
+            .collect();
         let parents = autodiff_inputs.len() + member.params.len();
         if parents > super::node::MAX_PARENTS {
             return Err(GraphedError::ParametersChanged {
