@@ -11,7 +11,7 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn_graphed::{Graphed, GraphedConfig};
 use burn_graphed_testkit::{
-    TensorComparison, TrainingComparison, compare_training, deep_copy, param_values,
+    TensorComparison, Tolerance, TrainingComparison, compare_training, deep_copy, param_values,
 };
 
 use super::{Mlp, batch, mlp_forward, square_mean, supports_graphs, tolerance_for};
@@ -91,13 +91,22 @@ pub struct SoakFigures {
     pub allocs_at_end: u64,
     /// Graph replays (forward) over the run.
     pub replays: u64,
+    /// The largest parameter difference between the graphed and the eager model seen at a
+    /// checkpoint (before re-synchronization).
+    pub max_drift: f64,
 }
 
-/// Trains a graphed MLP and an eager copy side by side for `steps` Adam steps: every
-/// `eval_every` steps both run in eval mode (the graphed one falls back) and must agree; every
-/// `checkpoint_every` steps their parameters must agree, and the graphed one is re-synchronized
-/// to the eager one (through new parameter tensors, as loading a record does), so that
-/// rounding differences cannot compound over thousands of steps. After `settle` steps (make it
+/// Trains a graphed MLP and an eager copy side by side for `steps` steps. Every `eval_every`
+/// steps, the graphed model is checked against eager execution *on its own parameters*, so
+/// that the check does not depend on how far the two trajectories drifted: the replayed
+/// training forward against an eager forward, and the eval-mode call (which falls back)
+/// against an eager eval forward; both within the device's tolerance. Every
+/// `checkpoint_every` steps the two models' parameters must agree within [`drift_tolerance`]
+/// (rounding differences compound over optimizer steps; measured on an H100, where f32
+/// products may round to TF32 in one path and not the other: eval outputs of the two models
+/// 4.8e-5 apart after 200 Adam steps, which per-step tolerances reject), and the
+/// graphed one is re-synchronized to the eager one (through new parameter tensors, as loading
+/// a record does). After `settle` steps (make it
 /// a multiple of `checkpoint_every`, so that every kind of work, eval and re-synchronization
 /// included, has run once: new kernel metadata is cached on the device) the device's reserved
 /// bytes and live allocations must not grow.
@@ -146,22 +155,37 @@ pub fn soak(
         allocs_after_settle: 0,
         allocs_at_end: 0,
         replays: 0,
+        max_drift: 0.0,
     };
+    let drift = drift_tolerance(&device);
     for step in 0..steps {
+        let check = (step + 1) % eval_every == 0;
         let x = batch([16, 32], step, &device);
         let eager_loss = square_mean(mlp_forward(&eager, x.clone()));
-        let graphed_loss = square_mean(graphed.forward(x).expect("graphed call"));
+        let graphed_out = graphed.forward(x.clone()).expect("graphed call");
+        if check {
+            // The replay against eager execution on the graphed model's own parameters.
+            let own = mlp_forward(&graphed.module().valid(), x.inner()).into_data();
+            let comparison = TensorComparison::new(
+                format!("replay at step {step}"),
+                &own,
+                &graphed_out.clone().into_data(),
+                tolerance,
+            );
+            assert!(comparison.passed(), "{comparison:?}");
+        }
+        let graphed_loss = square_mean(graphed_out);
         let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
         let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
         eager = eager_optimizer.step(1e-3, eager, eager_grads);
         graphed = graphed_optimizer.step(1e-3, graphed, graphed_grads);
 
-        if (step + 1) % eval_every == 0 {
+        if check {
             let x = batch([16, 32], step + 7, &inner);
-            let e = mlp_forward(&eager.valid(), x.clone()).into_data();
+            let own = mlp_forward(&graphed.module().valid(), x.clone()).into_data();
             let g = graphed.valid().forward(x).expect("eval call").into_data();
             let comparison =
-                TensorComparison::new(format!("eval after step {step}"), &e, &g, tolerance);
+                TensorComparison::new(format!("eval after step {step}"), &own, &g, tolerance);
             assert!(comparison.passed(), "{comparison:?}");
             figures.evals += 1;
         }
@@ -169,7 +193,8 @@ pub fn soak(
             let eager_params = param_values(&eager);
             for ((_, e), (_, g)) in eager_params.iter().zip(&param_values(&graphed)) {
                 let comparison =
-                    TensorComparison::new(format!("param after step {step}"), e, g, tolerance);
+                    TensorComparison::new(format!("param after step {step}"), e, g, drift);
+                figures.max_drift = figures.max_drift.max(comparison.max_abs);
                 assert!(comparison.passed(), "{comparison:?}");
             }
             graphed = graphed.map(&mut Overwrite {
@@ -213,6 +238,23 @@ pub fn soak(
         "live allocations grew after {settle} steps: {figures:?}"
     );
     Some(figures)
+}
+
+/// How far the graphed and the eager model's parameters may drift apart between two
+/// checkpoints of [`soak`]: the device's tolerance where both run the same kernels; on CUDA,
+/// where f32 products may round to TF32 in one path and not the other, 5% of the tensor's
+/// largest value (a wrong or stale parameter differs by the size of the update itself at
+/// every step; the per-step checks of `soak` are the tight ones).
+pub fn drift_tolerance(device: &Device) -> Tolerance {
+    let tolerance = tolerance_for(device);
+    if tolerance.norm_rel > 0.0 {
+        Tolerance {
+            norm_rel: 5e-2,
+            ..tolerance
+        }
+    } else {
+        tolerance
+    }
 }
 
 /// Adam, as most training uses.

@@ -55,13 +55,16 @@ use burn_graphed::{Graphed, GraphedConfig, GraphedError, TensorGroup};
 /// - [`Tolerance::exact`]: where both paths run the same kernels (wgpu: measured bitwise).
 /// - [`Tolerance::default`] (`abs` 1e-6, `rel` 1e-5, 4 ulps): room for a reduction whose order
 ///   a fused or captured kernel changes, element by element.
-/// - [`Tolerance::tensor_cores`] (adds `norm_rel` 4e-3): where f32 matrix products may run on
+/// - [`Tolerance::tensor_cores`] (adds `norm_rel` 1e-2): where f32 matrix products may run on
 ///   TF32 tensor cores in one path and not the other. On CUDA, burn's matmul autotuner times
 ///   candidate kernels, some of which round f32 operands to TF32 (10-bit mantissa, unit
-///   roundoff 2^-11 ≈ 4.9e-4); the kernel recorded in a graph can differ from the one a later
-///   eager call picks. Measured on an H100: a gradient element off by 3.4e-3 of its value and
-///   7.3e-6 in absolute terms, at step 0, from identical parameters and inputs. 4e-3 of the
-///   tensor's largest value allows about eight such roundings.
+///   roundoff u = 2^-11 ≈ 4.9e-4); the kernel recorded in a graph can differ from the one a
+///   later eager call picks. A TF32 dot product is off by up to about 2u·Σ|aᵢbᵢ|, which is
+///   2u·κ of its value where the sum cancels (κ = Σ|aᵢbᵢ| / |Σaᵢbᵢ|). Measured on an H100: a
+///   gradient element off by 3.4e-3 of its value at step 0 from identical parameters and
+///   inputs; behind a width-1 layer (the gradient of the whole batch flows through one column)
+///   6.6e-3 of the value of a one-element bias gradient (κ ≈ 7). 1e-2 of the tensor's largest
+///   value accepts κ up to about 10; a stale buffer or a wrong parameter is off by O(1).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerance {
     /// Absolute error allowed.
@@ -100,7 +103,7 @@ impl Tolerance {
     /// tensor cores in one path and not the other (see the type's docs).
     pub fn tensor_cores() -> Self {
         Self {
-            norm_rel: 4e-3,
+            norm_rel: 1e-2,
             ..Self::default()
         }
     }
@@ -520,11 +523,11 @@ mod tests {
 
     #[test]
     fn norm_bound_scales_with_the_largest_value() {
-        // 1e-3 off a small element: too much for the element-wise bounds, within 4e-3 of a
-        // tensor whose largest value is 1.
+        // 1e-3 off a small element: too much for the element-wise bounds, within 1e-2 of a
+        // tensor whose largest value is 1, not of one whose largest value is 0.05.
         assert!(!Tolerance::default().accepts(0.002, 0.003, 1.0));
         assert!(Tolerance::tensor_cores().accepts(0.002, 0.003, 1.0));
-        assert!(!Tolerance::tensor_cores().accepts(0.002, 0.003, 0.1));
+        assert!(!Tolerance::tensor_cores().accepts(0.002, 0.003, 0.05));
     }
 
     #[test]
