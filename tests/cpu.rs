@@ -46,6 +46,9 @@ on_devices! {
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
     graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
+    capture_failures_are_recovered => |d| scenarios::recovery::capture_failures_are_recovered(d, false);
+    backward_twice_matches_eager => scenarios::recovery::backward_twice_matches_eager;
+    dropping_the_model_before_backward => scenarios::recovery::dropping_the_model_before_backward;
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

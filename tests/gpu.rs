@@ -134,6 +134,21 @@ fn graph_dropout_matches_eager() {
 }
 
 #[test]
+fn capture_failures_are_recovered() {
+    scenarios::recovery::capture_failures_are_recovered(&cuda(), true);
+}
+
+#[test]
+fn backward_twice_matches_eager() {
+    scenarios::recovery::backward_twice_matches_eager(&cuda());
+}
+
+#[test]
+fn dropping_the_model_before_backward() {
+    scenarios::recovery::dropping_the_model_before_backward(&cuda());
+}
+
+#[test]
 fn other_thread_runs_eagerly() {
     scenarios::robust::other_thread_runs_eagerly(&cuda());
 }

@@ -7,6 +7,7 @@ pub mod facts;
 pub mod group;
 pub mod prop;
 pub mod random;
+pub mod recovery;
 pub mod robust;
 
 use burn::module::Module;

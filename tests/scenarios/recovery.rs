@@ -1,0 +1,255 @@
+//! Failed captures and unusual call sequences: each leaves the module as it was and the device
+//! usable (eager training and a new capture still give the eager results).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn_graphed::{Graphed, GraphedConfig, GraphedError};
+use burn_graphed_testkit::{TensorComparison, deep_copy, grad_values, param_values};
+
+use super::{
+    Mlp, TwoHeads, assert_params_unchanged, batch, mlp_forward, mlp_training_matches_eager,
+    square_mean, supports_graphs, tolerance_for, two_heads_forward,
+};
+
+/// What every failed capture must leave behind: `module` with the parameters it had
+/// (`before`), and a device on which eager training and a new capture still agree.
+fn assert_recovered<M: Module>(device: &Device, module: &M, before: &M) {
+    assert_params_unchanged(module, &param_values(before));
+    mlp_training_matches_eager(device, 3);
+}
+
+/// Scales the MLP's output by the number of positive inputs: `argwhere` has a data-dependent
+/// shape, which burn computes by reading the mask on the host, an operation no graph can hold.
+fn argwhere_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    let count = x.clone().greater_elem(0.0).argwhere().dims()[0];
+    m.forward(x).mul_scalar(count as f32)
+}
+
+static GROWING_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Adds a product of a temporary that is larger on every call than on any call before (times
+/// zero): each call, the recording's included, needs memory that the warm-up did not leave.
+fn growing_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    let calls = GROWING_CALLS.fetch_add(1, Ordering::Relaxed) + 1;
+    let big = x.clone().repeat_dim(0, 4096 * calls);
+    let gram = big.clone().transpose().matmul(big);
+    m.forward(x) + gram.sum().reshape([1, 1]).mul_scalar(0.0)
+}
+
+/// Captures that fail in each place a capture can fail are recovered:
+/// - an unsupported op in the forward (`argwhere` reads the device on the host): refused
+///   (`Capture` where the backend refuses the read, `ReplayDiffers` where the recorded graph
+///   would replay a stale count);
+/// - an allocation that the warm-up did not cover, inside the forward recording: CUDA ends the
+///   capture with an error (`must_fail`); a backend that can allocate while recording may
+///   capture, and the graph must then be right;
+/// - an error inside the backward recording (an input that requires grad but gets none,
+///   found while the backward is being recorded).
+pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+
+    // Unsupported op.
+    let model = Mlp::new(16, 2, 4, &device);
+    let before = deep_copy(&model);
+    let error = Graphed::new(
+        model.clone(),
+        argwhere_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect_err("argwhere cannot be graphed");
+    assert!(
+        matches!(
+            error,
+            GraphedError::Capture { .. } | GraphedError::ReplayDiffers { .. }
+        ),
+        "argwhere: {error}"
+    );
+    println!("argwhere refused: {error}");
+    assert_recovered(&device, &model, &before);
+
+    // Allocation growth inside the recording.
+    let model = Mlp::new(16, 2, 4, &device);
+    let before = deep_copy(&model);
+    let config = GraphedConfig::new().with_max_warmup_iters(4);
+    match Graphed::new(
+        model.clone(),
+        growing_forward,
+        batch([8, 16], 0, &device),
+        &config,
+    ) {
+        Err(error @ GraphedError::Capture { .. }) => println!("growth refused: {error}"),
+        Err(other) => panic!("allocation growth: expected a capture error, got {other}"),
+        Ok(_) if must_fail => panic!("an allocation inside the recording went unnoticed"),
+        Ok(graphed) => {
+            // The graph holds the temporary of the recording's size; every replay must still
+            // give the eager result.
+            for step in 1..3 {
+                let x = batch([8, 16], step, &device);
+                let expected = mlp_forward(graphed.module(), x.clone()).into_data();
+                let got = graphed.forward(x).expect("graphed call");
+                let _ = square_mean(got.clone()).backward();
+                let comparison = TensorComparison::new(
+                    format!("growing step {step}"),
+                    &expected,
+                    &got.into_data(),
+                    tolerance_for(&device),
+                );
+                assert!(comparison.passed(), "{comparison:?}");
+            }
+            println!("this backend allocates inside a recording: captured, replays right");
+        }
+    }
+    assert_recovered(&device, &model, &before);
+
+    // Error inside the backward recording.
+    let model = TwoHeads::new(&device);
+    let before = deep_copy(&model);
+    let sample = (
+        batch([4, 16], 0, &device),
+        batch([4, 8], 0, &device),
+        batch([4, 3], 0, &device).require_grad(),
+    );
+    let error = Graphed::new(
+        model.clone(),
+        two_heads_forward,
+        sample,
+        &GraphedConfig::new(),
+    )
+    .expect_err("the third input is unused");
+    assert_eq!(error, GraphedError::UnusedInput { index: 2 });
+    assert_recovered(&device, &model, &before);
+}
+
+/// `backward()` twice on one loss behaves as in eager training: burn consumes the autodiff
+/// tape on the first call and panics on the second ("graph tape has already been consumed";
+/// burn has no `retain_graph`), graphed alike; the graphed model is not left waiting for a
+/// backward, so the next steps replay and equal eager ones.
+pub fn backward_twice_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let eager = deep_copy(&model);
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let tolerance = tolerance_for(&device);
+    let second_backward = |loss: &Tensor<1>| {
+        let loss = loss.clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _ = loss.backward();
+        }))
+        .map_err(|panic| {
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        })
+    };
+    for step in 1..4 {
+        let x = batch([8, 16], step, &device);
+        let eager_loss = square_mean(mlp_forward(&eager, x.clone()));
+        let graphed_loss = square_mean(graphed.forward(x).expect("graphed call"));
+        let e = GradientsParams::from_grads(eager_loss.backward(), &eager);
+        let g = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
+        assert_grads_match(
+            &format!("step {step}"),
+            (&eager, &e),
+            (&graphed, &g),
+            tolerance,
+        );
+        if step == 1 {
+            let eager_again = second_backward(&eager_loss);
+            let graphed_again = second_backward(&graphed_loss);
+            let eager_message = eager_again.expect_err("burn refuses a second backward");
+            let graphed_message = graphed_again.expect_err("graphed: a second backward too");
+            assert!(
+                eager_message.contains("already been consumed")
+                    && graphed_message.contains("already been consumed"),
+                "eager: {eager_message}; graphed: {graphed_message}"
+            );
+        }
+    }
+    if supports_graphs(&device) {
+        let stats = graphed.stats();
+        assert_eq!(stats.forward_replays, 3, "{stats:?}");
+        assert_eq!(stats.backward_replays, 3, "{stats:?}");
+    }
+}
+
+/// Dropping the graphed model between a call and its backward: the autodiff node holds the
+/// graphs and buffers, so the backward still replays and its gradients equal eager ones.
+pub fn dropping_the_model_before_backward(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let eager = deep_copy(&model);
+    let graphed = Graphed::new(
+        model.clone(),
+        mlp_forward,
+        batch([8, 16], 0, &device).require_grad(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let x = batch([8, 16], 1, &device).require_grad();
+    let loss = square_mean(graphed.forward(x.clone()).expect("graphed call"));
+    drop(graphed);
+    let grads = loss.backward();
+    let x_eager = batch([8, 16], 1, &device).require_grad();
+    let eager_grads = square_mean(mlp_forward(&eager, x_eager.clone())).backward();
+    let tolerance = tolerance_for(&device);
+    let input = TensorComparison::new(
+        "input gradient after drop",
+        &x_eager
+            .grad(&eager_grads)
+            .expect("eager input grad")
+            .into_data(),
+        &x.grad(&grads).expect("graphed input grad").into_data(),
+        tolerance,
+    );
+    assert!(input.passed(), "{input:?}");
+    let e = GradientsParams::from_grads(eager_grads, &eager);
+    let g = GradientsParams::from_grads(grads, &model);
+    assert_eq!(
+        g.len(),
+        param_values(&model).len(),
+        "every parameter has a gradient"
+    );
+    assert_grads_match("after drop", (&eager, &e), (&model, &g), tolerance);
+}
+
+/// Every parameter gradient of the graphed model equals the eager one (or both are missing).
+fn assert_grads_match<E: Module, G: Module>(
+    what: &str,
+    (eager, eager_grads): (&E, &GradientsParams),
+    (graphed, graphed_grads): (&G, &GradientsParams),
+    tolerance: burn_graphed_testkit::Tolerance,
+) {
+    let e = grad_values(eager, eager_grads);
+    let g = grad_values(graphed, graphed_grads);
+    assert_eq!(e.len(), g.len(), "{what}: parameter count");
+    for (index, (e, g)) in e.iter().zip(&g).enumerate() {
+        let name = format!("{what}, param {index}");
+        match (e, g) {
+            (Some(e), Some(g)) => {
+                let c = TensorComparison::new(name, e, g, tolerance);
+                assert!(c.passed(), "{c:?}");
+            }
+            (None, None) => {}
+            _ => panic!(
+                "{name}: eager gradient {}, graphed {}",
+                e.is_some(),
+                g.is_some()
+            ),
+        }
+    }
+}
