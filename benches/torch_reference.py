@@ -103,6 +103,7 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--modes", default="eager,graphed")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.
@@ -111,7 +112,8 @@ def main():
     torch.manual_seed(0)
     for key in args.models.split(","):
         for mode in ("eager", "graphed"):
-            run(key, mode, dtype, args.steps, args.reps)
+            if mode in args.modes.split(","):
+                run(key, mode, dtype, args.steps, args.reps)
 
 
 if __name__ == "__main__":

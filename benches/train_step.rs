@@ -6,7 +6,10 @@
 //!
 //! ```text
 //! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
+//!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy]
 //! ```
+//!
+//! `--modes` picks the runs (default all four); `run.sh profile` uses it to trace one mode.
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -107,6 +110,7 @@ struct Options {
     dtype: String,
     steps: usize,
     reps: usize,
+    modes: Vec<String>,
 }
 
 fn options() -> Options {
@@ -115,6 +119,7 @@ fn options() -> Options {
             .map(String::from)
             .to_vec(),
         dtype: "f32".into(),
+        modes: MODES.iter().map(|m| m.label().to_string()).collect(),
         steps: 50,
         reps: 30,
     };
@@ -127,6 +132,15 @@ fn options() -> Options {
             "--dtype" => options.dtype = value,
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
+            "--modes" => {
+                options.modes = value.split(',').map(String::from).collect();
+                for mode in &options.modes {
+                    assert!(
+                        MODES.iter().any(|m| m.label() == mode),
+                        "unknown mode {mode}"
+                    );
+                }
+            }
             // libtest passes `--bench` to bench targets; nothing to do.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -157,6 +171,14 @@ struct Case<M, I, O> {
     loss: fn(O) -> Tensor<1>,
     input: fn(&Device) -> I,
 }
+
+/// Every run, in the order they are timed.
+const MODES: [Mode; 4] = [
+    Mode::Eager,
+    Mode::Graphed(FaultInjection::None),
+    Mode::Graphed(FaultInjection::SkipInputCopy),
+    Mode::Graphed(FaultInjection::SkipParamCopy),
+];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -252,13 +274,10 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
-    for mode in [
-        Mode::Eager,
-        Mode::Graphed(FaultInjection::None),
-        Mode::Graphed(FaultInjection::SkipInputCopy),
-        Mode::Graphed(FaultInjection::SkipParamCopy),
-    ] {
-        run(&case, mode, device, options).print();
+    for mode in MODES {
+        if options.modes.iter().any(|m| m == mode.label()) {
+            run(&case, mode, device, options).print();
+        }
     }
 }
 

@@ -45,6 +45,9 @@ on_devices! {
     other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
     graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
+    other_threads_keep_their_draws => scenarios::random::other_threads_keep_their_draws;
+    device_rng_draws_uniform_and_normal => scenarios::random::device_rng_draws_uniform_and_normal;
+    graphed_noise_matches_eager => |d| scenarios::random::graphed_noise_matches_eager(d, 4);
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
     capture_failures_are_recovered => |d| scenarios::recovery::capture_failures_are_recovered(d, false);
     backward_twice_matches_eager => scenarios::recovery::backward_twice_matches_eager;

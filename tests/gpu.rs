@@ -134,6 +134,21 @@ fn graph_dropout_matches_eager() {
 }
 
 #[test]
+fn device_rng_draws_uniform_and_normal() {
+    scenarios::random::device_rng_draws_uniform_and_normal(&cuda());
+}
+
+#[test]
+fn graphed_noise_matches_eager() {
+    scenarios::random::graphed_noise_matches_eager(&cuda(), 20);
+}
+
+#[test]
+fn other_threads_keep_their_draws() {
+    scenarios::random::other_threads_keep_their_draws(&cuda());
+}
+
+#[test]
 fn capture_failures_are_recovered() {
     scenarios::recovery::capture_failures_are_recovered(&cuda(), true);
 }

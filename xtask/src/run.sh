@@ -8,6 +8,10 @@
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
 #                          arguments go to both sides (e.g. --models mlp,cnn --reps 15)
+#   bash run.sh profile    trace the eager and the graphed f32 step loops of both sides with
+#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
+#                          Nsight Compute where nsys is missing; extra arguments go to both sides
+#                          (default: --models mlp --steps 50 --reps 4)
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
@@ -76,6 +80,38 @@ case "$mode" in
     done
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
     ;;
+  profile)
+    bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
+    shift
+    args=("$@")
+    [ ${#args[@]} -eq 0 ] && args=(--models mlp --steps 50 --reps 4)
+    dest="${OUT:-$work}"
+    for d in /usr/local/cuda/bin /opt/nvidia/nsight-systems/*/bin /opt/nvidia/nsight-compute/* /usr/local/cuda/nsight-systems*/bin; do
+      [ -d "$d" ] && PATH="$PATH:$d"
+    done
+    for mode in eager graphed; do
+      if command -v nsys >/dev/null 2>&1; then
+        for side in burn torch; do
+          if [ "$side" = burn ]; then cmd=("$bin"); else cmd=(python3 "$here/torch_reference.py"); fi
+          nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true \
+            -o "$work/${side}_$mode" "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
+            > "$dest/${side}_$mode.jsonl" 2>"$dest/${side}_$mode.err"
+          nsys stats --report cuda_gpu_kern_sum,cuda_api_sum --format csv \
+            --output "$dest/${side}_$mode" "$work/${side}_$mode.nsys-rep" >/dev/null 2>&1
+        done
+      elif command -v ncu >/dev/null 2>&1; then
+        for side in burn torch; do
+          if [ "$side" = burn ]; then cmd=("$bin"); else cmd=(python3 "$here/torch_reference.py"); fi
+          ncu --graph-profiling graph --metrics gpu__time_duration.sum --csv \
+            "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
+            > "$dest/${side}_$mode.ncu.csv" 2>"$dest/${side}_$mode.err"
+        done
+      else
+        echo "run.sh profile: neither nsys nor ncu found"; exit 1
+      fi
+    done
+    ls -la "$dest"
+    ;;
   *)
-    echo "usage: run.sh [tests|demo|bench]"; exit 2;;
+    echo "usage: run.sh [tests|demo|bench|profile]"; exit 2;;
 esac

@@ -67,7 +67,7 @@ pub use config::{FaultInjection, GraphedConfig, MismatchPolicy, OutputPolicy};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
 pub use group::{Callable, CallableGroup, make_graphed_callables};
-pub use rng::{DeviceRng, GraphDropout, reference_mask};
+pub use rng::{DeviceRng, GraphDropout, reference_mask, reference_normal, reference_uniform};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
 pub use tensors::{FlatTensor, TensorGroup};
