@@ -45,7 +45,7 @@ on_devices! {
     other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
     graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
-    other_threads_keep_their_draws => scenarios::random::other_threads_keep_their_draws;
+    other_threads_keep_their_draws => |d| scenarios::random::other_threads_keep_their_draws(d, true);
     device_rng_draws_uniform_and_normal => scenarios::random::device_rng_draws_uniform_and_normal;
     graphed_noise_matches_eager => |d| scenarios::random::graphed_noise_matches_eager(d, 4);
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;

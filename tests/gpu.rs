@@ -145,7 +145,7 @@ fn graphed_noise_matches_eager() {
 
 #[test]
 fn other_threads_keep_their_draws() {
-    scenarios::random::other_threads_keep_their_draws(&cuda());
+    scenarios::random::other_threads_keep_their_draws(&cuda(), false);
 }
 
 #[test]

@@ -10,8 +10,9 @@
 #                          arguments go to both sides (e.g. --models mlp,cnn --reps 15)
 #   bash run.sh profile    trace the eager and the graphed f32 step loops of both sides with
 #                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
-#                          Nsight Compute where nsys is missing; extra arguments go to both sides
-#                          (default: --models mlp --steps 50 --reps 4)
+#                          Nsight Compute where nsys is missing (kernels PROFILE_SKIP=3000 to
+#                          +PROFILE_COUNT=300, i.e. the steady state); extra arguments go to
+#                          both sides (default: --models mlp --steps 50 --reps 4)
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
@@ -103,6 +104,7 @@ case "$mode" in
         for side in burn torch; do
           if [ "$side" = burn ]; then cmd=("$bin"); else cmd=(python3 "$here/torch_reference.py"); fi
           ncu --graph-profiling graph --metrics gpu__time_duration.sum --csv \
+            --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_COUNT:-300}" \
             "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.ncu.csv" 2>"$dest/${side}_$mode.err"
         done

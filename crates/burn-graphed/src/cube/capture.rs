@@ -106,12 +106,25 @@ impl<'a> Recording<'a> {
 
     fn stop(mut self, phase: CapturePhase) -> Result<burn::backend::DispatchGraph, GraphedError> {
         self.open = false;
-        Dispatch::graph_stop_capture(self.device).map_err(|error| GraphedError::Capture {
-            phase,
-            reason: error.to_string(),
+        Dispatch::graph_stop_capture(self.device).map_err(|error| {
+            let mut reason = error.to_string();
+            if reason.contains("CAPTURE_INVALIDATED") {
+                reason.push_str(INVALIDATED_HINT);
+            }
+            GraphedError::Capture { phase, reason }
         })
     }
 }
+
+/// Appended to a recording that the driver invalidated.
+///
+/// cubecl 0.11 records CUDA graphs in global capture mode: while a recording is open, an
+/// operation that another thread issues on the device and that is not allowed during a
+/// capture (a synchronization, a read) fails there (status 900) and invalidates the recording.
+/// Measured on an H100 (`other_threads_keep_their_draws`).
+const INVALIDATED_HINT: &str = " (CUDA records graphs in global capture mode: a read or \
+synchronization that another thread issued on the device during the recording invalidates it, \
+and fails on that thread; keep other threads off the device while capturing, then retry)";
 
 impl Drop for Recording<'_> {
     fn drop(&mut self) {
