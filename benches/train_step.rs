@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
-//!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy]
+//!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static]
 //! ```
 //!
-//! `--modes` picks the runs (default all four); `run.sh profile` uses it to trace one mode.
+//! `--modes` picks the runs (default the first four); `run.sh profile` uses it to trace one
+//! mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies).
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -35,7 +36,7 @@ use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
-use burn_graphed::{FaultInjection, Graphed, GraphedConfig, TensorGroup};
+use burn_graphed::{FaultInjection, Graphed, GraphedConfig, OutputPolicy, TensorGroup};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -119,7 +120,7 @@ fn options() -> Options {
             .map(String::from)
             .to_vec(),
         dtype: "f32".into(),
-        modes: MODES.iter().map(|m| m.label().to_string()).collect(),
+        modes: MODES[..4].iter().map(|m| m.label().to_string()).collect(),
         steps: 50,
         reps: 30,
     };
@@ -172,18 +173,22 @@ struct Case<M, I, O> {
     input: fn(&Device) -> I,
 }
 
-/// Every run, in the order they are timed.
-const MODES: [Mode; 4] = [
+/// Every run, in the order they are timed (`GraphedStatic` only when asked for by `--modes`).
+const MODES: [Mode; 5] = [
     Mode::Eager,
     Mode::Graphed(FaultInjection::None),
     Mode::Graphed(FaultInjection::SkipInputCopy),
     Mode::Graphed(FaultInjection::SkipParamCopy),
+    Mode::GraphedStatic,
 ];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Eager,
     Graphed(FaultInjection),
+    /// `OutputPolicy::Static`: outputs and gradients handed out as the static buffers (no
+    /// hand-out copies), as PyTorch does.
+    GraphedStatic,
 }
 
 impl Mode {
@@ -193,6 +198,7 @@ impl Mode {
             Mode::Graphed(FaultInjection::None) => "graphed",
             Mode::Graphed(FaultInjection::SkipInputCopy) => "graphed_no_input_copy",
             Mode::Graphed(FaultInjection::SkipParamCopy) => "graphed_no_param_copy",
+            Mode::GraphedStatic => "graphed_static",
         }
     }
 }
@@ -219,8 +225,11 @@ where
             };
             time(device, options, &mut step)
         }
-        Mode::Graphed(fault) => {
-            let config = GraphedConfig::new().with_fault(fault);
+        Mode::Graphed(_) | Mode::GraphedStatic => {
+            let config = match mode {
+                Mode::Graphed(fault) => GraphedConfig::new().with_fault(fault),
+                _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
+            };
             let mut model =
                 Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
             let mut step = |i: usize| {
