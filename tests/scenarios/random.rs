@@ -92,8 +92,13 @@ pub fn graph_dropout_matches_eager(device: &Device, steps: usize) {
     for window in patterns.windows(2) {
         assert_ne!(window[0], window[1], "two steps dropped the same elements");
     }
-    if supports_graphs(&device) {
-        let stats = graphed.stats();
+    assert_every_step_replayed(&device, &graphed.stats(), steps);
+}
+
+/// Where the device records graphs: every one of `steps` calls replayed both graphs, none
+/// fell back.
+fn assert_every_step_replayed(device: &Device, stats: &burn_graphed::GraphStats, steps: usize) {
+    if supports_graphs(device) {
         assert_eq!(
             (stats.forward_replays, stats.backward_replays),
             (steps as u64, steps as u64),
@@ -318,15 +323,7 @@ pub fn graphed_noise_matches_eager(device: &Device, steps: usize) {
             bias(linear_eager, &ge),
         );
     }
-    if supports_graphs(&device) {
-        let stats = graphed.stats();
-        assert_eq!(
-            (stats.forward_replays, stats.backward_replays),
-            (steps as u64, steps as u64),
-            "{stats:?}"
-        );
-        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
-    }
+    assert_every_step_replayed(&device, &graphed.stats(), steps);
 }
 
 /// Captures restore only the generators the capturing thread drew from: a generator another
