@@ -383,6 +383,54 @@ pub fn grad_values<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option
     reader.1
 }
 
+/// Compares every parameter gradient of `graphed` with `eager`'s, in visiting order: one
+/// comparison per parameter named `"{what} grad param {index}"`, and a failing one where only
+/// one of the two has a gradient (both without one is fine) or where the two modules have
+/// different numbers of parameters.
+pub fn compare_grads<E: Module, G: Module>(
+    what: &str,
+    (eager, eager_grads): (&E, &GradientsParams),
+    (graphed, graphed_grads): (&G, &GradientsParams),
+    tolerance: Tolerance,
+) -> Vec<TensorComparison> {
+    let e_grads = grad_values(eager, eager_grads);
+    let g_grads = grad_values(graphed, graphed_grads);
+    let failed = |name: String| TensorComparison {
+        name,
+        len: 0,
+        max_abs: f64::INFINITY,
+        max_rel: f64::INFINITY,
+        max_ulps: u64::MAX,
+        first_mismatch: Some(0),
+        shape_mismatch: true,
+    };
+    let mut comparisons: Vec<TensorComparison> = e_grads
+        .iter()
+        .zip(&g_grads)
+        .enumerate()
+        .filter_map(|(index, pair)| match pair {
+            (Some(e), Some(g)) => Some(TensorComparison::new(
+                format!("{what} grad param {index}"),
+                e,
+                g,
+                tolerance,
+            )),
+            (None, None) => None,
+            _ => Some(failed(format!(
+                "{what} grad param {index}: present in one run only"
+            ))),
+        })
+        .collect();
+    if e_grads.len() != g_grads.len() {
+        comparisons.push(failed(format!(
+            "{what} grads: {} parameters eager, {} graphed",
+            e_grads.len(),
+            g_grads.len()
+        )));
+    }
+    comparisons
+}
+
 /// Trains `comparison.model` eagerly and, from identical parameters, a graphed copy, on the same
 /// batches, and compares each step's outputs, loss, every parameter gradient and every parameter
 /// after the optimizer step.
@@ -448,28 +496,12 @@ where
         ));
         let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
         let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
-        let e_grads = grad_values(&eager, &eager_grads);
-        let g_grads = grad_values(&graphed, &graphed_grads);
-        for (index, (e, g)) in e_grads.iter().zip(&g_grads).enumerate() {
-            match (e, g) {
-                (Some(e), Some(g)) => tensors.push(TensorComparison::new(
-                    format!("step {step} grad param {index}"),
-                    e,
-                    g,
-                    tolerance,
-                )),
-                (None, None) => {}
-                _ => tensors.push(TensorComparison {
-                    name: format!("step {step} grad param {index}: present in one run only"),
-                    len: 0,
-                    max_abs: f64::INFINITY,
-                    max_rel: f64::INFINITY,
-                    max_ulps: u64::MAX,
-                    first_mismatch: Some(0),
-                    shape_mismatch: true,
-                }),
-            }
-        }
+        tensors.extend(compare_grads(
+            &format!("step {step}"),
+            (&eager, &eager_grads),
+            (&graphed, &graphed_grads),
+            tolerance,
+        ));
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
         for (index, ((_, e), (_, g))) in param_values(&eager)
