@@ -212,7 +212,7 @@ pub fn eval_mode_falls_back(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let sample = batch([8, 16], 0, &device);
-    let graphed = Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture");
+    let graphed = capture_mlp(model, sample);
     let valid = graphed.valid();
     let x = batch([8, 16], 1, &device.clone().inner());
     let expected = valid.module().forward(x.clone()).into_data();
@@ -242,13 +242,7 @@ pub fn inner_device_inputs_replay(device: &Device) {
     let model = Mlp::new(16, 1, 4, &device);
     let eager = burn_graphed_testkit::deep_copy(&model);
     let inner = device.clone().inner();
-    let graphed = Graphed::new(
-        model,
-        mlp_forward,
-        batch([8, 16], 0, &inner),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(model, batch([8, 16], 0, &inner));
     let x = batch([8, 16], 1, &inner);
     let loss_g = square_mean(graphed.forward(x.clone()).expect("call"));
     let loss_e = square_mean(eager.forward(x));
@@ -325,13 +319,7 @@ pub fn second_call_before_backward_is_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
     let eager = burn_graphed_testkit::deep_copy(&model);
-    let graphed = Graphed::new(
-        model,
-        mlp_forward,
-        batch([8, 16], 0, &device),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let a = batch([8, 16], 1, &device);
     let b = batch([8, 16], 2, &device);
     let loss_g = square_mean(graphed.forward(a.clone()).unwrap())
@@ -400,6 +388,11 @@ pub fn assert_params_unchanged<M: Module>(
     for ((_, a), (_, b)) in now.iter().zip(before) {
         a.assert_eq(b, true);
     }
+}
+
+/// `model` graphed with `mlp_forward` and the default configuration, captured on `sample`.
+pub fn capture_mlp(model: Mlp, sample: Tensor<2>) -> Graphed<Mlp, Tensor<2>, Tensor<2>> {
+    Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture")
 }
 
 /// Whether `device` records graphs (cubecl backend).

@@ -7,11 +7,11 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_graphed::{Graphed, GraphedConfig, GraphedError};
-use burn_graphed_testkit::{TensorComparison, deep_copy, grad_values, param_values};
+use burn_graphed_testkit::{TensorComparison, compare_grads, deep_copy, param_values};
 
 use super::{
-    Mlp, TwoHeads, assert_params_unchanged, batch, mlp_forward, mlp_training_matches_eager,
-    square_mean, supports_graphs, tolerance_for, two_heads_forward,
+    Mlp, TwoHeads, assert_params_unchanged, batch, capture_mlp, mlp_forward,
+    mlp_training_matches_eager, square_mean, supports_graphs, tolerance_for, two_heads_forward,
 };
 
 /// What every failed capture must leave behind: `module` with the parameters it had
@@ -135,13 +135,7 @@ pub fn backward_twice_matches_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let eager = deep_copy(&model);
-    let graphed = Graphed::new(
-        model,
-        mlp_forward,
-        batch([8, 16], 0, &device),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let tolerance = tolerance_for(&device);
     let second_backward = |loss: &Tensor<1>| {
         let loss = loss.clone();
@@ -193,13 +187,7 @@ pub fn dropping_the_model_before_backward(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let eager = deep_copy(&model);
-    let graphed = Graphed::new(
-        model.clone(),
-        mlp_forward,
-        batch([8, 16], 0, &device).require_grad(),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(model.clone(), batch([8, 16], 0, &device).require_grad());
     let x = batch([8, 16], 1, &device).require_grad();
     let loss = square_mean(graphed.forward(x.clone()).expect("graphed call"));
     drop(graphed);
@@ -230,26 +218,11 @@ pub fn dropping_the_model_before_backward(device: &Device) {
 /// Every parameter gradient of the graphed model equals the eager one (or both are missing).
 fn assert_grads_match<E: Module, G: Module>(
     what: &str,
-    (eager, eager_grads): (&E, &GradientsParams),
-    (graphed, graphed_grads): (&G, &GradientsParams),
+    eager: (&E, &GradientsParams),
+    graphed: (&G, &GradientsParams),
     tolerance: burn_graphed_testkit::Tolerance,
 ) {
-    let e = grad_values(eager, eager_grads);
-    let g = grad_values(graphed, graphed_grads);
-    assert_eq!(e.len(), g.len(), "{what}: parameter count");
-    for (index, (e, g)) in e.iter().zip(&g).enumerate() {
-        let name = format!("{what}, param {index}");
-        match (e, g) {
-            (Some(e), Some(g)) => {
-                let c = TensorComparison::new(name, e, g, tolerance);
-                assert!(c.passed(), "{c:?}");
-            }
-            (None, None) => {}
-            _ => panic!(
-                "{name}: eager gradient {}, graphed {}",
-                e.is_some(),
-                g.is_some()
-            ),
-        }
+    for comparison in compare_grads(what, eager, graphed, tolerance) {
+        assert!(comparison.passed(), "{comparison:?}");
     }
 }

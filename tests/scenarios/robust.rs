@@ -14,7 +14,7 @@ use burn_graphed_testkit::{
     TensorComparison, Tolerance, TrainingComparison, compare_training, deep_copy, param_values,
 };
 
-use super::{Mlp, batch, mlp_forward, square_mean, supports_graphs, tolerance_for};
+use super::{Mlp, batch, capture_mlp, mlp_forward, square_mean, supports_graphs, tolerance_for};
 
 /// Batch sizes that change from step to step (as the last batch of an epoch does, more often):
 /// with `max_graphs` 2 the shape cache captures each new size, evicts the least recently used
@@ -360,13 +360,7 @@ pub fn other_thread_runs_eagerly(device: &Device) {
     if !supports_graphs(&device) {
         return;
     }
-    let graphed = Graphed::new(
-        Mlp::new(16, 1, 4, &device),
-        mlp_forward,
-        batch([8, 16], 0, &device),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(Mlp::new(16, 1, 4, &device), batch([8, 16], 0, &device));
     let other = graphed.clone();
     let thread_device = device.clone();
     let from_thread = std::thread::spawn(move || {
@@ -396,13 +390,7 @@ pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
     let before = param_values(&model);
-    let graphed = Graphed::new(
-        model,
-        mlp_forward,
-        batch([8, 16], 0, &device),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let foreign = batch([8, 16], 0, &other.clone().autodiff());
     match graphed.forward(foreign) {
         Err(burn_graphed::GraphedError::InputDevice {
