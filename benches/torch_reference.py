@@ -4,6 +4,7 @@ torch.cuda.make_graphed_callables. Prints one JSON line per row (same fields as 
 
     python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
+                                       [--modes eager,graphed,eager_fused_adam,graphed_fused_adam]
 
 A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4), a new input batch every step
 (rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
@@ -76,9 +77,12 @@ def run(key, mode, dtype, steps, reps):
     before = torch.cuda.memory_reserved()
     model = make().cuda().to(dtype)
     inputs = [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
-    if mode == "graphed":
+    if mode.startswith("graphed"):
         model = torch.cuda.make_graphed_callables(model, (inputs[0].clone(),))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # `*_fused_adam`: PyTorch's fused Adam (one kernel launch for all parameters), the
+    # counterpart of burn_graphed::FusedAdam; otherwise the default (foreach) Adam.
+    fused = mode.endswith("fused_adam")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused or None)
 
     def step(i):
         y = model(inputs[i % 4])
@@ -103,7 +107,7 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--modes", default="eager,graphed")
+    parser.add_argument("--modes", default="eager,graphed,eager_fused_adam,graphed_fused_adam")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.
@@ -111,7 +115,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     for key in args.models.split(","):
-        for mode in ("eager", "graphed"):
+        for mode in ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam"):
             if mode in args.modes.split(","):
                 run(key, mode, dtype, args.steps, args.reps)
 

@@ -6,11 +6,13 @@
 //!
 //! ```text
 //! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
-//!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static]
+//!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
+//!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam]
 //! ```
 //!
-//! `--modes` picks the runs (default the first four); `run.sh profile` uses it to trace one
-//! mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies).
+//! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
+//! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
+//! the `*_fused_adam` modes train with `burn_graphed::FusedAdam` instead of burn's `Adam`.
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -36,7 +38,9 @@ use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
-use burn_graphed::{FaultInjection, Graphed, GraphedConfig, OutputPolicy, TensorGroup};
+use burn_graphed::{
+    FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy, TensorGroup,
+};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -120,7 +124,11 @@ fn options() -> Options {
             .map(String::from)
             .to_vec(),
         dtype: "f32".into(),
-        modes: MODES[..4].iter().map(|m| m.label().to_string()).collect(),
+        modes: MODES[..4]
+            .iter()
+            .chain(&MODES[5..])
+            .map(|m| m.label().to_string())
+            .collect(),
         steps: 50,
         reps: 30,
     };
@@ -173,32 +181,58 @@ struct Case<M, I, O> {
     input: fn(&Device) -> I,
 }
 
-/// Every run, in the order they are timed (`GraphedStatic` only when asked for by `--modes`).
-const MODES: [Mode; 5] = [
-    Mode::Eager,
-    Mode::Graphed(FaultInjection::None),
-    Mode::Graphed(FaultInjection::SkipInputCopy),
-    Mode::Graphed(FaultInjection::SkipParamCopy),
-    Mode::GraphedStatic,
+/// Every run, in the order they are timed (the default is the first four and the last two).
+const MODES: [Mode; 8] = [
+    Mode::Eager(Optim::Adam),
+    Mode::Graphed(FaultInjection::None, Optim::Adam),
+    Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
+    Mode::Graphed(FaultInjection::SkipParamCopy, Optim::Adam),
+    Mode::GraphedStatic(Optim::Adam),
+    Mode::Eager(Optim::FusedAdam),
+    Mode::Graphed(FaultInjection::None, Optim::FusedAdam),
+    Mode::GraphedStatic(Optim::FusedAdam),
 ];
+
+/// The optimizer of a run: burn's `Adam`, or `burn_graphed::FusedAdam` (one kernel per
+/// parameter, updating the graphs' parameter buffers in place).
+#[derive(Clone, Copy, PartialEq)]
+enum Optim {
+    Adam,
+    FusedAdam,
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
-    Eager,
-    Graphed(FaultInjection),
+    Eager(Optim),
+    Graphed(FaultInjection, Optim),
     /// `OutputPolicy::Static`: outputs and gradients handed out as the static buffers (no
     /// hand-out copies), as PyTorch does.
-    GraphedStatic,
+    GraphedStatic(Optim),
 }
 
 impl Mode {
     fn label(self) -> &'static str {
+        use FaultInjection::{None, SkipInputCopy, SkipParamCopy};
+        use Optim::{Adam, FusedAdam};
         match self {
-            Mode::Eager => "eager",
-            Mode::Graphed(FaultInjection::None) => "graphed",
-            Mode::Graphed(FaultInjection::SkipInputCopy) => "graphed_no_input_copy",
-            Mode::Graphed(FaultInjection::SkipParamCopy) => "graphed_no_param_copy",
-            Mode::GraphedStatic => "graphed_static",
+            Mode::Eager(Adam) => "eager",
+            Mode::Graphed(None, Adam) => "graphed",
+            Mode::Graphed(SkipInputCopy, _) => "graphed_no_input_copy",
+            Mode::Graphed(SkipParamCopy, _) => "graphed_no_param_copy",
+            Mode::GraphedStatic(Adam) => "graphed_static",
+            Mode::Eager(FusedAdam) => "eager_fused_adam",
+            Mode::Graphed(_, FusedAdam) => "graphed_fused_adam",
+            Mode::GraphedStatic(FusedAdam) => "graphed_static_fused_adam",
+        }
+    }
+
+    fn optimizer(self) -> ModuleOptimizer {
+        let optim = match self {
+            Mode::Eager(optim) | Mode::Graphed(_, optim) | Mode::GraphedStatic(optim) => optim,
+        };
+        match optim {
+            Optim::Adam => AdamConfig::new().init(),
+            Optim::FusedAdam => FusedAdamConfig::new().init(),
         }
     }
 }
@@ -214,35 +248,42 @@ where
     let before = reserved(device);
     let model = (case.make)(device);
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device)).collect();
-    let mut optimizer: ModuleOptimizer = AdamConfig::new().init();
+    let mut optimizer = mode.optimizer();
+    // The model moves through the optimizer (`model = optim.step(lr, model, grads)`, no
+    // clone), as in a training loop: a clone would keep the old parameters alive during the
+    // step, and `FusedAdam` could then not update the graphs' buffers in place.
     let per_step = match mode {
-        Mode::Eager => {
-            let mut model = model;
+        Mode::Eager(_) => {
+            let mut model = Some(model);
             let mut step = |i: usize| {
-                let loss = (case.loss)((case.call)(&model, inputs[i % inputs.len()].clone()));
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optimizer.step(1e-4, model.clone(), grads);
+                let Some(current) = model.take() else { return };
+                let loss = (case.loss)((case.call)(&current, inputs[i % inputs.len()].clone()));
+                let grads = GradientsParams::from_grads(loss.backward(), &current);
+                model = Some(optimizer.step(1e-4, current, grads));
             };
             time(device, options, &mut step)
         }
-        Mode::Graphed(_) | Mode::GraphedStatic => {
+        Mode::Graphed(..) | Mode::GraphedStatic(_) => {
             let config = match mode {
-                Mode::Graphed(fault) => GraphedConfig::new().with_fault(fault),
+                Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
                 _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
             };
-            let mut model =
+            let graphed =
                 Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
+            let mut model = Some(graphed);
             let mut step = |i: usize| {
-                let out = model
+                let Some(current) = model.take() else { return };
+                let out = current
                     .forward(inputs[i % inputs.len()].clone())
                     .expect("graphed call");
                 let loss = (case.loss)(out);
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optimizer.step(1e-4, model.clone(), grads);
+                let grads = GradientsParams::from_grads(loss.backward(), &current);
+                model = Some(optimizer.step(1e-4, current, grads));
             };
             let per_step = time(device, options, &mut step);
-            let stats = model.stats();
+            let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
             assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+            eprintln!("# {} {}: {stats:?}", case.name, mode.label());
             per_step
         }
     };

@@ -52,6 +52,9 @@ on_devices! {
     capture_failures_are_recovered => |d| scenarios::recovery::capture_failures_are_recovered(d, false);
     backward_twice_matches_eager => scenarios::recovery::backward_twice_matches_eager;
     dropping_the_model_before_backward => scenarios::recovery::dropping_the_model_before_backward;
+    fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;
+    graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
+    fused_adam_keeps_snapshots => scenarios::optim::fused_adam_keeps_snapshots;
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -164,6 +164,21 @@ fn dropping_the_model_before_backward() {
 }
 
 #[test]
+fn fused_adam_matches_adam() {
+    scenarios::optim::fused_adam_matches_adam(&cuda());
+}
+
+#[test]
+fn graphed_fused_adam_matches_eager() {
+    scenarios::optim::graphed_fused_adam_matches_eager(&cuda(), 20);
+}
+
+#[test]
+fn fused_adam_keeps_snapshots() {
+    scenarios::optim::fused_adam_keeps_snapshots(&cuda());
+}
+
+#[test]
 fn other_thread_runs_eagerly() {
     scenarios::robust::other_thread_runs_eagerly(&cuda());
 }

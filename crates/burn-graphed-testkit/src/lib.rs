@@ -448,6 +448,27 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
+    let graphed_optimizer = comparison.optimizer.clone();
+    compare_training_with_optimizer(comparison, graphed_optimizer)
+}
+
+/// [`compare_training`], with `graphed_optimizer` training the graphed model instead of a
+/// clone of `comparison.optimizer` (which trains the eager one): e.g. burn's `Adam` eagerly
+/// against [`burn_graphed::FusedAdam`] on the graphed model.
+///
+/// # Errors
+///
+/// As [`compare_training`].
+pub fn compare_training_with_optimizer<M, I, O>(
+    comparison: TrainingComparison<'_, M, I, O>,
+    graphed_optimizer: ModuleOptimizer,
+) -> Result<EquivalenceReport, HarnessError>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let mut graphed_optimizer = graphed_optimizer;
     let TrainingComparison {
         model,
         call,
@@ -460,8 +481,7 @@ where
         tolerance,
     } = comparison;
     let mut eager = deep_copy(&model);
-    let mut eager_optimizer = optimizer.clone();
-    let mut graphed_optimizer = optimizer;
+    let mut eager_optimizer = optimizer;
     let sample = batch(usize::MAX);
     let mut graphed = Graphed::new(model, call, sample, &graphed)?;
     let mut tensors = Vec::new();

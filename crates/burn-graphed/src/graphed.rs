@@ -390,6 +390,9 @@ where
                 None => return self.eager(flat, FallbackReason::Unsupported),
             }
         }
+        if !session.params_writable(&param_tensors) {
+            return self.eager(flat, FallbackReason::ParamBufferAliased);
+        }
         let Some(route) = flat
             .iter()
             .map(|t| &t.tensor)

@@ -34,6 +34,12 @@ pub enum FallbackReason {
     /// backward has not run yet (e.g. a chained callable given another tensor than the previous
     /// callable's output while that callable's backward is pending).
     SharedBufferBusy,
+    /// A parameter changed since the last replay, and its static buffer may not take the new
+    /// values: [`FusedAdam`](crate::FusedAdam) updated that buffer in place and handed it out as
+    /// the parameter, and user code still holds that parameter tensor (typically a clone of the
+    /// module kept as a snapshot, whose values must not change). Calls replay again once that
+    /// clone is dropped.
+    ParamBufferAliased,
     /// The call came from another thread than the capture (graphs replay on the capturing
     /// thread's stream only).
     OtherThread,
@@ -50,6 +56,9 @@ impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FallbackReason::Unsupported => f.write_str("backend cannot capture graphs"),
+            FallbackReason::ParamBufferAliased => {
+                f.write_str("a parameter buffer is still held by a clone of the module")
+            }
             FallbackReason::NoAutodiff => f.write_str("inputs not on an autodiff device"),
             FallbackReason::ModeChanged => {
                 f.write_str("train/eval mode or parameter require_grad differs from capture")

@@ -37,6 +37,11 @@ pub(crate) struct StaticBuffer {
     /// in-place kernel only reuses the buffer of a tensor nobody holds anymore, under a new
     /// id), so the same id again means the same contents, already here.
     contents: Mutex<Option<TensorId>>,
+    /// A clone of the tensor over this very buffer that [`FusedAdam`](crate::FusedAdam) handed
+    /// out as a module parameter after updating the buffer in place. Kept to learn whether user
+    /// code still holds that tensor (a clone of the module): then the buffer may not be written,
+    /// because that tensor would change value.
+    handed_out: Mutex<Option<FusedTensor>>,
 }
 
 impl StaticBuffer {
@@ -45,6 +50,7 @@ impl StaticBuffer {
         Self {
             fused,
             contents: Mutex::new(None),
+            handed_out: Mutex::new(None),
         }
     }
 
@@ -84,6 +90,36 @@ impl StaticBuffer {
     pub fn overwrite_from(&self, source: &FusedTensor) -> FusedTensor {
         *self.contents() = None;
         <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
+    }
+
+    /// Whether the buffer holds the values of the tensor with id `id`.
+    pub fn holds(&self, id: TensorId) -> bool {
+        *self.contents() == Some(id) || self.fused.id == id
+    }
+
+    /// Whether the buffer may be written: no tensor over it that user code still holds. Forgets
+    /// the handed-out tensor (see [`hand_over`](Self::hand_over)) once only this record holds
+    /// it.
+    pub fn release_alias(&self) -> bool {
+        use burn::backend::TensorMetadata;
+        let mut handed_out = crate::lock(&self.handed_out);
+        match &*handed_out {
+            None => true,
+            // Fusion's own test for an in-place write: nobody else holds the tensor.
+            Some(tensor) if tensor.can_mut() => {
+                *handed_out = None;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Records that `tensor`, a tensor over this buffer just written in place, is handed to
+    /// user code: the buffer holds its values, and may not be written again while user code
+    /// holds it ([`release_alias`](Self::release_alias)).
+    pub fn hand_over(&self, tensor: &FusedTensor) {
+        *self.contents() = Some(tensor.id);
+        *crate::lock(&self.handed_out) = Some(tensor.clone());
     }
 
     /// Records that a graph just wrote the buffer and `handed_out` (a copy of it, or `None`)

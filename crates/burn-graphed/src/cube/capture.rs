@@ -695,7 +695,7 @@ fn capture_locked(
             phase: CapturePhase::Forward,
             reason: "no forward graph was recorded".into(),
         })?;
-        sessions.push(Arc::new(Session {
+        let session = Arc::new(Session {
             forward,
             backward,
             device: cube_device.clone(),
@@ -713,8 +713,11 @@ fn capture_locked(
             fault: config.fault,
             group: links.clone(),
             member: index,
+            thread: std::thread::current().id(),
             state: Mutex::new(SessionState::default()),
-        }));
+        });
+        super::session::register(&session);
+        sessions.push(session);
     }
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
     let reserved_after = reserved_bytes(dispatch);

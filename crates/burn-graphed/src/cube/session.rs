@@ -38,7 +38,38 @@ pub(crate) struct Session {
     /// The group this callable was captured in, and its position there.
     pub group: Arc<GroupLinks>,
     pub member: usize,
+    /// The capturing thread: the graphs replay on its stream.
+    pub thread: std::thread::ThreadId,
     pub state: Mutex<SessionState>,
+}
+
+/// Every live session, for [`param_buffer_holding`]: the fused optimizer looks up the static
+/// parameter buffer that holds a parameter's values, to update it in place.
+static LIVE: Mutex<Vec<Weak<Session>>> = Mutex::new(Vec::new());
+
+/// Makes `session`'s parameter buffers findable by [`param_buffer_holding`].
+pub(crate) fn register(session: &Arc<Session>) {
+    let mut live = crate::lock(&LIVE);
+    live.retain(|weak| weak.strong_count() > 0);
+    live.push(Arc::downgrade(session));
+}
+
+/// The session and parameter slot whose static buffer holds the values of the tensor `id`,
+/// where the buffer may be updated in place now: captured on this thread (its graphs replay on
+/// this thread's stream) and with no backward pending (a pending backward graph still reads the
+/// parameter's current values).
+pub(crate) fn param_buffer_holding(
+    id: burn::backend::ir::TensorId,
+) -> Option<(Arc<Session>, usize)> {
+    let live: Vec<Arc<Session>> = crate::lock(&LIVE)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    live.into_iter().find_map(|session| {
+        let index = session.params.iter().position(|b| b.holds(id))?;
+        (session.thread == std::thread::current().id() && !session.backward_pending())
+            .then_some((session, index))
+    })
 }
 
 /// What the callables of one group know of each other: which ones share buffers, and which
@@ -146,6 +177,16 @@ impl Session {
                     .map(|b| b.bytes()),
             );
         inputs.chain(grad_outputs).chain(owned).sum()
+    }
+
+    /// Whether the parameter buffers that `params` would have to be copied into are free to be
+    /// written (see [`StaticBuffer::release_alias`]); `false` when a tensor over one of them,
+    /// handed out by the fused optimizer, is still held by user code (a clone of the module).
+    pub fn params_writable(&self, params: &[FusedTensor]) -> bool {
+        self.params
+            .iter()
+            .zip(params)
+            .all(|(buffer, param)| !buffer.needs_copy(param) || buffer.release_alias())
     }
 
     /// Copies the call's inputs and parameters into the static buffers where they are not

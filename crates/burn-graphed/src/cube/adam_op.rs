@@ -1,0 +1,410 @@
+//! One Adam update of one parameter as one kernel: reads the parameter, its gradient and the
+//! two moments, writes the new moments to new buffers and the new parameter either to a new
+//! buffer or into the parameter's own buffer (a graph's static parameter buffer, see
+//! `crate::optim`). Burn's `Adam` computes the same with about fifteen tensor operations per
+//! parameter, each registered with fusion on the host; this is one registration and one launch.
+//!
+//! The arithmetic is burn-optim 0.22's, operation for operation (`decay.rs`, `adam.rs`):
+//! `g += p * penalty`, `m = m * b1 + g * (1 - b1)`, `v = v * b2 + g * g * (1 - b2)`,
+//! `p -= (m * c) / (sqrt(v) + eps * s) * lr` with `s = sqrt(1 - b2^t)` and `c = s / (1 - b1^t)`,
+//! the factors computed on the host in `f32` as burn does. Compilers may contract a multiply
+//! and an add into one rounding, so results agree to rounding, not bit for bit.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, backend_extension};
+use burn::optim::{AdamState, AdaptiveMomentumState, LearningRate};
+use burn::tensor::Tensor;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use crate::optim::FusedAdam;
+
+/// Threads per cube of the update kernel.
+const CUBE_THREADS: u32 = 256;
+
+/// The host-side factors of one Adam update (all `f32`, computed as burn-optim computes them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AdamFactors {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay `b1`.
+    pub beta_1: f32,
+    /// `1 - b1`.
+    pub one_minus_beta_1: f32,
+    /// Second-moment decay `b2`.
+    pub beta_2: f32,
+    /// `1 - b2`.
+    pub one_minus_beta_2: f32,
+    /// `sqrt(1 - b2^t) / (1 - b1^t)`.
+    pub combined: f32,
+    /// `eps * sqrt(1 - b2^t)`.
+    pub epsilon: f32,
+    /// L2 penalty of weight decay (0 without; the kernel skips the term then).
+    pub penalty: f32,
+}
+
+/// The factors as kernel arguments (captured by value in a graph, like any launch argument).
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+struct Factors {
+    lr: f32,
+    beta_1: f32,
+    one_minus_beta_1: f32,
+    beta_2: f32,
+    one_minus_beta_2: f32,
+    combined: f32,
+    epsilon: f32,
+    penalty: f32,
+}
+
+/// Element `i` of the update: writes the new moments, returns the new parameter value.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn adam_element(
+    i: usize,
+    param: f32,
+    grad: &[f32],
+    moment_1: &[f32],
+    moment_2: &[f32],
+    new_moment_1: &mut [f32],
+    new_moment_2: &mut [f32],
+    factors: Factors,
+    #[comptime] decay: bool,
+) -> f32 {
+    let mut g = grad[i];
+    if decay {
+        g += param * factors.penalty;
+    }
+    let m = moment_1[i] * factors.beta_1 + g * factors.one_minus_beta_1;
+    let v = moment_2[i] * factors.beta_2 + (g * g) * factors.one_minus_beta_2;
+    new_moment_1[i] = m;
+    new_moment_2[i] = v;
+    let update = (m * factors.combined) / (v.sqrt() + factors.epsilon);
+    param - update * factors.lr
+}
+
+/// The update writing the new parameter into a new buffer.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adam_to_new_kernel(
+    param: &[f32],
+    grad: &[f32],
+    moment_1: &[f32],
+    moment_2: &[f32],
+    new_param: &mut [f32],
+    new_moment_1: &mut [f32],
+    new_moment_2: &mut [f32],
+    factors: Factors,
+    #[comptime] decay: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < new_param.len() {
+        new_param[i] = adam_element(
+            i,
+            param[i],
+            grad,
+            moment_1,
+            moment_2,
+            new_moment_1,
+            new_moment_2,
+            factors,
+            decay,
+        );
+    }
+}
+
+/// The update writing the new parameter over the old one.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adam_in_place_kernel(
+    param: &mut [f32],
+    grad: &[f32],
+    moment_1: &[f32],
+    moment_2: &[f32],
+    new_moment_1: &mut [f32],
+    new_moment_2: &mut [f32],
+    factors: Factors,
+    #[comptime] decay: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < param.len() {
+        param[i] = adam_element(
+            i,
+            param[i],
+            grad,
+            moment_1,
+            moment_2,
+            new_moment_1,
+            new_moment_2,
+            factors,
+            decay,
+        );
+    }
+}
+
+/// The fused Adam update as a lazy fusion operation.
+#[backend_extension(Cube, Fusion)]
+pub(crate) trait FusedAdamOps: Backend {
+    /// One Adam update; returns the new parameter, first and second moments. With `in_place`
+    /// the new parameter is `param`'s own buffer (the caller made sure nobody else reads it);
+    /// otherwise every output is a new buffer. Shapes (all equal) and dtypes (f32) were checked
+    /// by the caller.
+    #[fusion(meta = |param, _grad, moment_1, moment_2, _lr, _b1, _b1c, _b2, _b2c, _combined, _eps, _penalty, _in_place| {
+        (param.clone(), moment_1.clone(), moment_2.clone())
+    })]
+    #[allow(clippy::too_many_arguments)]
+    fn fused_adam(
+        param: &FloatTensor<Self>,
+        grad: &FloatTensor<Self>,
+        moment_1: &FloatTensor<Self>,
+        moment_2: &FloatTensor<Self>,
+        lr: f32,
+        beta_1: f32,
+        one_minus_beta_1: f32,
+        beta_2: f32,
+        one_minus_beta_2: f32,
+        combined: f32,
+        epsilon: f32,
+        penalty: f32,
+        in_place: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// A contiguous, untiled version of `tensor` (the kernel indexes buffers linearly).
+fn linear(tensor: &CubeTensor) -> CubeTensor {
+    burn_cubecl::kernel::into_contiguous(tensor.clone())
+}
+
+fn new_like(tensor: &CubeTensor) -> CubeTensor {
+    burn_cubecl::ops::numeric::empty_device_dtype(
+        tensor.client.clone(),
+        tensor.device.clone(),
+        tensor.meta.shape().clone(),
+        tensor.dtype,
+    )
+}
+
+impl FusedAdamOps for CubeBackend {
+    fn fused_adam(
+        param: &CubeTensor,
+        grad: &CubeTensor,
+        moment_1: &CubeTensor,
+        moment_2: &CubeTensor,
+        lr: f32,
+        beta_1: f32,
+        one_minus_beta_1: f32,
+        beta_2: f32,
+        one_minus_beta_2: f32,
+        combined: f32,
+        epsilon: f32,
+        penalty: f32,
+        in_place: bool,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let factors = || {
+            FactorsLaunch::new(
+                lr,
+                beta_1,
+                one_minus_beta_1,
+                beta_2,
+                one_minus_beta_2,
+                combined,
+                epsilon,
+                penalty,
+            )
+        };
+        let client = param.client.clone();
+        let (grad, moment_1, moment_2) = (linear(grad), linear(moment_1), linear(moment_2));
+        let (new_moment_1, new_moment_2) = (new_like(&moment_1), new_like(&moment_2));
+        let elements: usize = param.meta.shape().iter().product();
+        let cubes = CubeCount::Static((elements as u32).div_ceil(CUBE_THREADS).max(1), 1, 1);
+        let dim = CubeDim::new_1d(CUBE_THREADS);
+        let decay = penalty != 0.0;
+        if in_place {
+            // SAFETY: `launch_unchecked` skips bounds checks. Every buffer bound here holds
+            // `elements` f32 values (same shape, f32, contiguous: checked by the caller and by
+            // `linear`; the static parameter buffers that are updated in place are contiguous
+            // allocations of their own); each thread reads and writes only index `i < elements`. `param` is the only buffer written in
+            // place and no other binding aliases it (the moments and the gradient are other
+            // tensors, the new moments fresh allocations).
+            unsafe {
+                adam_in_place_kernel::launch_unchecked(
+                    &client,
+                    cubes,
+                    dim,
+                    BufferArg::from_raw_parts(param.handle.clone(), elements),
+                    BufferArg::from_raw_parts(grad.handle.clone(), elements),
+                    BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
+                    BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
+                    BufferArg::from_raw_parts(new_moment_1.handle.clone(), elements),
+                    BufferArg::from_raw_parts(new_moment_2.handle.clone(), elements),
+                    factors(),
+                    decay,
+                );
+            }
+            return (param.clone(), new_moment_1, new_moment_2);
+        }
+        let param = linear(param);
+        let new_param = new_like(&param);
+        // SAFETY: as above; all seven tensor buffers are distinct (three inputs, four outputs
+        // freshly allocated here or by `linear`), each holding `elements` f32 values.
+        unsafe {
+            adam_to_new_kernel::launch_unchecked(
+                &client,
+                cubes,
+                dim,
+                BufferArg::from_raw_parts(param.handle.clone(), elements),
+                BufferArg::from_raw_parts(grad.handle.clone(), elements),
+                BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
+                BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
+                BufferArg::from_raw_parts(new_param.handle.clone(), elements),
+                BufferArg::from_raw_parts(new_moment_1.handle.clone(), elements),
+                BufferArg::from_raw_parts(new_moment_2.handle.clone(), elements),
+                factors(),
+                decay,
+            );
+        }
+        (new_param, new_moment_1, new_moment_2)
+    }
+}
+
+/// Queues one fused Adam update on burn's cubecl backend (see [`FusedAdamOps::fused_adam`]).
+pub(crate) fn fused_adam(
+    param: &FloatTensor<burn::backend::Cube>,
+    grad: &FloatTensor<burn::backend::Cube>,
+    moments: (
+        &FloatTensor<burn::backend::Cube>,
+        &FloatTensor<burn::backend::Cube>,
+    ),
+    factors: &AdamFactors,
+    in_place: bool,
+) -> (
+    FloatTensor<burn::backend::Cube>,
+    FloatTensor<burn::backend::Cube>,
+    FloatTensor<burn::backend::Cube>,
+) {
+    <burn::backend::Cube as FusedAdamOps>::fused_adam(
+        param,
+        grad,
+        moments.0,
+        moments.1,
+        factors.lr,
+        factors.beta_1,
+        factors.one_minus_beta_1,
+        factors.beta_2,
+        factors.one_minus_beta_2,
+        factors.combined,
+        factors.epsilon,
+        factors.penalty,
+        in_place,
+    )
+}
+
+/// The factors of step `time` (counted from 1), as burn-optim's `AdaptiveMomentum` computes
+/// them.
+fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> AdamFactors {
+    let time = time as i32;
+    let bias_correction2_sqrt = (1.0 - adam.beta_2.powi(time)).sqrt();
+    AdamFactors {
+        lr: lr as f32,
+        beta_1: adam.beta_1,
+        one_minus_beta_1: 1.0 - adam.beta_1,
+        beta_2: adam.beta_2,
+        one_minus_beta_2: 1.0 - adam.beta_2,
+        combined: bias_correction2_sqrt / (1.0 - adam.beta_1.powi(time)),
+        epsilon: adam.epsilon * bias_correction2_sqrt,
+        penalty: adam.penalty.unwrap_or(0.0),
+    }
+}
+
+/// What [`step`] hands back when it cannot fuse: the arguments, untouched.
+type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);
+
+/// One fused Adam step of one parameter, or the arguments back (`Err`) where the step cannot be
+/// fused: not on burn's cubecl backend, not all `f32`, AMSGrad, or shapes that differ.
+pub(crate) fn step<const D: usize>(
+    adam: &FusedAdam,
+    lr: LearningRate,
+    tensor: Tensor<D>,
+    grad: Tensor<D>,
+    state: Option<AdamState<D>>,
+) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
+    use burn::backend::Cube;
+    use burn::tensor::DType;
+
+    let shape = tensor.shape();
+    let moments_fit = state.as_ref().is_none_or(|state| {
+        let momentum = &state.momentum;
+        momentum.moment_1.shape() == shape
+            && momentum.moment_2.shape() == shape
+            && momentum.moment_1.dtype() == DType::F32
+            && momentum.moment_2.dtype() == DType::F32
+            && momentum.max_moment_2.is_none()
+    });
+    let fusable = adam.fusable
+        && moments_fit
+        && super::capture::supports_capture(&tensor.device())
+        && tensor.dtype() == DType::F32
+        && grad.dtype() == DType::F32
+        && grad.shape() == shape
+        && grad.device() == tensor.device();
+    if !fusable {
+        return Err(Box::new((tensor, grad, state)));
+    }
+    let primitive = |tensor: &Tensor<D>| tensor.clone().try_into_primitive::<Cube>().ok();
+    let device = tensor.device();
+    let (time, moments) = match &state {
+        Some(state) => (state.momentum.time + 1, None),
+        // Zero moments: `0 * b1 + g * (1 - b1)` is burn's first-step `g * (1 - b1)` exactly.
+        None => (
+            1,
+            Some((
+                Tensor::<D>::zeros(shape.clone(), &device),
+                Tensor::<D>::zeros(shape.clone(), &device),
+            )),
+        ),
+    };
+    let (moment_1, moment_2) = match (&state, &moments) {
+        (Some(state), _) => (
+            primitive(&state.momentum.moment_1),
+            primitive(&state.momentum.moment_2),
+        ),
+        (None, Some((zeros_1, zeros_2))) => (primitive(zeros_1), primitive(zeros_2)),
+        (None, None) => (None, None),
+    };
+    // Converted from clones, so that nothing is lost if one does not convert; the originals
+    // are dropped right after, and the clones are then the only holders again.
+    let (Some(param), Some(grad_primitive), Some(moment_1), Some(moment_2)) =
+        (primitive(&tensor), primitive(&grad), moment_1, moment_2)
+    else {
+        return Err(Box::new((tensor, grad, state)));
+    };
+    drop((tensor, grad, state, moments));
+    let grad = grad_primitive;
+    let factors = factors(adam, lr, time);
+    let (new_param, new_moment_1, new_moment_2) =
+        match super::session::param_buffer_holding(param.id) {
+            Some((session, index)) => {
+                let buffer = &session.params[index];
+                // The buffer holds the parameter's values; the parameter tensor itself is
+                // dropped first, so that it no longer counts as a holder of a tensor over
+                // the buffer.
+                drop(param);
+                let in_place = buffer.release_alias();
+                let updated = fused_adam(
+                    &buffer.fused,
+                    &grad,
+                    (&moment_1, &moment_2),
+                    &factors,
+                    in_place,
+                );
+                if in_place {
+                    buffer.hand_over(&updated.0);
+                }
+                updated
+            }
+            None => fused_adam(&param, &grad, (&moment_1, &moment_2), &factors, false),
+        };
+    let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
+    let momentum = AdaptiveMomentumState::new(time, wrap(new_moment_1), wrap(new_moment_2));
+    Ok((wrap(new_param), Some(AdamState::new(momentum))))
+}

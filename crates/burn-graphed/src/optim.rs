@@ -1,0 +1,130 @@
+//! [`FusedAdam`]: burn's Adam as one kernel per parameter, updating a graph's static parameter
+//! buffers in place (PyTorch's `Adam(fused=True)` on captured parameters).
+
+use burn::config::Config;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::grad_clipping::GradientClippingConfig;
+use burn::optim::{Adam, AdamConfig, AdamState, LearningRate, ModuleOptimizer, Optimizer};
+use burn::tensor::{Device, Tensor};
+
+/// Configuration of [`FusedAdam`]: the same fields and defaults as burn's
+/// [`AdamConfig`](burn::optim::AdamConfig).
+#[derive(Config, Debug)]
+pub struct FusedAdamConfig {
+    /// Decay of the first moment.
+    #[config(default = 0.9)]
+    pub beta_1: f32,
+    /// Decay of the second moment.
+    #[config(default = 0.999)]
+    pub beta_2: f32,
+    /// Added to the denominator for numerical stability.
+    #[config(default = 1e-5)]
+    pub epsilon: f32,
+    /// AMSGrad. Not fused: every step then runs burn's `Adam`.
+    #[config(default = false)]
+    pub amsgrad: bool,
+    /// L2 weight decay, as burn's `Adam` applies it (added to the gradient).
+    pub weight_decay: Option<WeightDecayConfig>,
+    /// Gradient clipping, applied by the [`ModuleOptimizer`] before the update.
+    pub grad_clipping: Option<GradientClippingConfig>,
+}
+
+impl FusedAdamConfig {
+    /// The per-parameter optimizer, for [`ModuleOptimizer::from`] or
+    /// [`ModuleOptimizer::with_group`].
+    pub fn build(&self) -> FusedAdam {
+        let mut reference = AdamConfig::new()
+            .with_beta_1(self.beta_1)
+            .with_beta_2(self.beta_2)
+            .with_epsilon(self.epsilon)
+            .with_amsgrad(self.amsgrad);
+        if let Some(decay) = &self.weight_decay {
+            reference = reference.with_weight_decay(Some(decay.clone()));
+        }
+        FusedAdam {
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            penalty: self.weight_decay.as_ref().map(|decay| decay.penalty),
+            fusable: !self.amsgrad,
+            reference: reference.build(),
+        }
+    }
+
+    /// The module optimizer, used exactly like the one [`AdamConfig::init`] returns:
+    /// `model = optim.step(lr, model, grads)`.
+    pub fn init(&self) -> ModuleOptimizer {
+        let optim = ModuleOptimizer::from(self.build());
+        match &self.grad_clipping {
+            Some(clipping) => optim.with_grad_clipping(clipping.init()),
+            None => optim,
+        }
+    }
+}
+
+/// Burn's Adam, computed by one kernel per parameter instead of about fifteen tensor
+/// operations, and writing into a graph's static parameter buffer in place where it can.
+///
+/// A drop-in replacement for burn's `Adam`: same update (to rounding: compilers may fuse a
+/// multiply and an add), same state type ([`AdamState`], so records load in either), same use
+/// through [`ModuleOptimizer`]. Create it with [`FusedAdamConfig::init`].
+///
+/// # In place, and only where nobody can tell
+///
+/// When a parameter's values are in the static buffer of a [`Graphed`](crate::Graphed) module
+/// (the forward replay copied them there, or the previous step wrote them there), the update
+/// is written into that buffer and the returned parameter is a tensor over it: the next
+/// replay needs no parameter copy. This happens only when no user tensor can observe the
+/// buffer change: the parameter tensor given to the step is not held anywhere else (fusion's
+/// own rule for in-place kernels), the graph's backward is not pending, and the step runs on
+/// the capturing thread. A clone of the module kept across a step (a snapshot) therefore keeps
+/// its values: the step then writes a new buffer, and the graphed module runs eagerly
+/// ([`FallbackReason::ParamBufferAliased`](crate::FallbackReason::ParamBufferAliased)) until
+/// the snapshot is dropped.
+///
+/// On other backends, other dtypes than `f32`, and with AMSGrad, every step runs burn's `Adam`.
+#[derive(Clone)]
+pub struct FusedAdam {
+    pub(crate) beta_1: f32,
+    pub(crate) beta_2: f32,
+    pub(crate) epsilon: f32,
+    pub(crate) penalty: Option<f32>,
+    pub(crate) fusable: bool,
+    reference: Adam,
+}
+
+impl std::fmt::Debug for FusedAdam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusedAdam")
+            .field("beta_1", &self.beta_1)
+            .field("beta_2", &self.beta_2)
+            .field("epsilon", &self.epsilon)
+            .field("penalty", &self.penalty)
+            .field("fusable", &self.fusable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Optimizer for FusedAdam {
+    type State<const D: usize> = AdamState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        #[cfg(feature = "cube")]
+        let (tensor, grad, state) = match crate::cube::adam_op::step(self, lr, tensor, grad, state)
+        {
+            Ok(updated) => return updated,
+            Err(unfused) => *unfused,
+        };
+        self.reference.step(lr, tensor, grad, state)
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        <Adam as Optimizer>::to_device(state, device)
+    }
+}

@@ -1,0 +1,146 @@
+//! `FusedAdam`: burn's Adam as one kernel per parameter, updating the graphs' static parameter
+//! buffers in place where no user tensor can observe it.
+
+use super::*;
+use burn::optim::decay::WeightDecayConfig;
+use burn_graphed::FusedAdamConfig;
+use burn_graphed_testkit::{TensorComparison, compare_training_with_optimizer, deep_copy};
+
+/// Compares every parameter of `a` and `b`, named `what`; panics on a mismatch.
+fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
+    let (a, b) = (param_values(a), param_values(b));
+    assert_eq!(a.len(), b.len(), "{what}: parameter counts");
+    for (index, ((_, a), (_, b))) in a.iter().zip(&b).enumerate() {
+        let comparison = TensorComparison::new(format!("{what} param {index}"), a, b, tolerance);
+        assert!(comparison.passed(), "{comparison}");
+    }
+}
+
+/// One eager step of `model` on `x` with `optim`.
+fn eager_step(model: Mlp, optim: &mut burn::optim::ModuleOptimizer, x: Tensor<2>, lr: f64) -> Mlp {
+    let loss = square_mean(model.forward(x));
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    optim.step(lr, model, grads)
+}
+
+/// Without graphs, `FusedAdam` updates parameters as burn's `Adam` does (to rounding), with and
+/// without weight decay, over several steps (the first step creates the moments).
+pub fn fused_adam_matches_adam(device: &Device) {
+    let device = device.clone().autodiff();
+    for decay in [None, Some(WeightDecayConfig::new(0.05))] {
+        let model = Mlp::new(16, 2, 4, &device);
+        let mut reference = deep_copy(&model);
+        let mut fused = model;
+        let mut adam = AdamConfig::new().with_weight_decay(decay.clone()).init();
+        let mut fused_adam = FusedAdamConfig::new().with_weight_decay(decay).init();
+        for step in 0..4 {
+            let x = batch([8, 16], step, &device);
+            reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
+            fused = eager_step(fused, &mut fused_adam, x, 1e-2);
+            assert_params_close(
+                &format!("step {step}"),
+                &reference,
+                &fused,
+                tolerance_for(&device),
+            );
+        }
+    }
+}
+
+/// Graphed training with `FusedAdam` equals eager training with burn's `Adam`: outputs, losses,
+/// gradients and parameters after every step. After the first step the optimizer writes the
+/// graphs' parameter buffers itself, so only the first call copies parameters.
+pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(32, 3, 8, &device);
+    let report = compare_training_with_optimizer(
+        TrainingComparison {
+            model,
+            call: mlp_forward,
+            optimizer: AdamConfig::new().init(),
+            learning_rate: 1e-2,
+            batch: &mut |step| batch([16, 32], step, &device),
+            loss: square_mean,
+            steps,
+            graphed: GraphedConfig::new(),
+            tolerance: tolerance_for(&device),
+        },
+        FusedAdamConfig::new().init(),
+    )
+    .expect("comparison runs");
+    println!("fused adam: {report}");
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
+        assert_eq!(
+            report.stats.param_copies, report.summary.params as u64,
+            "only the first call copies parameters: {report}"
+        );
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
+}
+
+/// A clone of the graphed module kept across optimizer steps (a snapshot) keeps its values:
+/// while it lives, the optimizer writes new buffers and calls run eagerly
+/// (`ParamBufferAliased`); once it is dropped, calls replay again. Training stays equal to
+/// eager throughout.
+pub fn fused_adam_keeps_snapshots(device: &Device) {
+    let device = device.clone().autodiff();
+    let lr = 1e-2;
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut eager = deep_copy(&model);
+    let mut graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let mut adam = AdamConfig::new().init();
+    let mut fused_adam = FusedAdamConfig::new().init();
+    let mut step = 0;
+    let mut train = |graphed: Graphed<Mlp, Tensor<2>, Tensor<2>>, eager: Mlp, steps: usize| {
+        let (mut graphed, mut eager) = (graphed, eager);
+        for _ in 0..steps {
+            let x = batch([8, 16], step, &device);
+            step += 1;
+            let loss = square_mean(graphed.forward(x.clone()).expect("call"));
+            let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+            graphed = fused_adam.step(lr, graphed, grads);
+            eager = eager_step(eager, &mut adam, x, lr);
+        }
+        (graphed, eager)
+    };
+    (graphed, eager) = train(graphed, eager, 2);
+    let snapshot = graphed.clone();
+    let frozen = param_values(&snapshot);
+    (graphed, eager) = train(graphed, eager, 3);
+    assert_params_unchanged(&snapshot, &frozen);
+    assert_params_close("with a snapshot", &eager, &graphed, tolerance_for(&device));
+    let during = graphed.stats();
+    drop(snapshot);
+    (graphed, eager) = train(graphed, eager, 3);
+    assert_params_close(
+        "after the snapshot",
+        &eager,
+        &graphed,
+        tolerance_for(&device),
+    );
+    let after = graphed.stats();
+    if graphed.summary().graphed {
+        let aliased = |stats: &burn_graphed::GraphStats| {
+            stats
+                .fallbacks
+                .get(&FallbackReason::ParamBufferAliased)
+                .copied()
+                .unwrap_or(0)
+        };
+        // Step 3 updated into new buffers (the snapshot holds the graphs' buffers); the next
+        // two calls could not copy them in and ran eagerly.
+        assert_eq!(aliased(&during), 2, "{during:?}");
+        assert_eq!(during.forward_replays, 3, "{during:?}");
+        // Without the snapshot: one copy, then in place again.
+        assert_eq!(aliased(&after), 2, "{after:?}");
+        assert_eq!(after.forward_replays, 6, "{after:?}");
+        assert_eq!(
+            after.param_copies,
+            2 * graphed.summary().params as u64,
+            "{after:?}"
+        );
+    }
+}
