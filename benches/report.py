@@ -1,5 +1,11 @@
 """Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
-into BENCHMARKS.md's table and a PNG plot.
+into BENCHMARKS.md's tables and a PNG plot.
+
+The first table compares burn and torch with plain Adam (eager, graphed, copy costs, memory).
+When the results hold `*_fused_adam` modes, a second table ("Fused Adam:") follows it: burn
+graphed with Adam / FusedAdam / FusedAdam + OutputPolicy::Static against torch graphed with
+Adam / Adam(fused=True), the best burn graphed FusedAdam over torch graphed, and the eager
+numbers; the plot adds those graphed fused-Adam series.
 
     python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
 
@@ -25,10 +31,21 @@ def key(row):
     return (row["model"], row["dtype"])
 
 
-def table(rows):
+def group(rows):
+    # (model, dtype) -> {(framework, mode): row}, in first-seen order.
     by = OrderedDict()
     for row in rows:
         by.setdefault(key(row), {})[(row["framework"], row["mode"])] = row
+    return by
+
+
+def num(value, fmt, unit=""):
+    # A missing measurement (NaN) prints as n/a, not as a number.
+    return "n/a" if value != value else format(value, fmt) + unit
+
+
+def table(rows):
+    by = group(rows)
     out = [
         "| model | dtype | burn eager | burn graphed | torch eager | torch graphed "
         "| burn graphed / torch graphed | burn speedup | torch speedup "
@@ -55,10 +72,6 @@ def table(rows):
         te, tg = us("torch", "eager"), us("torch", "graphed")
         input_copy = bg - us("burn", "graphed_no_input_copy")
         param_copy = bg - us("burn", "graphed_no_param_copy")
-        def num(value, fmt, unit=""):
-            # A missing measurement (NaN) prints as n/a, not as a number.
-            return "n/a" if value != value else format(value, fmt) + unit
-
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'eager')} | {cell('burn', 'graphed')} "
             f"| {cell('torch', 'eager')} | {cell('torch', 'graphed')} | {num(bg / tg, '.2f')} "
@@ -66,6 +79,47 @@ def table(rows):
             f"| {num(input_copy, '.0f', ' us')} | {num(param_copy, '.0f', ' us')} "
             f"| {mem('burn', 'eager')} / {mem('burn', 'graphed')} "
             f"| {mem('torch', 'eager')} / {mem('torch', 'graphed')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def has_fused(rows):
+    return any(row["mode"].endswith("fused_adam") for row in rows)
+
+
+def fused_table(rows):
+    by = group(rows)
+    out = [
+        "| model | dtype | burn graphed (Adam) | burn graphed (FusedAdam) "
+        "| burn graphed static (FusedAdam) | torch graphed (Adam) | torch graphed (fused Adam) "
+        "| best burn graphed / torch graphed (Adam) | best burn graphed / torch graphed (fused) "
+        "| burn eager (Adam) | burn eager (FusedAdam) | torch eager (fused Adam) |",
+        "|" + " --- |" * 12,
+    ]
+    for (model, dtype), r in by.items():
+        def us(framework, mode):
+            row = r.get((framework, mode))
+            return row["median_us"] if row else float("nan")
+
+        def cell(framework, mode):
+            row = r.get((framework, mode))
+            if not row:
+                return "n/a"
+            return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+
+        # The faster of burn's two graphed FusedAdam variants; NaN only if both are missing
+        # (min() with a NaN would depend on argument order, so drop NaNs first).
+        fused = [v for v in (us("burn", "graphed_fused_adam"),
+                             us("burn", "graphed_static_fused_adam")) if v == v]
+        best = min(fused) if fused else float("nan")
+        tg, tgf = us("torch", "graphed"), us("torch", "graphed_fused_adam")
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'graphed')} "
+            f"| {cell('burn', 'graphed_fused_adam')} | {cell('burn', 'graphed_static_fused_adam')} "
+            f"| {cell('torch', 'graphed')} | {cell('torch', 'graphed_fused_adam')} "
+            f"| {num(best / tg, '.2f')} | {num(best / tgf, '.2f')} "
+            f"| {cell('burn', 'eager')} | {cell('burn', 'eager_fused_adam')} "
+            f"| {cell('torch', 'eager_fused_adam')} |"
         )
     return "\n".join(out) + "\n"
 
@@ -79,8 +133,18 @@ def plot(rows, device, path):
     keys = list(OrderedDict((key(r), None) for r in rows))
     series = [("burn", "eager"), ("burn", "graphed"), ("torch", "eager"), ("torch", "graphed")]
     colors = ["#f4a259", "#bc4b51", "#8cb369", "#5b8e7d"]
+    # The fused-Adam series only when the results have them.
+    present = {(r["framework"], r["mode"]) for r in rows}
+    for extra, color in [(("burn", "graphed_fused_adam"), "#6a4c93"),
+                         (("burn", "graphed_static_fused_adam"), "#1982c4"),
+                         (("torch", "graphed_fused_adam"), "#2b2d42")]:
+        if extra in present:
+            series.append(extra)
+            colors.append(color)
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    width = 0.2
+    # The bars of one (model, dtype) share 0.8 of the x unit, centred on the tick
+    # (4 series: width 0.2, offsets -1.5..1.5 widths, as before).
+    width = 0.8 / len(series)
     for i, ((framework, mode), color) in enumerate(zip(series, colors)):
         values, lows, highs = [], [], []
         for k in keys:
@@ -89,7 +153,7 @@ def plot(rows, device, path):
             values.append(row["median_us"] if row else 0)
             lows.append(row["median_us"] - row["p10_us"] if row else 0)
             highs.append(row["p90_us"] - row["median_us"] if row else 0)
-        xs = [j + (i - 1.5) * width for j in range(len(keys))]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
         ax.bar(xs, values, width, yerr=[lows, highs], label=f"{framework} {mode}", color=color)
     ax.set_xticks(range(len(keys)))
     # "transformer 2x256 s128 b8" -> "transformer 2x256 s128" / "b8" / dtype: labels that fit.
@@ -112,6 +176,8 @@ def main():
     args = parser.parse_args()
     rows, device = load(args.results)
     text = f"Device: {device}\n\n" + table(rows)
+    if has_fused(rows):
+        text += "\nFused Adam:\n\n" + fused_table(rows)
     if args.table:
         open(args.table, "w").write(text)
     print(text)
