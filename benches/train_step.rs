@@ -255,13 +255,25 @@ where
     let per_step = match mode {
         Mode::Eager(_) => {
             let mut model = Some(model);
+            let mut phases = Phases::default();
             let mut step = |i: usize| {
                 let Some(current) = model.take() else { return };
-                let loss = (case.loss)((case.call)(&current, inputs[i % inputs.len()].clone()));
-                let grads = GradientsParams::from_grads(loss.backward(), &current);
+                let mut clock = phases.start();
+                let out = (case.call)(&current, inputs[i % inputs.len()].clone());
+                clock.lap(0);
+                let loss = (case.loss)(out);
+                clock.lap(1);
+                let grads = loss.backward();
+                clock.lap(2);
+                let grads = GradientsParams::from_grads(grads, &current);
+                clock.lap(3);
                 model = Some(optimizer.step(1e-4, current, grads));
+                clock.lap(4);
+                phases.add(clock);
             };
-            time(device, options, &mut step)
+            let per_step = time(device, options, &mut step);
+            eprintln!("# {} {}: {phases}", case.name, mode.label());
+            per_step
         }
         Mode::Graphed(..) | Mode::GraphedStatic(_) => {
             let config = match mode {
@@ -271,19 +283,29 @@ where
             let graphed =
                 Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
             let mut model = Some(graphed);
+            let mut phases = Phases::default();
             let mut step = |i: usize| {
                 let Some(current) = model.take() else { return };
+                let mut clock = phases.start();
                 let out = current
                     .forward(inputs[i % inputs.len()].clone())
                     .expect("graphed call");
+                clock.lap(0);
                 let loss = (case.loss)(out);
-                let grads = GradientsParams::from_grads(loss.backward(), &current);
+                clock.lap(1);
+                let grads = loss.backward();
+                clock.lap(2);
+                let grads = GradientsParams::from_grads(grads, &current);
+                clock.lap(3);
                 model = Some(optimizer.step(1e-4, current, grads));
+                clock.lap(4);
+                phases.add(clock);
             };
             let per_step = time(device, options, &mut step);
             let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
             assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
             eprintln!("# {} {}: {stats:?}", case.name, mode.label());
+            eprintln!("# {} {}: {phases}", case.name, mode.label());
             per_step
         }
     };
@@ -297,6 +319,58 @@ where
         p10_us,
         p90_us,
         reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
+    }
+}
+
+/// Host time spent in each phase of a step (forward call, loss, `backward()`,
+/// `GradientsParams`, optimizer step), summed over every step run: where the host's time goes
+/// when a step is launch-bound. Not synchronized: a phase that waits for the device (a graph
+/// replay drains fusion's queue first) also shows that wait.
+#[derive(Default)]
+struct Phases {
+    total: [std::time::Duration; 5],
+    steps: u32,
+}
+
+/// The laps of one step.
+struct Clock {
+    last: Instant,
+    laps: [std::time::Duration; 5],
+}
+
+impl Clock {
+    fn lap(&mut self, phase: usize) {
+        let now = Instant::now();
+        self.laps[phase] += now - self.last;
+        self.last = now;
+    }
+}
+
+impl Phases {
+    fn start(&self) -> Clock {
+        Clock {
+            last: Instant::now(),
+            laps: Default::default(),
+        }
+    }
+
+    fn add(&mut self, clock: Clock) {
+        for (total, lap) in self.total.iter_mut().zip(clock.laps) {
+            *total += lap;
+        }
+        self.steps += 1;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = ["forward", "loss", "backward", "grads", "optimizer"];
+        write!(f, "host us per step:")?;
+        for (name, total) in names.iter().zip(self.total) {
+            let us = total.as_secs_f64() * 1e6 / f64::from(self.steps.max(1));
+            write!(f, " {name} {us:.0}")?;
+        }
+        Ok(())
     }
 }
 
