@@ -323,13 +323,15 @@ where
 }
 
 /// Host time spent in each phase of a step (forward call, loss, `backward()`,
-/// `GradientsParams`, optimizer step), summed over every step run: where the host's time goes
+/// `GradientsParams`, optimizer step), averaged over the timed steps: where the host's time goes
 /// when a step is launch-bound. Not synchronized: a phase that waits for the device (a graph
 /// replay drains fusion's queue first) also shows that wait.
 #[derive(Default)]
 struct Phases {
     total: [std::time::Duration; 5],
+    /// Steps counted (the warm-up's are not: they include kernel compilation).
     steps: u32,
+    seen: usize,
 }
 
 /// The laps of one step.
@@ -355,6 +357,10 @@ impl Phases {
     }
 
     fn add(&mut self, clock: Clock) {
+        self.seen += 1;
+        if self.seen <= WARM_UP {
+            return;
+        }
         for (total, lap) in self.total.iter_mut().zip(clock.laps) {
             *total += lap;
         }
@@ -374,9 +380,13 @@ impl std::fmt::Display for Phases {
     }
 }
 
-/// Warm-up (20 steps), then `reps` timed reps of `steps` steps; per-step microseconds per rep.
+/// Untimed steps before the timed reps.
+const WARM_UP: usize = 20;
+
+/// Warm-up ([`WARM_UP`] steps), then `reps` timed reps of `steps` steps; per-step microseconds
+/// per rep.
 fn time(device: &Device, options: &Options, step: &mut dyn FnMut(usize)) -> Vec<f64> {
-    for i in 0..20 {
+    for i in 0..WARM_UP {
         step(i);
     }
     device.sync().expect("sync");
