@@ -91,10 +91,11 @@ def fused_table(rows):
     by = group(rows)
     out = [
         "| model | dtype | burn graphed (Adam) | burn graphed (FusedAdam) "
-        "| burn graphed static (FusedAdam) | torch graphed (Adam) | torch graphed (fused Adam) "
+        "| burn graphed static (FusedAdam) | burn graphed guarded (FusedAdam) "
+        "| torch graphed (Adam) | torch graphed (fused Adam) "
         "| best burn graphed / torch graphed (Adam) | best burn graphed / torch graphed (fused) "
         "| burn eager (Adam) | burn eager (FusedAdam) | torch eager (fused Adam) |",
-        "|" + " --- |" * 12,
+        "|" + " --- |" * 13,
     ]
     for (model, dtype), r in by.items():
         def us(framework, mode):
@@ -107,15 +108,17 @@ def fused_table(rows):
                 return "n/a"
             return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
 
-        # The faster of burn's two graphed FusedAdam variants; NaN only if both are missing
+        # The fastest of burn's graphed FusedAdam variants; NaN only if all are missing
         # (min() with a NaN would depend on argument order, so drop NaNs first).
         fused = [v for v in (us("burn", "graphed_fused_adam"),
-                             us("burn", "graphed_static_fused_adam")) if v == v]
+                             us("burn", "graphed_static_fused_adam"),
+                             us("burn", "graphed_guarded_fused_adam")) if v == v]
         best = min(fused) if fused else float("nan")
         tg, tgf = us("torch", "graphed"), us("torch", "graphed_fused_adam")
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'graphed')} "
             f"| {cell('burn', 'graphed_fused_adam')} | {cell('burn', 'graphed_static_fused_adam')} "
+            f"| {cell('burn', 'graphed_guarded_fused_adam')} "
             f"| {cell('torch', 'graphed')} | {cell('torch', 'graphed_fused_adam')} "
             f"| {num(best / tg, '.2f')} | {num(best / tgf, '.2f')} "
             f"| {cell('burn', 'eager')} | {cell('burn', 'eager_fused_adam')} "
@@ -137,6 +140,7 @@ def plot(rows, device, path):
     present = {(r["framework"], r["mode"]) for r in rows}
     for extra, color in [(("burn", "graphed_fused_adam"), "#6a4c93"),
                          (("burn", "graphed_static_fused_adam"), "#1982c4"),
+                         (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
                          (("torch", "graphed_fused_adam"), "#2b2d42")]:
         if extra in present:
             series.append(extra)

@@ -7,12 +7,14 @@
 //! ```text
 //! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
-//!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam]
+//!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
+//!                     graphed_guarded_fused_adam]
 //! ```
 //!
 //! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
-//! the `*_fused_adam` modes train with `burn_graphed::FusedAdam` instead of burn's `Adam`.
+//! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
+//! with `burn_graphed::FusedAdam` instead of burn's `Adam`.
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -182,7 +184,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default is the first four and the last two).
-const MODES: [Mode; 8] = [
+const MODES: [Mode; 9] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -191,6 +193,7 @@ const MODES: [Mode; 8] = [
     Mode::Eager(Optim::FusedAdam),
     Mode::Graphed(FaultInjection::None, Optim::FusedAdam),
     Mode::GraphedStatic(Optim::FusedAdam),
+    Mode::GraphedGuarded(Optim::FusedAdam),
 ];
 
 /// The optimizer of a run: burn's `Adam`, or `burn_graphed::FusedAdam` (one kernel per
@@ -208,6 +211,9 @@ enum Mode {
     /// `OutputPolicy::Static`: outputs and gradients handed out as the static buffers (no
     /// hand-out copies), as PyTorch does.
     GraphedStatic(Optim),
+    /// `OutputPolicy::Guarded`: static buffers handed out, calls that would overwrite one
+    /// still held run eagerly (none in this loop).
+    GraphedGuarded(Optim),
 }
 
 impl Mode {
@@ -223,12 +229,17 @@ impl Mode {
             Mode::Eager(FusedAdam) => "eager_fused_adam",
             Mode::Graphed(_, FusedAdam) => "graphed_fused_adam",
             Mode::GraphedStatic(FusedAdam) => "graphed_static_fused_adam",
+            Mode::GraphedGuarded(Adam) => "graphed_guarded",
+            Mode::GraphedGuarded(FusedAdam) => "graphed_guarded_fused_adam",
         }
     }
 
     fn optimizer(self) -> ModuleOptimizer {
         let optim = match self {
-            Mode::Eager(optim) | Mode::Graphed(_, optim) | Mode::GraphedStatic(optim) => optim,
+            Mode::Eager(optim)
+            | Mode::Graphed(_, optim)
+            | Mode::GraphedStatic(optim)
+            | Mode::GraphedGuarded(optim) => optim,
         };
         match optim {
             Optim::Adam => AdamConfig::new().init(),
@@ -275,9 +286,10 @@ where
             eprintln!("# {} {}: {phases}", case.name, mode.label());
             per_step
         }
-        Mode::Graphed(..) | Mode::GraphedStatic(_) => {
+        Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => {
             let config = match mode {
                 Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
+                Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
                 _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
             };
             let graphed =

@@ -55,6 +55,8 @@ on_devices! {
     fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;
     graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
     fused_adam_keeps_snapshots => scenarios::optim::fused_adam_keeps_snapshots;
+    guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4);
+    guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -179,6 +179,16 @@ fn fused_adam_keeps_snapshots() {
 }
 
 #[test]
+fn guarded_training_matches_eager() {
+    scenarios::guarded::guarded_training_matches_eager(&cuda(), 20);
+}
+
+#[test]
+fn guarded_hand_outs_keep_their_values() {
+    scenarios::guarded::guarded_hand_outs_keep_their_values(&cuda());
+}
+
+#[test]
 fn other_thread_runs_eagerly() {
     scenarios::robust::other_thread_runs_eagerly(&cuda());
 }

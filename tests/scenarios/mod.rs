@@ -5,6 +5,7 @@
 
 pub mod facts;
 pub mod group;
+pub mod guarded;
 pub mod optim;
 pub mod prop;
 pub mod random;

@@ -7,7 +7,7 @@ use burn_graphed::FusedAdamConfig;
 use burn_graphed_testkit::{TensorComparison, compare_training_with_optimizer, deep_copy};
 
 /// Compares every parameter of `a` and `b`, named `what`; panics on a mismatch.
-fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
+pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
     let (a, b) = (param_values(a), param_values(b));
     assert_eq!(a.len(), b.len(), "{what}: parameter counts");
     for (index, ((_, a), (_, b))) in a.iter().zip(&b).enumerate() {

@@ -24,6 +24,14 @@ pub enum OutputPolicy {
     /// Hand out the static buffers themselves: no copy, but a tensor kept past the next call
     /// of the same callable shows that call's values (PyTorch's behaviour).
     Static,
+    /// Hand out the static buffers themselves, as `Static`, but never let a replay overwrite
+    /// one that user code still holds: a call made while an output or gradient of an earlier
+    /// replay is still alive runs eagerly
+    /// ([`FallbackReason::OutputStillHeld`](crate::FallbackReason::OutputStillHeld)). In the
+    /// usual loop (outputs feed the loss, gradients feed the optimizer, both are dropped
+    /// before the next step) nothing is held and every call replays without copies; a tensor
+    /// kept across steps keeps its value, at the price of eager calls while it lives.
+    Guarded,
 }
 
 /// Configuration of [`Graphed`](crate::Graphed).

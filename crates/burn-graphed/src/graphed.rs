@@ -390,6 +390,9 @@ where
                 None => return self.eager(flat, FallbackReason::Unsupported),
             }
         }
+        if session.hand_outs_held() {
+            return self.eager(flat, FallbackReason::OutputStillHeld);
+        }
         if !session.params_writable(&param_tensors) {
             return self.eager(flat, FallbackReason::ParamBufferAliased);
         }

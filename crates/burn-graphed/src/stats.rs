@@ -34,6 +34,10 @@ pub enum FallbackReason {
     /// backward has not run yet (e.g. a chained callable given another tensor than the previous
     /// callable's output while that callable's backward is pending).
     SharedBufferBusy,
+    /// Under [`OutputPolicy::Guarded`](crate::OutputPolicy::Guarded), an output or gradient
+    /// that an earlier replay handed out as its static buffer is still held by user code: a
+    /// replay would change its value.
+    OutputStillHeld,
     /// A parameter changed since the last replay, and its static buffer may not take the new
     /// values: [`FusedAdam`](crate::FusedAdam) updated that buffer in place and handed it out as
     /// the parameter, and user code still holds that parameter tensor (typically a clone of the
@@ -56,6 +60,9 @@ impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FallbackReason::Unsupported => f.write_str("backend cannot capture graphs"),
+            FallbackReason::OutputStillHeld => {
+                f.write_str("an output or gradient of an earlier replay is still held")
+            }
             FallbackReason::ParamBufferAliased => {
                 f.write_str("a parameter buffer is still held by a clone of the module")
             }

@@ -189,6 +189,21 @@ impl Session {
             .all(|(buffer, param)| !buffer.needs_copy(param) || buffer.release_alias())
     }
 
+    /// Whether an output or gradient that an earlier replay handed out as its static buffer
+    /// (`OutputPolicy::Guarded`) is still held by user code, so that replaying now would
+    /// change its value. Always `false` under the other policies.
+    pub fn hand_outs_held(&self) -> bool {
+        use burn::backend::TensorMetadata;
+        self.output_policy == OutputPolicy::Guarded
+            && self
+                .outputs
+                .iter()
+                .chain(self.grad_parents.iter().flatten())
+                // Fusion's test for an in-place write: the buffer's own handle is the only
+                // holder.
+                .any(|buffer| !buffer.fused.can_mut())
+    }
+
     /// Copies the call's inputs and parameters into the static buffers where they are not
     /// there already, replays the forward graph and keeps its outputs for the autodiff node.
     pub fn replay_forward(
@@ -304,7 +319,7 @@ impl Session {
             OutputPolicy::Copy => {
                 <Cube as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&buffer.fused)
             }
-            OutputPolicy::Static => buffer.fused.clone(),
+            OutputPolicy::Static | OutputPolicy::Guarded => buffer.fused.clone(),
         };
         buffer.written_by_graph(Some(tensor.id));
         tensor
