@@ -83,6 +83,47 @@ impl FusedAdamConfig {
 /// the snapshot is dropped.
 ///
 /// On other backends, other dtypes than `f32`, and with AMSGrad, every step runs burn's `Adam`.
+///
+/// # Example
+///
+/// The loop of a graphed model, with `FusedAdam` and outputs handed out without copies
+/// ([`OutputPolicy::Guarded`](crate::OutputPolicy::Guarded)): no copy of any kind per step
+/// but the input's.
+///
+/// ```no_run
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::GradientsParams;
+/// use burn::prelude::*;
+/// use burn_graphed::{FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy};
+///
+/// #[derive(Module, Debug)]
+/// struct Net {
+///     layer: Linear,
+/// }
+///
+/// impl Net {
+///     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+///         self.layer.forward(x)
+///     }
+/// }
+///
+/// # fn main() -> Result<(), burn_graphed::GraphedError> {
+/// let device = Device::default().autodiff();
+/// let net = Net { layer: LinearConfig::new(64, 64).init(&device) };
+/// let sample = Tensor::<2>::zeros([32, 64], &device);
+/// let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
+/// let mut model = Graphed::new(net, Net::forward, sample, &config)?;
+/// let mut optim = FusedAdamConfig::new().init();
+/// for step in 0..10 {
+///     let x = Tensor::<2>::ones([32, 64], &device) * step as f32;
+///     let loss = model.forward(x)?.powi_scalar(2).mean();
+///     let grads = GradientsParams::from_grads(loss.backward(), &model);
+///     // The model moves into the step (no clone), so the update can go in place.
+///     model = optim.step(1e-3, model, grads);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct FusedAdam {
     pub(crate) beta_1: f32,
