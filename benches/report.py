@@ -44,6 +44,24 @@ def num(value, fmt, unit=""):
     return "n/a" if value != value else format(value, fmt) + unit
 
 
+def medians(r):
+    # The median of (framework, mode) in one model's rows `r`; NaN where missing.
+    def us(framework, mode):
+        row = r.get((framework, mode))
+        return row["median_us"] if row else float("nan")
+    return us
+
+
+def cells(r):
+    # The "median (p10-p90)" cell of (framework, mode) in one model's rows `r`.
+    def cell(framework, mode):
+        row = r.get((framework, mode))
+        if not row:
+            return "n/a"
+        return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+    return cell
+
+
 def table(rows):
     by = group(rows)
     out = [
@@ -54,15 +72,7 @@ def table(rows):
         "|" + " --- |" * 13,
     ]
     for (model, dtype), r in by.items():
-        def us(framework, mode):
-            row = r.get((framework, mode))
-            return row["median_us"] if row else float("nan")
-
-        def cell(framework, mode):
-            row = r.get((framework, mode))
-            if not row:
-                return "n/a"
-            return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+        us, cell = medians(r), cells(r)
 
         def mem(framework, mode):
             row = r.get((framework, mode))
@@ -98,15 +108,7 @@ def fused_table(rows):
         "|" + " --- |" * 13,
     ]
     for (model, dtype), r in by.items():
-        def us(framework, mode):
-            row = r.get((framework, mode))
-            return row["median_us"] if row else float("nan")
-
-        def cell(framework, mode):
-            row = r.get((framework, mode))
-            if not row:
-                return "n/a"
-            return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+        us, cell = medians(r), cells(r)
 
         # The fastest of burn's graphed FusedAdam variants; NaN only if all are missing
         # (min() with a NaN would depend on argument order, so drop NaNs first).

@@ -263,27 +263,19 @@ where
     // The model moves through the optimizer (`model = optim.step(lr, model, grads)`, no
     // clone), as in a training loop: a clone would keep the old parameters alive during the
     // step, and `FusedAdam` could then not update the graphs' buffers in place.
+    let label = format!("{} {}", case.name, mode.label());
     let per_step = match mode {
         Mode::Eager(_) => {
-            let mut model = Some(model);
-            let mut phases = Phases::default();
-            let mut step = |i: usize| {
-                let Some(current) = model.take() else { return };
-                let mut clock = phases.start();
-                let out = (case.call)(&current, inputs[i % inputs.len()].clone());
-                clock.lap(0);
-                let loss = (case.loss)(out);
-                clock.lap(1);
-                let grads = loss.backward();
-                clock.lap(2);
-                let grads = GradientsParams::from_grads(grads, &current);
-                clock.lap(3);
-                model = Some(optimizer.step(1e-4, current, grads));
-                clock.lap(4);
-                phases.add(clock);
-            };
-            let per_step = time(device, options, &mut step);
-            eprintln!("# {} {}: {phases}", case.name, mode.label());
+            let (per_step, _) = train_steps(
+                model,
+                case.call,
+                case.loss,
+                &inputs,
+                &mut optimizer,
+                &label,
+                device,
+                options,
+            );
             per_step
         }
         Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => {
@@ -294,30 +286,21 @@ where
             };
             let graphed =
                 Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
-            let mut model = Some(graphed);
-            let mut phases = Phases::default();
-            let mut step = |i: usize| {
-                let Some(current) = model.take() else { return };
-                let mut clock = phases.start();
-                let out = current
-                    .forward(inputs[i % inputs.len()].clone())
-                    .expect("graphed call");
-                clock.lap(0);
-                let loss = (case.loss)(out);
-                clock.lap(1);
-                let grads = loss.backward();
-                clock.lap(2);
-                let grads = GradientsParams::from_grads(grads, &current);
-                clock.lap(3);
-                model = Some(optimizer.step(1e-4, current, grads));
-                clock.lap(4);
-                phases.add(clock);
-            };
-            let per_step = time(device, options, &mut step);
-            let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
+            let call =
+                |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
+            let (per_step, model) = train_steps(
+                graphed,
+                call,
+                case.loss,
+                &inputs,
+                &mut optimizer,
+                &label,
+                device,
+                options,
+            );
+            let stats = model.map(|m| m.stats()).unwrap_or_default();
             assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
-            eprintln!("# {} {}: {stats:?}", case.name, mode.label());
-            eprintln!("# {} {}: {phases}", case.name, mode.label());
+            eprintln!("# {label}: {stats:?}");
             per_step
         }
     };
@@ -332,6 +315,42 @@ where
         p90_us,
         reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
     }
+}
+
+/// Times training steps of `model`, called through `call`: the model moves through the
+/// optimizer (`model = optim.step(lr, model, grads)`, no clone), as in a training loop. Prints
+/// the host time per phase; returns the per-step times and the trained model.
+#[allow(clippy::too_many_arguments)]
+fn train_steps<M: Module, I: Clone, O>(
+    model: M,
+    call: impl Fn(&M, I) -> O,
+    loss_of: fn(O) -> Tensor<1>,
+    inputs: &[I],
+    optimizer: &mut ModuleOptimizer,
+    label: &str,
+    device: &Device,
+    options: &Options,
+) -> (Vec<f64>, Option<M>) {
+    let mut model = Some(model);
+    let mut phases = Phases::default();
+    let mut step = |i: usize| {
+        let Some(current) = model.take() else { return };
+        let mut clock = phases.start();
+        let out = call(&current, inputs[i % inputs.len()].clone());
+        clock.lap(0);
+        let loss = loss_of(out);
+        clock.lap(1);
+        let grads = loss.backward();
+        clock.lap(2);
+        let grads = GradientsParams::from_grads(grads, &current);
+        clock.lap(3);
+        model = Some(optimizer.step(1e-4, current, grads));
+        clock.lap(4);
+        phases.add(clock);
+    };
+    let per_step = time(device, options, &mut step);
+    eprintln!("# {label}: {phases}");
+    (per_step, model)
 }
 
 /// Host time spent in each phase of a step (forward call, loss, `backward()`,

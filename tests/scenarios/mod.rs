@@ -90,24 +90,43 @@ fn batch(shape: [usize; 2], step: usize, device: &Device) -> Tensor<2> {
     Tensor::<1>::from_floats(values.as_slice(), device).reshape(shape)
 }
 
-/// Graphed MLP training equals eager training for `steps` Adam steps.
-pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
+/// Trains the 3 x Linear(32) MLP with burn's `Adam` eagerly and, graphed with `graphed`, with
+/// `graphed_optimizer` (burn's `Adam` when `None`) for `steps` steps on the same batches;
+/// panics unless every output, loss, gradient and parameter matched. The report, for the
+/// caller's counter checks.
+pub fn mlp_against_eager(
+    device: &Device,
+    steps: usize,
+    graphed: GraphedConfig,
+    graphed_optimizer: Option<burn::optim::ModuleOptimizer>,
+) -> burn_graphed_testkit::EquivalenceReport {
     let device = device.clone().autodiff();
     let model = Mlp::new(32, 3, 8, &device);
-    let report = compare_training(TrainingComparison {
-        model,
-        call: mlp_forward,
-        optimizer: AdamConfig::new().init(),
-        learning_rate: 1e-2,
-        batch: &mut |step| batch([16, 32], step, &device),
-        loss: square_mean,
-        steps,
-        graphed: GraphedConfig::new(),
-        tolerance: tolerance_for(&device),
-    })
+    let optimizer = AdamConfig::new().init();
+    let graphed_optimizer = graphed_optimizer.unwrap_or_else(|| optimizer.clone());
+    let report = burn_graphed_testkit::compare_training_with_optimizer(
+        TrainingComparison {
+            model,
+            call: mlp_forward,
+            optimizer,
+            learning_rate: 1e-2,
+            batch: &mut |step| batch([16, 32], step, &device),
+            loss: square_mean,
+            steps,
+            graphed,
+            tolerance: tolerance_for(&device),
+        },
+        graphed_optimizer,
+    )
     .expect("comparison runs");
     println!("mlp: {report}");
     assert!(report.passed(), "{report}");
+    report
+}
+
+/// Graphed MLP training equals eager training for `steps` Adam steps.
+pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
+    let report = mlp_against_eager(device, steps, GraphedConfig::new(), None);
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");

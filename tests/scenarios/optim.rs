@@ -4,7 +4,7 @@
 use super::*;
 use burn::optim::decay::WeightDecayConfig;
 use burn_graphed::FusedAdamConfig;
-use burn_graphed_testkit::{TensorComparison, compare_training_with_optimizer, deep_copy};
+use burn_graphed_testkit::{TensorComparison, deep_copy};
 
 /// Compares every parameter of `a` and `b`, named `what`; panics on a mismatch.
 pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
@@ -51,25 +51,8 @@ pub fn fused_adam_matches_adam(device: &Device) {
 /// gradients and parameters after every step. After the first step the optimizer writes the
 /// graphs' parameter buffers itself, so only the first call copies parameters.
 pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
-    let device = device.clone().autodiff();
-    let model = Mlp::new(32, 3, 8, &device);
-    let report = compare_training_with_optimizer(
-        TrainingComparison {
-            model,
-            call: mlp_forward,
-            optimizer: AdamConfig::new().init(),
-            learning_rate: 1e-2,
-            batch: &mut |step| batch([16, 32], step, &device),
-            loss: square_mean,
-            steps,
-            graphed: GraphedConfig::new(),
-            tolerance: tolerance_for(&device),
-        },
-        FusedAdamConfig::new().init(),
-    )
-    .expect("comparison runs");
-    println!("fused adam: {report}");
-    assert!(report.passed(), "{report}");
+    let optimizer = FusedAdamConfig::new().init();
+    let report = mlp_against_eager(device, steps, GraphedConfig::new(), Some(optimizer));
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
