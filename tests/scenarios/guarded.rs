@@ -42,31 +42,40 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
     let mut kept_grad = None;
     for step in 0..8 {
         let x = batch([8, 16], step, &device);
-        let out = graphed.forward(x.clone()).expect("call");
+        let eager_out = eager.forward(x.clone());
+        let out = graphed.forward(x).expect("call");
+        // Every step's output against eager's (this also reads the fresh output back).
+        let comparison = burn_graphed_testkit::TensorComparison::new(
+            format!("step {step} output"),
+            &eager_out.clone().into_data(),
+            &out.clone().into_data(),
+            tolerance_for(&device),
+        );
+        assert!(comparison.passed(), "{comparison}");
+        if step == 2 {
+            let (output, values): (Tensor<2>, _) = kept_output.take().expect("kept at step 1");
+            output.into_data().assert_eq(&values, true);
+        }
         if step == 1 {
             kept_output = Some((out.clone(), out.clone().into_data()));
         }
         let loss = square_mean(out);
         let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+        if step == 5 {
+            let (grad, values): (Tensor<1>, _) = kept_grad.take().expect("kept at step 4");
+            // Step 5 ran eagerly, so its backward did not overwrite the kept gradient.
+            grad.into_data().assert_eq(&values, true);
+        }
         if step == 4 {
             let bias: Tensor<1> = head_bias.and_then(|id| grads.get(id)).expect("bias grad");
             kept_grad = Some((bias.clone(), bias.into_data()));
         }
         graphed = graphed_adam.step(lr, graphed, grads);
         eager = {
-            let loss = square_mean(eager.forward(x));
+            let loss = square_mean(eager_out);
             let grads = GradientsParams::from_grads(loss.backward(), &eager);
             adam.step(lr, eager, grads)
         };
-        if step == 2 {
-            let (output, values) = kept_output.take().expect("kept at step 1");
-            output.into_data().assert_eq(&values, true);
-        }
-        if step == 5 {
-            let (grad, values) = kept_grad.take().expect("kept at step 4");
-            // Step 5 ran eagerly, so its backward did not overwrite the kept gradient.
-            grad.into_data().assert_eq(&values, true);
-        }
     }
     super::optim::assert_params_close("guarded", &eager, &graphed, tolerance_for(&device));
     let stats = graphed.stats();
