@@ -221,11 +221,12 @@ impl FusedAdamOps for CubeBackend {
         let decay = penalty != 0.0;
         if in_place {
             // SAFETY: `launch_unchecked` skips bounds checks. Every buffer bound here holds
-            // `elements` f32 values (same shape, f32, contiguous: checked by the caller and by
-            // `linear`; the static parameter buffers that are updated in place are contiguous
-            // allocations of their own); each thread reads and writes only index `i < elements`. `param` is the only buffer written in
-            // place and no other binding aliases it (the moments and the gradient are other
-            // tensors, the new moments fresh allocations).
+            // `elements` f32 values (same shape and f32: checked by the caller; contiguous:
+            // `linear`, and the static parameter buffers updated in place are contiguous
+            // allocations of their own), and each thread reads and writes only its index
+            // `i < elements`. `param` is the only buffer written in place and no other binding
+            // aliases it (the gradient and the moments are other tensors, the new moments
+            // fresh allocations), as the kernel's `__restrict__` pointers require on CUDA.
             unsafe {
                 adam_in_place_kernel::launch_unchecked(
                     &client,
