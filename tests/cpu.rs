@@ -55,6 +55,7 @@ on_devices! {
     fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;
     graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
     fused_adam_keeps_snapshots => scenarios::optim::fused_adam_keeps_snapshots;
+    fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
 }

@@ -179,6 +179,11 @@ fn fused_adam_keeps_snapshots() {
 }
 
 #[test]
+fn fused_adam_records_load_into_adam() {
+    scenarios::optim::fused_adam_records_load_into_adam(&cuda());
+}
+
+#[test]
 fn guarded_training_matches_eager() {
     scenarios::guarded::guarded_training_matches_eager(&cuda(), 20);
 }

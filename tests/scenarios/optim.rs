@@ -127,3 +127,37 @@ pub fn fused_adam_keeps_snapshots(device: &Device) {
         );
     }
 }
+
+/// `FusedAdam` keeps burn's `AdamState`, so its records load into burn's `Adam` and back:
+/// two steps with `FusedAdam`, then the record continues under either optimizer, and both
+/// match four steps of burn's `Adam`.
+pub fn fused_adam_records_load_into_adam(device: &Device) {
+    let device = device.clone().autodiff();
+    let lr = 1e-2;
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut reference = deep_copy(&model);
+    let mut fused = model;
+    let mut adam = AdamConfig::new().init();
+    let mut fused_adam = FusedAdamConfig::new().init();
+    for step in 0..2 {
+        let x = batch([8, 16], step, &device);
+        reference = eager_step(reference, &mut adam, x.clone(), lr);
+        fused = eager_step(fused, &mut fused_adam, x, lr);
+    }
+    // A record is taken twice (it is not `Clone`): the same state both times.
+    let mut continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
+    let mut continued_fused = FusedAdamConfig::new()
+        .init()
+        .load_record(fused_adam.to_record());
+    let mut under_adam = deep_copy(&fused);
+    let mut under_fused = fused;
+    for step in 2..4 {
+        let x = batch([8, 16], step, &device);
+        reference = eager_step(reference, &mut adam, x.clone(), lr);
+        under_adam = eager_step(under_adam, &mut continued_adam, x.clone(), lr);
+        under_fused = eager_step(under_fused, &mut continued_fused, x, lr);
+    }
+    let tolerance = tolerance_for(&device);
+    assert_params_close("record into Adam", &reference, &under_adam, tolerance);
+    assert_params_close("record into FusedAdam", &reference, &under_fused, tolerance);
+}
