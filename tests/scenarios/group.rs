@@ -11,7 +11,7 @@ use burn_graphed::{
     make_graphed_callables,
 };
 use burn_graphed_testkit::{
-    EquivalenceReport, TensorComparison, Tolerance, deep_copy, grad_values, param_values,
+    EquivalenceReport, TensorComparison, Tolerance, compare_params, deep_copy, grad_values,
 };
 
 use super::{batch, supports_graphs, tolerance_for};
@@ -115,18 +115,12 @@ fn compare_and_step<M: Module, I: TensorGroup, O: TensorGroup>(
     }
     let eager = optimizers.0.step(1e-2, eager, ge);
     let graphed = optimizers.1.step(1e-2, graphed, gg);
-    for (index, ((_, e), (_, g))) in param_values(&eager)
-        .iter()
-        .zip(&param_values(&graphed))
-        .enumerate()
-    {
-        out.push(TensorComparison::new(
-            format!("step {step} {name} param {index}"),
-            e,
-            g,
-            tolerance,
-        ));
-    }
+    out.extend(compare_params(
+        &format!("step {step} {name}"),
+        &eager,
+        &graphed,
+        tolerance,
+    ));
     (eager, graphed)
 }
 

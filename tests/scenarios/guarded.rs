@@ -77,7 +77,7 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
             adam.step(lr, eager, grads)
         };
     }
-    super::optim::assert_params_close("guarded", &eager, &graphed, tolerance_for(&device));
+    assert_params_close("guarded", &eager, &graphed, tolerance_for(&device));
     let stats = graphed.stats();
     println!("guarded hand-outs: {stats:?}");
     if graphed.summary().graphed {

@@ -398,6 +398,14 @@ pub fn tolerance_for(device: &Device) -> Tolerance {
     }
 }
 
+/// Asserts that every float parameter of `a` and `b` (in number too) agrees within
+/// `tolerance`, comparisons named `what`.
+pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
+    for comparison in burn_graphed_testkit::compare_params(what, a, b, tolerance) {
+        assert!(comparison.passed(), "{comparison}");
+    }
+}
+
 /// Asserts that `module`'s float parameters are, bit for bit and in number, the values
 /// `before` recorded (a failed capture or a refused call must leave the module as it was).
 pub fn assert_params_unchanged<M: Module>(

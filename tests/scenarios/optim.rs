@@ -4,17 +4,7 @@
 use super::*;
 use burn::optim::decay::WeightDecayConfig;
 use burn_graphed::FusedAdamConfig;
-use burn_graphed_testkit::{TensorComparison, deep_copy};
-
-/// Compares every parameter of `a` and `b`, named `what`; panics on a mismatch.
-pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
-    let (a, b) = (param_values(a), param_values(b));
-    assert_eq!(a.len(), b.len(), "{what}: parameter counts");
-    for (index, ((_, a), (_, b))) in a.iter().zip(&b).enumerate() {
-        let comparison = TensorComparison::new(format!("{what} param {index}"), a, b, tolerance);
-        assert!(comparison.passed(), "{comparison}");
-    }
-}
+use burn_graphed_testkit::deep_copy;
 
 /// One eager step of `model` on `x` with `optim`.
 fn eager_step(model: Mlp, optim: &mut burn::optim::ModuleOptimizer, x: Tensor<2>, lr: f64) -> Mlp {

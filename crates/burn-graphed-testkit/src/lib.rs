@@ -383,6 +383,47 @@ pub fn grad_values<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option
     reader.1
 }
 
+/// A comparison that fails: something present on one side only.
+fn failed(name: String) -> TensorComparison {
+    TensorComparison {
+        name,
+        len: 0,
+        max_abs: f64::INFINITY,
+        max_rel: f64::INFINITY,
+        max_ulps: u64::MAX,
+        first_mismatch: Some(0),
+        shape_mismatch: true,
+    }
+}
+
+/// Compares every float parameter of `graphed` with `eager`'s, in visiting order: one
+/// comparison per parameter named `"{what} param {index}"`, and a failing one where the two
+/// modules have different numbers of parameters.
+pub fn compare_params<E: Module, G: Module>(
+    what: &str,
+    eager: &E,
+    graphed: &G,
+    tolerance: Tolerance,
+) -> Vec<TensorComparison> {
+    let (e_params, g_params) = (param_values(eager), param_values(graphed));
+    let mut comparisons: Vec<TensorComparison> = e_params
+        .iter()
+        .zip(&g_params)
+        .enumerate()
+        .map(|(index, ((_, e), (_, g)))| {
+            TensorComparison::new(format!("{what} param {index}"), e, g, tolerance)
+        })
+        .collect();
+    if e_params.len() != g_params.len() {
+        comparisons.push(failed(format!(
+            "{what} params: {} eager, {} graphed",
+            e_params.len(),
+            g_params.len()
+        )));
+    }
+    comparisons
+}
+
 /// Compares every parameter gradient of `graphed` with `eager`'s, in visiting order: one
 /// comparison per parameter named `"{what} grad param {index}"`, and a failing one where only
 /// one of the two has a gradient (both without one is fine) or where the two modules have
@@ -395,15 +436,6 @@ pub fn compare_grads<E: Module, G: Module>(
 ) -> Vec<TensorComparison> {
     let e_grads = grad_values(eager, eager_grads);
     let g_grads = grad_values(graphed, graphed_grads);
-    let failed = |name: String| TensorComparison {
-        name,
-        len: 0,
-        max_abs: f64::INFINITY,
-        max_rel: f64::INFINITY,
-        max_ulps: u64::MAX,
-        first_mismatch: Some(0),
-        shape_mismatch: true,
-    };
     let mut comparisons: Vec<TensorComparison> = e_grads
         .iter()
         .zip(&g_grads)
@@ -461,14 +493,13 @@ where
 /// As [`compare_training`].
 pub fn compare_training_with_optimizer<M, I, O>(
     comparison: TrainingComparison<'_, M, I, O>,
-    graphed_optimizer: ModuleOptimizer,
+    mut graphed_optimizer: ModuleOptimizer,
 ) -> Result<EquivalenceReport, HarnessError>
 where
     M: Module,
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
-    let mut graphed_optimizer = graphed_optimizer;
     let TrainingComparison {
         model,
         call,
@@ -524,18 +555,12 @@ where
         ));
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
-        for (index, ((_, e), (_, g))) in param_values(&eager)
-            .iter()
-            .zip(&param_values(&graphed))
-            .enumerate()
-        {
-            tensors.push(TensorComparison::new(
-                format!("step {step} param {index} after update"),
-                e,
-                g,
-                tolerance,
-            ));
-        }
+        tensors.extend(compare_params(
+            &format!("step {step} updated"),
+            &eager,
+            &graphed,
+            tolerance,
+        ));
     }
     Ok(EquivalenceReport {
         tensors,
