@@ -23,37 +23,26 @@ use crate::optim::FusedAdam;
 /// Threads per cube of the update kernel.
 const CUBE_THREADS: u32 = 256;
 
-/// The host-side factors of one Adam update (all `f32`, computed as burn-optim computes them).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct AdamFactors {
-    /// Learning rate.
-    pub lr: f32,
-    /// First-moment decay `b1`.
-    pub beta_1: f32,
-    /// `1 - b1`.
-    pub one_minus_beta_1: f32,
-    /// Second-moment decay `b2`.
-    pub beta_2: f32,
-    /// `1 - b2`.
-    pub one_minus_beta_2: f32,
-    /// `sqrt(1 - b2^t) / (1 - b1^t)`.
-    pub combined: f32,
-    /// `eps * sqrt(1 - b2^t)`.
-    pub epsilon: f32,
-    /// L2 penalty of weight decay (0 without; the kernel skips the term then).
-    pub penalty: f32,
-}
-
-/// The factors as kernel arguments (captured by value in a graph, like any launch argument).
+/// The factors of one Adam update, computed on the host in `f32` as burn-optim computes them
+/// (`factors`), and passed to the kernel by value (a graph would capture them like any launch
+/// argument).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
-struct Factors {
+pub(crate) struct Factors {
+    /// Learning rate.
     lr: f32,
+    /// First-moment decay `b1`.
     beta_1: f32,
+    /// `1 - b1`.
     one_minus_beta_1: f32,
+    /// Second-moment decay `b2`.
     beta_2: f32,
+    /// `1 - b2`.
     one_minus_beta_2: f32,
+    /// `sqrt(1 - b2^t) / (1 - b1^t)`.
     combined: f32,
+    /// `eps * sqrt(1 - b2^t)`.
     epsilon: f32,
+    /// L2 penalty of weight decay (0 without; the kernel skips the term then).
     penalty: f32,
 }
 
@@ -276,7 +265,7 @@ pub(crate) fn fused_adam(
         &FloatTensor<burn::backend::Cube>,
         &FloatTensor<burn::backend::Cube>,
     ),
-    factors: &AdamFactors,
+    factors: &Factors,
     in_place: bool,
 ) -> (
     FloatTensor<burn::backend::Cube>,
@@ -302,10 +291,10 @@ pub(crate) fn fused_adam(
 
 /// The factors of step `time` (counted from 1), as burn-optim's `AdaptiveMomentum` computes
 /// them.
-fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> AdamFactors {
+fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factors {
     let time = time as i32;
     let bias_correction2_sqrt = (1.0 - adam.beta_2.powi(time)).sqrt();
-    AdamFactors {
+    Factors {
         lr: lr as f32,
         beta_1: adam.beta_1,
         one_minus_beta_1: 1.0 - adam.beta_1,
@@ -352,25 +341,17 @@ pub(crate) fn step<const D: usize>(
         return Err(Box::new((tensor, grad, state)));
     }
     let primitive = |tensor: &Tensor<D>| tensor.clone().try_into_primitive::<Cube>().ok();
-    let device = tensor.device();
-    let (time, moments) = match &state {
-        Some(state) => (state.momentum.time + 1, None),
+    let (time, moment_1, moment_2) = match &state {
+        Some(state) => {
+            let momentum = &state.momentum;
+            let (moment_1, moment_2) = (&momentum.moment_1, &momentum.moment_2);
+            (momentum.time + 1, primitive(moment_1), primitive(moment_2))
+        }
         // Zero moments: `0 * b1 + g * (1 - b1)` is burn's first-step `g * (1 - b1)` exactly.
-        None => (
-            1,
-            Some((
-                Tensor::<D>::zeros(shape.clone(), &device),
-                Tensor::<D>::zeros(shape.clone(), &device),
-            )),
-        ),
-    };
-    let (moment_1, moment_2) = match (&state, &moments) {
-        (Some(state), _) => (
-            primitive(&state.momentum.moment_1),
-            primitive(&state.momentum.moment_2),
-        ),
-        (None, Some((zeros_1, zeros_2))) => (primitive(zeros_1), primitive(zeros_2)),
-        (None, None) => (None, None),
+        None => {
+            let zeros = || Tensor::<D>::zeros(shape.clone(), &tensor.device());
+            (1, primitive(&zeros()), primitive(&zeros()))
+        }
     };
     // Converted from clones, so that nothing is lost if one does not convert; the originals
     // are dropped right after, and the clones are then the only holders again.
@@ -379,7 +360,7 @@ pub(crate) fn step<const D: usize>(
     else {
         return Err(Box::new((tensor, grad, state)));
     };
-    drop((tensor, grad, state, moments));
+    drop((tensor, grad, state));
     let grad = grad_primitive;
     let factors = factors(adam, lr, time);
     let (new_param, new_moment_1, new_moment_2) =

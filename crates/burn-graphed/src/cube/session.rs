@@ -61,15 +61,16 @@ pub(crate) fn register(session: &Arc<Session>) {
 pub(crate) fn param_buffer_holding(
     id: burn::backend::ir::TensorId,
 ) -> Option<(Arc<Session>, usize)> {
-    let live: Vec<Arc<Session>> = crate::lock(&LIVE)
+    // Called once per parameter per optimizer step: searched under the lock, no allocation.
+    // Nothing locks `LIVE` while holding a session's or a buffer's lock.
+    crate::lock(&LIVE)
         .iter()
         .filter_map(Weak::upgrade)
-        .collect();
-    live.into_iter().find_map(|session| {
-        let index = session.params.iter().position(|b| b.holds(id))?;
-        (session.thread == std::thread::current().id() && !session.backward_pending())
-            .then_some((session, index))
-    })
+        .find_map(|session| {
+            let index = session.params.iter().position(|b| b.holds(id))?;
+            (session.thread == std::thread::current().id() && !session.backward_pending())
+                .then_some((session, index))
+        })
 }
 
 /// What the callables of one group know of each other: which ones share buffers, and which
