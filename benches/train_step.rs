@@ -9,12 +9,16 @@
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam]
+//!            [--host-profile FILE]
 //! ```
 //!
 //! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
-//! with `burn_graphed::FusedAdam` instead of burn's `Adam`.
+//! with `burn_graphed::FusedAdam` instead of burn's `Adam`. `--host-profile FILE` (feature
+//! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
+//! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
+//! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -118,6 +122,8 @@ struct Options {
     steps: usize,
     reps: usize,
     modes: Vec<String>,
+    /// `--host-profile FILE`: where to append each run's host profile (feature `host-profile`).
+    host_profile: Option<String>,
 }
 
 fn options() -> Options {
@@ -133,6 +139,7 @@ fn options() -> Options {
             .collect(),
         steps: 50,
         reps: 30,
+        host_profile: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -151,6 +158,13 @@ fn options() -> Options {
                         "unknown mode {mode}"
                     );
                 }
+            }
+            "--host-profile" => {
+                assert!(
+                    cfg!(feature = "host-profile"),
+                    "--host-profile needs the `host-profile` feature"
+                );
+                options.host_profile = Some(value);
             }
             // libtest passes `--bench` to bench targets; nothing to do.
             "--bench" => {}
@@ -348,7 +362,7 @@ fn train_steps<M: Module, I: Clone, O>(
         clock.lap(4);
         phases.add(clock);
     };
-    let per_step = time(device, options, &mut step);
+    let per_step = time(device, options, label, &mut step);
     eprintln!("# {label}: {phases}");
     (per_step, model)
 }
@@ -416,11 +430,18 @@ const WARM_UP: usize = 20;
 
 /// Warm-up ([`WARM_UP`] steps), then `reps` timed reps of `steps` steps; per-step microseconds
 /// per rep.
-fn time(device: &Device, options: &Options, step: &mut dyn FnMut(usize)) -> Vec<f64> {
+fn time(device: &Device, options: &Options, label: &str, step: &mut dyn FnMut(usize)) -> Vec<f64> {
     for i in 0..WARM_UP {
         step(i);
     }
     device.sync().expect("sync");
+    #[cfg(feature = "host-profile")]
+    let _profile = options
+        .host_profile
+        .as_deref()
+        .map(|file| host_profile::Profile::start(file, label));
+    #[cfg(not(feature = "host-profile"))]
+    let _ = label;
     (0..options.reps)
         .map(|_| {
             let start = Instant::now();
@@ -448,7 +469,11 @@ where
 
 fn main() {
     let options = options();
+    // Built without `cuda` (a smoke run of the bench itself), the default device.
+    #[cfg(feature = "cuda")]
     let mut base = Device::cuda(0);
+    #[cfg(not(feature = "cuda"))]
+    let mut base = Device::default();
     if options.dtype == "bf16" {
         base.configure(FloatDType::BF16)
             .expect("bf16 before any tensor");
@@ -515,6 +540,108 @@ fn main() {
                 &options,
             ),
             other => panic!("unknown model {other}"),
+        }
+    }
+}
+
+/// The host's stacks sampled during the timed reps of one run (`--host-profile FILE`): an
+/// in-process sampling profiler, because the GPU machine has no `perf`. Appends to `FILE`, per
+/// run, the functions with the most samples on the stack (inclusive) and on top (self).
+#[cfg(feature = "host-profile")]
+mod host_profile {
+    use std::collections::{HashMap, HashSet};
+    use std::io::Write;
+
+    /// Samples per second.
+    const FREQUENCY: i32 = 4999;
+    /// Functions listed per table.
+    const TOP: usize = 60;
+
+    pub struct Profile {
+        guard: Option<pprof::ProfilerGuard<'static>>,
+        file: String,
+        label: String,
+    }
+
+    impl Profile {
+        pub fn start(file: &str, label: &str) -> Self {
+            let guard = pprof::ProfilerGuardBuilder::default()
+                .frequency(FREQUENCY)
+                .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+                .build()
+                .expect("host profiler");
+            Self {
+                guard: Some(guard),
+                file: file.into(),
+                label: label.into(),
+            }
+        }
+    }
+
+    /// A symbol's name without its hash suffix, cut to a readable length.
+    fn short(name: &str) -> String {
+        let name = match name.rfind("::h") {
+            Some(at) if name.len() - at == 19 => &name[..at],
+            _ => name,
+        };
+        name.chars().take(150).collect()
+    }
+
+    impl Drop for Profile {
+        fn drop(&mut self) {
+            let Some(guard) = self.guard.take() else {
+                return;
+            };
+            let report = guard.report().build().expect("host profile report");
+            drop(guard);
+            let mut total = 0isize;
+            let mut inclusive: HashMap<String, isize> = HashMap::new();
+            let mut own: HashMap<String, isize> = HashMap::new();
+            let mut threads: HashMap<String, isize> = HashMap::new();
+            for (frames, count) in &report.data {
+                total += count;
+                *threads.entry(frames.thread_name.clone()).or_default() += count;
+                // Frames run from the sampled function (first) to `main` (last); each frame
+                // lists its inlined functions innermost first.
+                let names: Vec<String> = frames
+                    .frames
+                    .iter()
+                    .flat_map(|frame| frame.iter().map(|symbol| short(&symbol.name())))
+                    .collect();
+                if let Some(top) = names.first() {
+                    *own.entry(top.clone()).or_default() += count;
+                }
+                let mut seen = HashSet::new();
+                for name in names {
+                    if seen.insert(name.clone()) {
+                        *inclusive.entry(name).or_default() += count;
+                    }
+                }
+            }
+            let table = |counts: HashMap<String, isize>| {
+                let mut rows: Vec<_> = counts.into_iter().collect();
+                rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                rows.truncate(TOP);
+                rows.into_iter()
+                    .map(|(name, count)| {
+                        let share = 100.0 * count as f64 / total.max(1) as f64;
+                        format!("{share:6.2}% {count:7} {name}\n")
+                    })
+                    .collect::<String>()
+            };
+            let text = format!(
+                "## {}: {total} samples at {FREQUENCY} Hz\n### threads\n{}### inclusive\n{}### self\n{}\n",
+                self.label,
+                table(threads),
+                table(inclusive),
+                table(own)
+            );
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.file)
+                .expect("host profile file");
+            file.write_all(text.as_bytes()).expect("host profile write");
         }
     }
 }
