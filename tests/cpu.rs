@@ -56,6 +56,7 @@ on_devices! {
     graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
     fused_adam_keeps_snapshots => scenarios::optim::fused_adam_keeps_snapshots;
     fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
+    fused_adam_leaves_shared_moments_alone => scenarios::optim::fused_adam_leaves_shared_moments_alone;
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
 }

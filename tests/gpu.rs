@@ -184,6 +184,11 @@ fn fused_adam_records_load_into_adam() {
 }
 
 #[test]
+fn fused_adam_leaves_shared_moments_alone() {
+    scenarios::optim::fused_adam_leaves_shared_moments_alone(&cuda());
+}
+
+#[test]
 fn guarded_training_matches_eager() {
     scenarios::guarded::guarded_training_matches_eager(&cuda(), 20);
 }

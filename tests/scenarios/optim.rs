@@ -151,3 +151,33 @@ pub fn fused_adam_records_load_into_adam(device: &Device) {
     assert_params_close("record into Adam", &reference, &under_adam, tolerance);
     assert_params_close("record into FusedAdam", &reference, &under_fused, tolerance);
 }
+
+/// `FusedAdam` updates the moments in their own buffers only where nothing else holds them: a
+/// clone of the optimizer (its state shares the moment tensors) taken mid-training continues
+/// exactly as the original does, and both equal burn's `Adam` continued from the same point.
+/// Were the shared moments overwritten in place, the second optimizer to step would start
+/// from moments already advanced by the first.
+pub fn fused_adam_leaves_shared_moments_alone(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut reference = deep_copy(&model);
+    let mut fused = model;
+    let mut adam = AdamConfig::new().init();
+    let mut fused_adam = FusedAdamConfig::new().init();
+    for step in 0..2 {
+        let x = batch([8, 16], step, &device);
+        reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
+        fused = eager_step(fused, &mut fused_adam, x, 1e-2);
+    }
+    let mut twin_optim = fused_adam.clone();
+    let mut twin = deep_copy(&fused);
+    for step in 2..4 {
+        let x = batch([8, 16], step, &device);
+        reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
+        fused = eager_step(fused, &mut fused_adam, x.clone(), 1e-2);
+        twin = eager_step(twin, &mut twin_optim, x, 1e-2);
+        let what = format!("step {step}");
+        assert_params_close(&what, &fused, &twin, Tolerance::exact());
+        assert_params_close(&what, &reference, &fused, tolerance_for(&device));
+    }
+}

@@ -1,6 +1,7 @@
 //! One Adam update of one parameter as one kernel: reads the parameter, its gradient and the
-//! two moments, writes the new moments to new buffers and the new parameter either to a new
-//! buffer or into the parameter's own buffer (a graph's static parameter buffer, see
+//! two moments, updates the moments in their own buffers (the optimizer state moved in, so
+//! nothing else holds them; copies where something does) and writes the new parameter either
+//! to a new buffer or into the parameter's own buffer (a graph's static parameter buffer, see
 //! `crate::optim`). Burn's `Adam` computes the same with about fifteen tensor operations per
 //! parameter, each registered with fusion on the host; this is one registration and one launch.
 //!
@@ -46,17 +47,14 @@ pub(crate) struct Factors {
     penalty: f32,
 }
 
-/// Element `i` of the update: writes the new moments, returns the new parameter value.
+/// Element `i` of the update: updates the moments in place, returns the new parameter value.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn adam_element(
     i: usize,
     param: f32,
     grad: &[f32],
-    moment_1: &[f32],
-    moment_2: &[f32],
-    new_moment_1: &mut [f32],
-    new_moment_2: &mut [f32],
+    moment_1: &mut [f32],
+    moment_2: &mut [f32],
     factors: Factors,
     #[comptime] decay: bool,
 ) -> f32 {
@@ -66,68 +64,42 @@ fn adam_element(
     }
     let m = moment_1[i] * factors.beta_1 + g * factors.one_minus_beta_1;
     let v = moment_2[i] * factors.beta_2 + (g * g) * factors.one_minus_beta_2;
-    new_moment_1[i] = m;
-    new_moment_2[i] = v;
+    moment_1[i] = m;
+    moment_2[i] = v;
     let update = (m * factors.combined) / (v.sqrt() + factors.epsilon);
     param - update * factors.lr
 }
 
-/// The update writing the new parameter into a new buffer.
+/// The update writing the new parameter into a new buffer (the moments in place).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
 fn adam_to_new_kernel(
     param: &[f32],
     grad: &[f32],
-    moment_1: &[f32],
-    moment_2: &[f32],
+    moment_1: &mut [f32],
+    moment_2: &mut [f32],
     new_param: &mut [f32],
-    new_moment_1: &mut [f32],
-    new_moment_2: &mut [f32],
     factors: Factors,
     #[comptime] decay: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < new_param.len() {
-        new_param[i] = adam_element(
-            i,
-            param[i],
-            grad,
-            moment_1,
-            moment_2,
-            new_moment_1,
-            new_moment_2,
-            factors,
-            decay,
-        );
+        new_param[i] = adam_element(i, param[i], grad, moment_1, moment_2, factors, decay);
     }
 }
 
-/// The update writing the new parameter over the old one.
+/// The update writing the new parameter over the old one (the moments in place).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
 fn adam_in_place_kernel(
     param: &mut [f32],
     grad: &[f32],
-    moment_1: &[f32],
-    moment_2: &[f32],
-    new_moment_1: &mut [f32],
-    new_moment_2: &mut [f32],
+    moment_1: &mut [f32],
+    moment_2: &mut [f32],
     factors: Factors,
     #[comptime] decay: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < param.len() {
-        param[i] = adam_element(
-            i,
-            param[i],
-            grad,
-            moment_1,
-            moment_2,
-            new_moment_1,
-            new_moment_2,
-            factors,
-            decay,
-        );
+        param[i] = adam_element(i, param[i], grad, moment_1, moment_2, factors, decay);
     }
 }
 
@@ -136,17 +108,20 @@ fn adam_in_place_kernel(
 pub(crate) trait FusedAdamOps: Backend {
     /// One Adam update; returns the new parameter, first and second moments. With `in_place`
     /// the new parameter is `param`'s own buffer (the caller made sure nobody else reads it);
-    /// otherwise every output is a new buffer. Shapes (all equal) and dtypes (f32) were checked
-    /// by the caller.
+    /// otherwise it is a new buffer. The gradient and the moments are taken by value: the
+    /// moments are updated in their own buffers where nothing else holds them (the usual case:
+    /// the optimizer state moved in), in copies otherwise; taking them by value also spares
+    /// fusion a separate release operation for each. Shapes (all equal) and dtypes (f32) were
+    /// checked by the caller.
     #[fusion(meta = |param, _grad, moment_1, moment_2, _lr, _b1, _b1c, _b2, _b2c, _combined, _eps, _penalty, _in_place| {
         (param.clone(), moment_1.clone(), moment_2.clone())
     })]
     #[allow(clippy::too_many_arguments)]
     fn fused_adam(
         param: &FloatTensor<Self>,
-        grad: &FloatTensor<Self>,
-        moment_1: &FloatTensor<Self>,
-        moment_2: &FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
         lr: f32,
         beta_1: f32,
         one_minus_beta_1: f32,
@@ -164,6 +139,16 @@ fn linear(tensor: &CubeTensor) -> CubeTensor {
     burn_cubecl::kernel::into_contiguous(tensor.clone())
 }
 
+/// `tensor` as a contiguous buffer that nothing else holds, to be written in place: itself
+/// when it is one (fusion handed over its last reference), a copy otherwise.
+fn owned_linear(tensor: CubeTensor) -> CubeTensor {
+    if tensor.can_mut() && tensor.is_contiguous() {
+        tensor
+    } else {
+        <CubeBackend as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&tensor)
+    }
+}
+
 fn new_like(tensor: &CubeTensor) -> CubeTensor {
     burn_cubecl::ops::numeric::empty_device_dtype(
         tensor.client.clone(),
@@ -176,9 +161,9 @@ fn new_like(tensor: &CubeTensor) -> CubeTensor {
 impl FusedAdamOps for CubeBackend {
     fn fused_adam(
         param: &CubeTensor,
-        grad: &CubeTensor,
-        moment_1: &CubeTensor,
-        moment_2: &CubeTensor,
+        grad: CubeTensor,
+        moment_1: CubeTensor,
+        moment_2: CubeTensor,
         lr: f32,
         beta_1: f32,
         one_minus_beta_1: f32,
@@ -189,21 +174,19 @@ impl FusedAdamOps for CubeBackend {
         penalty: f32,
         in_place: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let factors = || {
-            FactorsLaunch::new(
-                lr,
-                beta_1,
-                one_minus_beta_1,
-                beta_2,
-                one_minus_beta_2,
-                combined,
-                epsilon,
-                penalty,
-            )
-        };
+        let factors = FactorsLaunch::new(
+            lr,
+            beta_1,
+            one_minus_beta_1,
+            beta_2,
+            one_minus_beta_2,
+            combined,
+            epsilon,
+            penalty,
+        );
         let client = param.client.clone();
-        let (grad, moment_1, moment_2) = (linear(grad), linear(moment_1), linear(moment_2));
-        let (new_moment_1, new_moment_2) = (new_like(&moment_1), new_like(&moment_2));
+        let grad = linear(&grad);
+        let (moment_1, moment_2) = (owned_linear(moment_1), owned_linear(moment_2));
         let elements: usize = param.meta.shape().iter().product();
         let cubes = CubeCount::Static((elements as u32).div_ceil(CUBE_THREADS).max(1), 1, 1);
         let dim = CubeDim::new_1d(CUBE_THREADS);
@@ -211,11 +194,12 @@ impl FusedAdamOps for CubeBackend {
         if in_place {
             // SAFETY: `launch_unchecked` skips bounds checks. Every buffer bound here holds
             // `elements` f32 values (same shape and f32: checked by the caller; contiguous:
-            // `linear`, and the static parameter buffers updated in place are contiguous
-            // allocations of their own), and each thread reads and writes only its index
-            // `i < elements`. `param` is the only buffer written in place and no other binding
-            // aliases it (the gradient and the moments are other tensors, the new moments
-            // fresh allocations), as the kernel's `__restrict__` pointers require on CUDA.
+            // `linear`/`owned_linear`, and the static parameter buffers updated in place are
+            // contiguous allocations of their own), and each thread reads and writes only its
+            // index `i < elements`. The three buffers written in place are distinct from each
+            // other and from the gradient, as the kernel's `__restrict__` pointers require on
+            // CUDA: the moments are buffers that nothing else holds (`owned_linear`), and the
+            // parameter buffer is held by its graph, so it is neither of them.
             unsafe {
                 adam_in_place_kernel::launch_unchecked(
                     &client,
@@ -225,18 +209,16 @@ impl FusedAdamOps for CubeBackend {
                     BufferArg::from_raw_parts(grad.handle.clone(), elements),
                     BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
                     BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
-                    BufferArg::from_raw_parts(new_moment_1.handle.clone(), elements),
-                    BufferArg::from_raw_parts(new_moment_2.handle.clone(), elements),
-                    factors(),
+                    factors,
                     decay,
                 );
             }
-            return (param.clone(), new_moment_1, new_moment_2);
+            return (param.clone(), moment_1, moment_2);
         }
         let param = linear(param);
         let new_param = new_like(&param);
-        // SAFETY: as above; all seven tensor buffers are distinct (three inputs, four outputs
-        // freshly allocated here or by `linear`), each holding `elements` f32 values.
+        // SAFETY: as above; the new parameter is a fresh allocation, the moments are buffers
+        // that nothing else holds, so the three written buffers alias no other binding.
         unsafe {
             adam_to_new_kernel::launch_unchecked(
                 &client,
@@ -247,23 +229,21 @@ impl FusedAdamOps for CubeBackend {
                 BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
                 BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
                 BufferArg::from_raw_parts(new_param.handle.clone(), elements),
-                BufferArg::from_raw_parts(new_moment_1.handle.clone(), elements),
-                BufferArg::from_raw_parts(new_moment_2.handle.clone(), elements),
-                factors(),
+                factors,
                 decay,
             );
         }
-        (new_param, new_moment_1, new_moment_2)
+        (new_param, moment_1, moment_2)
     }
 }
 
 /// Queues one fused Adam update on burn's cubecl backend (see [`FusedAdamOps::fused_adam`]).
 pub(crate) fn fused_adam(
     param: &FloatTensor<burn::backend::Cube>,
-    grad: &FloatTensor<burn::backend::Cube>,
+    grad: FloatTensor<burn::backend::Cube>,
     moments: (
-        &FloatTensor<burn::backend::Cube>,
-        &FloatTensor<burn::backend::Cube>,
+        FloatTensor<burn::backend::Cube>,
+        FloatTensor<burn::backend::Cube>,
     ),
     factors: &Factors,
     in_place: bool,
@@ -374,8 +354,8 @@ pub(crate) fn step<const D: usize>(
                 let in_place = buffer.release_alias();
                 let updated = fused_adam(
                     &buffer.fused,
-                    &grad,
-                    (&moment_1, &moment_2),
+                    grad,
+                    (moment_1, moment_2),
                     &factors,
                     in_place,
                 );
@@ -384,7 +364,7 @@ pub(crate) fn step<const D: usize>(
                 }
                 updated
             }
-            None => fused_adam(&param, &grad, (&moment_1, &moment_2), &factors, false),
+            None => fused_adam(&param, grad, (moment_1, moment_2), &factors, false),
         };
     let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
     let momentum = AdaptiveMomentumState::new(time, wrap(new_moment_1), wrap(new_moment_2));
