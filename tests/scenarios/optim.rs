@@ -2,12 +2,13 @@
 //! buffers in place where no user tensor can observe it.
 
 use super::*;
+use burn::optim::ModuleOptimizer;
 use burn::optim::decay::WeightDecayConfig;
 use burn_graphed::FusedAdamConfig;
 use burn_graphed_testkit::deep_copy;
 
 /// One eager step of `model` on `x` with `optim`.
-fn eager_step(model: Mlp, optim: &mut burn::optim::ModuleOptimizer, x: Tensor<2>, lr: f64) -> Mlp {
+fn eager_step(model: Mlp, optim: &mut ModuleOptimizer, x: Tensor<2>, lr: f64) -> Mlp {
     let loss = square_mean(model.forward(x));
     let grads = GradientsParams::from_grads(loss.backward(), &model);
     optim.step(lr, model, grads)
@@ -118,22 +119,29 @@ pub fn fused_adam_keeps_snapshots(device: &Device) {
     }
 }
 
+/// The same model trained two steps with burn's `Adam` and, as a copy, with `FusedAdam`:
+/// `(adam's model, adam, fused_adam's model, fused_adam)`.
+fn two_steps_each(device: &Device, lr: f64) -> (Mlp, ModuleOptimizer, Mlp, ModuleOptimizer) {
+    let model = Mlp::new(16, 2, 4, device);
+    let mut reference = deep_copy(&model);
+    let mut fused = model;
+    let mut adam = AdamConfig::new().init();
+    let mut fused_adam = FusedAdamConfig::new().init();
+    for step in 0..2 {
+        let x = batch([8, 16], step, device);
+        reference = eager_step(reference, &mut adam, x.clone(), lr);
+        fused = eager_step(fused, &mut fused_adam, x, lr);
+    }
+    (reference, adam, fused, fused_adam)
+}
+
 /// `FusedAdam` keeps burn's `AdamState`, so its records load into burn's `Adam` and back:
 /// two steps with `FusedAdam`, then the record continues under either optimizer, and both
 /// match four steps of burn's `Adam`.
 pub fn fused_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
-    let model = Mlp::new(16, 2, 4, &device);
-    let mut reference = deep_copy(&model);
-    let mut fused = model;
-    let mut adam = AdamConfig::new().init();
-    let mut fused_adam = FusedAdamConfig::new().init();
-    for step in 0..2 {
-        let x = batch([8, 16], step, &device);
-        reference = eager_step(reference, &mut adam, x.clone(), lr);
-        fused = eager_step(fused, &mut fused_adam, x, lr);
-    }
+    let (mut reference, mut adam, fused, fused_adam) = two_steps_each(&device, lr);
     // A record is taken twice (it is not `Clone`): the same state both times.
     let mut continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
     let mut continued_fused = FusedAdamConfig::new()
@@ -159,16 +167,7 @@ pub fn fused_adam_records_load_into_adam(device: &Device) {
 /// from moments already advanced by the first.
 pub fn fused_adam_leaves_shared_moments_alone(device: &Device) {
     let device = device.clone().autodiff();
-    let model = Mlp::new(16, 2, 4, &device);
-    let mut reference = deep_copy(&model);
-    let mut fused = model;
-    let mut adam = AdamConfig::new().init();
-    let mut fused_adam = FusedAdamConfig::new().init();
-    for step in 0..2 {
-        let x = batch([8, 16], step, &device);
-        reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
-        fused = eager_step(fused, &mut fused_adam, x, 1e-2);
-    }
+    let (mut reference, mut adam, mut fused, mut fused_adam) = two_steps_each(&device, 1e-2);
     let mut twin_optim = fused_adam.clone();
     let mut twin = deep_copy(&fused);
     for step in 2..4 {
