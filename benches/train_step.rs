@@ -549,7 +549,8 @@ mod host_profile {
     use std::collections::{HashMap, HashSet};
     use std::io::Write;
 
-    /// Samples per second.
+    /// Samples per second asked of the process timer (on the H100 machine's VM it delivered
+    /// about 250: the timer's resolution).
     const FREQUENCY: i32 = 4999;
     /// Functions listed per table.
     const TOP: usize = 60;
@@ -627,7 +628,7 @@ mod host_profile {
                     .collect::<String>()
             };
             let text = format!(
-                "## {}: {total} samples at {FREQUENCY} Hz\n### threads\n{}### inclusive\n{}### self\n{}\n",
+                "## {}: {total} samples ({FREQUENCY} Hz asked; the process timer may deliver fewer)\n### threads\n{}### inclusive\n{}### self\n{}\n",
                 self.label,
                 table(threads),
                 table(inclusive),
