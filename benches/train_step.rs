@@ -8,14 +8,16 @@
 //! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
-//!                     graphed_guarded_fused_adam]
+//!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
+//!                     graphed_static_multi_adam]
 //!            [--host-profile FILE]
 //! ```
 //!
 //! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
-//! with `burn_graphed::FusedAdam` instead of burn's `Adam`. `--host-profile FILE` (feature
+//! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
+//! `burn_graphed::MultiTensorAdam` (one fusion operation for all parameters). `--host-profile FILE` (feature
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
@@ -45,7 +47,8 @@ use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
 use burn_graphed::{
-    FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy, TensorGroup,
+    FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy,
+    TensorGroup,
 };
 
 #[derive(Module, Debug)]
@@ -195,7 +198,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default is the first four and the last two).
-const MODES: [Mode; 9] = [
+const MODES: [Mode; 12] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -205,14 +208,34 @@ const MODES: [Mode; 9] = [
     Mode::Graphed(FaultInjection::None, Optim::FusedAdam),
     Mode::GraphedStatic(Optim::FusedAdam),
     Mode::GraphedGuarded(Optim::FusedAdam),
+    Mode::Eager(Optim::MultiAdam),
+    Mode::Graphed(FaultInjection::None, Optim::MultiAdam),
+    Mode::GraphedStatic(Optim::MultiAdam),
 ];
 
-/// The optimizer of a run: burn's `Adam`, or `burn_graphed::FusedAdam` (one kernel per
-/// parameter, updating the graphs' parameter buffers in place).
+/// The optimizer of a run: burn's `Adam`, `burn_graphed::FusedAdam` (one kernel per
+/// parameter, updating the graphs' parameter buffers in place), or
+/// `burn_graphed::MultiTensorAdam` (the same, one fusion operation for all parameters).
 #[derive(Clone, Copy, PartialEq)]
 enum Optim {
     Adam,
     FusedAdam,
+    MultiAdam,
+}
+
+/// A module optimizer of either kind.
+enum Optimizer {
+    Module(ModuleOptimizer),
+    Multi(MultiTensorAdam),
+}
+
+impl Optimizer {
+    fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        match self {
+            Optimizer::Module(optim) => optim.step(lr, module, grads),
+            Optimizer::Multi(optim) => optim.step(lr, module, grads),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -230,7 +253,7 @@ enum Mode {
 impl Mode {
     fn label(self) -> &'static str {
         use FaultInjection::{None, SkipInputCopy, SkipParamCopy};
-        use Optim::{Adam, FusedAdam};
+        use Optim::{Adam, FusedAdam, MultiAdam};
         match self {
             Mode::Eager(Adam) => "eager",
             Mode::Graphed(None, Adam) => "graphed",
@@ -242,10 +265,14 @@ impl Mode {
             Mode::GraphedStatic(FusedAdam) => "graphed_static_fused_adam",
             Mode::GraphedGuarded(Adam) => "graphed_guarded",
             Mode::GraphedGuarded(FusedAdam) => "graphed_guarded_fused_adam",
+            Mode::Eager(MultiAdam) => "eager_multi_adam",
+            Mode::Graphed(_, MultiAdam) => "graphed_multi_adam",
+            Mode::GraphedStatic(MultiAdam) => "graphed_static_multi_adam",
+            Mode::GraphedGuarded(MultiAdam) => "graphed_guarded_multi_adam",
         }
     }
 
-    fn optimizer(self) -> ModuleOptimizer {
+    fn optimizer(self) -> Optimizer {
         let optim = match self {
             Mode::Eager(optim)
             | Mode::Graphed(_, optim)
@@ -253,8 +280,9 @@ impl Mode {
             | Mode::GraphedGuarded(optim) => optim,
         };
         match optim {
-            Optim::Adam => AdamConfig::new().init(),
-            Optim::FusedAdam => FusedAdamConfig::new().init(),
+            Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
+            Optim::FusedAdam => Optimizer::Module(FusedAdamConfig::new().init()),
+            Optim::MultiAdam => Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
         }
     }
 }
@@ -337,7 +365,7 @@ fn train_steps<M: Module, I: Clone, O>(
     call: impl Fn(&M, I) -> O,
     loss_of: fn(O) -> Tensor<1>,
     inputs: &[I],
-    optimizer: &mut ModuleOptimizer,
+    optimizer: &mut Optimizer,
     label: &str,
     device: &Device,
     options: &Options,

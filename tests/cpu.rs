@@ -54,9 +54,13 @@ on_devices! {
     dropping_the_model_before_backward => scenarios::recovery::dropping_the_model_before_backward;
     fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;
     graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
-    fused_adam_keeps_snapshots => scenarios::optim::fused_adam_keeps_snapshots;
+    fused_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::PerParam);
+    multi_tensor_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::MultiTensor);
+    multi_tensor_adam_matches_fused_adam => scenarios::optim::multi_tensor_adam_matches_fused_adam;
+    graphed_multi_tensor_adam_matches_eager => |d| scenarios::optim::graphed_multi_tensor_adam_matches_eager(d, 4);
     fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
-    fused_adam_leaves_shared_moments_alone => scenarios::optim::fused_adam_leaves_shared_moments_alone;
+    fused_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::PerParam);
+    multi_tensor_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::MultiTensor);
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
 }

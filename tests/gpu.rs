@@ -175,7 +175,22 @@ fn graphed_fused_adam_matches_eager() {
 
 #[test]
 fn fused_adam_keeps_snapshots() {
-    scenarios::optim::fused_adam_keeps_snapshots(&cuda());
+    scenarios::optim::fused_adam_keeps_snapshots(&cuda(), scenarios::optim::Kind::PerParam);
+}
+
+#[test]
+fn multi_tensor_adam_keeps_snapshots() {
+    scenarios::optim::fused_adam_keeps_snapshots(&cuda(), scenarios::optim::Kind::MultiTensor);
+}
+
+#[test]
+fn multi_tensor_adam_matches_fused_adam() {
+    scenarios::optim::multi_tensor_adam_matches_fused_adam(&cuda());
+}
+
+#[test]
+fn graphed_multi_tensor_adam_matches_eager() {
+    scenarios::optim::graphed_multi_tensor_adam_matches_eager(&cuda(), 20);
 }
 
 #[test]
@@ -185,7 +200,14 @@ fn fused_adam_records_load_into_adam() {
 
 #[test]
 fn fused_adam_leaves_shared_moments_alone() {
-    scenarios::optim::fused_adam_leaves_shared_moments_alone(&cuda());
+    let kind = scenarios::optim::Kind::PerParam;
+    scenarios::optim::fused_adam_leaves_shared_moments_alone(&cuda(), kind);
+}
+
+#[test]
+fn multi_tensor_adam_leaves_shared_moments_alone() {
+    let kind = scenarios::optim::Kind::MultiTensor;
+    scenarios::optim::fused_adam_leaves_shared_moments_alone(&cuda(), kind);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use burn_graphed_testkit::deep_copy;
 /// burn's `Adam`.
 pub fn guarded_training_matches_eager(device: &Device, steps: usize) {
     let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
-    let report = mlp_against_eager(device, steps, config, Some(FusedAdamConfig::new().init()));
+    let report = mlp_against_eager(device, steps, config, FusedAdamConfig::new().init());
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.total_fallbacks(), 0, "{report}");

@@ -91,19 +91,18 @@ fn batch(shape: [usize; 2], step: usize, device: &Device) -> Tensor<2> {
 }
 
 /// Trains the 3 x Linear(32) MLP with burn's `Adam` eagerly and, graphed with `graphed`, with
-/// `graphed_optimizer` (burn's `Adam` when `None`) for `steps` steps on the same batches;
+/// `graphed_optimizer` for `steps` steps on the same batches;
 /// panics unless every output, loss, gradient and parameter matched. The report, for the
 /// caller's counter checks.
-pub fn mlp_against_eager(
+pub fn mlp_against_eager<S: burn_graphed_testkit::ModuleStep>(
     device: &Device,
     steps: usize,
     graphed: GraphedConfig,
-    graphed_optimizer: Option<burn::optim::ModuleOptimizer>,
+    graphed_optimizer: S,
 ) -> burn_graphed_testkit::EquivalenceReport {
     let device = device.clone().autodiff();
     let model = Mlp::new(32, 3, 8, &device);
     let optimizer = AdamConfig::new().init();
-    let graphed_optimizer = graphed_optimizer.unwrap_or_else(|| optimizer.clone());
     let report = burn_graphed_testkit::compare_training_with_optimizer(
         TrainingComparison {
             model,
@@ -117,8 +116,8 @@ pub fn mlp_against_eager(
             tolerance: tolerance_for(&device),
         },
         graphed_optimizer,
-    )
-    .expect("comparison runs");
+    );
+    let report = report.expect("comparison runs");
     println!("mlp: {report}");
     assert!(report.passed(), "{report}");
     report
@@ -126,7 +125,8 @@ pub fn mlp_against_eager(
 
 /// Graphed MLP training equals eager training for `steps` Adam steps.
 pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
-    let report = mlp_against_eager(device, steps, GraphedConfig::new(), None);
+    let adam = AdamConfig::new().init();
+    let report = mlp_against_eager(device, steps, GraphedConfig::new(), adam);
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");

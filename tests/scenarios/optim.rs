@@ -4,14 +4,91 @@
 use super::*;
 use burn::optim::ModuleOptimizer;
 use burn::optim::decay::WeightDecayConfig;
+use burn::optim::grad_clipping::GradientClippingConfig;
 use burn_graphed::FusedAdamConfig;
-use burn_graphed_testkit::deep_copy;
+use burn_graphed_testkit::{ModuleStep, deep_copy};
 
 /// One eager step of `model` on `x` with `optim`.
-fn eager_step(model: Mlp, optim: &mut ModuleOptimizer, x: Tensor<2>, lr: f64) -> Mlp {
+fn eager_step<S: ModuleStep>(model: Mlp, optim: &mut S, x: Tensor<2>, lr: f64) -> Mlp {
     let loss = square_mean(model.forward(x));
     let grads = GradientsParams::from_grads(loss.backward(), &model);
-    optim.step(lr, model, grads)
+    optim.step_module(lr, model, grads)
+}
+
+/// The two module optimizers of `FusedAdam`: per parameter (through burn's `ModuleOptimizer`)
+/// and multi-tensor.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// `FusedAdamConfig::init`.
+    PerParam,
+    /// `FusedAdamConfig::init_multi_tensor`.
+    MultiTensor,
+}
+
+/// Runs `body` with the module optimizer of `kind` built from `config`.
+fn with_kind<R>(kind: Kind, config: &FusedAdamConfig, body: impl WithOptim<R>) -> R {
+    match kind {
+        Kind::PerParam => body.run(config.init()),
+        Kind::MultiTensor => body.run(config.init_multi_tensor()),
+    }
+}
+
+/// A test body generic over the module optimizer (closures cannot be generic).
+trait WithOptim<R> {
+    fn run<S: ModuleStep>(self, optim: S) -> R;
+}
+
+/// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
+/// at a time (the same arithmetic in one launch), with and without weight decay and gradient
+/// clipping, over several steps; both match burn's `Adam` to rounding. (Not bit for bit: on
+/// lavapipe the two kernels differed by up to 6 ulps, the compiler's choice in a loop.)
+pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
+    let device = device.clone().autodiff();
+    let clipping = Some(GradientClippingConfig::Norm(0.5));
+    for (decay, clipping) in [
+        (None, None),
+        (Some(WeightDecayConfig::new(0.05)), None),
+        (None, clipping),
+    ] {
+        let model = Mlp::new(16, 3, 4, &device);
+        let mut reference = deep_copy(&model);
+        let mut per_param = deep_copy(&model);
+        let mut multi = model;
+        let reference_config = AdamConfig::new()
+            .with_weight_decay(decay.clone())
+            .with_grad_clipping(clipping.clone());
+        let mut adam = reference_config.init();
+        let config = FusedAdamConfig::new()
+            .with_weight_decay(decay)
+            .with_grad_clipping(clipping);
+        let mut fused_adam = config.init();
+        let mut multi_adam = config.init_multi_tensor();
+        for step in 0..4 {
+            let x = batch([8, 16], step, &device);
+            reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
+            per_param = eager_step(per_param, &mut fused_adam, x.clone(), 1e-2);
+            multi = eager_step(multi, &mut multi_adam, x, 1e-2);
+            let what = format!("step {step} ({multi_adam:?})");
+            assert_params_close(&what, &per_param, &multi, tolerance_for(&device));
+            assert_params_close(&what, &reference, &multi, tolerance_for(&device));
+        }
+    }
+}
+
+/// Graphed training with the multi-tensor optimizer equals eager training with burn's `Adam`,
+/// and, like `FusedAdam`, writes the graphs' parameter buffers in place: only the first call
+/// copies parameters.
+pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
+    let optimizer = FusedAdamConfig::new().init_multi_tensor();
+    let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
+    if report.summary.graphed {
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(
+            report.stats.param_copies, report.summary.params as u64,
+            "only the first call copies parameters: {report}"
+        );
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
 }
 
 /// Without graphs, `FusedAdam` updates parameters as burn's `Adam` does (to rounding), with and
@@ -43,7 +120,7 @@ pub fn fused_adam_matches_adam(device: &Device) {
 /// graphs' parameter buffers itself, so only the first call copies parameters.
 pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
     let optimizer = FusedAdamConfig::new().init();
-    let report = mlp_against_eager(device, steps, GraphedConfig::new(), Some(optimizer));
+    let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
@@ -59,14 +136,23 @@ pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
 /// while it lives, the optimizer writes new buffers and calls run eagerly
 /// (`ParamBufferAliased`); once it is dropped, calls replay again. Training stays equal to
 /// eager throughout.
-pub fn fused_adam_keeps_snapshots(device: &Device) {
+pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
+    struct Body<'a>(&'a Device);
+    impl WithOptim<()> for Body<'_> {
+        fn run<S: ModuleStep>(self, optim: S) {
+            keeps_snapshots(self.0, optim);
+        }
+    }
+    with_kind(kind, &FusedAdamConfig::new(), Body(device));
+}
+
+fn keeps_snapshots<S: ModuleStep>(device: &Device, mut fused_adam: S) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
     let model = Mlp::new(16, 2, 4, &device);
     let mut eager = deep_copy(&model);
     let mut graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let mut adam = AdamConfig::new().init();
-    let mut fused_adam = FusedAdamConfig::new().init();
     let mut step = 0;
     let mut train = |graphed: Graphed<Mlp, Tensor<2>, Tensor<2>>, eager: Mlp, steps: usize| {
         let (mut graphed, mut eager) = (graphed, eager);
@@ -75,7 +161,7 @@ pub fn fused_adam_keeps_snapshots(device: &Device) {
             step += 1;
             let loss = square_mean(graphed.forward(x.clone()).expect("call"));
             let grads = GradientsParams::from_grads(loss.backward(), &graphed);
-            graphed = fused_adam.step(lr, graphed, grads);
+            graphed = fused_adam.step_module(lr, graphed, grads);
             eager = eager_step(eager, &mut adam, x, lr);
         }
         (graphed, eager)
@@ -119,14 +205,17 @@ pub fn fused_adam_keeps_snapshots(device: &Device) {
     }
 }
 
-/// The same model trained two steps with burn's `Adam` and, as a copy, with `FusedAdam`:
+/// The same model trained two steps with burn's `Adam` and, as a copy, with `fused_adam`:
 /// `(adam's model, adam, fused_adam's model, fused_adam)`.
-fn two_steps_each(device: &Device, lr: f64) -> (Mlp, ModuleOptimizer, Mlp, ModuleOptimizer) {
+fn two_steps_each<S: ModuleStep>(
+    device: &Device,
+    lr: f64,
+    mut fused_adam: S,
+) -> (Mlp, ModuleOptimizer, Mlp, S) {
     let model = Mlp::new(16, 2, 4, device);
     let mut reference = deep_copy(&model);
     let mut fused = model;
     let mut adam = AdamConfig::new().init();
-    let mut fused_adam = FusedAdamConfig::new().init();
     for step in 0..2 {
         let x = batch([8, 16], step, device);
         reference = eager_step(reference, &mut adam, x.clone(), lr);
@@ -141,7 +230,8 @@ fn two_steps_each(device: &Device, lr: f64) -> (Mlp, ModuleOptimizer, Mlp, Modul
 pub fn fused_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
-    let (mut reference, mut adam, fused, fused_adam) = two_steps_each(&device, lr);
+    let (mut reference, mut adam, fused, fused_adam) =
+        two_steps_each(&device, lr, FusedAdamConfig::new().init());
     // A record is taken twice (it is not `Clone`): the same state both times.
     let mut continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
     let mut continued_fused = FusedAdamConfig::new()
@@ -165,9 +255,19 @@ pub fn fused_adam_records_load_into_adam(device: &Device) {
 /// exactly as the original does, and both equal burn's `Adam` continued from the same point.
 /// Were the shared moments overwritten in place, the second optimizer to step would start
 /// from moments already advanced by the first.
-pub fn fused_adam_leaves_shared_moments_alone(device: &Device) {
+pub fn fused_adam_leaves_shared_moments_alone(device: &Device, kind: Kind) {
+    struct Body<'a>(&'a Device);
+    impl WithOptim<()> for Body<'_> {
+        fn run<S: ModuleStep>(self, optim: S) {
+            leaves_shared_moments_alone(self.0, optim);
+        }
+    }
+    with_kind(kind, &FusedAdamConfig::new(), Body(device));
+}
+
+fn leaves_shared_moments_alone<S: ModuleStep>(device: &Device, optim: S) {
     let device = device.clone().autodiff();
-    let (mut reference, mut adam, mut fused, mut fused_adam) = two_steps_each(&device, 1e-2);
+    let (mut reference, mut adam, mut fused, mut fused_adam) = two_steps_each(&device, 1e-2, optim);
     let mut twin_optim = fused_adam.clone();
     let mut twin = deep_copy(&fused);
     for step in 2..4 {

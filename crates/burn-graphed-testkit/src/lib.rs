@@ -43,7 +43,26 @@ use std::fmt;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Tensor, TensorData};
-use burn_graphed::{Graphed, GraphedConfig, GraphedError, TensorGroup};
+use burn_graphed::{Graphed, GraphedConfig, GraphedError, MultiTensorAdam, TensorGroup};
+
+/// A whole-module optimizer step: burn's [`ModuleOptimizer`] and
+/// [`burn_graphed::MultiTensorAdam`], so that one harness trains with either.
+pub trait ModuleStep: Clone {
+    /// `module` after one step with `grads` at learning rate `lr`.
+    fn step_module<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M;
+}
+
+impl ModuleStep for ModuleOptimizer {
+    fn step_module<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        self.step(lr, module, grads)
+    }
+}
+
+impl ModuleStep for MultiTensorAdam {
+    fn step_module<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        self.step(lr, module, grads)
+    }
+}
 
 /// How close graphed values must be to eager ones.
 ///
@@ -486,16 +505,18 @@ where
 
 /// [`compare_training`], with `graphed_optimizer` training the graphed model instead of a
 /// clone of `comparison.optimizer` (which trains the eager one): e.g. burn's `Adam` eagerly
-/// against [`burn_graphed::FusedAdam`] on the graphed model.
+/// against [`burn_graphed::FusedAdam`] or [`burn_graphed::MultiTensorAdam`] on the graphed
+/// model.
 ///
 /// # Errors
 ///
 /// As [`compare_training`].
-pub fn compare_training_with_optimizer<M, I, O>(
+pub fn compare_training_with_optimizer<M, I, O, S>(
     comparison: TrainingComparison<'_, M, I, O>,
-    mut graphed_optimizer: ModuleOptimizer,
+    mut graphed_optimizer: S,
 ) -> Result<EquivalenceReport, HarnessError>
 where
+    S: ModuleStep,
     M: Module,
     I: TensorGroup + Clone,
     O: TensorGroup,
@@ -554,7 +575,7 @@ where
             tolerance,
         ));
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
-        graphed = graphed_optimizer.step(learning_rate, graphed, graphed_grads);
+        graphed = graphed_optimizer.step_module(learning_rate, graphed, graphed_grads);
         tensors.extend(compare_params(
             &format!("step {step} updated"),
             &eager,

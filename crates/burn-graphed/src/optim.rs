@@ -7,6 +7,8 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{Adam, AdamConfig, AdamState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::tensor::{Device, Tensor};
 
+use crate::MultiTensorAdam;
+
 /// Configuration of [`FusedAdam`]: the same fields and defaults as burn's
 /// [`AdamConfig`](burn::optim::AdamConfig).
 #[derive(Config, Debug)]
@@ -52,13 +54,24 @@ impl FusedAdamConfig {
     }
 
     /// The module optimizer, used exactly like the one [`AdamConfig::init`] returns:
-    /// `model = optim.step(lr, model, grads)`.
+    /// `model = optim.step(lr, model, grads)`. One fused operation per parameter; see
+    /// [`init_multi_tensor`](Self::init_multi_tensor) for one per step.
     pub fn init(&self) -> ModuleOptimizer {
         let optim = ModuleOptimizer::from(self.build());
         match &self.grad_clipping {
             Some(clipping) => optim.with_grad_clipping(clipping.init()),
             None => optim,
         }
+    }
+
+    /// The multi-tensor module optimizer: the same update as [`init`](Self::init)'s, with one
+    /// fused operation for all parameters of a step.
+    pub fn init_multi_tensor(&self) -> MultiTensorAdam {
+        let clipping = self
+            .grad_clipping
+            .as_ref()
+            .map(GradientClippingConfig::init);
+        MultiTensorAdam::new(self.build(), clipping)
     }
 }
 

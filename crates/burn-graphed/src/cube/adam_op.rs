@@ -19,6 +19,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::buffers::FusedTensor;
 use crate::optim::FusedAdam;
 
 /// Threads per cube of the update kernel.
@@ -28,6 +29,7 @@ const CUBE_THREADS: u32 = 256;
 /// (`factors`), and passed to the kernel by value (a graph would capture them like any launch
 /// argument).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
+#[expand(derive(Clone))]
 pub(crate) struct Factors {
     /// Learning rate.
     lr: f32,
@@ -47,9 +49,25 @@ pub(crate) struct Factors {
     penalty: f32,
 }
 
+impl Factors {
+    /// The kernel argument.
+    pub(super) fn launch(&self) -> FactorsLaunch {
+        FactorsLaunch::new(
+            self.lr,
+            self.beta_1,
+            self.one_minus_beta_1,
+            self.beta_2,
+            self.one_minus_beta_2,
+            self.combined,
+            self.epsilon,
+            self.penalty,
+        )
+    }
+}
+
 /// Element `i` of the update: updates the moments in place, returns the new parameter value.
 #[cube]
-fn adam_element(
+pub(super) fn adam_element(
     i: usize,
     param: f32,
     grad: &[f32],
@@ -135,13 +153,13 @@ pub(crate) trait FusedAdamOps: Backend {
 }
 
 /// A contiguous, untiled version of `tensor` (the kernel indexes buffers linearly).
-fn linear(tensor: &CubeTensor) -> CubeTensor {
+pub(super) fn linear(tensor: &CubeTensor) -> CubeTensor {
     burn_cubecl::kernel::into_contiguous(tensor.clone())
 }
 
 /// `tensor` as a contiguous buffer that nothing else holds, to be written in place: itself
 /// when it is one (fusion handed over its last reference), a copy otherwise.
-fn owned_linear(tensor: CubeTensor) -> CubeTensor {
+pub(super) fn owned_linear(tensor: CubeTensor) -> CubeTensor {
     if tensor.can_mut() && tensor.is_contiguous() {
         tensor
     } else {
@@ -271,7 +289,7 @@ pub(crate) fn fused_adam(
 
 /// The factors of step `time` (counted from 1), as burn-optim's `AdaptiveMomentum` computes
 /// them.
-fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factors {
+pub(crate) fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factors {
     let time = time as i32;
     let bias_correction2_sqrt = (1.0 - adam.beta_2.powi(time)).sqrt();
     Factors {
@@ -287,17 +305,30 @@ fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factors {
 }
 
 /// What [`step`] hands back when it cannot fuse: the arguments, untouched.
-type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);
+pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);
 
-/// One fused Adam step of one parameter, or the arguments back (`Err`) where the step cannot be
-/// fused: not on burn's cubecl backend, not all `f32`, AMSGrad, or shapes that differ.
-pub(crate) fn step<const D: usize>(
+/// A parameter's step, ready for a fused kernel: its tensors as fusion tensors of burn's cubecl
+/// backend, and the step number.
+pub(crate) struct Prepared {
+    /// The parameter.
+    pub param: FusedTensor,
+    /// Its gradient.
+    pub grad: FusedTensor,
+    /// First and second moments (zeros at the first step).
+    pub moments: (FusedTensor, FusedTensor),
+    /// The step, counted from 1.
+    pub time: usize,
+}
+
+/// The tensors of one Adam step as fusion tensors, or the arguments back (`Err`) where the step
+/// cannot be fused: not on burn's cubecl backend, not all `f32`, AMSGrad, or shapes that
+/// differ.
+pub(crate) fn prepare<const D: usize>(
     adam: &FusedAdam,
-    lr: LearningRate,
     tensor: Tensor<D>,
     grad: Tensor<D>,
     state: Option<AdamState<D>>,
-) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
+) -> Result<Prepared, Box<Unfused<D>>> {
     use burn::backend::Cube;
     use burn::tensor::DType;
 
@@ -341,7 +372,31 @@ pub(crate) fn step<const D: usize>(
         return Err(Box::new((tensor, grad, state)));
     };
     drop((tensor, grad, state));
-    let grad = grad_primitive;
+    Ok(Prepared {
+        param,
+        grad: grad_primitive,
+        moments: (moment_1, moment_2),
+        time,
+    })
+}
+
+/// One fused Adam step of one parameter, or the arguments back (`Err`) where the step cannot be
+/// fused (see [`prepare`]).
+pub(crate) fn step<const D: usize>(
+    adam: &FusedAdam,
+    lr: LearningRate,
+    tensor: Tensor<D>,
+    grad: Tensor<D>,
+    state: Option<AdamState<D>>,
+) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
+    use burn::backend::Cube;
+
+    let Prepared {
+        param,
+        grad,
+        moments,
+        time,
+    } = prepare(adam, tensor, grad, state)?;
     let factors = factors(adam, lr, time);
     let (new_param, new_moment_1, new_moment_2) =
         match super::session::param_buffer_holding(param.id) {
@@ -352,19 +407,13 @@ pub(crate) fn step<const D: usize>(
                 // the buffer.
                 drop(param);
                 let in_place = buffer.release_alias();
-                let updated = fused_adam(
-                    &buffer.fused,
-                    grad,
-                    (moment_1, moment_2),
-                    &factors,
-                    in_place,
-                );
+                let updated = fused_adam(&buffer.fused, grad, moments, &factors, in_place);
                 if in_place {
                     buffer.hand_over(&updated.0);
                 }
                 updated
             }
-            None => fused_adam(&param, grad, (moment_1, moment_2), &factors, false),
+            None => fused_adam(&param, grad, moments, &factors, false),
         };
     let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
     let momentum = AdaptiveMomentumState::new(time, wrap(new_moment_1), wrap(new_moment_2));

@@ -1,0 +1,352 @@
+//! The Adam update of many parameters as **one** fusion operation (PyTorch's multi-tensor
+//! `fused=True` Adam): every parameter, gradient and moment of a step goes into a single
+//! operation registered with fusion by hand, which launches one kernel per chunk of parameters.
+//! `adam_op` registers one operation per parameter; the host profile of the graphed step showed
+//! that fusion's cost per registered operation, not the kernels, bounds the step.
+//!
+//! The `backend_extension` macro cannot express a variable number of tensors, so the operation
+//! is built here from the same parts the macro uses (`CustomOpIr` and an `OperationFn` that
+//! resolves the input handles and registers the output handles at execution time).
+//!
+//! The arithmetic is `adam_op`'s (`adam_element`), so both agree to rounding (compilers may
+//! contract operations differently in the two kernels).
+
+use burn::backend::TensorMetadata;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use burn_fusion::custom::{
+    CustomOpIr, HandleContainer, OperationFn, OperationIr, StreamId, TensorId, TensorIr,
+};
+use burn_fusion::{FusionBackend, FusionRuntime};
+use cubecl::prelude::*;
+
+use std::sync::Arc;
+
+use burn::backend::Cube;
+use burn::optim::{AdamState, LearningRate};
+use burn::tensor::Tensor;
+
+use super::adam_op::{
+    Factors, Prepared, Unfused, adam_element, factors, linear, owned_linear, prepare,
+};
+use super::buffers::FusedTensor;
+use super::session::{self, Session};
+use crate::optim::FusedAdam;
+
+/// Threads per cube of the update kernel.
+const CUBE_THREADS: u32 = 256;
+
+/// Most parameters one launch updates: four bindings each (parameter, gradient, two moments).
+/// Bounds the kernel's argument size on CUDA and stays under the binding limit of the
+/// backends that have one (checked against the device's own limit too).
+const MAX_PARAMS_PER_LAUNCH: usize = 24;
+
+/// Most cubes along x per parameter: larger parameters are covered by a grid-stride loop.
+const MAX_CUBES_PER_PARAM: u32 = 1024;
+
+/// The update of a chunk of parameters, in place: cube row `y` updates parameter `y`.
+#[cube(launch_unchecked)]
+fn adam_multi_kernel(
+    params: &mut Sequence<Box<[f32]>>,
+    grads: &Sequence<Box<[f32]>>,
+    moments_1: &mut Sequence<Box<[f32]>>,
+    moments_2: &mut Sequence<Box<[f32]>>,
+    factors: Factors,
+    #[comptime] decay: bool,
+) {
+    let stride = CUBE_COUNT_X as usize * CUBE_DIM_X as usize;
+    #[unroll]
+    for k in 0..params.len() {
+        if CUBE_POS_Y as usize == k {
+            let param = &mut params[k];
+            let grad = &grads[k];
+            let moment_1 = &mut moments_1[k];
+            let moment_2 = &mut moments_2[k];
+            let mut i = ABSOLUTE_POS_X as usize;
+            while i < param.len() {
+                let value = adam_element(
+                    i,
+                    param[i],
+                    grad,
+                    moment_1,
+                    moment_2,
+                    factors.clone(),
+                    decay,
+                );
+                param[i] = value;
+                i += stride;
+            }
+        }
+    }
+}
+
+/// One parameter of a multi-tensor update, as handed to [`register`].
+pub(crate) struct Update {
+    /// The parameter's values: a graph's static parameter buffer when `in_place`, otherwise the
+    /// parameter tensor (read only: the new values go to a new buffer).
+    pub param: FusedTensor,
+    /// Its gradient, by value (fusion frees it after the update without a release operation).
+    pub grad: FusedTensor,
+    /// The two moments, by value: updated in their own buffers where nothing else holds them.
+    pub moments: (FusedTensor, FusedTensor),
+    /// Write the new values into `param`'s buffer (the caller made sure nobody else reads it).
+    pub in_place: bool,
+    /// Index into the factors given to [`register`] (parameters at different steps).
+    pub factors: usize,
+}
+
+/// What one update was, at execution time.
+struct Slot {
+    param: TensorIr,
+    grad: TensorIr,
+    moment_1: TensorIr,
+    moment_2: TensorIr,
+    in_place: bool,
+    factors: usize,
+    outputs: [TensorId; 3],
+}
+
+/// Queues the updates of `updates` as one fusion operation. Returns, per update and in order,
+/// the new parameter (a tensor over the static buffer when `in_place`), first and second
+/// moment. Every tensor is `f32`, contiguous or not, all tensors of one update have the same
+/// shape and device (checked by the caller), and `updates` is not empty.
+pub(crate) fn register(
+    updates: Vec<Update>,
+    factors: Vec<Factors>,
+    decay: bool,
+) -> Vec<(FusedTensor, FusedTensor, FusedTensor)> {
+    let client = updates[0].param.client.clone();
+    let mut inputs = Vec::with_capacity(updates.len() * 4);
+    let mut outputs = Vec::with_capacity(updates.len() * 3);
+    let mut slots = Vec::with_capacity(updates.len());
+    for update in updates {
+        let shape = update.param.shape();
+        let dtype = update.param.dtype();
+        let ids = [(); 3].map(|()| client.create_empty_handle());
+        for id in ids {
+            outputs.push(TensorIr::uninit(id, shape.clone(), dtype));
+        }
+        // `into_ir` marks an input the caller handed over (no other holder) as writable, so
+        // fusion gives its buffer to the operation and frees it afterwards.
+        let slot = Slot {
+            param: update.param.into_ir(),
+            grad: update.grad.into_ir(),
+            moment_1: update.moments.0.into_ir(),
+            moment_2: update.moments.1.into_ir(),
+            in_place: update.in_place,
+            factors: update.factors,
+            outputs: ids,
+        };
+        inputs.extend([&slot.param, &slot.grad, &slot.moment_1, &slot.moment_2].map(Clone::clone));
+        slots.push(slot);
+    }
+    let description = CustomOpIr {
+        id: "burn_graphed_adam_multi".into(),
+        inputs,
+        outputs,
+        scalars: Vec::new(),
+    };
+    let operation = OperationFn(move |handles: &mut Handles| {
+        execute(&slots, &factors, decay, handles);
+        Ok(())
+    });
+    let mut tensors = client
+        .register(
+            StreamId::current(),
+            OperationIr::Custom(description),
+            operation,
+        )
+        .into_iter();
+    let mut results = Vec::new();
+    while let (Some(param), Some(moment_1), Some(moment_2)) =
+        (tensors.next(), tensors.next(), tensors.next())
+    {
+        results.push((param, moment_1, moment_2));
+    }
+    results
+}
+
+/// Fusion's handles of burn's cubecl backend.
+type Handles =
+    HandleContainer<<<CubeBackend as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
+
+/// The operation, on fusion's server: resolves the buffers, launches the chunks, registers the
+/// outputs.
+fn execute(slots: &[Slot], factors: &[Factors], decay: bool, handles: &mut Handles) {
+    let mut targets = Vec::with_capacity(slots.len());
+    let mut launched = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let param = handles.get_float_tensor::<CubeBackend>(&slot.param);
+        let grad = linear(&handles.get_float_tensor::<CubeBackend>(&slot.grad));
+        let moment_1 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_1));
+        let moment_2 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_2));
+        // Not in place: the new values go to a buffer of their own, a copy of the old ones
+        // that the kernel then updates in place (only outside graphs, the slow path).
+        let target = if slot.in_place {
+            param
+        } else {
+            <CubeBackend as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&param)
+        };
+        targets.push(target.clone());
+        launched.push((target, grad, moment_1, moment_2, slot.factors));
+    }
+    // One launch per chunk of parameters at the same step (usually all of them).
+    for (index, _) in factors.iter().enumerate() {
+        let chunk: Vec<_> = launched.iter().filter(|update| update.4 == index).collect();
+        for part in chunk.chunks(max_params_per_launch(&launched[0].0)) {
+            launch(part, &factors[index], decay);
+        }
+    }
+    for ((slot, target), (_, _, moment_1, moment_2, _)) in slots.iter().zip(targets).zip(launched) {
+        let [param_id, moment_1_id, moment_2_id] = &slot.outputs;
+        handles.register_float_tensor::<CubeBackend>(param_id, target);
+        handles.register_float_tensor::<CubeBackend>(moment_1_id, moment_1);
+        handles.register_float_tensor::<CubeBackend>(moment_2_id, moment_2);
+    }
+}
+
+/// Parameters per launch on `tensor`'s device: [`MAX_PARAMS_PER_LAUNCH`], fewer where the
+/// device binds fewer buffers per kernel.
+fn max_params_per_launch(tensor: &CubeTensor) -> usize {
+    let bindings = tensor.client.properties().hardware.max_bindings as usize;
+    MAX_PARAMS_PER_LAUNCH.min(bindings / 4).max(1)
+}
+
+type Launched = (CubeTensor, CubeTensor, CubeTensor, CubeTensor, usize);
+
+/// One kernel launch for `part`.
+fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
+    let client = part[0].0.client.clone();
+    let elements = |tensor: &CubeTensor| -> usize { tensor.meta.shape().iter().product() };
+    let largest = part
+        .iter()
+        .map(|update| elements(&update.0))
+        .max()
+        .unwrap_or(1);
+    let cubes_x = (largest as u32)
+        .div_ceil(CUBE_THREADS)
+        .clamp(1, MAX_CUBES_PER_PARAM);
+    let buffers = |select: fn(&Launched) -> &CubeTensor| -> SequenceArg<Box<[f32]>> {
+        part.iter()
+            .map(|update| {
+                let tensor = select(update);
+                // SAFETY: the length bound is the tensor's element count, and every tensor
+                // bound here is a contiguous f32 buffer of exactly that many elements (checked
+                // by the caller: same shape, f32; made contiguous by `linear`/`owned_linear`;
+                // the targets are static buffers or fresh copies, both contiguous).
+                unsafe { BufferArg::from_raw_parts(tensor.handle.clone(), elements(tensor)) }
+            })
+            .collect()
+    };
+    // SAFETY: `launch_unchecked` skips bounds checks; each thread reads and writes only indices
+    // below its own parameter's length (the loop bound is that buffer's length, and all four
+    // buffers of a parameter have it). The written buffers (targets and moments) are distinct
+    // from each other and from the gradients, as CUDA's `__restrict__` pointers require: the
+    // moments are buffers nothing else holds (`owned_linear`), the targets are graph buffers or
+    // fresh copies, and no buffer appears twice in a chunk (each parameter's own tensors).
+    unsafe {
+        adam_multi_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(cubes_x, part.len() as u32, 1),
+            CubeDim::new_1d(CUBE_THREADS),
+            buffers(|update| &update.0),
+            buffers(|update| &update.1),
+            buffers(|update| &update.2),
+            buffers(|update| &update.3),
+            factors.launch(),
+            decay,
+        );
+    }
+}
+
+/// The parameters of one optimizer step gathered for [`register`], and the static buffers
+/// the in-place ones write.
+#[derive(Default)]
+pub(crate) struct Batch {
+    updates: Vec<Update>,
+    /// Per update: the static buffer it writes in place, if any.
+    buffers: Vec<Option<(Arc<Session>, usize)>>,
+    /// The factors of each step number in the batch: `(time, factors)`.
+    factors: Vec<(usize, Factors)>,
+    decay: bool,
+}
+
+impl Batch {
+    /// Adds the Adam step of one parameter to the batch and returns the step number and the
+    /// tensor that stands in for the parameter until [`finish`](Self::finish) (its
+    /// current values), or the arguments back (`Err`) where the step cannot be fused.
+    pub fn gather<const D: usize>(
+        &mut self,
+        adam: &FusedAdam,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<AdamState<D>>,
+    ) -> Result<(Tensor<D>, usize), Box<Unfused<D>>> {
+        let Prepared {
+            param,
+            grad,
+            moments,
+            time,
+        } = prepare(adam, tensor, grad, state)?;
+        let factors = match self.factors.iter().position(|(t, _)| *t == time) {
+            Some(index) => index,
+            None => {
+                self.factors.push((time, factors(adam, lr, time)));
+                self.factors.len() - 1
+            }
+        };
+        self.decay = adam.penalty.is_some_and(|penalty| penalty != 0.0);
+        // A buffer already written by this batch (two parameters over the same tensor) is
+        // not written twice: the second update goes to a new buffer.
+        let holder = session::param_buffer_holding(param.id).filter(|(session, index)| {
+            !self
+                .buffers
+                .iter()
+                .flatten()
+                .any(|(other, other_index)| Arc::ptr_eq(session, other) && index == other_index)
+        });
+        let (param, buffer) = match holder {
+            Some((session, index)) => {
+                // As in `adam_op::step`: the parameter tensor is dropped first, so that it no
+                // longer counts as a holder of a tensor over the buffer.
+                drop(param);
+                let fused = session.params[index].fused.clone();
+                let in_place = session.params[index].release_alias();
+                (fused, in_place.then_some((session, index)))
+            }
+            None => (param, None),
+        };
+        let stand_in = Tensor::<D>::from_primitive::<Cube>(param.clone());
+        self.updates.push(Update {
+            param,
+            grad,
+            moments,
+            in_place: buffer.is_some(),
+            factors,
+        });
+        self.buffers.push(buffer);
+        Ok((stand_in, time))
+    }
+
+    /// Queues the batch as one fusion operation; returns per gathered parameter, in order, the
+    /// new parameter and moments. The static buffers written in place record their new
+    /// parameter tensors as handed out.
+    pub fn finish(self) -> Vec<(FusedTensor, FusedTensor, FusedTensor)> {
+        if self.updates.is_empty() {
+            return Vec::new();
+        }
+        let factors = self
+            .factors
+            .into_iter()
+            .map(|(_, factors)| factors)
+            .collect();
+        let updated = register(self.updates, factors, self.decay);
+        for ((new_param, _, _), buffer) in updated.iter().zip(&self.buffers) {
+            if let Some((session, index)) = buffer {
+                session.params[*index].hand_over(new_param);
+            }
+        }
+        updated
+    }
+}

@@ -1,0 +1,274 @@
+//! [`MultiTensorAdam`]: [`FusedAdam`] for a whole module at once, one fusion operation (and one
+//! kernel per chunk of parameters) for every parameter of a step, like PyTorch's
+//! `Adam(fused=True)`.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::optim::grad_clipping::GradientClipping;
+use burn::optim::{AdamState, GradientsParams, LearningRate, Optimizer};
+use burn::tensor::Tensor;
+
+use crate::optim::FusedAdam;
+
+/// Burn's Adam for a whole module, computed by one fusion operation for all parameters of a
+/// step: the host registers one operation instead of one per parameter ([`FusedAdam`] through
+/// burn's `ModuleOptimizer`) or about fifteen per parameter (burn's `Adam`), and the device runs
+/// one kernel per chunk of up to 24 parameters. The update is [`FusedAdam`]'s arithmetic (to
+/// rounding: compilers may fuse operations differently in the two kernels), including its in-place writes into a [`Graphed`](crate::Graphed) module's static parameter
+/// buffers where no user tensor can tell.
+///
+/// Create it with [`FusedAdamConfig::init_multi_tensor`](crate::FusedAdamConfig::init_multi_tensor)
+/// and use it like burn's `ModuleOptimizer`: `model = optim.step(lr, model, grads)`. Records are
+/// burn's [`OptimizerRecord`] in the layout `ModuleOptimizer` writes for Adam (state per
+/// parameter id), so a record saved by either loads into the other.
+///
+/// Parameters that cannot be fused (another backend than burn's cubecl one, not `f32`, AMSGrad)
+/// take [`FusedAdam`]'s per-parameter step, which runs burn's `Adam` for them.
+///
+/// # Example
+///
+/// ```no_run
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::GradientsParams;
+/// use burn::prelude::*;
+/// use burn_graphed::{FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy};
+///
+/// #[derive(Module, Debug)]
+/// struct Net {
+///     layer: Linear,
+/// }
+///
+/// impl Net {
+///     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+///         self.layer.forward(x)
+///     }
+/// }
+///
+/// # fn main() -> Result<(), burn_graphed::GraphedError> {
+/// let device = Device::default().autodiff();
+/// let net = Net { layer: LinearConfig::new(64, 64).init(&device) };
+/// let sample = Tensor::<2>::zeros([32, 64], &device);
+/// let config = GraphedConfig::new().with_outputs(OutputPolicy::Static);
+/// let mut model = Graphed::new(net, Net::forward, sample, &config)?;
+/// let mut optim = FusedAdamConfig::new().init_multi_tensor();
+/// for step in 0..10 {
+///     let x = Tensor::<2>::ones([32, 64], &device) * step as f32;
+///     let loss = model.forward(x)?.powi_scalar(2).mean();
+///     let grads = GradientsParams::from_grads(loss.backward(), &model);
+///     model = optim.step(1e-3, model, grads);
+/// }
+/// let record = optim.to_record(); // loads into burn's ModuleOptimizer with Adam too
+/// # let _ = record;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiTensorAdam {
+    adam: FusedAdam,
+    grad_clipping: Option<GradientClipping>,
+    states: HashMap<ParamId, ErasedState>,
+}
+
+impl std::fmt::Debug for MultiTensorAdam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiTensorAdam")
+            .field("adam", &self.adam)
+            .field("grad_clipping", &self.grad_clipping.is_some())
+            .field("states", &self.states.len())
+            .finish()
+    }
+}
+
+impl MultiTensorAdam {
+    pub(crate) fn new(adam: FusedAdam, grad_clipping: Option<GradientClipping>) -> Self {
+        Self {
+            adam,
+            grad_clipping,
+            states: HashMap::new(),
+        }
+    }
+
+    /// Updates the parameters of `module` that have a gradient in `grads`, advancing their
+    /// state, and returns the module. `lr` is the learning rate of this step.
+    pub fn step<M: Module>(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        mut grads: GradientsParams,
+    ) -> M {
+        let mut gather = Gather {
+            optim: self,
+            grads: &mut grads,
+            lr,
+            pending: HashMap::new(),
+            #[cfg(feature = "cube")]
+            batch: crate::cube::adam_multi_op::Batch::default(),
+        };
+        let module = module.map(&mut gather);
+        let Gather {
+            pending,
+            #[cfg(feature = "cube")]
+            batch,
+            ..
+        } = gather;
+        if pending.is_empty() {
+            return module;
+        }
+        #[cfg(feature = "cube")]
+        {
+            let updated = batch.finish();
+            module.map(&mut Scatter {
+                states: &mut self.states,
+                pending,
+                updated: updated.into_iter().map(Some).collect(),
+            })
+        }
+        #[cfg(not(feature = "cube"))]
+        unreachable!("only the cubecl backend gathers parameters")
+    }
+}
+
+/// A parameter's [`AdamState`], of any rank. Shared by clones of the optimizer until one of
+/// them steps (the step then writes new moments, see `adam_op::owned_linear`).
+#[derive(Clone)]
+struct ErasedState(Arc<dyn Any + Send + Sync>);
+
+impl ErasedState {
+    fn new<const D: usize>(state: AdamState<D>) -> Self {
+        Self(Arc::new(state))
+    }
+
+    /// The state, if it is an Adam state of rank `D`.
+    fn take<const D: usize>(self) -> Option<AdamState<D>> {
+        let value = self.0.downcast::<AdamState<D>>().ok()?;
+        Some(Arc::try_unwrap(value).unwrap_or_else(|shared| (*shared).clone()))
+    }
+}
+
+/// How a parameter was marked before the step (burn's `ModuleOptimizer` restores the same).
+struct Marks {
+    require_grad: bool,
+    distributed: bool,
+    checkpointing: Option<burn::tensor::GradientCheckpointingStrategy>,
+}
+
+impl Marks {
+    fn of<const D: usize>(tensor: &Tensor<D>) -> Self {
+        Self {
+            require_grad: tensor.is_require_grad(),
+            distributed: tensor.is_distributed(),
+            checkpointing: tensor.gradient_checkpointing_strategy(),
+        }
+    }
+
+    fn restore<const D: usize>(&self, updated: Tensor<D>, id: ParamId) -> Tensor<D> {
+        let mut tensor = Tensor::from_inner(updated);
+        if let Some(strategy) = self.checkpointing {
+            tensor = tensor.with_gradient_checkpointing_strategy(strategy);
+        }
+        if self.require_grad {
+            tensor = tensor.require_grad();
+        }
+        if self.distributed {
+            tensor = tensor.set_distributed(id.into());
+        }
+        tensor
+    }
+}
+
+/// A parameter gathered into the batch: its marks and step number, and its index in the batch.
+struct Pending {
+    marks: Marks,
+    time: usize,
+    index: usize,
+}
+
+/// First pass: takes each parameter's gradient and state; gathers the fusable ones into the
+/// batch (the module keeps a stand-in over the current values until the second pass) and steps
+/// the others one by one.
+struct Gather<'a> {
+    optim: &'a mut MultiTensorAdam,
+    grads: &'a mut GradientsParams,
+    lr: LearningRate,
+    pending: HashMap<ParamId, Pending>,
+    #[cfg(feature = "cube")]
+    batch: crate::cube::adam_multi_op::Batch,
+}
+
+impl ModuleMapper for Gather<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let marks = Marks::of(&tensor);
+        let tensor = tensor.inner();
+        let grad = match &self.optim.grad_clipping {
+            Some(clipping) => clipping.clip_gradient(grad),
+            None => grad,
+        };
+        let device = tensor.device();
+        let state = self
+            .optim
+            .states
+            .remove(&id)
+            .and_then(ErasedState::take::<D>)
+            .map(|state| <FusedAdam as Optimizer>::to_device(state, &device));
+        #[cfg(feature = "cube")]
+        let (tensor, grad, state) =
+            match self
+                .batch
+                .gather(&self.optim.adam, self.lr, tensor, grad, state)
+            {
+                Ok((stand_in, time)) => {
+                    let index = self.pending.len();
+                    self.pending.insert(id, Pending { marks, time, index });
+                    return Param::from_mapped_value(id, stand_in, mapper);
+                }
+                Err(unfused) => *unfused,
+            };
+        let (tensor, state) = self.optim.adam.step(self.lr, tensor, grad, state);
+        if let Some(state) = state {
+            self.optim.states.insert(id, ErasedState::new(state));
+        }
+        Param::from_mapped_value(id, marks.restore(tensor, id), mapper)
+    }
+}
+
+/// Second pass: puts the batch's new parameters and moments in place of the stand-ins.
+#[cfg(feature = "cube")]
+struct Scatter<'a> {
+    states: &'a mut HashMap<ParamId, ErasedState>,
+    pending: HashMap<ParamId, Pending>,
+    updated: Vec<
+        Option<(
+            crate::cube::buffers::FusedTensor,
+            crate::cube::buffers::FusedTensor,
+            crate::cube::buffers::FusedTensor,
+        )>,
+    >,
+}
+
+#[cfg(feature = "cube")]
+impl ModuleMapper for Scatter<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        use burn::backend::Cube;
+        use burn::optim::AdaptiveMomentumState;
+
+        let pending = self.pending.remove(&param.id);
+        let updated = pending.and_then(|p| Some((self.updated.get_mut(p.index)?.take()?, p)));
+        let Some(((new_param, moment_1, moment_2), pending)) = updated else {
+            return param;
+        };
+        let (id, stand_in, mapper) = param.consume();
+        drop(stand_in);
+        let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
+        let momentum = AdaptiveMomentumState::new(pending.time, wrap(moment_1), wrap(moment_2));
+        self.states
+            .insert(id, ErasedState::new(AdamState::new(momentum)));
+        Param::from_mapped_value(id, pending.marks.restore(wrap(new_param), id), mapper)
+    }
+}
