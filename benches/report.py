@@ -5,7 +5,9 @@ The first table compares burn and torch with plain Adam (eager, graphed, copy co
 When the results hold `*_fused_adam` modes, a second table ("Fused Adam:") follows it: burn
 graphed with Adam / FusedAdam / FusedAdam + OutputPolicy::Static against torch graphed with
 Adam / Adam(fused=True), the best burn graphed FusedAdam over torch graphed, and the eager
-numbers; the plot adds those graphed fused-Adam series.
+numbers; the plot adds those graphed fused-Adam series. With `*_multi_adam` modes a third table
+("Multi-tensor Adam:") compares burn graphed static with FusedAdam per parameter and with
+MultiTensorAdam against torch graphed, and the plot adds the MultiTensorAdam series.
 
     python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
 
@@ -129,6 +131,33 @@ def fused_table(rows):
     return "\n".join(out) + "\n"
 
 
+def has_multi(rows):
+    return any(row["mode"].endswith("multi_adam") for row in rows)
+
+
+def multi_table(rows):
+    # burn graphed static with FusedAdam per parameter and with MultiTensorAdam against torch
+    # graphed with Adam and Adam(fused=True), as ratios of medians.
+    by = group(rows)
+    out = [
+        "| model | dtype | burn graphed static (FusedAdam) | burn graphed static (MultiTensorAdam) "
+        "| torch graphed (Adam) | torch graphed (fused Adam) "
+        "| burn multi / torch (Adam) | burn multi / torch (fused Adam) |",
+        "|" + " --- |" * 8,
+    ]
+    for (model, dtype), r in by.items():
+        us, cell = medians(r), cells(r)
+        multi = us("burn", "graphed_static_multi_adam")
+        tg, tgf = us("torch", "graphed"), us("torch", "graphed_fused_adam")
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'graphed_static_fused_adam')} "
+            f"| {cell('burn', 'graphed_static_multi_adam')} "
+            f"| {cell('torch', 'graphed')} | {cell('torch', 'graphed_fused_adam')} "
+            f"| {num(multi / tg, '.2f')} | {num(multi / tgf, '.2f')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, device, path):
     import matplotlib
 
@@ -143,10 +172,14 @@ def plot(rows, device, path):
     for extra, color in [(("burn", "graphed_fused_adam"), "#6a4c93"),
                          (("burn", "graphed_static_fused_adam"), "#1982c4"),
                          (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
+                         (("burn", "graphed_static_multi_adam"), "#ffca3a"),
                          (("torch", "graphed_fused_adam"), "#2b2d42")]:
         if extra in present:
             series.append(extra)
             colors.append(color)
+    # Series without a single row (e.g. a run without eager modes) get no bars nor legend entry.
+    kept = [(s, c) for s, c in zip(series, colors) if s in present]
+    series, colors = [s for s, _ in kept], [c for _, c in kept]
     fig, ax = plt.subplots(figsize=(11, 4.5))
     # The bars of one (model, dtype) share 0.8 of the x unit, centred on the tick
     # (4 series: width 0.2, offsets -1.5..1.5 widths, as before).
@@ -184,6 +217,8 @@ def main():
     text = f"Device: {device}\n\n" + table(rows)
     if has_fused(rows):
         text += "\nFused Adam:\n\n" + fused_table(rows)
+    if has_multi(rows):
+        text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
     if args.table:
         open(args.table, "w").write(text)
     print(text)

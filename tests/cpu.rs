@@ -60,6 +60,7 @@ on_devices! {
     graphed_multi_tensor_adam_matches_eager => |d| scenarios::optim::graphed_multi_tensor_adam_matches_eager(d, 4);
     fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
     fused_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::PerParam);
+    multi_tensor_adam_records_load_into_adam => scenarios::optim::multi_tensor_adam_records_load_into_adam;
     multi_tensor_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::MultiTensor);
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;

@@ -205,6 +205,11 @@ fn fused_adam_leaves_shared_moments_alone() {
 }
 
 #[test]
+fn multi_tensor_adam_records_load_into_adam() {
+    scenarios::optim::multi_tensor_adam_records_load_into_adam(&cuda());
+}
+
+#[test]
 fn multi_tensor_adam_leaves_shared_moments_alone() {
     let kind = scenarios::optim::Kind::MultiTensor;
     scenarios::optim::fused_adam_leaves_shared_moments_alone(&cuda(), kind);

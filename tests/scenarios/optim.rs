@@ -40,7 +40,8 @@ trait WithOptim<R> {
 
 /// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
 /// at a time (the same arithmetic in one launch), with and without weight decay and gradient
-/// clipping, over several steps; both match burn's `Adam` to rounding. (Not bit for bit: on
+/// clipping, over several steps; both match burn's `Adam` to rounding. A clone of the model
+/// kept across a step keeps its values. (Not bit for bit: on
 /// lavapipe the two kernels differed by up to 6 ulps, the compiler's choice in a loop.)
 pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
     let device = device.clone().autodiff();
@@ -67,7 +68,17 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
             let x = batch([8, 16], step, &device);
             reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
             per_param = eager_step(per_param, &mut fused_adam, x.clone(), 1e-2);
+            // A clone kept across the step keeps its values: the update writes a parameter's
+            // own buffer only where nothing else holds it.
+            let snapshot = multi.clone();
+            let frozen = param_values(&snapshot);
             multi = eager_step(multi, &mut multi_adam, x, 1e-2);
+            assert_params_unchanged(&snapshot, &frozen);
+            // Every parameter in the one operation on burn's cubecl backend (none on Flex).
+            let on_cube = !format!("{device:?}").contains("Flex");
+            let params = param_values(&multi).len();
+            let expected = if on_cube { params } else { 0 };
+            assert_eq!(multi_adam.last_batched(), expected, "{device:?}");
             let what = format!("step {step} ({multi_adam:?})");
             assert_params_close(&what, &per_param, &multi, tolerance_for(&device));
             assert_params_close(&what, &reference, &multi, tolerance_for(&device));
@@ -248,6 +259,32 @@ pub fn fused_adam_records_load_into_adam(device: &Device) {
     let tolerance = tolerance_for(&device);
     assert_params_close("record into Adam", &reference, &under_adam, tolerance);
     assert_params_close("record into FusedAdam", &reference, &under_fused, tolerance);
+}
+
+/// The multi-tensor optimizer's records are burn's: its record continues under burn's `Adam`,
+/// and burn's `Adam` record continues under it; both match four steps of burn's `Adam`.
+pub fn multi_tensor_adam_records_load_into_adam(device: &Device) {
+    let device = device.clone().autodiff();
+    let lr = 1e-2;
+    let multi = FusedAdamConfig::new().init_multi_tensor();
+    let (mut reference, mut adam, trained, multi) = two_steps_each(&device, lr, multi);
+    let mut continued_adam = AdamConfig::new()
+        .init()
+        .load_record(multi.to_record(&trained));
+    let mut continued_multi = FusedAdamConfig::new()
+        .init_multi_tensor()
+        .load_record(&trained, adam.to_record());
+    let mut under_adam = deep_copy(&trained);
+    let mut under_multi = trained;
+    for step in 2..4 {
+        let x = batch([8, 16], step, &device);
+        reference = eager_step(reference, &mut adam, x.clone(), lr);
+        under_adam = eager_step(under_adam, &mut continued_adam, x.clone(), lr);
+        under_multi = eager_step(under_multi, &mut continued_multi, x, lr);
+    }
+    let tolerance = tolerance_for(&device);
+    assert_params_close("record into Adam", &reference, &under_adam, tolerance);
+    assert_params_close("Adam's record into it", &reference, &under_multi, tolerance);
 }
 
 /// `FusedAdam` updates the moments in their own buffers only where nothing else holds them: a

@@ -4,11 +4,13 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use burn::module::{Module, ModuleMapper, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::grad_clipping::GradientClipping;
-use burn::optim::{AdamState, GradientsParams, LearningRate, Optimizer};
+use burn::optim::{
+    AdamState, GradientsParams, LearningRate, ModuleOptimizer, Optimizer, OptimizerRecord,
+};
 use burn::tensor::Tensor;
 
 use crate::optim::FusedAdam;
@@ -60,7 +62,7 @@ use crate::optim::FusedAdam;
 ///     let grads = GradientsParams::from_grads(loss.backward(), &model);
 ///     model = optim.step(1e-3, model, grads);
 /// }
-/// let record = optim.to_record(); // loads into burn's ModuleOptimizer with Adam too
+/// let record = optim.to_record(&model); // loads into burn's ModuleOptimizer with Adam too
 /// # let _ = record;
 /// # Ok(())
 /// # }
@@ -70,6 +72,7 @@ pub struct MultiTensorAdam {
     adam: FusedAdam,
     grad_clipping: Option<GradientClipping>,
     states: HashMap<ParamId, ErasedState>,
+    last_batched: usize,
 }
 
 impl std::fmt::Debug for MultiTensorAdam {
@@ -88,7 +91,14 @@ impl MultiTensorAdam {
             adam,
             grad_clipping,
             states: HashMap::new(),
+            last_batched: 0,
         }
+    }
+
+    /// How many parameters the last [`step`](Self::step) updated in its one fused operation
+    /// (the others took the per-parameter step: see the type's documentation).
+    pub fn last_batched(&self) -> usize {
+        self.last_batched
     }
 
     /// Updates the parameters of `module` that have a gradient in `grads`, advancing their
@@ -114,6 +124,7 @@ impl MultiTensorAdam {
             batch,
             ..
         } = gather;
+        self.last_batched = pending.len();
         if pending.is_empty() {
             return module;
         }
@@ -128,6 +139,122 @@ impl MultiTensorAdam {
         }
         #[cfg(not(feature = "cube"))]
         unreachable!("only the cubecl backend gathers parameters")
+    }
+}
+
+impl MultiTensorAdam {
+    /// The optimizer state of `module`'s parameters as burn's [`OptimizerRecord`], written by
+    /// burn's own `ModuleOptimizer` (so it loads into `ModuleOptimizer` with `Adam` or
+    /// [`FusedAdam`], and into [`load_record`](Self::load_record)). Takes the module because
+    /// burn's record is filled by a step over it: the step is given each state as it is and
+    /// leaves the parameters as they are. Reads nothing from the device until saved.
+    pub fn to_record<M: Module>(&self, module: &M) -> OptimizerRecord {
+        let ids = ParamIds::of(module, |id| self.states.contains_key(&id));
+        let queue = ids.ids.iter().map(|id| self.states[id].clone()).collect();
+        let relay = Relay(Arc::new(Mutex::new(RelayQueue::Give(queue))));
+        let mut writer = ModuleOptimizer::from(relay);
+        let _ = writer.step(0.0, module.clone(), ids.zero_grads);
+        writer.to_record()
+    }
+
+    /// Loads the states of `module`'s parameters from `record`, saved by
+    /// [`to_record`](Self::to_record) or by burn's `ModuleOptimizer` with `Adam` or
+    /// [`FusedAdam`]. Parameters without a state in the record start from fresh moments, as in
+    /// `ModuleOptimizer::load_record`; states of other parameters are ignored.
+    pub fn load_record<M: Module>(mut self, module: &M, record: OptimizerRecord) -> Self {
+        let ids = ParamIds::of(module, |_| true);
+        let relay = Relay(Arc::new(Mutex::new(RelayQueue::Take(Vec::new()))));
+        let mut reader = ModuleOptimizer::from(relay.clone()).load_record(record);
+        let _ = reader.step(0.0, module.clone(), ids.zero_grads);
+        let RelayQueue::Take(states) =
+            std::mem::replace(&mut *crate::lock(&relay.0), RelayQueue::Take(Vec::new()))
+        else {
+            unreachable!("a reading relay only takes")
+        };
+        self.states = ids
+            .ids
+            .into_iter()
+            .zip(states)
+            .filter_map(|(id, state)| Some((id, state?)))
+            .collect();
+        self
+    }
+}
+
+/// The parameters of a module in visiting order (burn's `ModuleOptimizer` maps them in the
+/// same order), with a zero gradient for each.
+struct ParamIds {
+    ids: Vec<ParamId>,
+    zero_grads: GradientsParams,
+}
+
+impl ParamIds {
+    fn of<M: Module>(module: &M, keep: impl Fn(ParamId) -> bool) -> Self {
+        struct Visit<F> {
+            keep: F,
+            ids: ParamIds,
+        }
+        impl<F: Fn(ParamId) -> bool> ModuleVisitor for Visit<F> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if (self.keep)(param.id) {
+                    self.ids.ids.push(param.id);
+                    let zeros = param.val().inner().zeros_like();
+                    self.ids.zero_grads.register(param.id, zeros);
+                }
+            }
+        }
+        let mut visit = Visit {
+            keep,
+            ids: ParamIds {
+                ids: Vec::new(),
+                zero_grads: GradientsParams::new(),
+            },
+        };
+        module.visit(&mut visit);
+        visit.ids
+    }
+}
+
+/// What a [`Relay`] does with the states burn's `ModuleOptimizer` steps through it.
+enum RelayQueue {
+    /// Hands these states out, one per step, in order (writing a record).
+    Give(std::collections::VecDeque<ErasedState>),
+    /// Keeps the state each step is given (reading a record).
+    Take(Vec<Option<ErasedState>>),
+}
+
+/// A per-parameter optimizer that changes no parameter and only moves states between burn's
+/// `ModuleOptimizer` (which writes and reads records) and a [`MultiTensorAdam`].
+#[derive(Clone)]
+struct Relay(Arc<Mutex<RelayQueue>>);
+
+impl Optimizer for Relay {
+    type State<const D: usize> = AdamState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        _lr: LearningRate,
+        tensor: Tensor<D>,
+        _grad: Tensor<D>,
+        state: Option<AdamState<D>>,
+    ) -> (Tensor<D>, Option<AdamState<D>>) {
+        match &mut *crate::lock(&self.0) {
+            RelayQueue::Give(queue) => {
+                let given = queue.pop_front().and_then(ErasedState::take::<D>);
+                (tensor, given)
+            }
+            RelayQueue::Take(states) => {
+                states.push(state.map(ErasedState::new));
+                (tensor, None)
+            }
+        }
+    }
+
+    fn to_device<const D: usize>(
+        state: AdamState<D>,
+        device: &burn::tensor::Device,
+    ) -> AdamState<D> {
+        <FusedAdam as Optimizer>::to_device(state, device)
     }
 }
 
@@ -173,13 +300,14 @@ impl Marks {
             tensor = tensor.require_grad();
         }
         if self.distributed {
-            tensor = tensor.set_distributed(id.into());
+            tensor = tensor.set_distributed(id);
         }
         tensor
     }
 }
 
 /// A parameter gathered into the batch: its marks and step number, and its index in the batch.
+#[cfg_attr(not(feature = "cube"), allow(dead_code))]
 struct Pending {
     marks: Marks,
     time: usize,
@@ -187,7 +315,7 @@ struct Pending {
 }
 
 /// First pass: takes each parameter's gradient and state; gathers the fusable ones into the
-/// batch (the module keeps a stand-in over the current values until the second pass) and steps
+/// batch (the module keeps a stand-in of the same shape until the second pass) and steps
 /// the others one by one.
 struct Gather<'a> {
     optim: &'a mut MultiTensorAdam,

@@ -83,7 +83,8 @@ fn adam_multi_kernel(
 /// One parameter of a multi-tensor update, as handed to [`register`].
 pub(crate) struct Update {
     /// The parameter's values: a graph's static parameter buffer when `in_place`, otherwise the
-    /// parameter tensor (read only: the new values go to a new buffer).
+    /// parameter tensor (updated in its own buffer where nothing else holds it, in a copy
+    /// otherwise).
     pub param: FusedTensor,
     /// Its gradient, by value (fusion frees it after the update without a release operation).
     pub grad: FusedTensor,
@@ -180,12 +181,13 @@ fn execute(slots: &[Slot], factors: &[Factors], decay: bool, handles: &mut Handl
         let grad = linear(&handles.get_float_tensor::<CubeBackend>(&slot.grad));
         let moment_1 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_1));
         let moment_2 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_2));
-        // Not in place: the new values go to a buffer of their own, a copy of the old ones
-        // that the kernel then updates in place (only outside graphs, the slow path).
+        // Not a graph's buffer: the parameter's own buffer where the caller handed over the
+        // only reference (fusion's rule, as for the moments), otherwise a copy; the kernel
+        // then updates it in place.
         let target = if slot.in_place {
             param
         } else {
-            <CubeBackend as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&param)
+            owned_linear(param)
         };
         targets.push(target.clone());
         launched.push((target, grad, moment_1, moment_2, slot.factors));
@@ -233,7 +235,7 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
                 // SAFETY: the length bound is the tensor's element count, and every tensor
                 // bound here is a contiguous f32 buffer of exactly that many elements (checked
                 // by the caller: same shape, f32; made contiguous by `linear`/`owned_linear`;
-                // the targets are static buffers or fresh copies, both contiguous).
+                // the static parameter buffers are contiguous allocations of their own).
                 unsafe { BufferArg::from_raw_parts(tensor.handle.clone(), elements(tensor)) }
             })
             .collect()
@@ -242,8 +244,9 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
     // below its own parameter's length (the loop bound is that buffer's length, and all four
     // buffers of a parameter have it). The written buffers (targets and moments) are distinct
     // from each other and from the gradients, as CUDA's `__restrict__` pointers require: the
-    // moments are buffers nothing else holds (`owned_linear`), the targets are graph buffers or
-    // fresh copies, and no buffer appears twice in a chunk (each parameter's own tensors).
+    // moments and the targets outside graphs are buffers that nothing else holds
+    // (`owned_linear`: the handle is unique, or it is a fresh copy), the graph buffers are held
+    // by their graphs only and each is written by one parameter of the batch (`Batch::gather`).
     unsafe {
         adam_multi_kernel::launch_unchecked(
             &client,
@@ -273,8 +276,9 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// Adds the Adam step of one parameter to the batch and returns the step number and the
-    /// tensor that stands in for the parameter until [`finish`](Self::finish) (its
-    /// current values), or the arguments back (`Err`) where the step cannot be fused.
+    /// tensor that stands in for the parameter until [`finish`](Self::finish) (of the same
+    /// shape; its values are not the parameter's), or the arguments back (`Err`) where the step
+    /// cannot be fused.
     pub fn gather<const D: usize>(
         &mut self,
         adam: &FusedAdam,
@@ -317,7 +321,15 @@ impl Batch {
             }
             None => (param, None),
         };
-        let stand_in = Tensor::<D>::from_primitive::<Cube>(param.clone());
+        // The stand-in holds neither the old parameter (outside graphs its buffer may then be
+        // updated in place, as fusion decides) nor a tensor over a graph buffer that user code
+        // could read: the graph's own buffer tensor where the update goes in place (dropping
+        // it releases nothing), the gradient otherwise (same shape; fusion frees it when the
+        // stand-in is dropped).
+        let stand_in = match &buffer {
+            Some(_) => Tensor::<D>::from_primitive::<Cube>(param.clone()),
+            None => Tensor::<D>::from_primitive::<Cube>(grad.clone()),
+        };
         self.updates.push(Update {
             param,
             grad,

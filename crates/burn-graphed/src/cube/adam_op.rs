@@ -28,7 +28,7 @@ const CUBE_THREADS: u32 = 256;
 /// The factors of one Adam update, computed on the host in `f32` as burn-optim computes them
 /// (`factors`), and passed to the kernel by value (a graph would capture them like any launch
 /// argument).
-#[derive(CubeType, CubeLaunch, Clone, Copy)]
+#[derive(CubeType, CubeLaunch, Clone)]
 #[expand(derive(Clone))]
 pub(crate) struct Factors {
     /// Learning rate.
