@@ -57,6 +57,7 @@ on_devices! {
     fused_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::PerParam);
     multi_tensor_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::MultiTensor);
     multi_tensor_adam_matches_fused_adam => scenarios::optim::multi_tensor_adam_matches_fused_adam;
+    multi_tensor_adam_mixes_step_counts => scenarios::optim::multi_tensor_adam_mixes_step_counts;
     graphed_multi_tensor_adam_matches_eager => |d| scenarios::optim::graphed_multi_tensor_adam_matches_eager(d, 4);
     fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
     fused_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::PerParam);

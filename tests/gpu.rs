@@ -189,6 +189,11 @@ fn multi_tensor_adam_matches_fused_adam() {
 }
 
 #[test]
+fn multi_tensor_adam_mixes_step_counts() {
+    scenarios::optim::multi_tensor_adam_mixes_step_counts(&cuda());
+}
+
+#[test]
 fn graphed_multi_tensor_adam_matches_eager() {
     scenarios::optim::graphed_multi_tensor_adam_matches_eager(&cuda(), 20);
 }
