@@ -274,24 +274,38 @@ fn two_steps_each<S: ModuleStep>(
 pub fn fused_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
-    let (mut reference, mut adam, fused, fused_adam) =
+    let (reference, adam, fused, fused_adam) =
         two_steps_each(&device, lr, FusedAdamConfig::new().init());
     // A record is taken twice (it is not `Clone`): the same state both times.
-    let mut continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
-    let mut continued_fused = FusedAdamConfig::new()
+    let continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
+    let continued_fused = FusedAdamConfig::new()
         .init()
         .load_record(fused_adam.to_record());
-    let mut under_adam = deep_copy(&fused);
-    let mut under_fused = fused;
+    let continued = ("record into Adam", continued_adam);
+    let loaded = ("record into FusedAdam", continued_fused);
+    continue_each(&device, lr, (reference, adam), &fused, continued, loaded);
+}
+
+/// Steps 2 and 3 of `reference` under `adam`, and of copies of `trained` under each optimizer
+/// of `first` and `second`; asserts that every copy matches the reference, named as given.
+fn continue_each<A: ModuleStep, B: ModuleStep>(
+    device: &Device,
+    lr: f64,
+    (mut reference, mut adam): (Mlp, ModuleOptimizer),
+    trained: &Mlp,
+    (first_name, mut first): (&str, A),
+    (second_name, mut second): (&str, B),
+) {
+    let (mut under_first, mut under_second) = (deep_copy(trained), deep_copy(trained));
     for step in 2..4 {
-        let x = batch([8, 16], step, &device);
+        let x = batch([8, 16], step, device);
         reference = eager_step(reference, &mut adam, x.clone(), lr);
-        under_adam = eager_step(under_adam, &mut continued_adam, x.clone(), lr);
-        under_fused = eager_step(under_fused, &mut continued_fused, x, lr);
+        under_first = eager_step(under_first, &mut first, x.clone(), lr);
+        under_second = eager_step(under_second, &mut second, x, lr);
     }
-    let tolerance = tolerance_for(&device);
-    assert_params_close("record into Adam", &reference, &under_adam, tolerance);
-    assert_params_close("record into FusedAdam", &reference, &under_fused, tolerance);
+    let tolerance = tolerance_for(device);
+    assert_params_close(first_name, &reference, &under_first, tolerance);
+    assert_params_close(second_name, &reference, &under_second, tolerance);
 }
 
 /// The multi-tensor optimizer's records are burn's: its record continues under burn's `Adam`,
@@ -300,24 +314,16 @@ pub fn multi_tensor_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
     let multi = FusedAdamConfig::new().init_multi_tensor();
-    let (mut reference, mut adam, trained, multi) = two_steps_each(&device, lr, multi);
-    let mut continued_adam = AdamConfig::new()
+    let (reference, adam, trained, multi) = two_steps_each(&device, lr, multi);
+    let continued_adam = AdamConfig::new()
         .init()
         .load_record(multi.to_record(&trained));
-    let mut continued_multi = FusedAdamConfig::new()
+    let continued_multi = FusedAdamConfig::new()
         .init_multi_tensor()
         .load_record(&trained, adam.to_record());
-    let mut under_adam = deep_copy(&trained);
-    let mut under_multi = trained;
-    for step in 2..4 {
-        let x = batch([8, 16], step, &device);
-        reference = eager_step(reference, &mut adam, x.clone(), lr);
-        under_adam = eager_step(under_adam, &mut continued_adam, x.clone(), lr);
-        under_multi = eager_step(under_multi, &mut continued_multi, x, lr);
-    }
-    let tolerance = tolerance_for(&device);
-    assert_params_close("record into Adam", &reference, &under_adam, tolerance);
-    assert_params_close("Adam's record into it", &reference, &under_multi, tolerance);
+    let continued = ("record into Adam", continued_adam);
+    let loaded = ("Adam's record into it", continued_multi);
+    continue_each(&device, lr, (reference, adam), &trained, continued, loaded);
 }
 
 /// `FusedAdam` updates the moments in their own buffers only where nothing else holds them: a
