@@ -222,7 +222,12 @@ fn multi_tensor_adam_leaves_shared_moments_alone() {
 
 #[test]
 fn guarded_training_matches_eager() {
-    scenarios::guarded::guarded_training_matches_eager(&cuda(), 20);
+    scenarios::guarded::guarded_training_matches_eager(&cuda(), 20, false);
+}
+
+#[test]
+fn guarded_multi_tensor_training_matches_eager() {
+    scenarios::guarded::guarded_training_matches_eager(&cuda(), 20, true);
 }
 
 #[test]

@@ -6,11 +6,16 @@ use burn_graphed::{FusedAdamConfig, OutputPolicy};
 use burn_graphed_testkit::deep_copy;
 
 /// The usual loop holds nothing across steps: every call replays, no copies are handed out,
-/// and training (with `FusedAdam`: no parameter copies either) equals eager training with
-/// burn's `Adam`.
-pub fn guarded_training_matches_eager(device: &Device, steps: usize) {
+/// and training (with `FusedAdam`, per parameter or multi-tensor: no parameter copies either)
+/// equals eager training with burn's `Adam`. README's recommended loop is the multi-tensor one.
+pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tensor: bool) {
     let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
-    let report = mlp_against_eager(device, steps, config, FusedAdamConfig::new().init());
+    let adam = FusedAdamConfig::new();
+    let report = if multi_tensor {
+        mlp_against_eager(device, steps, config, adam.init_multi_tensor())
+    } else {
+        mlp_against_eager(device, steps, config, adam.init())
+    };
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
