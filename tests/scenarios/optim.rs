@@ -25,17 +25,31 @@ pub enum Kind {
     MultiTensor,
 }
 
-/// Runs `body` with the module optimizer of `kind` built from `config`.
-fn with_kind<R>(kind: Kind, config: &FusedAdamConfig, body: impl WithOptim<R>) -> R {
-    match kind {
-        Kind::PerParam => body.run(config.init()),
-        Kind::MultiTensor => body.run(config.init_multi_tensor()),
+impl Kind {
+    /// The default `FusedAdam` module optimizer of this kind.
+    fn optimizer(self) -> AnyFusedAdam {
+        let config = FusedAdamConfig::new();
+        match self {
+            Kind::PerParam => AnyFusedAdam::PerParam(config.init()),
+            Kind::MultiTensor => AnyFusedAdam::MultiTensor(config.init_multi_tensor()),
+        }
     }
 }
 
-/// A test body generic over the module optimizer (closures cannot be generic).
-trait WithOptim<R> {
-    fn run<S: ModuleStep>(self, optim: S) -> R;
+/// A `FusedAdam` module optimizer of either [`Kind`].
+#[derive(Clone)]
+enum AnyFusedAdam {
+    PerParam(ModuleOptimizer),
+    MultiTensor(burn_graphed::MultiTensorAdam),
+}
+
+impl ModuleStep for AnyFusedAdam {
+    fn step_module<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        match self {
+            AnyFusedAdam::PerParam(optim) => optim.step(lr, module, grads),
+            AnyFusedAdam::MultiTensor(optim) => optim.step(lr, module, grads),
+        }
+    }
 }
 
 /// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
@@ -181,16 +195,7 @@ pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
 /// (`ParamBufferAliased`); once it is dropped, calls replay again. Training stays equal to
 /// eager throughout.
 pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
-    struct Body<'a>(&'a Device);
-    impl WithOptim<()> for Body<'_> {
-        fn run<S: ModuleStep>(self, optim: S) {
-            keeps_snapshots(self.0, optim);
-        }
-    }
-    with_kind(kind, &FusedAdamConfig::new(), Body(device));
-}
-
-fn keeps_snapshots<S: ModuleStep>(device: &Device, mut fused_adam: S) {
+    let mut fused_adam = kind.optimizer();
     let device = device.clone().autodiff();
     let lr = 1e-2;
     let model = Mlp::new(16, 2, 4, &device);
@@ -332,16 +337,7 @@ pub fn multi_tensor_adam_records_load_into_adam(device: &Device) {
 /// Were the shared moments overwritten in place, the second optimizer to step would start
 /// from moments already advanced by the first.
 pub fn fused_adam_leaves_shared_moments_alone(device: &Device, kind: Kind) {
-    struct Body<'a>(&'a Device);
-    impl WithOptim<()> for Body<'_> {
-        fn run<S: ModuleStep>(self, optim: S) {
-            leaves_shared_moments_alone(self.0, optim);
-        }
-    }
-    with_kind(kind, &FusedAdamConfig::new(), Body(device));
-}
-
-fn leaves_shared_moments_alone<S: ModuleStep>(device: &Device, optim: S) {
+    let optim = kind.optimizer();
     let device = device.clone().autodiff();
     let (mut reference, mut adam, mut fused, mut fused_adam) = two_steps_each(&device, 1e-2, optim);
     let mut twin_optim = fused_adam.clone();
