@@ -275,3 +275,39 @@ fn same_shape_heads_match_eager() {
 fn cuda_records_graphs() {
     assert!(scenarios::supports_graphs(&cuda()));
 }
+
+#[test]
+fn fused_adam_rounds_once_in_bf16() {
+    let bf16 = burn::tensor::FloatDType::BF16;
+    scenarios::low_precision::fused_adam_rounds_once_in(&cuda(), bf16);
+}
+
+#[test]
+fn fused_adam_rounds_once_in_f16() {
+    let f16 = burn::tensor::FloatDType::F16;
+    scenarios::low_precision::fused_adam_rounds_once_in(&cuda(), f16);
+}
+
+#[test]
+fn multi_tensor_adam_trains_in_bf16() {
+    let bf16 = burn::tensor::FloatDType::BF16;
+    scenarios::low_precision::multi_tensor_adam_trains_in(&cuda(), bf16);
+}
+
+#[test]
+fn graphed_fused_adam_trains_in_bf16() {
+    let (kind, bf16) = (
+        scenarios::optim::Kind::PerParam,
+        burn::tensor::FloatDType::BF16,
+    );
+    scenarios::low_precision::graphed_fused_adam_trains_in(&cuda(), kind, bf16, 20);
+}
+
+#[test]
+fn graphed_multi_tensor_adam_trains_in_bf16() {
+    let (kind, bf16) = (
+        scenarios::optim::Kind::MultiTensor,
+        burn::tensor::FloatDType::BF16,
+    );
+    scenarios::low_precision::graphed_fused_adam_trains_in(&cuda(), kind, bf16, 20);
+}

@@ -6,6 +6,7 @@
 pub mod facts;
 pub mod group;
 pub mod guarded;
+pub mod low_precision;
 pub mod optim;
 pub mod prop;
 pub mod random;
@@ -100,8 +101,27 @@ pub fn mlp_against_eager<S: burn_graphed_testkit::ModuleStep>(
     graphed: GraphedConfig,
     graphed_optimizer: S,
 ) -> burn_graphed_testkit::EquivalenceReport {
+    let tolerance = tolerance_for(device);
+    let f32 = burn::tensor::FloatDType::F32;
+    mlp_against_eager_in(device, steps, graphed, graphed_optimizer, f32, tolerance)
+}
+
+/// [`mlp_against_eager`] with the model's parameters and the batches in `dtype` (cast from
+/// `f32` unless it is `f32`), compared within `tolerance`.
+pub fn mlp_against_eager_in<S: burn_graphed_testkit::ModuleStep>(
+    device: &Device,
+    steps: usize,
+    graphed: GraphedConfig,
+    graphed_optimizer: S,
+    dtype: burn::tensor::FloatDType,
+    tolerance: Tolerance,
+) -> burn_graphed_testkit::EquivalenceReport {
     let device = device.clone().autodiff();
-    let model = Mlp::new(32, 3, 8, &device);
+    let mut model = Mlp::new(32, 3, 8, &device);
+    let cast = dtype != burn::tensor::FloatDType::F32;
+    if cast {
+        model = burn_graphed_testkit::cast_params(&model, dtype);
+    }
     let optimizer = AdamConfig::new().init();
     let report = burn_graphed_testkit::compare_training_with_optimizer(
         TrainingComparison {
@@ -109,11 +129,14 @@ pub fn mlp_against_eager<S: burn_graphed_testkit::ModuleStep>(
             call: mlp_forward,
             optimizer,
             learning_rate: 1e-2,
-            batch: &mut |step| batch([16, 32], step, &device),
+            batch: &mut |step| {
+                let x = batch([16, 32], step, &device);
+                if cast { x.cast(dtype) } else { x }
+            },
             loss: square_mean,
             steps,
             graphed,
-            tolerance: tolerance_for(&device),
+            tolerance,
         },
         graphed_optimizer,
     );

@@ -27,7 +27,7 @@ pub enum Kind {
 
 impl Kind {
     /// The default `FusedAdam` module optimizer of this kind.
-    fn optimizer(self) -> AnyFusedAdam {
+    pub fn optimizer(self) -> AnyFusedAdam {
         let config = FusedAdamConfig::new();
         match self {
             Kind::PerParam => AnyFusedAdam::PerParam(config.init()),
@@ -38,7 +38,7 @@ impl Kind {
 
 /// A `FusedAdam` module optimizer of either [`Kind`].
 #[derive(Clone)]
-enum AnyFusedAdam {
+pub enum AnyFusedAdam {
     PerParam(ModuleOptimizer),
     MultiTensor(burn_graphed::MultiTensorAdam),
 }

@@ -118,6 +118,25 @@ impl Tolerance {
         }
     }
 
+    /// `n` units in the last place of `dtype` (`bf16`, `f16` or `f32`): values of a narrower
+    /// float widen to `f32` exactly, with the low mantissa bits zero, so one unit of theirs is
+    /// `2^(23 - mantissa bits)` units of `f32`. For comparing two computations in that dtype
+    /// that round differently (one rounding against several).
+    pub fn ulps_of(dtype: burn::tensor::DType, n: u64) -> Self {
+        use burn::tensor::DType;
+        let mantissa_bits = match dtype {
+            DType::BF16 => 7,
+            DType::F16 => 10,
+            _ => 23,
+        };
+        Self {
+            abs: 0.0,
+            rel: 0.0,
+            ulps: n << (23 - mantissa_bits),
+            norm_rel: 0.0,
+        }
+    }
+
     /// The default plus a norm-based bound for f32 matrix products that may run on TF32
     /// tensor cores in one path and not the other (see the type's docs).
     pub fn tensor_cores() -> Self {
@@ -171,7 +190,7 @@ pub struct TensorComparison {
     pub max_ulps: u64,
     /// First element outside the tolerance.
     pub first_mismatch: Option<usize>,
-    /// Whether the shapes differ (then nothing else was compared).
+    /// Whether the shapes or the dtypes differ (then nothing else was compared).
     pub shape_mismatch: bool,
 }
 
@@ -190,12 +209,14 @@ impl TensorComparison {
             max_rel: 0.0,
             max_ulps: 0,
             first_mismatch: None,
-            shape_mismatch: eager.shape() != graphed.shape(),
+            shape_mismatch: eager.shape() != graphed.shape() || eager.dtype != graphed.dtype,
         };
         if comparison.shape_mismatch {
             return comparison;
         }
-        let (Ok(eager), Ok(graphed)) = (eager.try_to_vec::<f32>(), graphed.try_to_vec::<f32>())
+        // Lower-precision floats widen to `f32` exactly.
+        let (Ok(eager), Ok(graphed)) =
+            (eager.try_to_vec_as::<f32>(), graphed.try_to_vec_as::<f32>())
         else {
             comparison.shape_mismatch = true;
             return comparison;
@@ -364,6 +385,27 @@ pub fn deep_copy<M: Module>(module: &M) -> M {
         }
     }
     module.clone().map(&mut Copier)
+}
+
+/// A copy of `module` with every float parameter cast to `dtype` (ids and `require_grad` kept),
+/// e.g. to train a model in `bf16` on a device whose default float type is `f32`.
+pub fn cast_params<M: Module>(module: &M, dtype: burn::tensor::FloatDType) -> M {
+    struct Caster(burn::tensor::FloatDType);
+    impl ModuleMapper for Caster {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let require_grad = param.is_require_grad();
+            let dtype = self.0;
+            param.map(|tensor| {
+                let cast = Tensor::from_inner(tensor.inner().cast(dtype));
+                if require_grad {
+                    cast.require_grad()
+                } else {
+                    cast
+                }
+            })
+        }
+    }
+    module.clone().map(&mut Caster(dtype))
 }
 
 fn read<const D: usize>(tensor: Tensor<D>, what: &str) -> Result<TensorData, HarnessError> {

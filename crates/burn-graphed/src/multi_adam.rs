@@ -27,8 +27,11 @@ use crate::optim::FusedAdam;
 /// burn's [`OptimizerRecord`] in the layout `ModuleOptimizer` writes for Adam (state per
 /// parameter id), so a record saved by either loads into the other.
 ///
-/// Parameters that cannot be fused (another backend than burn's cubecl one, not `f32`, AMSGrad)
-/// take [`FusedAdam`]'s per-parameter step, which runs burn's `Adam` for them.
+/// Parameters in `f32`, `f16` and `bf16` are fused (moments in the parameter's dtype, as burn's
+/// `Adam` keeps them; each element computed in `f32` and rounded once); parameters of different
+/// dtypes share the operation, one launch per dtype. Parameters that cannot be fused (another
+/// backend than burn's cubecl one, another dtype, AMSGrad) take [`FusedAdam`]'s per-parameter
+/// step, which runs burn's `Adam` for them.
 ///
 /// # Example
 ///

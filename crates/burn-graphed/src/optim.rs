@@ -95,7 +95,11 @@ impl FusedAdamConfig {
 /// ([`FallbackReason::ParamBufferAliased`](crate::FallbackReason::ParamBufferAliased)) until
 /// the snapshot is dropped.
 ///
-/// On other backends, other dtypes than `f32`, and with AMSGrad, every step runs burn's `Adam`.
+/// Parameters in `f16` and `bf16` are updated by the same kernel instantiated for their dtype,
+/// with gradients and moments in that dtype (as burn's `Adam` keeps them): each element is
+/// computed in `f32` and rounded once when stored, where burn's `Adam` rounds after each of
+/// its operations, so the two agree to a few units in the last place of that dtype. On other
+/// backends, other dtypes, and with AMSGrad, every step runs burn's `Adam`.
 ///
 /// # Example
 ///

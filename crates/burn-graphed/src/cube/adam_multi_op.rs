@@ -18,6 +18,7 @@ use burn_fusion::custom::{
     CustomOpIr, HandleContainer, OperationFn, OperationIr, StreamId, TensorId, TensorIr,
 };
 use burn_fusion::{FusionBackend, FusionRuntime};
+use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use burn::optim::{AdamState, LearningRate};
 use burn::tensor::Tensor;
 
 use super::adam_op::{
-    Factors, Prepared, Unfused, adam_element, factors, linear, owned_linear, prepare,
+    Factors, Prepared, Unfused, adam_element, factors, kernel_elem, linear, owned_linear, prepare,
 };
 use super::buffers::FusedTensor;
 use super::session::{self, Session};
@@ -44,15 +45,17 @@ const MAX_PARAMS_PER_LAUNCH: usize = 24;
 /// Most cubes along x per parameter: larger parameters are covered by a grid-stride loop.
 const MAX_CUBES_PER_PARAM: u32 = 1024;
 
-/// The update of a chunk of parameters, in place: cube row `y` updates parameter `y`.
+/// The update of a chunk of parameters of one dtype, in place: cube row `y` updates parameter
+/// `y`.
 #[cube(launch_unchecked)]
-fn adam_multi_kernel(
-    params: &mut Sequence<Box<[f32]>>,
-    grads: &Sequence<Box<[f32]>>,
-    moments_1: &mut Sequence<Box<[f32]>>,
-    moments_2: &mut Sequence<Box<[f32]>>,
+fn adam_multi_kernel<F: Float>(
+    params: &mut Sequence<Box<[F]>>,
+    grads: &Sequence<Box<[F]>>,
+    moments_1: &mut Sequence<Box<[F]>>,
+    moments_2: &mut Sequence<Box<[F]>>,
     factors: Factors,
     #[comptime] decay: bool,
+    #[define(F)] _dtype: ElemType,
 ) {
     let stride = CUBE_COUNT_X as usize * CUBE_DIM_X as usize;
     #[unroll]
@@ -64,7 +67,7 @@ fn adam_multi_kernel(
             let moment_2 = &mut moments_2[k];
             let mut i = ABSOLUTE_POS_X as usize;
             while i < param.len() {
-                let value = adam_element(
+                let value = adam_element::<F>(
                     i,
                     param[i],
                     grad,
@@ -109,8 +112,9 @@ struct Slot {
 
 /// Queues the updates of `updates` as one fusion operation. Returns, per update and in order,
 /// the new parameter (a tensor over the static buffer when `in_place`), first and second
-/// moment. Every tensor is `f32`, contiguous or not, all tensors of one update have the same
-/// shape and device (checked by the caller), and `updates` is not empty.
+/// moment. All tensors of one update have the same shape, device and dtype, one that
+/// `kernel_elem` takes (checked by the caller; updates may differ in dtype), contiguous or not,
+/// and `updates` is not empty.
 pub(crate) fn register(
     updates: Vec<Update>,
     factors: Vec<Factors>,
@@ -192,11 +196,24 @@ fn execute(slots: &[Slot], factors: &[Factors], decay: bool, handles: &mut Handl
         targets.push(target.clone());
         launched.push((target, grad, moment_1, moment_2, slot.factors));
     }
-    // One launch per chunk of parameters at the same step (usually all of them).
-    for (index, _) in factors.iter().enumerate() {
-        let chunk: Vec<_> = launched.iter().filter(|update| update.4 == index).collect();
-        for part in chunk.chunks(max_params_per_launch(&launched[0].0)) {
-            launch(part, &factors[index], decay);
+    // One launch per chunk of parameters at the same step and of the same dtype (usually all
+    // of them).
+    let mut dtypes: Vec<ElemType> = Vec::new();
+    for update in &launched {
+        let elem = kernel_elem(update.0.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
+        if !dtypes.contains(&elem) {
+            dtypes.push(elem);
+        }
+    }
+    for (index, factors) in factors.iter().enumerate() {
+        for &elem in &dtypes {
+            let chunk: Vec<_> = launched
+                .iter()
+                .filter(|update| update.4 == index && kernel_elem(update.0.dtype) == Some(elem))
+                .collect();
+            for part in chunk.chunks(max_params_per_launch(&launched[0].0)) {
+                launch(part, factors, decay, elem);
+            }
         }
     }
     for ((slot, target), (_, _, moment_1, moment_2, _)) in slots.iter().zip(targets).zip(launched) {
@@ -216,8 +233,8 @@ fn max_params_per_launch(tensor: &CubeTensor) -> usize {
 
 type Launched = (CubeTensor, CubeTensor, CubeTensor, CubeTensor, usize);
 
-/// One kernel launch for `part`.
-fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
+/// One kernel launch for `part`, whose tensors are all of element type `elem`.
+fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
     let client = part[0].0.client.clone();
     let elements = |tensor: &CubeTensor| -> usize { tensor.meta.shape().iter().product() };
     let largest = part
@@ -228,13 +245,14 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
     let cubes_x = (largest as u32)
         .div_ceil(CUBE_THREADS)
         .clamp(1, MAX_CUBES_PER_PARAM);
-    let buffers = |select: fn(&Launched) -> &CubeTensor| -> SequenceArg<Box<[f32]>> {
+    let buffers = |select: fn(&Launched) -> &CubeTensor| {
         part.iter()
             .map(|update| {
                 let tensor = select(update);
                 // SAFETY: the length bound is the tensor's element count, and every tensor
-                // bound here is a contiguous f32 buffer of exactly that many elements (checked
-                // by the caller: same shape, f32; made contiguous by `linear`/`owned_linear`;
+                // bound here is a contiguous buffer of exactly that many elements of `elem`
+                // (checked by the caller: same shape, same dtype, and this chunk holds only
+                // tensors of `elem`; made contiguous by `linear`/`owned_linear`;
                 // the static parameter buffers are contiguous allocations of their own).
                 unsafe { BufferArg::from_raw_parts(tensor.handle.clone(), elements(tensor)) }
             })
@@ -258,6 +276,7 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool) {
             buffers(|update| &update.3),
             factors.launch(),
             decay,
+            elem,
         );
     }
 }

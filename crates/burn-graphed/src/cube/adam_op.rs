@@ -10,13 +10,19 @@
 //! `p -= (m * c) / (sqrt(v) + eps * s) * lr` with `s = sqrt(1 - b2^t)` and `c = s / (1 - b1^t)`,
 //! the factors computed on the host in `f32` as burn does. Compilers may contract a multiply
 //! and an add into one rounding, so results agree to rounding, not bit for bit.
+//!
+//! Parameters in `f16` or `bf16` (with gradients and moments in the same dtype, as burn's `Adam`
+//! keeps them) are updated by the same kernels instantiated for that dtype: each element is
+//! read, computed in `f32` and rounded once when stored (PyTorch's fused Adam does the same),
+//! where burn's `Adam` rounds after each of its tensor operations.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
 use burn::optim::{AdamState, AdaptiveMomentumState, LearningRate};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
 use super::buffers::FusedTensor;
@@ -65,59 +71,74 @@ impl Factors {
     }
 }
 
-/// Element `i` of the update: updates the moments in place, returns the new parameter value.
+/// The kernels' element type for parameters of `dtype`, or `None` where the update kernels do
+/// not take that dtype (burn's `Adam` runs instead).
+pub(crate) fn kernel_elem(dtype: DType) -> Option<ElemType> {
+    match dtype {
+        DType::F32 => Some(ElemType::Float(FloatKind::F32)),
+        DType::F16 => Some(ElemType::Float(FloatKind::F16)),
+        DType::BF16 => Some(ElemType::Float(FloatKind::BF16)),
+        _ => None,
+    }
+}
+
+/// Element `i` of the update, in `f32` whatever `F` is: updates the moments in place (rounded
+/// to `F` once each), returns the new parameter value (for the caller to round once).
 #[cube]
-pub(super) fn adam_element(
+pub(super) fn adam_element<F: Float>(
     i: usize,
-    param: f32,
-    grad: &[f32],
-    moment_1: &mut [f32],
-    moment_2: &mut [f32],
+    param: F,
+    grad: &[F],
+    moment_1: &mut [F],
+    moment_2: &mut [F],
     factors: Factors,
     #[comptime] decay: bool,
-) -> f32 {
-    let mut g = grad[i];
+) -> F {
+    let param = f32::cast_from(param);
+    let mut g = f32::cast_from(grad[i]);
     if decay {
         g += param * factors.penalty;
     }
-    let m = moment_1[i] * factors.beta_1 + g * factors.one_minus_beta_1;
-    let v = moment_2[i] * factors.beta_2 + (g * g) * factors.one_minus_beta_2;
-    moment_1[i] = m;
-    moment_2[i] = v;
+    let m = f32::cast_from(moment_1[i]) * factors.beta_1 + g * factors.one_minus_beta_1;
+    let v = f32::cast_from(moment_2[i]) * factors.beta_2 + (g * g) * factors.one_minus_beta_2;
+    moment_1[i] = F::cast_from(m);
+    moment_2[i] = F::cast_from(v);
     let update = (m * factors.combined) / (v.sqrt() + factors.epsilon);
-    param - update * factors.lr
+    F::cast_from(param - update * factors.lr)
 }
 
 /// The update writing the new parameter into a new buffer (the moments in place).
 #[cube(launch_unchecked)]
-fn adam_to_new_kernel(
-    param: &[f32],
-    grad: &[f32],
-    moment_1: &mut [f32],
-    moment_2: &mut [f32],
-    new_param: &mut [f32],
+fn adam_to_new_kernel<F: Float>(
+    param: &[F],
+    grad: &[F],
+    moment_1: &mut [F],
+    moment_2: &mut [F],
+    new_param: &mut [F],
     factors: Factors,
     #[comptime] decay: bool,
+    #[define(F)] _dtype: ElemType,
 ) {
     let i = ABSOLUTE_POS;
     if i < new_param.len() {
-        new_param[i] = adam_element(i, param[i], grad, moment_1, moment_2, factors, decay);
+        new_param[i] = adam_element::<F>(i, param[i], grad, moment_1, moment_2, factors, decay);
     }
 }
 
 /// The update writing the new parameter over the old one (the moments in place).
 #[cube(launch_unchecked)]
-fn adam_in_place_kernel(
-    param: &mut [f32],
-    grad: &[f32],
-    moment_1: &mut [f32],
-    moment_2: &mut [f32],
+fn adam_in_place_kernel<F: Float>(
+    param: &mut [F],
+    grad: &[F],
+    moment_1: &mut [F],
+    moment_2: &mut [F],
     factors: Factors,
     #[comptime] decay: bool,
+    #[define(F)] _dtype: ElemType,
 ) {
     let i = ABSOLUTE_POS;
     if i < param.len() {
-        param[i] = adam_element(i, param[i], grad, moment_1, moment_2, factors, decay);
+        param[i] = adam_element::<F>(i, param[i], grad, moment_1, moment_2, factors, decay);
     }
 }
 
@@ -129,8 +150,8 @@ pub(crate) trait FusedAdamOps: Backend {
     /// otherwise it is a new buffer. The gradient and the moments are taken by value: the
     /// moments are updated in their own buffers where nothing else holds them (the usual case:
     /// the optimizer state moved in), in copies otherwise; taking them by value also spares
-    /// fusion a separate release operation for each. Shapes (all equal) and dtypes (f32) were
-    /// checked by the caller.
+    /// fusion a separate release operation for each. Shapes (all equal) and dtypes (all the
+    /// same, one that [`kernel_elem`] takes) were checked by the caller.
     #[fusion(meta = |param, _grad, moment_1, moment_2, _lr, _b1, _b1c, _b2, _b2c, _combined, _eps, _penalty, _in_place| {
         (param.clone(), moment_1.clone(), moment_2.clone())
     })]
@@ -209,9 +230,13 @@ impl FusedAdamOps for CubeBackend {
         let cubes = CubeCount::Static((elements as u32).div_ceil(CUBE_THREADS).max(1), 1, 1);
         let dim = CubeDim::new_1d(CUBE_THREADS);
         let decay = penalty != 0.0;
+        // `prepare` fuses only the dtypes `kernel_elem` takes.
+        debug_assert!(kernel_elem(param.dtype).is_some(), "{:?}", param.dtype);
+        let elem = kernel_elem(param.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
         if in_place {
             // SAFETY: `launch_unchecked` skips bounds checks. Every buffer bound here holds
-            // `elements` f32 values (same shape and f32: checked by the caller; contiguous:
+            // `elements` values of `elem` (same shape and dtype: checked by the caller, and the
+            // kernel is instantiated for that dtype; contiguous:
             // `linear`/`owned_linear`, and the static parameter buffers updated in place are
             // contiguous allocations of their own), and each thread reads and writes only its
             // index `i < elements`. The three buffers written in place are distinct from each
@@ -229,6 +254,7 @@ impl FusedAdamOps for CubeBackend {
                     BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
                     factors,
                     decay,
+                    elem,
                 );
             }
             return (param.clone(), moment_1, moment_2);
@@ -249,6 +275,7 @@ impl FusedAdamOps for CubeBackend {
                 BufferArg::from_raw_parts(new_param.handle.clone(), elements),
                 factors,
                 decay,
+                elem,
             );
         }
         (new_param, moment_1, moment_2)
@@ -321,8 +348,9 @@ pub(crate) struct Prepared {
 }
 
 /// The tensors of one Adam step as fusion tensors, or the arguments back (`Err`) where the step
-/// cannot be fused: not on burn's cubecl backend, not all `f32`, AMSGrad, or shapes that
-/// differ.
+/// cannot be fused: not on burn's cubecl backend, a dtype the kernels do not take (they take
+/// `f32`, `f16` and `bf16`), gradient or moments in another dtype than the parameter, AMSGrad,
+/// or shapes that differ.
 pub(crate) fn prepare<const D: usize>(
     adam: &FusedAdam,
     tensor: Tensor<D>,
@@ -330,22 +358,21 @@ pub(crate) fn prepare<const D: usize>(
     state: Option<AdamState<D>>,
 ) -> Result<Prepared, Box<Unfused<D>>> {
     use burn::backend::Cube;
-    use burn::tensor::DType;
 
-    let shape = tensor.shape();
+    let (shape, dtype) = (tensor.shape(), tensor.dtype());
     let moments_fit = state.as_ref().is_none_or(|state| {
         let momentum = &state.momentum;
         momentum.moment_1.shape() == shape
             && momentum.moment_2.shape() == shape
-            && momentum.moment_1.dtype() == DType::F32
-            && momentum.moment_2.dtype() == DType::F32
+            && momentum.moment_1.dtype() == dtype
+            && momentum.moment_2.dtype() == dtype
             && momentum.max_moment_2.is_none()
     });
     let fusable = adam.fusable
         && moments_fit
         && super::capture::supports_capture(&tensor.device())
-        && tensor.dtype() == DType::F32
-        && grad.dtype() == DType::F32
+        && kernel_elem(dtype).is_some()
+        && grad.dtype() == dtype
         && grad.shape() == shape
         && grad.device() == tensor.device();
     if !fusable {
@@ -359,10 +386,11 @@ pub(crate) fn prepare<const D: usize>(
             (momentum.time + 1, primitive(moment_1), primitive(moment_2))
         }
         // Zero moments: `0 * b1 + g * (1 - b1)` is burn's first-step `g * (1 - b1)` exactly.
-        None => {
-            let zeros = || Tensor::<D>::zeros(shape.clone(), &tensor.device());
-            (1, primitive(&zeros()), primitive(&zeros()))
-        }
+        None => (
+            1,
+            primitive(&tensor.zeros_like()),
+            primitive(&tensor.zeros_like()),
+        ),
     };
     // Converted from clones, so that nothing is lost if one does not convert; the originals
     // are dropped right after, and the clones are then the only holders again.
