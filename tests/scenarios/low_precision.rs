@@ -13,12 +13,7 @@ use burn_graphed_testkit::{TensorComparison, cast_params, deep_copy};
 
 /// The dtype burn reports for tensors cast to `dtype`.
 fn dtype_of(dtype: FloatDType) -> DType {
-    match dtype {
-        FloatDType::F64 => DType::F64,
-        FloatDType::F32 | FloatDType::Flex32 => DType::F32,
-        FloatDType::F16 => DType::F16,
-        FloatDType::BF16 => DType::BF16,
-    }
+    DType::from(dtype)
 }
 
 /// `values` rounded to `dtype` (nearest, ties to even, as the kernels' stores round) and widened
@@ -143,7 +138,7 @@ pub fn multi_tensor_adam_trains_in(device: &Device, dtype: FloatDType) {
         multi = step_of(multi, &mut |m, g| multi_adam.step(1e-2, m, g), x);
         assert_eq!(multi_adam.last_batched(), param_values(&multi).len());
         for (_, values) in param_values(&multi) {
-            assert_eq!(values.dtype, dtype_of(dtype), "step {step}");
+            assert_eq!(values.dtype(), dtype_of(dtype), "step {step}");
         }
         let what = format!("{dtype:?} step {step}");
         let agree = Tolerance {

@@ -209,7 +209,7 @@ impl TensorComparison {
             max_rel: 0.0,
             max_ulps: 0,
             first_mismatch: None,
-            shape_mismatch: eager.shape() != graphed.shape() || eager.dtype != graphed.dtype,
+            shape_mismatch: eager.shape() != graphed.shape() || eager.dtype() != graphed.dtype(),
         };
         if comparison.shape_mismatch {
             return comparison;
