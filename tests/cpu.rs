@@ -44,6 +44,9 @@ on_devices! {
     shape_cache_matches_eager => scenarios::robust::shape_cache_matches_eager;
     other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
+    device_rng_fills_pitched_shapes => scenarios::random::device_rng_fills_pitched_shapes;
+    graphed_fused_adam_pitched => |d| scenarios::optim::graphed_fused_adam_pitched(d, scenarios::optim::Kind::PerParam, 3);
+    graphed_multi_tensor_adam_pitched => |d| scenarios::optim::graphed_fused_adam_pitched(d, scenarios::optim::Kind::MultiTensor, 3);
     graph_dropout_matches_eager => |d| scenarios::random::graph_dropout_matches_eager(d, 4);
     other_threads_keep_their_draws => |d| scenarios::random::other_threads_keep_their_draws(d, true);
     device_rng_draws_uniform_and_normal => scenarios::random::device_rng_draws_uniform_and_normal;

@@ -311,3 +311,20 @@ fn graphed_multi_tensor_adam_trains_in_bf16() {
     );
     scenarios::low_precision::graphed_fused_adam_trains_in(&cuda(), kind, bf16, 20);
 }
+
+#[test]
+fn device_rng_fills_pitched_shapes() {
+    scenarios::random::device_rng_fills_pitched_shapes(&cuda());
+}
+
+#[test]
+fn graphed_fused_adam_pitched() {
+    let kind = scenarios::optim::Kind::PerParam;
+    scenarios::optim::graphed_fused_adam_pitched(&cuda(), kind, 10);
+}
+
+#[test]
+fn graphed_multi_tensor_adam_pitched() {
+    let kind = scenarios::optim::Kind::MultiTensor;
+    scenarios::optim::graphed_fused_adam_pitched(&cuda(), kind, 10);
+}

@@ -101,42 +101,66 @@ pub fn mlp_against_eager<S: burn_graphed_testkit::ModuleStep>(
     graphed: GraphedConfig,
     graphed_optimizer: S,
 ) -> burn_graphed_testkit::EquivalenceReport {
-    let tolerance = tolerance_for(device);
-    let f32 = burn::tensor::FloatDType::F32;
-    mlp_against_eager_in(device, steps, graphed, graphed_optimizer, f32, tolerance)
+    let run = MlpRun::new(device);
+    mlp_against_eager_with(device, run, steps, graphed, graphed_optimizer)
 }
 
-/// [`mlp_against_eager`] with the model's parameters and the batches in `dtype` (cast from
-/// `f32` unless it is `f32`), compared within `tolerance`.
-pub fn mlp_against_eager_in<S: burn_graphed_testkit::ModuleStep>(
+/// What [`mlp_against_eager_with`] trains and how it compares.
+pub struct MlpRun {
+    /// `Mlp::new(width, depth, out)`; batches are `[16, width]`.
+    pub width: usize,
+    pub depth: usize,
+    pub out: usize,
+    /// The parameters' and batches' dtype (cast from `f32` unless it is `f32`).
+    pub dtype: burn::tensor::FloatDType,
+    /// The eager run's optimizer.
+    pub eager_optimizer: burn::optim::ModuleOptimizer,
+    pub tolerance: Tolerance,
+}
+
+impl MlpRun {
+    /// The 3 x Linear(32) MLP in `f32`, burn's `Adam`, the device's tolerance.
+    pub fn new(device: &Device) -> Self {
+        Self {
+            width: 32,
+            depth: 3,
+            out: 8,
+            dtype: burn::tensor::FloatDType::F32,
+            eager_optimizer: AdamConfig::new().init(),
+            tolerance: tolerance_for(device),
+        }
+    }
+}
+
+/// [`mlp_against_eager`] with the model, dtype, eager optimizer and tolerance of `run`.
+pub fn mlp_against_eager_with<S: burn_graphed_testkit::ModuleStep>(
     device: &Device,
+    run: MlpRun,
     steps: usize,
     graphed: GraphedConfig,
     graphed_optimizer: S,
-    dtype: burn::tensor::FloatDType,
-    tolerance: Tolerance,
 ) -> burn_graphed_testkit::EquivalenceReport {
     let device = device.clone().autodiff();
-    let mut model = Mlp::new(32, 3, 8, &device);
+    let dtype = run.dtype;
+    let mut model = Mlp::new(run.width, run.depth, run.out, &device);
     let cast = dtype != burn::tensor::FloatDType::F32;
     if cast {
         model = burn_graphed_testkit::cast_params(&model, dtype);
     }
-    let optimizer = AdamConfig::new().init();
     let report = burn_graphed_testkit::compare_training_with_optimizer(
         TrainingComparison {
             model,
             call: mlp_forward,
-            optimizer,
+            optimizer: run.eager_optimizer,
             learning_rate: 1e-2,
             batch: &mut |step| {
-                let x = batch([16, 32], step, &device);
+                let x = batch([16, run.width], step, &device);
                 if cast { x.cast(dtype) } else { x }
             },
             loss: square_mean,
             steps,
             graphed,
-            tolerance,
+            tolerance: run.tolerance,
         },
         graphed_optimizer,
     );

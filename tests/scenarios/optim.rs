@@ -65,7 +65,8 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
         (Some(WeightDecayConfig::new(0.05)), None),
         (None, clipping),
     ] {
-        let model = Mlp::new(16, 3, 4, &device);
+        // Widths whose rows CUDA pitches (11 and 3 elements; see `graphed_fused_adam_pitched`).
+        let model = Mlp::new(11, 3, 3, &device);
         let mut reference = deep_copy(&model);
         let mut per_param = deep_copy(&model);
         let mut multi = model;
@@ -79,7 +80,7 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
         let mut fused_adam = config.init();
         let mut multi_adam = config.init_multi_tensor();
         for step in 0..4 {
-            let x = batch([8, 16], step, &device);
+            let x = batch([8, 11], step, &device);
             reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
             per_param = eager_step(per_param, &mut fused_adam, x.clone(), 1e-2);
             // A clone kept across the step keeps its values: the update writes a parameter's
@@ -154,13 +155,14 @@ pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
 pub fn fused_adam_matches_adam(device: &Device) {
     let device = device.clone().autodiff();
     for decay in [None, Some(WeightDecayConfig::new(0.05))] {
-        let model = Mlp::new(16, 2, 4, &device);
+        // Widths whose rows CUDA pitches (11 and 3 elements).
+        let model = Mlp::new(11, 2, 3, &device);
         let mut reference = deep_copy(&model);
         let mut fused = model;
         let mut adam = AdamConfig::new().with_weight_decay(decay.clone()).init();
         let mut fused_adam = FusedAdamConfig::new().with_weight_decay(decay).init();
         for step in 0..4 {
-            let x = batch([8, 16], step, &device);
+            let x = batch([8, 11], step, &device);
             reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
             fused = eager_step(fused, &mut fused_adam, x, 1e-2);
             assert_params_close(
@@ -179,6 +181,32 @@ pub fn fused_adam_matches_adam(device: &Device) {
 pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
     let optimizer = FusedAdamConfig::new().init();
     let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
+    if report.summary.graphed {
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
+        assert_eq!(
+            report.stats.param_copies, report.summary.params as u64,
+            "only the first call copies parameters: {report}"
+        );
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
+}
+
+/// Graphed training with `FusedAdam` of `kind` on an MLP whose rows CUDA pitches equals eager
+/// training with burn's `Adam`, and the update still goes into the graphs' parameter buffers:
+/// only the first call copies parameters. cubecl 0.11 on CUDA pads each row of a new tensor to
+/// a power-of-two number of bytes, so the `[11, 11]` and `[11, 3]` `f32` weights here have rows
+/// 16 and 4 elements apart, and the graphs' static buffers too; the update kernels index
+/// linearly, so they update those through dense copies (`cube/dense.rs`). On wgpu, which
+/// allocates rows densely, this is the plain path.
+pub fn graphed_fused_adam_pitched(device: &Device, kind: Kind, steps: usize) {
+    let run = MlpRun {
+        width: 11,
+        depth: 2,
+        out: 3,
+        ..MlpRun::new(device)
+    };
+    let report = mlp_against_eager_with(device, run, steps, GraphedConfig::new(), kind.optimizer());
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");

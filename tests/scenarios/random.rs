@@ -49,6 +49,28 @@ pub fn device_rng_draws_fresh_masks(device: &Device) {
     }
 }
 
+/// Draws shaped like tensors whose rows CUDA pitches (`[37, 11]`: rows 16 elements apart; and
+/// a rank-3 `[5, 7, 3]`) equal the host reference element for element, in row-major order: the
+/// draw kernel writes element `i` at index `i`, so its output buffer must be dense
+/// (`cube/dense.rs`); a pitched one would leave the padding's garbage in place of the last
+/// rows' values.
+pub fn device_rng_fills_pitched_shapes(device: &Device) {
+    let rng = DeviceRng::new(5, device);
+    let (keep, scale) = (0.5f32, 2.0f32);
+    let mask = rng.dropout_mask(&Tensor::<2>::zeros([37, 11], device), keep, scale);
+    assert_eq!(mask.dims(), [37, 11]);
+    assert_eq!(values(mask), reference_mask(5, 0, 37 * 11, keep, scale));
+    let like = Tensor::<3>::zeros([5, 7, 3], device);
+    let drawn = rng.uniform(&like, -1.0, 1.0);
+    assert_eq!(drawn.dims(), [5, 7, 3]);
+    let drawn = drawn
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 data");
+    assert_eq!(drawn, reference_uniform(5, 1, 5 * 7 * 3, -1.0, 1.0));
+}
+
 /// A graphed `GraphDropout` (input requiring grad, no parameters) against an eager one seeded
 /// alike: every replay draws a new mask, outputs and input gradients equal eager.
 pub fn graph_dropout_matches_eager(device: &Device, steps: usize) {

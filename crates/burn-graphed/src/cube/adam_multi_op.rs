@@ -27,10 +27,9 @@ use burn::backend::Cube;
 use burn::optim::{AdamState, LearningRate};
 use burn::tensor::Tensor;
 
-use super::adam_op::{
-    Factors, Prepared, Unfused, adam_element, factors, kernel_elem, linear, owned_linear, prepare,
-};
+use super::adam_op::{Factors, Prepared, Unfused, adam_element, factors, kernel_elem, prepare};
 use super::buffers::FusedTensor;
+use super::dense::{Dense, copy_values, is_dense};
 use super::session::{self, Session};
 use crate::optim::FusedAdam;
 
@@ -178,29 +177,84 @@ type Handles =
 /// The operation, on fusion's server: resolves the buffers, launches the chunks, registers the
 /// outputs.
 fn execute(slots: &[Slot], factors: &[Factors], decay: bool, handles: &mut Handles) {
-    let mut targets = Vec::with_capacity(slots.len());
-    let mut launched = Vec::with_capacity(slots.len());
-    for slot in slots {
-        let param = handles.get_float_tensor::<CubeBackend>(&slot.param);
-        let grad = linear(&handles.get_float_tensor::<CubeBackend>(&slot.grad));
-        let moment_1 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_1));
-        let moment_2 = owned_linear(handles.get_float_tensor::<CubeBackend>(&slot.moment_2));
-        // Not a graph's buffer: the parameter's own buffer where the caller handed over the
-        // only reference (fusion's rule, as for the moments), otherwise a copy; the kernel
-        // then updates it in place.
-        let target = if slot.in_place {
-            param
+    let resolved = slots
+        .iter()
+        .map(|slot| Resolved {
+            param: handles.get_float_tensor::<CubeBackend>(&slot.param),
+            grad: handles.get_float_tensor::<CubeBackend>(&slot.grad),
+            moment_1: handles.get_float_tensor::<CubeBackend>(&slot.moment_1),
+            moment_2: handles.get_float_tensor::<CubeBackend>(&slot.moment_2),
+            in_place: slot.in_place,
+            factors: slot.factors,
+        })
+        .collect();
+    for (slot, (param, moment_1, moment_2)) in
+        slots.iter().zip(update_all(resolved, factors, decay))
+    {
+        let [param_id, moment_1_id, moment_2_id] = &slot.outputs;
+        handles.register_float_tensor::<CubeBackend>(param_id, param);
+        handles.register_float_tensor::<CubeBackend>(moment_1_id, moment_1);
+        handles.register_float_tensor::<CubeBackend>(moment_2_id, moment_2);
+    }
+}
+
+/// One update's tensors at execution time (see [`Update`]).
+struct Resolved {
+    param: CubeTensor,
+    grad: CubeTensor,
+    moment_1: CubeTensor,
+    moment_2: CubeTensor,
+    in_place: bool,
+    factors: usize,
+}
+
+/// Launches the updates of `resolved` (one launch per chunk) and returns, per update and in
+/// order, the new parameter (the static buffer itself when `in_place`) and the two moments.
+fn update_all(
+    resolved: Vec<Resolved>,
+    factors: &[Factors],
+    decay: bool,
+) -> Vec<(CubeTensor, CubeTensor, CubeTensor)> {
+    let mut launched = Vec::with_capacity(resolved.len());
+    // Per update: the tensor handed out as the new parameter, and the kernel's target where it
+    // is a dense copy of a static buffer whose values go back into that buffer.
+    let mut results = Vec::with_capacity(resolved.len());
+    for update in resolved {
+        let Resolved {
+            param,
+            grad,
+            moment_1,
+            moment_2,
+            in_place,
+            factors,
+        } = update;
+        let grad = Dense::of(&grad);
+        let (moment_1, moment_2) = (Dense::owned(moment_1), Dense::owned(moment_2));
+        let (target, registered, write_back) = if in_place {
+            // A graph's static buffer: updated where it is dense, else through a dense copy
+            // whose values go back into it (CUDA pitches rows whose byte width is not a power
+            // of two; see `dense`).
+            if is_dense(&param) {
+                (Dense::of(&param), param, false)
+            } else {
+                (Dense::copy_of(&param), param, true)
+            }
         } else {
-            owned_linear(param)
+            // Not a graph's buffer: the parameter's own buffer where the caller handed over
+            // the only reference (fusion's rule, as for the moments), otherwise a copy; the
+            // kernel then updates it in place.
+            let target = Dense::owned(param);
+            let registered = target.tensor().clone();
+            (target, registered, false)
         };
-        targets.push(target.clone());
-        launched.push((target, grad, moment_1, moment_2, slot.factors));
+        results.push((registered, write_back.then(|| target.clone())));
+        launched.push((target, grad, moment_1, moment_2, factors));
     }
     // One launch per chunk of parameters at the same step and of the same dtype (usually all
     // of them).
     let mut dtypes: Vec<ElemType> = Vec::new();
     for update in &launched {
-        let elem = kernel_elem(update.0.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
+        let elem = kernel_elem(update.0.tensor().dtype).unwrap_or(ElemType::Float(FloatKind::F32));
         if !dtypes.contains(&elem) {
             dtypes.push(elem);
         }
@@ -209,19 +263,25 @@ fn execute(slots: &[Slot], factors: &[Factors], decay: bool, handles: &mut Handl
         for &elem in &dtypes {
             let chunk: Vec<_> = launched
                 .iter()
-                .filter(|update| update.4 == index && kernel_elem(update.0.dtype) == Some(elem))
+                .filter(|update| {
+                    update.4 == index && kernel_elem(update.0.tensor().dtype) == Some(elem)
+                })
                 .collect();
-            for part in chunk.chunks(max_params_per_launch(&launched[0].0)) {
+            for part in chunk.chunks(max_params_per_launch(launched[0].0.tensor())) {
                 launch(part, factors, decay, elem);
             }
         }
     }
-    for ((slot, target), (_, _, moment_1, moment_2, _)) in slots.iter().zip(targets).zip(launched) {
-        let [param_id, moment_1_id, moment_2_id] = &slot.outputs;
-        handles.register_float_tensor::<CubeBackend>(param_id, target);
-        handles.register_float_tensor::<CubeBackend>(moment_1_id, moment_1);
-        handles.register_float_tensor::<CubeBackend>(moment_2_id, moment_2);
-    }
+    results
+        .into_iter()
+        .zip(launched)
+        .map(|((registered, copied), (_, _, moment_1, moment_2, _))| {
+            if let Some(copied) = copied {
+                copy_values(copied.tensor(), &registered);
+            }
+            (registered, moment_1.into_tensor(), moment_2.into_tensor())
+        })
+        .collect()
 }
 
 /// Parameters per launch on `tensor`'s device: [`MAX_PARAMS_PER_LAUNCH`], fewer where the
@@ -231,40 +291,36 @@ fn max_params_per_launch(tensor: &CubeTensor) -> usize {
     MAX_PARAMS_PER_LAUNCH.min(bindings / 4).max(1)
 }
 
-type Launched = (CubeTensor, CubeTensor, CubeTensor, CubeTensor, usize);
+/// One parameter's buffers in a launch: target (updated in place), gradient, first and second
+/// moment, and the index of its factors.
+type Launched = (Dense, Dense, Dense, Dense, usize);
 
 /// One kernel launch for `part`, whose tensors are all of element type `elem`.
 fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
-    let client = part[0].0.client.clone();
-    let elements = |tensor: &CubeTensor| -> usize { tensor.meta.shape().iter().product() };
-    let largest = part
-        .iter()
-        .map(|update| elements(&update.0))
-        .max()
-        .unwrap_or(1);
+    let client = part[0].0.tensor().client.clone();
+    let largest = part.iter().map(|update| update.0.len()).max().unwrap_or(1);
     let cubes_x = (largest as u32)
         .div_ceil(CUBE_THREADS)
         .clamp(1, MAX_CUBES_PER_PARAM);
-    let buffers = |select: fn(&Launched) -> &CubeTensor| {
+    let buffers = |select: fn(&Launched) -> &Dense| {
         part.iter()
             .map(|update| {
-                let tensor = select(update);
-                // SAFETY: the length bound is the tensor's element count, and every tensor
-                // bound here is a contiguous buffer of exactly that many elements of `elem`
-                // (checked by the caller: same shape, same dtype, and this chunk holds only
-                // tensors of `elem`; made contiguous by `linear`/`owned_linear`;
-                // the static parameter buffers are contiguous allocations of their own).
-                unsafe { BufferArg::from_raw_parts(tensor.handle.clone(), elements(tensor)) }
+                // SAFETY: the kernel is instantiated for `elem`, the dtype of every tensor of
+                // this chunk (checked by the caller: same shape and dtype per parameter, and
+                // the chunk holds only tensors of `elem`), and reads each slice below its
+                // length only (see the launch below).
+                unsafe { select(update).arg() }
             })
             .collect()
     };
     // SAFETY: `launch_unchecked` skips bounds checks; each thread reads and writes only indices
     // below its own parameter's length (the loop bound is that buffer's length, and all four
-    // buffers of a parameter have it). The written buffers (targets and moments) are distinct
-    // from each other and from the gradients, as CUDA's `__restrict__` pointers require: the
-    // moments and the targets outside graphs are buffers that nothing else holds
-    // (`owned_linear`: the handle is unique, or it is a fresh copy), the graph buffers are held
-    // by their graphs only and each is written by one parameter of the batch (`Batch::gather`).
+    // `Dense` buffers of a parameter have it). The written buffers (targets and moments) are
+    // distinct from each other and from the gradients, as CUDA's `__restrict__` pointers
+    // require: the moments and the targets outside graphs are buffers that nothing else holds
+    // (`Dense::owned`: the handle is unique, or it is a fresh copy), the graph buffers (or
+    // fresh copies of them) are held by their graphs only and each is written by one parameter
+    // of the batch (`Batch::gather`).
     unsafe {
         adam_multi_kernel::launch_unchecked(
             &client,
@@ -379,5 +435,66 @@ impl Batch {
             }
         }
         updated
+    }
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::super::buffers::key_of;
+    use super::super::dense::test_support::*;
+    use super::*;
+    use crate::FusedAdamConfig;
+
+    /// The update of `param` (in place or not) in one batch with a dense parameter, step 2.
+    fn update(param: &CubeTensor, in_place: bool) -> Vec<(CubeTensor, CubeTensor, CubeTensor)> {
+        let moment_2: Vec<f32> = values(3.0).iter().map(|v| v * v * 0.01).collect();
+        let resolved = |param: CubeTensor, in_place| Resolved {
+            param,
+            grad: laid_out(&values(1.0), COLS),
+            moment_1: laid_out(&values(2.0), COLS),
+            moment_2: laid_out(&moment_2, COLS),
+            in_place,
+            factors: 0,
+        };
+        let adam = FusedAdamConfig::new().build();
+        update_all(
+            vec![
+                resolved(param.clone(), in_place),
+                resolved(laid_out(&values(4.0), COLS), false),
+            ],
+            &[factors(&adam, 1e-2, 2)],
+            false,
+        )
+    }
+
+    /// In one launch with another parameter, a pitched static buffer is updated in place (the
+    /// tensor handed back is that buffer, padding left alone) and a pitched parameter outside
+    /// graphs into a dense buffer, both with the elements of the same update of a dense copy.
+    #[test]
+    fn pitched_parameters_in_a_batch() {
+        let param = values(0.0);
+        let expected = update(&laid_out(&param, COLS), true);
+        assert_ne!(
+            buffer(&expected[0].0),
+            param,
+            "the update changes the parameter"
+        );
+        for in_place in [true, false] {
+            let pitched = laid_out(&param, PITCH);
+            let updated = update(&pitched, in_place);
+            assert_eq!(key_of(&updated[0].0) == key_of(&pitched), in_place);
+            assert_eq!(elements(&updated[0].0), buffer(&expected[0].0));
+            assert_eq!(elements(&updated[0].1), buffer(&expected[0].1));
+            assert_eq!(elements(&updated[0].2), buffer(&expected[0].2));
+            assert_eq!(buffer(&updated[1].0), buffer(&expected[1].0));
+            assert!(padding_untouched(&pitched));
+            if !in_place {
+                assert_eq!(
+                    elements(&pitched),
+                    param,
+                    "outside graphs, a copy is updated"
+                );
+            }
+        }
     }
 }

@@ -26,6 +26,7 @@ use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
 use super::buffers::FusedTensor;
+use super::dense::{Dense, copy_values, is_dense};
 use crate::optim::FusedAdam;
 
 /// Threads per cube of the update kernel.
@@ -173,30 +174,6 @@ pub(crate) trait FusedAdamOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// A contiguous, untiled version of `tensor` (the kernel indexes buffers linearly).
-pub(super) fn linear(tensor: &CubeTensor) -> CubeTensor {
-    burn_cubecl::kernel::into_contiguous(tensor.clone())
-}
-
-/// `tensor` as a contiguous buffer that nothing else holds, to be written in place: itself
-/// when it is one (fusion handed over its last reference), a copy otherwise.
-pub(super) fn owned_linear(tensor: CubeTensor) -> CubeTensor {
-    if tensor.can_mut() && tensor.is_contiguous() {
-        tensor
-    } else {
-        <CubeBackend as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&tensor)
-    }
-}
-
-fn new_like(tensor: &CubeTensor) -> CubeTensor {
-    burn_cubecl::ops::numeric::empty_device_dtype(
-        tensor.client.clone(),
-        tensor.device.clone(),
-        tensor.meta.shape().clone(),
-        tensor.dtype,
-    )
-}
-
 impl FusedAdamOps for CubeBackend {
     fn fused_adam(
         param: &CubeTensor,
@@ -224,9 +201,9 @@ impl FusedAdamOps for CubeBackend {
             penalty,
         );
         let client = param.client.clone();
-        let grad = linear(&grad);
-        let (moment_1, moment_2) = (owned_linear(moment_1), owned_linear(moment_2));
-        let elements: usize = param.meta.shape().iter().product();
+        let grad = Dense::of(&grad);
+        let (moment_1, moment_2) = (Dense::owned(moment_1), Dense::owned(moment_2));
+        let elements = grad.len();
         let cubes = CubeCount::Static((elements as u32).div_ceil(CUBE_THREADS).max(1), 1, 1);
         let dim = CubeDim::new_1d(CUBE_THREADS);
         let decay = penalty != 0.0;
@@ -234,33 +211,48 @@ impl FusedAdamOps for CubeBackend {
         debug_assert!(kernel_elem(param.dtype).is_some(), "{:?}", param.dtype);
         let elem = kernel_elem(param.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
         if in_place {
-            // SAFETY: `launch_unchecked` skips bounds checks. Every buffer bound here holds
-            // `elements` values of `elem` (same shape and dtype: checked by the caller, and the
-            // kernel is instantiated for that dtype; contiguous:
-            // `linear`/`owned_linear`, and the static parameter buffers updated in place are
-            // contiguous allocations of their own), and each thread reads and writes only its
-            // index `i < elements`. The three buffers written in place are distinct from each
-            // other and from the gradient, as the kernel's `__restrict__` pointers require on
-            // CUDA: the moments are buffers that nothing else holds (`owned_linear`), and the
-            // parameter buffer is held by its graph, so it is neither of them.
+            // The kernel writes a dense buffer: the static buffer itself where it is dense, else
+            // a dense copy of it whose result is copied back (CUDA pitches rows whose byte width
+            // is not a power of two; see `dense`).
+            let write_back = !is_dense(param);
+            let target = if write_back {
+                Dense::copy_of(param)
+            } else {
+                Dense::of(param)
+            };
+            // SAFETY: `launch_unchecked` skips bounds checks. All four buffers are `Dense`
+            // tensors of `elements` values of `elem` (same shape and dtype: checked by the
+            // caller; the kernel is instantiated for `elem`), and each thread reads and writes
+            // only its index `i < elements`. The three buffers written in place are distinct
+            // from each other and from the gradient, as the kernel's `__restrict__` pointers
+            // require on CUDA: the moments are buffers that nothing else holds
+            // (`Dense::owned`), and the target is the static parameter buffer, held by its
+            // graph, or a fresh copy of it, so it is neither of them.
             unsafe {
                 adam_in_place_kernel::launch_unchecked(
                     &client,
                     cubes,
                     dim,
-                    BufferArg::from_raw_parts(param.handle.clone(), elements),
-                    BufferArg::from_raw_parts(grad.handle.clone(), elements),
-                    BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
-                    BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
+                    target.arg(),
+                    grad.arg(),
+                    moment_1.arg(),
+                    moment_2.arg(),
                     factors,
                     decay,
                     elem,
                 );
             }
-            return (param.clone(), moment_1, moment_2);
+            if write_back {
+                copy_values(target.tensor(), param);
+            }
+            return (
+                param.clone(),
+                moment_1.into_tensor(),
+                moment_2.into_tensor(),
+            );
         }
-        let param = linear(param);
-        let new_param = new_like(&param);
+        let param = Dense::of(param);
+        let new_param = Dense::empty_like(param.tensor());
         // SAFETY: as above; the new parameter is a fresh allocation, the moments are buffers
         // that nothing else holds, so the three written buffers alias no other binding.
         unsafe {
@@ -268,17 +260,21 @@ impl FusedAdamOps for CubeBackend {
                 &client,
                 cubes,
                 dim,
-                BufferArg::from_raw_parts(param.handle.clone(), elements),
-                BufferArg::from_raw_parts(grad.handle.clone(), elements),
-                BufferArg::from_raw_parts(moment_1.handle.clone(), elements),
-                BufferArg::from_raw_parts(moment_2.handle.clone(), elements),
-                BufferArg::from_raw_parts(new_param.handle.clone(), elements),
+                param.arg(),
+                grad.arg(),
+                moment_1.arg(),
+                moment_2.arg(),
+                new_param.arg(),
                 factors,
                 decay,
                 elem,
             );
         }
-        (new_param, moment_1, moment_2)
+        (
+            new_param.into_tensor(),
+            moment_1.into_tensor(),
+            moment_2.into_tensor(),
+        )
     }
 }
 
@@ -446,4 +442,63 @@ pub(crate) fn step<const D: usize>(
     let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
     let momentum = AdaptiveMomentumState::new(time, wrap(new_moment_1), wrap(new_moment_2));
     Ok((wrap(new_param), Some(AdamState::new(momentum))))
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::super::buffers::key_of;
+    use super::super::dense::test_support::*;
+    use super::*;
+
+    /// One update of `param` with fixed gradient and moments (step 2, weight decay).
+    fn update(param: &CubeTensor, in_place: bool) -> (CubeTensor, CubeTensor, CubeTensor) {
+        // The moments as the previous step left them: dense and positive where they must be.
+        let moment_2: Vec<f32> = values(3.0).iter().map(|v| v * v * 0.01).collect();
+        <CubeBackend as FusedAdamOps>::fused_adam(
+            param,
+            laid_out(&values(1.0), COLS),
+            laid_out(&values(2.0), COLS),
+            laid_out(&moment_2, COLS),
+            1e-2,
+            0.9,
+            0.1,
+            0.999,
+            0.001,
+            0.5,
+            1e-8,
+            0.05,
+            in_place,
+        )
+    }
+
+    /// A graph's static parameter buffer that CUDA pitched is updated in place: the tensor
+    /// handed back is that buffer, its elements are those of the same update of a dense copy,
+    /// and its padding is left alone. (Without the dense copy the kernel would read and write
+    /// the buffer as if it were dense: elements of the later rows would be lost.)
+    #[test]
+    fn in_place_update_of_a_pitched_buffer() {
+        let param = values(0.0);
+        let static_buffer = laid_out(&param, PITCH);
+        let (updated, moment_1, moment_2) = update(&static_buffer, true);
+        assert_eq!(key_of(&updated), key_of(&static_buffer));
+        let (expected, expected_1, expected_2) = update(&laid_out(&param, COLS), true);
+        assert_ne!(buffer(&expected), param, "the update changes the parameter");
+        assert_eq!(elements(&updated), buffer(&expected));
+        assert_eq!(elements(&moment_1), buffer(&expected_1));
+        assert_eq!(elements(&moment_2), buffer(&expected_2));
+        assert!(padding_untouched(&static_buffer));
+    }
+
+    /// A pitched parameter updated into a new buffer: the new buffer is dense and holds the
+    /// same update as that of a dense copy; the parameter keeps its values.
+    #[test]
+    fn update_of_a_pitched_parameter_into_a_new_buffer() {
+        let param = values(0.0);
+        let pitched = laid_out(&param, PITCH);
+        let (updated, _, _) = update(&pitched, false);
+        let (expected, _, _) = update(&laid_out(&param, COLS), false);
+        assert_ne!(key_of(&updated), key_of(&pitched));
+        assert_eq!(buffer(&updated), buffer(&expected));
+        assert_eq!(elements(&pitched), param);
+    }
 }

@@ -6,6 +6,7 @@ pub(crate) mod adam_op;
 pub(crate) mod buffers;
 pub(crate) mod capture;
 pub(crate) mod copy_op;
+pub(crate) mod dense;
 pub(crate) mod node;
 pub(crate) mod random_op;
 pub(crate) mod session;

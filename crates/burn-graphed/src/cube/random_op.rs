@@ -12,6 +12,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use std::f32::consts::PI;
 
+use super::dense::Dense;
 use crate::rng::Draw;
 
 impl Draw {
@@ -128,24 +129,24 @@ pub(crate) trait GraphRandomOps: Backend {
 impl GraphRandomOps for CubeBackend {
     fn draw(state: &CubeTensor, like: &CubeTensor, draw: Draw, a: f32, b: f32) -> CubeTensor {
         let shape = like.meta.shape().clone();
-        let elements: usize = shape.iter().product();
-        let out = burn_cubecl::ops::numeric::empty_device_dtype(
+        // Dense: the kernel writes element `i` at index `i` (see `dense`).
+        let out = Dense::new_empty(
             state.client.clone(),
             state.device.clone(),
             shape,
             burn::tensor::DType::F32,
         );
-        let cubes = (elements as u32).div_ceil(CUBE_THREADS).max(1);
+        let cubes = (out.len() as u32).div_ceil(CUBE_THREADS).max(1);
         // SAFETY: `launch_unchecked` skips bounds checks: the kernel reads words 0-3 of `state`
         // (a 4-element, 4-byte-per-element buffer, checked by `DeviceRng`, its only maker) and
-        // writes `out` only below its length, which is the length declared here.
+        // writes `out`, a dense f32 buffer (the kernel's element type), only below its length.
         unsafe {
             draw_kernel::launch_unchecked(
                 &state.client,
                 CubeCount::Static(cubes, 1, 1),
                 CubeDim::new_1d(CUBE_THREADS),
                 BufferArg::from_raw_parts(state.handle.clone(), 4),
-                BufferArg::from_raw_parts(out.handle.clone(), elements),
+                out.arg(),
                 a,
                 b,
                 draw,
@@ -161,6 +162,6 @@ impl GraphRandomOps for CubeBackend {
                 BufferArg::from_raw_parts(state.handle.clone(), 4),
             );
         }
-        out
+        out.into_tensor()
     }
 }

@@ -1,0 +1,233 @@
+//! Dense buffers: the only kind of buffer the kernels that index linearly bind (`adam_op`,
+//! `adam_multi_op`, `random_op`).
+//!
+//! cubecl 0.11 on CUDA allocates a new tensor **pitched** (`MemoryLayoutStrategy::Optimized`):
+//! each row is padded to a power-of-two number of bytes, from 16 up to the device's memory
+//! alignment, so the rows of a `[37, 11]` `bf16` tensor start 16 elements apart, those of a
+//! `[32, 10]` `f32` weight 16 apart and those of a `[16, 3, 3, 3]` convolution kernel 4 apart.
+//! wgpu allocates rows densely. A kernel that binds a buffer as a slice of `shape.product()`
+//! elements reads and writes a pitched buffer's padding in place of its last rows' elements
+//! (measured on an H100: a `[37, 11]` parameter updated through such a slice came back with
+//! infinities from element 11 on). So those kernels bind [`Dense`] tensors only, and a
+//! [`Dense`] is made only from a tensor that is dense or by a copy into a dense allocation.
+
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::BufferArg;
+
+/// A tensor whose elements are the first `shape.product()` elements of its buffer, in
+/// row-major order: not pitched, not tiled, not broadcast, not permuted.
+#[derive(Clone, Debug)]
+pub(crate) struct Dense(CubeTensor);
+
+/// Whether `tensor`'s elements lie densely in row-major order in its buffer.
+pub(crate) fn is_dense(tensor: &CubeTensor) -> bool {
+    !tensor.meta.is_tiled() && tensor.is_contiguous()
+}
+
+impl Dense {
+    /// `tensor` itself where it is dense, otherwise a dense copy of its values (a copy kernel).
+    pub(crate) fn of(tensor: &CubeTensor) -> Self {
+        // `into_contiguous` returns the tensor where it is contiguous and untiled, and
+        // otherwise copies into an allocation of exactly `shape.product()` elements.
+        Self(burn_cubecl::kernel::into_contiguous(tensor.clone()))
+    }
+
+    /// `tensor` itself where nothing else holds its buffer and it is dense, so that a kernel
+    /// may write it in place; otherwise a dense copy of its values in a new buffer.
+    pub(crate) fn owned(tensor: CubeTensor) -> Self {
+        if tensor.can_mut() && is_dense(&tensor) {
+            Self(tensor)
+        } else {
+            Self::copy_of(&tensor)
+        }
+    }
+
+    /// A dense copy of `tensor`'s values in a new buffer, whatever `tensor`'s layout.
+    pub(crate) fn copy_of(tensor: &CubeTensor) -> Self {
+        let copy = Self::empty_like(tensor);
+        copy_values(tensor, &copy.0);
+        copy
+    }
+
+    /// A new dense buffer of `tensor`'s shape and dtype; its values are undefined.
+    pub(crate) fn empty_like(tensor: &CubeTensor) -> Self {
+        Self::new_empty(
+            tensor.client.clone(),
+            tensor.device.clone(),
+            tensor.meta.shape().clone(),
+            tensor.dtype,
+        )
+    }
+
+    /// A new dense buffer of `shape` and `dtype`; its values are undefined.
+    pub(crate) fn new_empty(
+        client: cubecl::client::Client,
+        device: burn_cubecl::CubeDevice,
+        shape: burn::tensor::Shape,
+        dtype: burn::tensor::DType,
+    ) -> Self {
+        Self(burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+            client, device, shape, dtype,
+        ))
+    }
+
+    /// The number of elements.
+    pub(crate) fn len(&self) -> usize {
+        self.0.meta.shape().iter().product()
+    }
+
+    /// The tensor.
+    pub(crate) fn tensor(&self) -> &CubeTensor {
+        &self.0
+    }
+
+    /// The tensor, to hand on.
+    pub(crate) fn into_tensor(self) -> CubeTensor {
+        self.0
+    }
+
+    /// The buffer as a kernel's slice argument of [`len`](Self::len) elements.
+    ///
+    /// # Safety
+    ///
+    /// The kernel must read and write the slice as elements of this tensor's dtype (it is
+    /// instantiated for that dtype), and only below the slice's length: the length is counted in
+    /// those elements, and cubecl does not check it.
+    pub(crate) unsafe fn arg(&self) -> BufferArg {
+        // SAFETY: the buffer holds `len()` elements of the tensor's dtype densely from the
+        // handle's offset on (the type's invariant); that the kernel reads elements of that
+        // dtype is the caller's obligation.
+        unsafe { BufferArg::from_raw_parts(self.0.handle.clone(), self.len()) }
+    }
+}
+
+/// Queues a copy of `source`'s values into `destination`'s buffer, each read and written
+/// through its own layout (pitched, dense or strided). Same shape and dtype: the caller's
+/// obligation.
+pub(crate) fn copy_values(source: &CubeTensor, destination: &CubeTensor) {
+    let source = burn_cubecl::kernel::untile(source.clone());
+    let dtype = burn::backend::cubecl::dtype_to_storage_type(destination.dtype);
+    cubecl::std::tensor::copy_into(
+        &destination.client,
+        source.binding(),
+        destination.clone().binding(),
+        dtype,
+    );
+}
+
+/// Tensors laid out as CUDA lays them out, made by hand on wgpu (which allocates densely), for
+/// the unit tests of the kernels that bind [`Dense`] buffers.
+#[cfg(all(test, feature = "wgpu"))]
+pub(crate) mod test_support {
+    use burn::tensor::DType;
+    use burn_cubecl::CubeDevice;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::zspace::metadata::Metadata;
+    use cubecl::zspace::{Shape, Strides};
+
+    /// Rows of the test tensors.
+    pub const ROWS: usize = 7;
+    /// Columns of the test tensors: 20 bytes, which CUDA pads to 32 (a pitch of 8 elements).
+    pub const COLS: usize = 5;
+    /// The row pitch CUDA gives them.
+    pub const PITCH: usize = 8;
+
+    fn device() -> CubeDevice {
+        CubeDevice::Wgpu(Default::default())
+    }
+
+    /// `ROWS x COLS` values, all different, from `seed`.
+    pub fn values(seed: f32) -> Vec<f32> {
+        (0..ROWS * COLS)
+            .map(|i| (i as f32 * 0.37 + seed).sin())
+            .collect()
+    }
+
+    /// `values` (`ROWS x COLS`, row-major) in a new buffer whose rows lie `pitch` elements
+    /// apart; the padding holds NaN.
+    pub fn laid_out(values: &[f32], pitch: usize) -> CubeTensor {
+        let mut buffer = vec![f32::NAN; ROWS * pitch];
+        for (row, chunk) in values.chunks(COLS).enumerate() {
+            buffer[row * pitch..row * pitch + COLS].copy_from_slice(chunk);
+        }
+        let bytes: Vec<u8> = buffer.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let device = device();
+        let client = device.client();
+        let handle = client.create_from_slice(&bytes);
+        let metadata = Metadata::new(Shape::new([ROWS, COLS]), Strides::new(&[pitch, 1]));
+        CubeTensor::new(client, handle, metadata, device, DType::F32)
+    }
+
+    /// The whole buffer behind `tensor`, padding included.
+    pub fn buffer(tensor: &CubeTensor) -> Vec<f32> {
+        let bytes = tensor
+            .client
+            .read_one(tensor.handle.clone())
+            .expect("the buffer reads back");
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    /// `tensor`'s elements in row-major order, read through its strides.
+    pub fn elements(tensor: &CubeTensor) -> Vec<f32> {
+        let buffer = buffer(tensor);
+        let strides = tensor.meta.strides();
+        let (row_stride, col_stride) = (strides[0], strides[1]);
+        (0..ROWS)
+            .flat_map(|r| (0..COLS).map(move |c| r * row_stride + c * col_stride))
+            .map(|i| buffer[i])
+            .collect()
+    }
+
+    /// Whether every padding element of a `PITCH`-pitched buffer is still NaN.
+    pub fn padding_untouched(tensor: &CubeTensor) -> bool {
+        let buffer = buffer(tensor);
+        (0..ROWS).all(|r| {
+            buffer[r * PITCH + COLS..(r + 1) * PITCH]
+                .iter()
+                .all(|v| v.is_nan())
+        })
+    }
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn pitched_tensors_are_not_dense() {
+        assert!(!is_dense(&laid_out(&values(0.0), PITCH)));
+        assert!(is_dense(&laid_out(&values(0.0), COLS)));
+    }
+
+    /// `Dense::owned`, `Dense::of` and `Dense::copy_of` of a pitched tensor are dense buffers
+    /// holding its elements and nothing else; the original is left alone.
+    #[test]
+    fn dense_copies_of_a_pitched_tensor_hold_its_elements() {
+        let pitched = laid_out(&values(0.0), PITCH);
+        for dense in [
+            Dense::owned(pitched.clone()),
+            Dense::of(&pitched),
+            Dense::copy_of(&pitched),
+        ] {
+            assert!(is_dense(dense.tensor()));
+            assert_eq!(dense.len(), ROWS * COLS);
+            assert_eq!(buffer(dense.tensor()), values(0.0));
+        }
+        assert_eq!(elements(&pitched), values(0.0));
+        assert!(padding_untouched(&pitched));
+    }
+
+    /// `copy_values` writes a pitched destination through its strides: elements replaced,
+    /// padding left alone.
+    #[test]
+    fn copy_values_writes_through_the_destination_layout() {
+        let destination = laid_out(&values(0.0), PITCH);
+        copy_values(&laid_out(&values(1.0), COLS), &destination);
+        assert_eq!(elements(&destination), values(1.0));
+        assert!(padding_untouched(&destination));
+    }
+}
