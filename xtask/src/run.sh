@@ -7,7 +7,10 @@
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
-#                          arguments go to both sides (e.g. --models mlp,cnn --reps 15)
+#                          arguments go to both sides (e.g. --models mlp,cnn --reps 15). Burn
+#                          runs in BURN_GRAPHED_CUBECL_ENV (default target/cubecl-env), where
+#                          cubecl keeps compiled kernels between runs; bf16 with
+#                          CUBECL_AUTOTUNE_LEVEL=minimal unless the caller sets it
 #   bash run.sh profile    trace the eager and the graphed f32 step loops of both sides with
 #                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
 #                          Nsight Compute where nsys is missing (kernels PROFILE_SKIP=3000 to
@@ -74,9 +77,21 @@ case "$mode" in
     bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
     shift
     results="$work/bench.jsonl"
+    # The Burn side runs in a cubecl environment with cubecl's persistent compilation cache:
+    # kernels compiled by one command are loaded, not compiled, by the next on the same machine
+    # (bf16 kernels take minutes to compile; a warm run of the same models and modes takes
+    # seconds). Autotune results persist there too. The driver's PTX cache goes beside them.
+    env_dir="${BURN_GRAPHED_CUBECL_ENV:-$repo/target/cubecl-env}"
+    mkdir -p "$env_dir/nv"
+    printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
+    export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
     for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
-      "$bin" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
+      # bf16 with cubecl's default autotune compiles too many candidates to finish in a
+      # 10-minute command (BENCHMARKS.md); CUBECL_AUTOTUNE_LEVEL set by the caller wins.
+      level="${CUBECL_AUTOTUNE_LEVEL:-}"
+      [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
+      (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@") 2>&1 | tee -a "$results"
       python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
     done
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
