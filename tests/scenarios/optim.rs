@@ -52,6 +52,18 @@ impl ModuleStep for AnyFusedAdam {
     }
 }
 
+/// Every one of `steps` calls replayed both graphs, none fell back, and only the first call
+/// copied parameters: the optimizer wrote the graphs' parameter buffers itself after that.
+pub fn assert_updated_in_place(report: &burn_graphed_testkit::EquivalenceReport, steps: usize) {
+    assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+    assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
+    assert_eq!(
+        report.stats.param_copies, report.summary.params as u64,
+        "only the first call copies parameters: {report}"
+    );
+    assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+}
+
 /// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
 /// at a time (the same arithmetic in one launch), with and without weight decay and gradient
 /// clipping, over several steps; both match burn's `Adam` to rounding. A clone of the model
@@ -141,12 +153,7 @@ pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
     let optimizer = FusedAdamConfig::new().init_multi_tensor();
     let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
     if report.summary.graphed {
-        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(
-            report.stats.param_copies, report.summary.params as u64,
-            "only the first call copies parameters: {report}"
-        );
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_updated_in_place(&report, steps);
     }
 }
 
@@ -182,13 +189,7 @@ pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
     let optimizer = FusedAdamConfig::new().init();
     let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
     if report.summary.graphed {
-        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
-        assert_eq!(
-            report.stats.param_copies, report.summary.params as u64,
-            "only the first call copies parameters: {report}"
-        );
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_updated_in_place(&report, steps);
     }
 }
 
@@ -208,13 +209,7 @@ pub fn graphed_fused_adam_pitched(device: &Device, kind: Kind, steps: usize) {
     };
     let report = mlp_against_eager_with(device, run, steps, GraphedConfig::new(), kind.optimizer());
     if report.summary.graphed {
-        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
-        assert_eq!(
-            report.stats.param_copies, report.summary.params as u64,
-            "only the first call copies parameters: {report}"
-        );
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_updated_in_place(&report, steps);
     }
 }
 

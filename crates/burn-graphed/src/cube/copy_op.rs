@@ -8,6 +8,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::buffers::key_of;
+use super::dense::copy_values;
 
 /// Copies into an existing buffer.
 #[backend_extension(Cube, Fusion)]
@@ -33,19 +34,14 @@ impl StaticCopyOps for CubeBackend {
         // The same memory already holds the values (checked here, at execution time, where the
         // buffers are known without a round trip).
         if key_of(source) != key_of(destination) {
-            let source = burn_cubecl::kernel::untile(source.clone());
-            let dtype = burn::backend::cubecl::dtype_to_storage_type(destination.dtype);
-            cubecl::std::tensor::copy_into(
-                &destination.client,
-                source.binding(),
-                destination.clone().binding(),
-                dtype,
-            );
+            copy_values(source, destination);
         }
         destination.clone()
     }
 
     fn copy_to_new_buffer(source: &CubeTensor) -> CubeTensor {
+        // Untiled first: the output takes its shape from it. The device's usual layout
+        // (pitched rows on CUDA), as burn would allocate it.
         let source = burn_cubecl::kernel::untile(source.clone());
         let output = burn_cubecl::ops::numeric::empty_device_dtype(
             source.client.clone(),
@@ -53,13 +49,7 @@ impl StaticCopyOps for CubeBackend {
             source.meta.shape().clone(),
             source.dtype,
         );
-        let dtype = burn::backend::cubecl::dtype_to_storage_type(output.dtype);
-        cubecl::std::tensor::copy_into(
-            &output.client,
-            source.binding(),
-            output.clone().binding(),
-            dtype,
-        );
+        copy_values(&source, &output);
         output
     }
 }
