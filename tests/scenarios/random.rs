@@ -13,7 +13,7 @@ use burn_graphed_testkit::{TensorComparison, deep_copy};
 
 use super::{batch, supports_graphs, tolerance_for};
 
-fn values(tensor: Tensor<2>) -> Vec<f32> {
+fn values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
     tensor
         .into_data()
         .convert::<f32>()
@@ -63,12 +63,7 @@ pub fn device_rng_fills_pitched_shapes(device: &Device) {
     let like = Tensor::<3>::zeros([5, 7, 3], device);
     let drawn = rng.uniform(&like, -1.0, 1.0);
     assert_eq!(drawn.dims(), [5, 7, 3]);
-    let drawn = drawn
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("f32 data");
-    assert_eq!(drawn, reference_uniform(5, 1, 5 * 7 * 3, -1.0, 1.0));
+    assert_eq!(values(drawn), reference_uniform(5, 1, 5 * 7 * 3, -1.0, 1.0));
 }
 
 /// A graphed `GraphDropout` (input requiring grad, no parameters) against an eager one seeded

@@ -29,7 +29,7 @@ use burn::tensor::Tensor;
 
 use super::adam_op::{Factors, Prepared, Unfused, adam_element, factors, kernel_elem, prepare};
 use super::buffers::FusedTensor;
-use super::dense::{Dense, copy_values, is_dense};
+use super::dense::{Dense, Target};
 use super::session::{self, Session};
 use crate::optim::FusedAdam;
 
@@ -216,45 +216,26 @@ fn update_all(
     decay: bool,
 ) -> Vec<(CubeTensor, CubeTensor, CubeTensor)> {
     let mut launched = Vec::with_capacity(resolved.len());
-    // Per update: the tensor handed out as the new parameter, and the kernel's target where it
-    // is a dense copy of a static buffer whose values go back into that buffer.
-    let mut results = Vec::with_capacity(resolved.len());
     for update in resolved {
-        let Resolved {
-            param,
-            grad,
-            moment_1,
-            moment_2,
-            in_place,
-            factors,
-        } = update;
-        let grad = Dense::of(&grad);
-        let (moment_1, moment_2) = (Dense::owned(moment_1), Dense::owned(moment_2));
-        let (target, registered, write_back) = if in_place {
-            // A graph's static buffer: updated where it is dense, else through a dense copy
-            // whose values go back into it (CUDA pitches rows whose byte width is not a power
-            // of two; see `dense`).
-            if is_dense(&param) {
-                (Dense::of(&param), param, false)
-            } else {
-                (Dense::copy_of(&param), param, true)
-            }
+        let grad = Dense::of(&update.grad);
+        let (moment_1, moment_2) = (Dense::owned(update.moment_1), Dense::owned(update.moment_2));
+        let target = if update.in_place {
+            // A graph's static buffer (through a dense copy where CUDA pitched it; see `dense`).
+            Target::static_buffer(update.param)
         } else {
             // Not a graph's buffer: the parameter's own buffer where the caller handed over
             // the only reference (fusion's rule, as for the moments), otherwise a copy; the
             // kernel then updates it in place.
-            let target = Dense::owned(param);
-            let registered = target.tensor().clone();
-            (target, registered, false)
+            Target::owned(update.param)
         };
-        results.push((registered, write_back.then(|| target.clone())));
-        launched.push((target, grad, moment_1, moment_2, factors));
+        launched.push((target, grad, moment_1, moment_2, update.factors));
     }
     // One launch per chunk of parameters at the same step and of the same dtype (usually all
     // of them).
     let mut dtypes: Vec<ElemType> = Vec::new();
     for update in &launched {
-        let elem = kernel_elem(update.0.tensor().dtype).unwrap_or(ElemType::Float(FloatKind::F32));
+        let elem =
+            kernel_elem(update.0.dense().tensor().dtype).unwrap_or(ElemType::Float(FloatKind::F32));
         if !dtypes.contains(&elem) {
             dtypes.push(elem);
         }
@@ -264,22 +245,22 @@ fn update_all(
             let chunk: Vec<_> = launched
                 .iter()
                 .filter(|update| {
-                    update.4 == index && kernel_elem(update.0.tensor().dtype) == Some(elem)
+                    update.4 == index && kernel_elem(update.0.dense().tensor().dtype) == Some(elem)
                 })
                 .collect();
-            for part in chunk.chunks(max_params_per_launch(launched[0].0.tensor())) {
+            for part in chunk.chunks(max_params_per_launch(launched[0].0.dense().tensor())) {
                 launch(part, factors, decay, elem);
             }
         }
     }
-    results
+    launched
         .into_iter()
-        .zip(launched)
-        .map(|((registered, copied), (_, _, moment_1, moment_2, _))| {
-            if let Some(copied) = copied {
-                copy_values(copied.tensor(), &registered);
-            }
-            (registered, moment_1.into_tensor(), moment_2.into_tensor())
+        .map(|(target, _, moment_1, moment_2, _)| {
+            (
+                target.finish(),
+                moment_1.into_tensor(),
+                moment_2.into_tensor(),
+            )
         })
         .collect()
 }
@@ -293,12 +274,16 @@ fn max_params_per_launch(tensor: &CubeTensor) -> usize {
 
 /// One parameter's buffers in a launch: target (updated in place), gradient, first and second
 /// moment, and the index of its factors.
-type Launched = (Dense, Dense, Dense, Dense, usize);
+type Launched = (Target, Dense, Dense, Dense, usize);
 
 /// One kernel launch for `part`, whose tensors are all of element type `elem`.
 fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
-    let client = part[0].0.tensor().client.clone();
-    let largest = part.iter().map(|update| update.0.len()).max().unwrap_or(1);
+    let client = part[0].0.dense().tensor().client.clone();
+    let largest = part
+        .iter()
+        .map(|update| update.0.dense().len())
+        .max()
+        .unwrap_or(1);
     let cubes_x = (largest as u32)
         .div_ceil(CUBE_THREADS)
         .clamp(1, MAX_CUBES_PER_PARAM);
@@ -326,7 +311,7 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
             &client,
             CubeCount::Static(cubes_x, part.len() as u32, 1),
             CubeDim::new_1d(CUBE_THREADS),
-            buffers(|update| &update.0),
+            buffers(|update| update.0.dense()),
             buffers(|update| &update.1),
             buffers(|update| &update.2),
             buffers(|update| &update.3),

@@ -26,7 +26,7 @@ use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
 use super::buffers::FusedTensor;
-use super::dense::{Dense, copy_values, is_dense};
+use super::dense::{Dense, Target};
 use crate::optim::FusedAdam;
 
 /// Threads per cube of the update kernel.
@@ -211,15 +211,10 @@ impl FusedAdamOps for CubeBackend {
         debug_assert!(kernel_elem(param.dtype).is_some(), "{:?}", param.dtype);
         let elem = kernel_elem(param.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
         if in_place {
-            // The kernel writes a dense buffer: the static buffer itself where it is dense, else
-            // a dense copy of it whose result is copied back (CUDA pitches rows whose byte width
-            // is not a power of two; see `dense`).
-            let write_back = !is_dense(param);
-            let target = if write_back {
-                Dense::copy_of(param)
-            } else {
-                Dense::of(param)
-            };
+            // The static buffer itself where it is dense, else a dense copy whose result goes
+            // back into it (CUDA pitches rows whose byte width is not a power of two; see
+            // `dense`).
+            let target = Target::static_buffer(param.clone());
             // SAFETY: `launch_unchecked` skips bounds checks. All four buffers are `Dense`
             // tensors of `elements` values of `elem` (same shape and dtype: checked by the
             // caller; the kernel is instantiated for `elem`), and each thread reads and writes
@@ -233,7 +228,7 @@ impl FusedAdamOps for CubeBackend {
                     &client,
                     cubes,
                     dim,
-                    target.arg(),
+                    target.dense().arg(),
                     grad.arg(),
                     moment_1.arg(),
                     moment_2.arg(),
@@ -242,11 +237,8 @@ impl FusedAdamOps for CubeBackend {
                     elem,
                 );
             }
-            if write_back {
-                copy_values(target.tensor(), param);
-            }
             return (
-                param.clone(),
+                target.finish(),
                 moment_1.into_tensor(),
                 moment_2.into_tensor(),
             );

@@ -101,6 +101,58 @@ impl Dense {
     }
 }
 
+/// The buffer a kernel updates in place, and the tensor that holds the result afterwards.
+pub(crate) struct Target {
+    dense: Dense,
+    /// A graph's static buffer that is not dense: `dense` is a copy of it, whose values
+    /// [`finish`](Self::finish) puts back.
+    write_back: Option<CubeTensor>,
+}
+
+impl Target {
+    /// A graph's static buffer, updated in place: itself where it is dense, else through a
+    /// dense copy whose values go back into it.
+    pub(crate) fn static_buffer(buffer: CubeTensor) -> Self {
+        if is_dense(&buffer) {
+            Self {
+                dense: Dense(buffer),
+                write_back: None,
+            }
+        } else {
+            Self {
+                dense: Dense::copy_of(&buffer),
+                write_back: Some(buffer),
+            }
+        }
+    }
+
+    /// A tensor updated in its own buffer where nothing else holds it and it is dense,
+    /// otherwise in a dense copy ([`Dense::owned`]).
+    pub(crate) fn owned(tensor: CubeTensor) -> Self {
+        Self {
+            dense: Dense::owned(tensor),
+            write_back: None,
+        }
+    }
+
+    /// The buffer the kernel writes.
+    pub(crate) fn dense(&self) -> &Dense {
+        &self.dense
+    }
+
+    /// After the kernel's launch: the updated tensor (for a static buffer, that buffer, with the
+    /// copy's values queued back into it where the kernel wrote a copy).
+    pub(crate) fn finish(self) -> CubeTensor {
+        match self.write_back {
+            Some(buffer) => {
+                copy_values(self.dense.tensor(), &buffer);
+                buffer
+            }
+            None => self.dense.into_tensor(),
+        }
+    }
+}
+
 /// Queues a copy of `source`'s values into `destination`'s buffer, each read and written
 /// through its own layout (pitched, dense or strided). Same shape and dtype: the caller's
 /// obligation.
