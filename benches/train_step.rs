@@ -10,7 +10,7 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam]
-//!            [--host-profile FILE]
+//!            [--host-profile FILE] [--no-check]
 //! ```
 //!
 //! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
@@ -33,10 +33,19 @@
 //! Graphed runs are repeated with the input copies or the parameter copies deliberately
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
 //! overheads are reported separately.
+//!
+//! Every graphed run is followed by a value check (`--no-check` skips it): a fresh model trains
+//! 4 steps at learning rate 1e-2 eagerly and, from a deep copy, graphed with the same mode,
+//! and `burn_graphed_testkit::StepCheck` compares every loss and every parameter element
+//! (allowed: 1% of a parameter's elements off by more than half a step, rounding noise of
+//! 2e-3 relative in f32 and 2e-2 in bf16). The row's `check_passed`, `check_param_off` and
+//! `check_loss_off` fields record it; a failed check aborts the run, except in the
+//! fault-injection modes, whose check must fail (it shows what the copies they skip protect).
 
 use std::time::Instant;
 
 use burn::module::Module;
+use burn::module::ParamId;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::transformer::{
@@ -50,6 +59,7 @@ use burn_graphed::{
     FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy,
     TensorGroup,
 };
+use burn_graphed_testkit::{StepCheck, deep_copy, param_values};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -101,12 +111,24 @@ struct Row {
     p10_us: f64,
     p90_us: f64,
     reserved_mib: f64,
+    /// Graphed runs: the value check against eager steps ([`check`]); `None` for eager runs
+    /// and with `--no-check`.
+    check: Option<StepCheck>,
 }
 
 impl Row {
     fn print(&self) {
+        let check = self.check.as_ref().map_or_else(String::new, |check| {
+            format!(
+                ", \"check_passed\": {}, \"check_param_off\": {:.4}, \"check_loss_off\": {:.3}",
+                check.passed(),
+                check.param_off,
+                // JSON has no infinity.
+                check.loss_off.min(1e9)
+            )
+        });
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{check}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -127,6 +149,8 @@ struct Options {
     modes: Vec<String>,
     /// `--host-profile FILE`: where to append each run's host profile (feature `host-profile`).
     host_profile: Option<String>,
+    /// Whether graphed runs are checked against eager steps (`--no-check` turns it off).
+    check: bool,
 }
 
 fn options() -> Options {
@@ -143,10 +167,15 @@ fn options() -> Options {
         steps: 50,
         reps: 30,
         host_profile: None,
+        check: true,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
+        if arg == "--no-check" {
+            options.check = false;
+            continue;
+        }
         let value = iter.next().cloned().unwrap_or_default();
         match arg.as_str() {
             "--models" => options.models = value.split(',').map(String::from).collect(),
@@ -272,6 +301,20 @@ impl Mode {
         }
     }
 
+    /// The graphed model's configuration (graphed modes).
+    fn config(self) -> GraphedConfig {
+        match self {
+            Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
+            Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
+            _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
+        }
+    }
+
+    /// Whether the mode skips a copy on purpose (its values are wrong).
+    fn injects_fault(self) -> bool {
+        matches!(self, Mode::Graphed(fault, _) if fault != FaultInjection::None)
+    }
+
     fn optimizer(self) -> Optimizer {
         let optim = match self {
             Mode::Eager(optim)
@@ -318,13 +361,8 @@ where
             per_step
         }
         Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => {
-            let config = match mode {
-                Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
-                Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
-                _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
-            };
             let graphed =
-                Graphed::new(model, case.call, inputs[0].clone(), &config).expect("capture");
+                Graphed::new(model, case.call, inputs[0].clone(), &mode.config()).expect("capture");
             let call =
                 |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
             let (per_step, model) = train_steps(
@@ -344,6 +382,17 @@ where
         }
     };
     let (median_us, p10_us, p90_us) = spread(per_step);
+    let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
+    // After the timed run and its memory reading: the check's models and pools are not in them.
+    let check = (options.check && !matches!(mode, Mode::Eager(_)))
+        .then(|| check(case, mode, &inputs, device, options));
+    if let Some(check) = &check {
+        eprintln!("# {label}: value check {check}");
+        assert!(
+            check.passed() || mode.injects_fault(),
+            "{label}: the graphed steps' values differ from eager steps': {check}"
+        );
+    }
     Row {
         framework: "burn",
         model: case.name.clone(),
@@ -352,8 +401,97 @@ where
         median_us,
         p10_us,
         p90_us,
-        reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
+        reserved_mib,
+        check,
     }
+}
+
+/// Steps of the value check.
+const CHECK_STEPS: usize = 4;
+/// The value check's learning rate: large enough that one Adam step (about `lr` per element)
+/// moves a `bf16` parameter of magnitude 1 by a few units in the last place (the timed runs'
+/// 1e-4 would not move it at all).
+const CHECK_LR: f64 = 1e-2;
+
+/// The value check of a graphed `mode` (the timed runs check counters, not values): from one
+/// fresh model, [`CHECK_STEPS`] steps eagerly and in `mode`, with the mode's optimizer and the
+/// same batches, compared by [`StepCheck`] (parameters after the steps, every step's loss).
+/// Catches a wrong update (a kernel that indexed a padded buffer as dense updated other
+/// elements), a missed one, and a forward that read stale parameters or a stale batch.
+fn check<M, I, O>(
+    case: &Case<M, I, O>,
+    mode: Mode,
+    inputs: &[I],
+    device: &Device,
+    options: &Options,
+) -> StepCheck
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let initial = (case.make)(device);
+    let (eager_losses, eager) = check_steps(
+        deep_copy(&initial),
+        case.call,
+        case.loss,
+        inputs,
+        mode.optimizer(),
+    );
+    let graphed = Graphed::new(
+        deep_copy(&initial),
+        case.call,
+        inputs[0].clone(),
+        &mode.config(),
+    )
+    .expect("capture");
+    let (graphed_losses, graphed) = check_steps(
+        graphed,
+        |m: &Graphed<M, I, O>, x| m.forward(x).expect("graphed call"),
+        case.loss,
+        inputs,
+        mode.optimizer(),
+    );
+    let values = |params: Vec<(ParamId, TensorData)>| -> Vec<TensorData> {
+        params.into_iter().map(|(_, data)| data).collect()
+    };
+    // f32 matrix products may run on TF32 tensor cores (relative error about 1e-3) in one run
+    // and not the other; bf16 rounds at 2^-8.
+    let noise_rel = if options.dtype == "bf16" { 2e-2 } else { 2e-3 };
+    StepCheck::new(
+        CHECK_LR,
+        noise_rel,
+        (&eager_losses, &graphed_losses),
+        (
+            &values(param_values(&eager)),
+            &values(param_values(&graphed)),
+        ),
+    )
+}
+
+/// [`CHECK_STEPS`] untimed steps at [`CHECK_LR`]: every step's loss and the trained model.
+fn check_steps<M: Module, I: Clone, O>(
+    model: M,
+    call: impl Fn(&M, I) -> O,
+    loss_of: fn(O) -> Tensor<1>,
+    inputs: &[I],
+    mut optimizer: Optimizer,
+) -> (Vec<f64>, M) {
+    let mut model = model;
+    let mut losses = Vec::with_capacity(CHECK_STEPS);
+    for i in 0..CHECK_STEPS {
+        let loss = loss_of(call(&model, inputs[i % inputs.len()].clone()));
+        losses.push(
+            loss.clone()
+                .into_data()
+                .iter::<f64>()
+                .next()
+                .expect("a loss"),
+        );
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optimizer.step(CHECK_LR, model, grads);
+    }
+    (losses, model)
 }
 
 /// Times training steps of `model`, called through `call`: the model moves through the

@@ -40,6 +40,9 @@
 
 use std::fmt;
 
+mod step_check;
+pub use step_check::StepCheck;
+
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Tensor, TensorData};
