@@ -9,6 +9,13 @@ numbers; the plot adds those graphed fused-Adam series. With `*_multi_adam` mode
 ("Multi-tensor Adam:") compares burn graphed static with FusedAdam per parameter and with
 MultiTensorAdam against torch graphed, and the plot adds the MultiTensorAdam series.
 
+The "Goal" table comes first: per model and dtype, the best graphed Burn (static hand-outs with
+MultiTensorAdam, else the fastest graphed mode) against graphed PyTorch with fused Adam (else its
+default Adam), each framework's graphed/eager speedup, the memory that graphed runs reserve
+beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs).
+Several results files may be given (e.g. one per machine session): rows are keyed by
+(framework, model, dtype, mode), a later file's row replacing an earlier one's.
+
     python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
 
 Needs matplotlib for the plot (`pip install matplotlib`); the table needs nothing.
@@ -18,15 +25,21 @@ import json
 from collections import OrderedDict
 
 
-def load(path):
-    rows, device = [], None
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("# device:"):
-            device = line.split(":", 1)[1].strip()
-        elif line.startswith("{"):
-            rows.append(json.loads(line))
-    return rows, device
+def load(paths):
+    # Rows of all files; a later file's row replaces an earlier one's of the same
+    # (framework, model, dtype, mode), keeping the first one's place.
+    by, devices = OrderedDict(), []
+    for path in paths:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("# device:"):
+                device = line.split(":", 1)[1].strip()
+                if device not in devices:
+                    devices.append(device)
+            elif line.startswith("{"):
+                row = json.loads(line)
+                by[(row["framework"], row["model"], row["dtype"], row["mode"])] = row
+    return list(by.values()), "; ".join(devices) or None
 
 
 def key(row):
@@ -91,6 +104,48 @@ def table(rows):
             f"| {num(input_copy, '.0f', ' us')} | {num(param_copy, '.0f', ' us')} "
             f"| {mem('burn', 'eager')} / {mem('burn', 'graphed')} "
             f"| {mem('torch', 'eager')} / {mem('torch', 'graphed')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+# Burn's graphed modes, best first: the goal table takes the first one a model has.
+BURN_GRAPHED_BEST = ["graphed_static_multi_adam", "graphed_static_fused_adam",
+                     "graphed_fused_adam", "graphed"]
+
+
+def goal_table(rows):
+    by = group(rows)
+    out = [
+        "| model | dtype | burn eager (Adam) | best burn graphed | torch eager (Adam) "
+        "| torch graphed | burn graphed / torch graphed | burn speedup | torch speedup "
+        "| graphed extra MiB burn / torch | burn values vs eager |",
+        "|" + " --- |" * 11,
+    ]
+    for (model, dtype), r in by.items():
+        us, cell = medians(r), cells(r)
+        best = next((m for m in BURN_GRAPHED_BEST if ("burn", m) in r), None)
+        torch = "graphed_fused_adam" if ("torch", "graphed_fused_adam") in r else "graphed"
+        bg = us("burn", best) if best else float("nan")
+        tg = us("torch", torch)
+
+        def extra(framework, mode):
+            g, e = r.get((framework, mode)), r.get((framework, "eager"))
+            return f"{g['reserved_mib'] - e['reserved_mib']:.0f}" if g and e else "n/a"
+
+        row = r.get(("burn", best)) if best else None
+        if row is None or "check_passed" not in row:
+            checked = "not checked"
+        elif row["check_passed"]:
+            checked = f"ok ({row['check_param_off'] * 100:.2f}% off)"
+        else:
+            checked = "**FAILED**"
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'eager')} "
+            f"| {cell('burn', best) if best else 'n/a'} ({best or '-'}) "
+            f"| {cell('torch', 'eager')} | {cell('torch', torch)} ({torch}) "
+            f"| {num(bg / tg, '.2f')} | {num(us('burn', 'eager') / bg, '.1f', 'x')} "
+            f"| {num(us('torch', 'eager') / tg, '.1f', 'x')} "
+            f"| {extra('burn', best) if best else 'n/a'} / {extra('torch', torch)} | {checked} |"
         )
     return "\n".join(out) + "\n"
 
@@ -209,12 +264,13 @@ def plot(rows, device, path):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("results")
+    parser.add_argument("results", nargs="+", help="JSON-lines files of run.sh bench")
     parser.add_argument("--table")
     parser.add_argument("--plot")
     args = parser.parse_args()
     rows, device = load(args.results)
-    text = f"Device: {device}\n\n" + table(rows)
+    text = f"Device: {device}\n\nGoal:\n\n" + goal_table(rows)
+    text += "\nAdam, with the copy costs:\n\n" + table(rows)
     if has_fused(rows):
         text += "\nFused Adam:\n\n" + fused_table(rows)
     if has_multi(rows):

@@ -10,9 +10,12 @@ A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4), a new input ba
 (rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
 reported: the median over reps of rep time / steps, with the 10th and 90th percentiles.
 Memory: torch.cuda.memory_reserved() after the run, relative to before the model was made
-(the caching allocator's pools, comparable to burn's reserved bytes).
+(the caching allocator's pools, comparable to burn's reserved bytes), after freeing the
+previous run's graphs and cached blocks; also the peak of allocated bytes during the run
+(`peak_allocated_mib`), which no earlier run's pools can hide.
 """
 import argparse
+import gc
 import json
 import time
 
@@ -73,8 +76,13 @@ def time_steps(step, steps, reps):
 def run(key, mode, dtype, steps, reps):
     name, make, shape = MODELS[key]
     torch.cuda.synchronize()
+    # Free the previous run's graphs (their private pools) and cached blocks, so that this
+    # run's reserved memory is its own, not a reuse of the last run's pools.
+    gc.collect()
     torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_reserved()
+    before_allocated = torch.cuda.memory_allocated()
     model = make().cuda().to(dtype)
     inputs = [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
     if mode.startswith("graphed"):
@@ -93,11 +101,13 @@ def run(key, mode, dtype, steps, reps):
 
     median, p10, p90 = time_steps(step, steps, reps)
     reserved = (torch.cuda.memory_reserved() - before) / 2**20
+    peak_allocated = (torch.cuda.max_memory_allocated() - before_allocated) / 2**20
     print(json.dumps({
         "framework": "torch", "model": name,
         "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
         "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
-        "reserved_mib": round(reserved, 1)}), flush=True)
+        "reserved_mib": round(reserved, 1),
+        "peak_allocated_mib": round(peak_allocated, 1)}), flush=True)
     del model, optimizer, inputs
 
 
