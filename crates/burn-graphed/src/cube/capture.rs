@@ -51,6 +51,16 @@ fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
     Dispatch::float_mul_scalar(inner, 1.0f32.into())
 }
 
+/// A copy of a parameter in a dense buffer of its own (rows not pitched), on the device without
+/// autodiff: a graph's parameter buffer. The Adam kernels bind dense buffers only, so a pitched
+/// parameter buffer (cubecl's layout of new tensors on CUDA) would cost every in-place update a
+/// dense copy and a copy back (`dense::Target`). Errors like [`static_fused`].
+fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
+    let fused = static_fused(tensor, CapturePhase::StaticBuffers)?;
+    let copy = <Cube as super::copy_op::StaticCopyOps>::copy_to_new_dense_buffer(&fused);
+    Ok(Tensor::<1>::from_primitive::<Cube>(copy).into_dispatch())
+}
+
 /// Leaves the prepared state on drop unless a recording started: an error between
 /// `graph_prepare` and `graph_start_capture` (a failed warm-up) would otherwise leave the stream
 /// prepared, and every later capture on it would fail with "already prepared".
@@ -517,16 +527,16 @@ fn capture_locked(
             .params
             .iter()
             .map(|param| {
-                let copy = fresh_copy(&param.tensor.tensor);
+                let copy = dense_param_copy(&param.tensor.tensor)?;
                 static_params.push(copy.clone());
                 let tensor = autodiff_leaf(&copy, param.tensor.require_grad);
                 autodiff_params.push(tensor.clone());
-                FlatTensor {
+                Ok(FlatTensor {
                     tensor,
                     ..param.tensor.clone()
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_, GraphedError>>()?;
         let mut member_state = Recorded {
             static_inputs,
             autodiff_inputs,

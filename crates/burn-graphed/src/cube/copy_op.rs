@@ -8,7 +8,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::buffers::key_of;
-use super::dense::copy_values;
+use super::dense::{Dense, copy_values};
 
 /// Copies into an existing buffer.
 #[backend_extension(Cube, Fusion)]
@@ -27,6 +27,12 @@ pub(crate) trait StaticCopyOps: Backend {
     /// 0.34 ms on an H200 when gradients were computed and dropped).
     #[fusion(dtype = source, shape = source)]
     fn copy_to_new_buffer(source: &FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// A copy of `source` in a new **dense** buffer (rows not pitched, see
+    /// [`dense`](super::dense)): a graph's parameter buffer, which `FusedAdam` and
+    /// `MultiTensorAdam` then update in place without a dense copy and a copy back.
+    #[fusion(dtype = source, shape = source)]
+    fn copy_to_new_dense_buffer(source: &FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 impl StaticCopyOps for CubeBackend {
@@ -51,6 +57,10 @@ impl StaticCopyOps for CubeBackend {
         );
         copy_values(&source, &output);
         output
+    }
+
+    fn copy_to_new_dense_buffer(source: &CubeTensor) -> CubeTensor {
+        Dense::copy_of(source).into_tensor()
     }
 }
 
