@@ -16,6 +16,12 @@ beyond eager ones, and the value check of that Burn row (`check_passed`, see tra
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's.
 
+Rounds (`BURN_GRAPHED_ROUNDS=N bash run.sh bench`, both sides alternating N times): the rows of
+one key in one file are merged into the median over rounds of each round's median, shown as
+"median [lowest-highest round median] xN"; the goal table then adds the lowest and highest
+per-round ratio of Burn to PyTorch, since a machine's speed drifts between rounds by more than
+the difference of the two medians (BENCHMARKS.md).
+
     python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
 
 Needs matplotlib for the plot (`pip install matplotlib`); the table needs nothing.
@@ -26,10 +32,12 @@ from collections import OrderedDict
 
 
 def load(paths):
-    # Rows of all files; a later file's row replaces an earlier one's of the same
-    # (framework, model, dtype, mode), keeping the first one's place.
+    # Rows of all files. Within a file, rows of the same (framework, model, dtype, mode) are
+    # rounds (`BURN_GRAPHED_ROUNDS`) and are merged by `merge_rounds`; a later file's rows
+    # replace an earlier file's of the same key, keeping the first one's place.
     by, devices = OrderedDict(), []
     for path in paths:
+        rounds = OrderedDict()
         for line in open(path):
             line = line.strip()
             if line.startswith("# device:"):
@@ -38,8 +46,31 @@ def load(paths):
                     devices.append(device)
             elif line.startswith("{"):
                 row = json.loads(line)
-                by[(row["framework"], row["model"], row["dtype"], row["mode"])] = row
+                rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"]), []).append(row)
+        for k, rows in rounds.items():
+            by[k] = merge_rounds(rows)
     return list(by.values()), "; ".join(devices) or None
+
+
+def merge_rounds(rows):
+    # One row for several rounds of the same run: the median over rounds of each round's
+    # median, with the lowest and highest round medians as its spread (instead of one round's
+    # p10-p90), the memory of the first round (later ones reuse its warm pools) and the first
+    # round's value check (later rounds run without). `round_us` keeps every round's median,
+    # in round order, for the per-round ratios of the goal table.
+    if len(rows) == 1:
+        return rows[0]
+    medians = sorted(r["median_us"] for r in rows)
+    merged = dict(rows[0])
+    merged.update(median_us=median(medians), p10_us=medians[0], p90_us=medians[-1],
+                  rounds=len(rows), round_us=[r["median_us"] for r in rows])
+    return merged
+
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def key(row):
@@ -68,13 +99,27 @@ def medians(r):
 
 
 def cells(r):
-    # The "median (p10-p90)" cell of (framework, mode) in one model's rows `r`.
+    # The "median (p10-p90)" cell of (framework, mode) in one model's rows `r`; for a row of
+    # several rounds, "median [lowest-highest round median] xN".
     def cell(framework, mode):
         row = r.get((framework, mode))
         if not row:
             return "n/a"
+        if row.get("rounds", 1) > 1:
+            return (f"{row['median_us']:.0f} us [{row['p10_us']:.0f}-{row['p90_us']:.0f}] "
+                    f"x{row['rounds']}")
         return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
     return cell
+
+
+def round_ratios(a, b):
+    # "lowest-highest" of a's round medians over b's, round by round, where both rows have the
+    # same number of rounds (more than one); "" otherwise.
+    ra, rb = (a or {}).get("round_us"), (b or {}).get("round_us")
+    if not ra or not rb or len(ra) != len(rb):
+        return ""
+    ratios = sorted(x / y for x, y in zip(ra, rb))
+    return f" [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
 
 
 def table(rows):
@@ -117,8 +162,8 @@ def goal_table(rows):
     by = group(rows)
     out = [
         "| model | dtype | burn eager (Adam) | best burn graphed | torch eager (Adam) "
-        "| torch graphed | burn graphed / torch graphed | burn speedup | torch speedup "
-        "| graphed extra MiB burn / torch | burn values vs eager |",
+        "| torch graphed | burn graphed / torch graphed [per round] | burn speedup "
+        "| torch speedup | graphed extra MiB burn / torch | burn values vs eager |",
         "|" + " --- |" * 11,
     ]
     for (model, dtype), r in by.items():
@@ -143,7 +188,8 @@ def goal_table(rows):
             f"| {model} | {dtype} | {cell('burn', 'eager')} "
             f"| {cell('burn', best) if best else 'n/a'} ({best or '-'}) "
             f"| {cell('torch', 'eager')} | {cell('torch', torch)} ({torch}) "
-            f"| {num(bg / tg, '.2f')} | {num(us('burn', 'eager') / bg, '.1f', 'x')} "
+            f"| {num(bg / tg, '.2f')}{round_ratios(r.get(('burn', best)), r.get(('torch', torch)))} "
+            f"| {num(us('burn', 'eager') / bg, '.1f', 'x')} "
             f"| {num(us('torch', 'eager') / tg, '.1f', 'x')} "
             f"| {extra('burn', best) if best else 'n/a'} / {extra('torch', torch)} | {checked} |"
         )
@@ -254,7 +300,7 @@ def plot(rows, device, path):
     labels = [f"{m.rsplit(' b', 1)[0]}\nb{m.rsplit(' b', 1)[1]} {d}" if " b" in m else f"{m}\n{d}"
               for m, d in keys]
     ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("train step, us (median; bars: p10-p90)")
+    ax.set_ylabel("train step, us (median; bars: p10-p90,\nor lowest-highest round median)", fontsize=8)
     ax.set_yscale("log")
     ax.set_title(f"Train step (fwd+loss+bwd+Adam), lower is better — {device or 'GPU'}")
     ax.legend(fontsize=8)

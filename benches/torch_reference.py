@@ -118,6 +118,9 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--modes", default="eager,graphed,eager_fused_adam,graphed_fused_adam")
+    # run.sh passes the same arguments to both sides; the Burn side's value check has no
+    # counterpart here, so its switch is accepted and does nothing.
+    parser.add_argument("--no-check", action="store_true", help="no effect (Burn side only)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.

@@ -375,9 +375,14 @@ where
                 device,
                 options,
             );
-            let stats = model.map(|m| m.stats()).unwrap_or_default();
+            let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
             assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
             eprintln!("# {label}: {stats:?}");
+            // What the capture added to the pools and what its static buffers take: the
+            // graphed part of the memory column.
+            if let Some(memory) = model.as_ref().map(|m| m.memory()) {
+                eprintln!("# {label}: {memory:?}");
+            }
             per_step
         }
     };

@@ -10,7 +10,12 @@
 #                          arguments go to both sides (e.g. --models mlp,cnn --reps 15). Burn
 #                          runs in BURN_GRAPHED_CUBECL_ENV (default target/cubecl-env), where
 #                          cubecl keeps compiled kernels between runs; bf16 with
-#                          CUBECL_AUTOTUNE_LEVEL=minimal unless the caller sets it
+#                          CUBECL_AUTOTUNE_LEVEL=minimal unless the caller sets it.
+#                          BURN_GRAPHED_SIDES="torch burn" runs PyTorch first (default
+#                          "burn torch"; one side alone: "torch" or "burn");
+#                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
+#                          (report.py takes the median over rounds; Burn's value check runs
+#                          in the first round only)
 #   bash run.sh profile    trace the eager and the graphed f32 step loops of both sides with
 #                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
 #                          Nsight Compute where nsys is missing (kernels PROFILE_SKIP=3000 to
@@ -86,13 +91,26 @@ case "$mode" in
     printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
     export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
-    for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
-      # bf16 with cubecl's default autotune compiles too many candidates to finish in a
-      # 10-minute command (BENCHMARKS.md); CUBECL_AUTOTUNE_LEVEL set by the caller wins.
-      level="${CUBECL_AUTOTUNE_LEVEL:-}"
-      [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
-      (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@") 2>&1 | tee -a "$results"
-      python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results"
+    # Rounds alternate the two sides, so that both see the same drift of the machine; the
+    # report takes the median over rounds. One value check per mode is enough: the first round.
+    rounds="${BURN_GRAPHED_ROUNDS:-1}"
+    for ((round = 1; round <= rounds; round++)); do
+      extra=()
+      [ "$round" -gt 1 ] && extra=(--no-check)
+      [ "$rounds" -gt 1 ] && echo "# round: $round" | tee -a "$results"
+      for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
+        # bf16 with cubecl's default autotune compiles too many candidates to finish in a
+        # 10-minute command (BENCHMARKS.md); CUBECL_AUTOTUNE_LEVEL set by the caller wins.
+        level="${CUBECL_AUTOTUNE_LEVEL:-}"
+        [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
+        for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
+          case "$side" in
+            burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@" ${extra[@]+"${extra[@]}"}) 2>&1 | tee -a "$results" ;;
+            torch) python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results" ;;
+            *) echo "run.sh: BURN_GRAPHED_SIDES takes burn and torch, not $side"; exit 2 ;;
+          esac
+        done
+      done
     done
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
     ;;
