@@ -380,8 +380,8 @@ where
             eprintln!("# {label}: {stats:?}");
             // What the capture added to the pools and what its static buffers take: the
             // graphed part of the memory column.
-            if let Some(memory) = model.as_ref().map(|m| m.memory()) {
-                eprintln!("# {label}: {memory:?}");
+            if let Some(model) = &model {
+                eprintln!("# {label}: {:?}", model.memory());
             }
             per_step
         }
