@@ -14,7 +14,7 @@ use burn_graphed_testkit::{
     EquivalenceReport, TensorComparison, Tolerance, compare_params, deep_copy, grad_values,
 };
 
-use super::{batch, supports_graphs, tolerance_for};
+use super::{assert_data_close, batch, supports_graphs, tolerance_for};
 
 /// First of the chain: two outputs, one of which (`tanh`) its backward reads back.
 #[derive(Module, Debug)]
@@ -271,6 +271,7 @@ fn pair(device: &Device) -> (Encoder, Mixer, Pair) {
 }
 
 fn assert_grads_match<M: Module>(
+    device: &Device,
     eager: &M,
     graphed: &M,
     ge: &mut burn::tensor::Gradients,
@@ -280,14 +281,15 @@ fn assert_grads_match<M: Module>(
         GradientsParams::from_module(ge, eager),
         GradientsParams::from_module(gg, graphed),
     );
-    for (e, g) in grad_values(eager, &pe)
+    for (index, (e, g)) in grad_values(eager, &pe)
         .iter()
         .zip(&grad_values(graphed, &pg))
+        .enumerate()
     {
         let (Some(e), Some(g)) = (e, g) else {
             panic!("a gradient is missing");
         };
-        e.assert_approx_eq::<f32>(g, Default::default());
+        assert_data_close(device, &format!("grad {index}"), e, g);
     }
 }
 
@@ -328,15 +330,14 @@ pub fn chained_group_shares_buffers_safely(device: &Device) {
             .powi_scalar(2)
             .mean();
     let (mut ge, mut gg) = (loss_e.backward(), loss_g.backward());
-    o1.grad(&ge)
-        .expect("eager input grad")
-        .into_data()
-        .assert_approx_eq::<f32>(
-            &p1.grad(&gg).expect("graphed input grad").into_data(),
-            Default::default(),
-        );
-    assert_grads_match(&enc_e, enc_g.module(), &mut ge, &mut gg);
-    assert_grads_match(&mix_e, mix_g.module(), &mut ge, &mut gg);
+    assert_data_close(
+        &device,
+        "mixer input grad",
+        &o1.grad(&ge).expect("eager input grad").into_data(),
+        &p1.grad(&gg).expect("graphed input grad").into_data(),
+    );
+    assert_grads_match(&device, &enc_e, enc_g.module(), &mut ge, &mut gg);
+    assert_grads_match(&device, &mix_e, mix_g.module(), &mut ge, &mut gg);
     assert_eq!(
         mix_g
             .stats()
@@ -355,10 +356,15 @@ pub fn chained_group_shares_buffers_safely(device: &Device) {
     let (hg, sg) = enc_g.forward(x).expect("encoder");
     let loss_e = z_e.powi_scalar(2).mean() + (h * s).mean();
     let loss_g = z_g.powi_scalar(2).mean() + (hg * sg).mean();
-    read(loss_e.clone()).assert_approx_eq::<f32>(&read(loss_g.clone()), Default::default());
+    assert_data_close(
+        &device,
+        "loss",
+        &read(loss_e.clone()),
+        &read(loss_g.clone()),
+    );
     let (mut ge, mut gg) = (loss_e.backward(), loss_g.backward());
-    assert_grads_match(&enc_e, enc_g.module(), &mut ge, &mut gg);
-    assert_grads_match(&mix_e, mix_g.module(), &mut ge, &mut gg);
+    assert_grads_match(&device, &enc_e, enc_g.module(), &mut ge, &mut gg);
+    assert_grads_match(&device, &mix_e, mix_g.module(), &mut ge, &mut gg);
     let (enc, mix) = (enc_g.stats(), mix_g.stats());
     assert_eq!((mix.forward_replays, mix.input_copies), (1, 2), "{mix:?}");
     assert_eq!(enc.forward_replays, 1, "{enc:?}");
