@@ -60,15 +60,16 @@ def merge_rounds(rows):
     # in round order, for the per-round ratios of the goal table.
     if len(rows) == 1:
         return rows[0]
-    medians = sorted(r["median_us"] for r in rows)
+    in_order = [r["median_us"] for r in rows]
+    low_to_high = sorted(in_order)
     merged = dict(rows[0])
-    merged.update(median_us=median(medians), p10_us=medians[0], p90_us=medians[-1],
-                  rounds=len(rows), round_us=[r["median_us"] for r in rows])
+    merged.update(median_us=median(low_to_high), p10_us=low_to_high[0], p90_us=low_to_high[-1],
+                  rounds=len(rows), round_us=in_order)
     return merged
 
 
 def median(values):
-    values = sorted(values)
+    # `values` sorted.
     middle = len(values) // 2
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
