@@ -241,6 +241,11 @@ fn other_thread_runs_eagerly() {
 }
 
 #[test]
+fn capture_releases_warmup_memory() {
+    scenarios::robust::capture_releases_warmup_memory(&cuda());
+}
+
+#[test]
 fn shape_cache_matches_eager() {
     scenarios::robust::shape_cache_matches_eager(&cuda());
 }

@@ -81,6 +81,13 @@ pub struct GraphedConfig {
     /// one eager forward and one replay per capture. Set `false` to accept frozen randomness.
     #[config(default = true)]
     pub validate_replay: bool,
+    /// After a capture, return to the device the pool pages that only the capture's warm-ups
+    /// used: a memory cleanup once every graph has been recorded and run, which releases the
+    /// empty pages that no graph guards (the graphs' own pages stay, cubecl guards them until
+    /// the graphs drop). Without it those pages stay reserved for later eager work. Costs one
+    /// device sync per capture, and eager kernels re-upload their cached launch metadata once.
+    #[config(default = true)]
+    pub release_capture_memory: bool,
     /// Fail with [`GraphedError::Unsupported`](crate::GraphedError::Unsupported) instead of
     /// running eagerly when the device's backend cannot capture graphs.
     #[config(default = false)]

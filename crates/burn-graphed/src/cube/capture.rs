@@ -730,6 +730,13 @@ fn capture_locked(
         sessions.push(session);
     }
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
+    if config.release_capture_memory {
+        // Every recording has stopped and run (`materialize`): cubecl refuses a cleanup while
+        // recording, and one between a warm-up and its recording would make the recording
+        // allocate (and guard) fresh pages. Now it frees only empty pages that no graph
+        // guards, and evicts only launch metadata that no graph pins (already uploaded).
+        Dispatch::memory_cleanup(dispatch);
+    }
     let reserved_after = reserved_bytes(dispatch);
     Ok(CapturedGroup {
         sessions,
