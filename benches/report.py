@@ -260,6 +260,39 @@ def multi_table(rows):
     return "\n".join(out) + "\n"
 
 
+BURN_LOSS, TORCH_LOSS = "graphed_loss_static_multi_adam", "graphed_loss_fused_adam"
+
+
+def has_loss(rows):
+    return any(r["mode"] in (BURN_LOSS, TORCH_LOSS) for r in rows)
+
+
+def loss_table(rows):
+    # The loss inside the graphed callable on both sides, beside the same configuration with
+    # the loss outside.
+    by = group(rows)
+    out = [
+        "| model | dtype | burn graphed (static, MultiTensorAdam) | burn, loss in graph "
+        "| torch graphed (fused Adam) | torch, loss in graph "
+        "| burn / torch, loss in graph [per round] | burn speedup | torch speedup |",
+        "|" + " --- |" * 9,
+    ]
+    for (model, dtype), r in by.items():
+        if ("burn", BURN_LOSS) not in r and ("torch", TORCH_LOSS) not in r:
+            continue
+        us, cell = medians(r), cells(r)
+        bl, tl = us("burn", BURN_LOSS), us("torch", TORCH_LOSS)
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'graphed_static_multi_adam')} "
+            f"| {cell('burn', BURN_LOSS)} | {cell('torch', 'graphed_fused_adam')} "
+            f"| {cell('torch', TORCH_LOSS)} "
+            f"| {num(bl / tl, '.2f')}{round_ratios(r.get(('burn', BURN_LOSS)), r.get(('torch', TORCH_LOSS)))} "
+            f"| {num(us('burn', 'eager') / bl, '.1f', 'x')} "
+            f"| {num(us('torch', 'eager') / tl, '.1f', 'x')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, device, path):
     import matplotlib
 
@@ -275,7 +308,9 @@ def plot(rows, device, path):
                          (("burn", "graphed_static_fused_adam"), "#1982c4"),
                          (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
                          (("burn", "graphed_static_multi_adam"), "#ffca3a"),
-                         (("torch", "graphed_fused_adam"), "#2b2d42")]:
+                         (("torch", "graphed_fused_adam"), "#2b2d42"),
+                         (("burn", BURN_LOSS), "#ff924c"),
+                         (("torch", TORCH_LOSS), "#52a675")]:
         if extra in present:
             series.append(extra)
             colors.append(color)
@@ -322,6 +357,8 @@ def main():
         text += "\nFused Adam:\n\n" + fused_table(rows)
     if has_multi(rows):
         text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
+    if has_loss(rows):
+        text += "\nLoss inside the graphs:\n\n" + loss_table(rows)
     if args.table:
         open(args.table, "w").write(text)
     print(text)

@@ -4,9 +4,11 @@ torch.cuda.make_graphed_callables. Prints one JSON line per row (same fields as 
 
     python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
-                                       [--modes eager,graphed,eager_fused_adam,graphed_fused_adam]
+                                       [--modes eager,graphed,eager_fused_adam,graphed_fused_adam,
+                                                graphed_loss_fused_adam]
 
-A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4), a new input batch every step
+A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`:
+the loss inside the graphed callable), a new input batch every step
 (rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
 reported: the median over reps of rep time / steps, with the 10th and 90th percentiles.
 Memory: torch.cuda.memory_reserved() after the run, relative to before the model was made
@@ -49,6 +51,20 @@ def cnn():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
+class WithLoss(nn.Module):
+    """`mean(model(x)^2)` as one module: the callable of the `graphed_loss_*` mode."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        y = self.model(x)
+        return (y * y).mean()
+
+
+MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam")
+
 MODELS = {
     "mlp": ("mlp 8x256 b32", mlp, (32, 256)),
     "mlp256": ("mlp 8x256 b256", mlp, (256, 256)),
@@ -85,7 +101,12 @@ def run(key, mode, dtype, steps, reps):
     before_allocated = torch.cuda.memory_allocated()
     model = make().cuda().to(dtype)
     inputs = [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
-    if mode.startswith("graphed"):
+    # `graphed_loss_*`: the loss inside the graphed callable (the forward graph ends in the
+    # loss, the backward graph starts from it), as Burn's `graphed_loss_*` modes.
+    with_loss = mode.startswith("graphed_loss")
+    if with_loss:
+        model = torch.cuda.make_graphed_callables(WithLoss(model), (inputs[0].clone(),))
+    elif mode.startswith("graphed"):
         model = torch.cuda.make_graphed_callables(model, (inputs[0].clone(),))
     # `*_fused_adam`: PyTorch's fused Adam (one kernel launch for all parameters), the
     # counterpart of burn_graphed::FusedAdam; otherwise the default (foreach) Adam.
@@ -93,8 +114,11 @@ def run(key, mode, dtype, steps, reps):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused or None)
 
     def step(i):
-        y = model(inputs[i % 4])
-        loss = (y * y).mean()
+        if with_loss:
+            loss = model(inputs[i % 4])
+        else:
+            y = model(inputs[i % 4])
+            loss = (y * y).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -117,7 +141,7 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--modes", default="eager,graphed,eager_fused_adam,graphed_fused_adam")
+    parser.add_argument("--modes", default=",".join(MODES))
     # run.sh passes the same arguments to both sides; the Burn side's value check has no
     # counterpart here, so its switch is accepted and does nothing.
     parser.add_argument("--no-check", action="store_true", help="no effect (Burn side only)")
@@ -128,7 +152,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     for key in args.models.split(","):
-        for mode in ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam"):
+        for mode in MODES:
             if mode in args.modes.split(","):
                 run(key, mode, dtype, args.steps, args.reps)
 

@@ -186,7 +186,8 @@ fn options() -> Options {
                 options.modes = value.split(',').map(String::from).collect();
                 for mode in &options.modes {
                     assert!(
-                        MODES.iter().any(|m| m.label() == mode),
+                        MODES.iter().any(|m| m.label() == mode)
+                            || TORCH_ONLY_MODES.contains(&mode.as_str()),
                         "unknown mode {mode}"
                     );
                 }
@@ -223,11 +224,14 @@ struct Case<M, I, O> {
     make: fn(&Device) -> M,
     call: fn(&M, I) -> O,
     loss: fn(O) -> Tensor<1>,
+    /// `loss(call(m, x))` as one function: the callable of the `graphed_loss_*` modes, whose
+    /// graphs hold the loss too.
+    call_loss: fn(&M, I) -> Tensor<1>,
     input: fn(&Device) -> I,
 }
 
-/// Every run, in the order they are timed (the default is the first four and the last two).
-const MODES: [Mode; 12] = [
+/// Every run, in the order they are timed (the default: all but `graphed_static`).
+const MODES: [Mode; 13] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -240,7 +244,12 @@ const MODES: [Mode; 12] = [
     Mode::Eager(Optim::MultiAdam),
     Mode::Graphed(FaultInjection::None, Optim::MultiAdam),
     Mode::GraphedStatic(Optim::MultiAdam),
+    Mode::GraphedLoss(Optim::MultiAdam),
 ];
+
+/// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
+/// each side runs the modes it has.
+const TORCH_ONLY_MODES: [&str; 1] = ["graphed_loss_fused_adam"];
 
 /// The optimizer of a run: burn's `Adam`, `burn_graphed::FusedAdam` (one kernel per
 /// parameter, updating the graphs' parameter buffers in place), or
@@ -277,6 +286,10 @@ enum Mode {
     /// `OutputPolicy::Guarded`: static buffers handed out, calls that would overwrite one
     /// still held run eagerly (none in this loop).
     GraphedGuarded(Optim),
+    /// `OutputPolicy::Static`, with the loss inside the graphed callable
+    /// ([`Case::call_loss`]): the forward graph ends in the loss, and the backward graph starts
+    /// from it. PyTorch's counterpart is `graphed_loss_fused_adam`.
+    GraphedLoss(Optim),
 }
 
 impl Mode {
@@ -298,6 +311,9 @@ impl Mode {
             Mode::Graphed(_, MultiAdam) => "graphed_multi_adam",
             Mode::GraphedStatic(MultiAdam) => "graphed_static_multi_adam",
             Mode::GraphedGuarded(MultiAdam) => "graphed_guarded_multi_adam",
+            Mode::GraphedLoss(Adam) => "graphed_loss_static",
+            Mode::GraphedLoss(FusedAdam) => "graphed_loss_static_fused_adam",
+            Mode::GraphedLoss(MultiAdam) => "graphed_loss_static_multi_adam",
         }
     }
 
@@ -320,7 +336,8 @@ impl Mode {
             Mode::Eager(optim)
             | Mode::Graphed(_, optim)
             | Mode::GraphedStatic(optim)
-            | Mode::GraphedGuarded(optim) => optim,
+            | Mode::GraphedGuarded(optim)
+            | Mode::GraphedLoss(optim) => optim,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -360,31 +377,28 @@ where
             );
             per_step
         }
-        Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => {
-            let graphed =
-                Graphed::new(model, case.call, inputs[0].clone(), &mode.config()).expect("capture");
-            let call =
-                |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
-            let (per_step, model) = train_steps(
-                graphed,
-                call,
-                case.loss,
-                &inputs,
-                &mut optimizer,
-                &label,
-                device,
-                options,
-            );
-            let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
-            assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
-            eprintln!("# {label}: {stats:?}");
-            // What the capture added to the pools and what its static buffers take: the
-            // graphed part of the memory column.
-            if let Some(model) = &model {
-                eprintln!("# {label}: {:?}", model.memory());
-            }
-            per_step
-        }
+        Mode::GraphedLoss(_) => timed_graphed(
+            model,
+            case.call_loss,
+            |loss| loss,
+            mode,
+            &inputs,
+            &mut optimizer,
+            &label,
+            device,
+            options,
+        ),
+        Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => timed_graphed(
+            model,
+            case.call,
+            case.loss,
+            mode,
+            &inputs,
+            &mut optimizer,
+            &label,
+            device,
+            options,
+        ),
     };
     let (median_us, p10_us, p90_us) = spread(per_step);
     let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
@@ -416,6 +430,41 @@ where
         reserved_mib,
         check,
     }
+}
+
+/// The timed steps of a graphed `mode`, `call` graphed: per-step times; prints the graphed
+/// model's counters and memory.
+#[allow(clippy::too_many_arguments)]
+fn timed_graphed<M, I, O>(
+    model: M,
+    call: fn(&M, I) -> O,
+    loss: fn(O) -> Tensor<1>,
+    mode: Mode,
+    inputs: &[I],
+    optimizer: &mut Optimizer,
+    label: &str,
+    device: &Device,
+    options: &Options,
+) -> Vec<f64>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let graphed = Graphed::new(model, call, inputs[0].clone(), &mode.config()).expect("capture");
+    let call = |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
+    let (per_step, model) = train_steps(
+        graphed, call, loss, inputs, optimizer, label, device, options,
+    );
+    let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
+    assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    eprintln!("# {label}: {stats:?}");
+    // What the capture added to the pools and what its static buffers take: the graphed part
+    // of the memory column.
+    if let Some(model) = &model {
+        eprintln!("# {label}: {:?}", model.memory());
+    }
+    per_step
 }
 
 /// Steps of the value check.
@@ -450,20 +499,16 @@ where
         inputs,
         mode.optimizer(),
     );
-    let graphed = Graphed::new(
-        deep_copy(&initial),
-        case.call,
-        inputs[0].clone(),
-        &mode.config(),
-    )
-    .expect("capture");
-    let (graphed_losses, graphed) = check_steps(
-        graphed,
-        |m: &Graphed<M, I, O>, x| m.forward(x).expect("graphed call"),
-        case.loss,
-        inputs,
-        mode.optimizer(),
-    );
+    let (graphed_losses, graphed) = match mode {
+        Mode::GraphedLoss(_) => graphed_check_steps(
+            deep_copy(&initial),
+            case.call_loss,
+            |loss| loss,
+            inputs,
+            mode,
+        ),
+        _ => graphed_check_steps(deep_copy(&initial), case.call, case.loss, inputs, mode),
+    };
     let values = |params: Vec<(ParamId, TensorData)>| -> Vec<TensorData> {
         params.into_iter().map(|(_, data)| data).collect()
     };
@@ -474,11 +519,33 @@ where
         CHECK_LR,
         noise_rel,
         (&eager_losses, &graphed_losses),
-        (
-            &values(param_values(&eager)),
-            &values(param_values(&graphed)),
-        ),
+        (&values(param_values(&eager)), &values(graphed)),
     )
+}
+
+/// [`check_steps`] of `model` graphed with `call` in `mode`: the losses and the trained
+/// parameters.
+fn graphed_check_steps<M, I, O>(
+    model: M,
+    call: fn(&M, I) -> O,
+    loss: fn(O) -> Tensor<1>,
+    inputs: &[I],
+    mode: Mode,
+) -> (Vec<f64>, Vec<(ParamId, TensorData)>)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let graphed = Graphed::new(model, call, inputs[0].clone(), &mode.config()).expect("capture");
+    let (losses, graphed) = check_steps(
+        graphed,
+        |m: &Graphed<M, I, O>, x| m.forward(x).expect("graphed call"),
+        loss,
+        inputs,
+        mode.optimizer(),
+    );
+    (losses, param_values(&graphed))
 }
 
 /// [`CHECK_STEPS`] untimed steps at [`CHECK_LR`]: every step's loss and the trained model.
@@ -673,6 +740,7 @@ fn main() {
                         },
                         call: mlp_forward,
                         loss: mean_square,
+                        call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input,
                     },
                     &device,
@@ -689,6 +757,7 @@ fn main() {
                     },
                     call: encoder_forward,
                     loss: mean_square,
+                    call_loss: |m, x| mean_square(encoder_forward(m, x)),
                     input: |d| Tensor::random([8, 128, 256], Distribution::Default, d),
                 },
                 &device,
@@ -709,6 +778,7 @@ fn main() {
                     },
                     call: cnn_forward,
                     loss: mean_square,
+                    call_loss: |m, x| mean_square(cnn_forward(m, x)),
                     input: |d| Tensor::random([32, 3, 32, 32], Distribution::Default, d),
                 },
                 &device,
