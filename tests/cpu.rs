@@ -27,6 +27,7 @@ macro_rules! on_devices {
 
 on_devices! {
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
+    loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);
     input_gradient_matches_eager => scenarios::input_gradient_matches_eager;
     unused_input_is_refused => scenarios::unused_input_is_refused;

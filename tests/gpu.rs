@@ -45,6 +45,11 @@ fn mlp_training_matches_eager() {
 }
 
 #[test]
+fn loss_inside_callable_matches_eager() {
+    scenarios::loss_inside_callable_matches_eager(&cuda(), 20);
+}
+
+#[test]
 fn multi_io_matches_eager() {
     scenarios::multi_io_matches_eager(&cuda(), 20);
 }

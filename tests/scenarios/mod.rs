@@ -185,6 +185,43 @@ pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
     }
 }
 
+/// The loss inside the graphed callable (the forward graph ends in a scalar, the backward graph
+/// starts from the seed gradient), `OutputPolicy::Static` and `MultiTensorAdam`: the
+/// configuration that queues the fewest operations outside the graphs. Equals eager training
+/// with burn's `Adam`.
+pub fn loss_inside_callable_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let report = burn_graphed_testkit::compare_training_with_optimizer(
+        TrainingComparison {
+            model: Mlp::new(32, 3, 8, &device),
+            call: |m: &Mlp, x: Tensor<2>| square_mean(m.forward(x)),
+            optimizer: AdamConfig::new().init(),
+            learning_rate: 1e-2,
+            batch: &mut |step| batch([16, 32], step, &device),
+            loss: |loss| loss,
+            steps,
+            graphed: GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Static),
+            tolerance: tolerance_for(&device),
+        },
+        burn_graphed::FusedAdamConfig::new().init_multi_tensor(),
+    )
+    .expect("comparison runs");
+    println!("loss inside the callable: {report}; {:?}", report.stats);
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        assert_eq!(report.summary.outputs, 1, "{report}");
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        // MultiTensorAdam updates the graphs' parameter buffers in place: only the first call
+        // copies parameters.
+        assert_eq!(
+            report.stats.param_copies, report.summary.params as u64,
+            "{report}"
+        );
+    }
+}
+
 fn two_heads_forward(
     m: &TwoHeads,
     inputs: (Tensor<2>, Tensor<2>, Tensor<2>),
