@@ -309,7 +309,7 @@ def plot(rows, device, path):
                          (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
                          (("burn", "graphed_static_multi_adam"), "#ffca3a"),
                          (("torch", "graphed_fused_adam"), "#2b2d42"),
-                         (("burn", BURN_LOSS), "#ff924c"),
+                         (("burn", BURN_LOSS), "#c1121f"),
                          (("torch", TORCH_LOSS), "#52a675")]:
         if extra in present:
             series.append(extra)

@@ -40,6 +40,51 @@
 //! # }
 //! ```
 //!
+//! ## The fastest step
+//!
+//! Put the loss inside the graphed callable, hand out the graphs' buffers instead of copies
+//! ([`OutputPolicy::Guarded`]), and train with [`MultiTensorAdam`]: outside the graphs a step
+//! then queues the input copies, the seed gradient and one optimizer operation. (On an H100
+//! this took the MLP's step from 902 to 536 us, and graphed PyTorch's from 816 to 623 us:
+//! BENCHMARKS.md.)
+//!
+//! ```no_run
+//! # use burn::nn::{Linear, LinearConfig};
+//! # use burn::prelude::*;
+//! use burn::optim::GradientsParams;
+//! use burn_graphed::{FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy};
+//! # #[derive(Module, Debug)]
+//! # struct Mlp {
+//! #     layer: Linear,
+//! # }
+//! # impl Mlp {
+//! #     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+//! #         self.layer.forward(x)
+//! #     }
+//! # }
+//!
+//! /// The model's forward and its loss, as one callable: its graphs end in the loss.
+//! fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+//!     (model.forward(x) - target).powi_scalar(2).mean()
+//! }
+//!
+//! # fn main() -> Result<(), burn_graphed::GraphedError> {
+//! # let device = Device::default().autodiff();
+//! # let mlp = Mlp { layer: LinearConfig::new(64, 8).init(&device) };
+//! # let batches: Vec<(Tensor<2>, Tensor<2>)> = Vec::new();
+//! let sample = (Tensor::zeros([32, 64], &device), Tensor::zeros([32, 8], &device));
+//! let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
+//! let mut model = Graphed::new(mlp, mse, sample, &config)?;
+//! let mut optim = FusedAdamConfig::new().init_multi_tensor();
+//! for batch in batches {
+//!     let loss = model.forward(batch)?; // replays the forward graph, loss included
+//!     let grads = GradientsParams::from_grads(loss.backward(), &model); // the backward graph
+//!     model = optim.step(1e-3, model, grads); // in place in the graphs' parameter buffers
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Graphs are captured on burn's cubecl backend with fusion (`cuda`; `wgpu` records its own
 //! software graphs). On other backends (`flex`) every call runs eagerly, so the same code runs
 //! everywhere. See ARCHITECTURE.md for the design and its invariants.

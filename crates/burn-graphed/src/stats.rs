@@ -159,8 +159,11 @@ pub struct GraphMemory {
     /// Bytes of the static buffers of every callable captured with it (a shared buffer once).
     pub group_static_bytes: u64,
     /// Growth of the device's reserved pool bytes over the whole group's capture, warm-ups
-    /// included: the memory the capture added to the pools, which the graphs may pin (cubecl
-    /// guards every page a recording touched until the graph is dropped). 0 without graphs.
+    /// included, measured after the capture's memory cleanup
+    /// ([`GraphedConfig::release_capture_memory`](crate::GraphedConfig::release_capture_memory)):
+    /// the memory the capture added to the pools, which the graphs may pin (cubecl guards every
+    /// page a recording touched until the graph is dropped). 0 without graphs, and 0 where the
+    /// cleanup returned more of the pools' earlier free pages than the capture added.
     pub capture_pool_growth_bytes: u64,
 }
 

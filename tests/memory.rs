@@ -1,0 +1,36 @@
+//! The CPU suite's memory tests, alone in their process and one at a time: they assert on the
+//! device's reserved bytes, which other tests running at the same time on the same device would
+//! disturb (the GPU suite runs its tests one at a time, so there they are ordinary tests of
+//! `tests/gpu.rs`).
+
+mod scenarios;
+
+use std::sync::Mutex;
+
+use burn::prelude::*;
+
+/// Held by each test of this file: libtest runs tests on parallel threads.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// 60 SGD-momentum steps on wgpu (lavapipe) beside eager ones: eval every 10, parameters
+/// compared and re-synchronized every 20, no growth of reserved bytes or live allocations after
+/// the first checkpoint. SGD, not Adam: see `scenarios::robust::soak`.
+#[test]
+fn wgpu_soak() {
+    let _alone = alone();
+    let device = Device::wgpu(Default::default());
+    let figures = scenarios::robust::soak(&device, scenarios::robust::sgd_momentum, 60, 10, 20, 20)
+        .expect("wgpu captures graphs");
+    println!("soak figures: {figures:?}");
+}
+
+/// A capture returns the pages only its warm-ups used (`release_capture_memory`).
+#[test]
+fn wgpu_capture_releases_warmup_memory() {
+    let _alone = alone();
+    scenarios::robust::capture_releases_warmup_memory(&Device::wgpu(Default::default()));
+}
