@@ -9,7 +9,7 @@
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
-//!                     graphed_static_multi_adam]
+//!                     graphed_static_multi_adam,graphed_loss_static_multi_adam]
 //!            [--host-profile FILE] [--no-check]
 //! ```
 //!
@@ -17,7 +17,9 @@
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
-//! `burn_graphed::MultiTensorAdam` (one fusion operation for all parameters). `--host-profile FILE` (feature
+//! `burn_graphed::MultiTensorAdam` (one fusion operation for all parameters);
+//! `graphed_loss_static_multi_adam` graphs the loss too (`Case::call_loss`; PyTorch's
+//! counterpart `graphed_loss_fused_adam`, a mode `--modes` accepts and this side skips). `--host-profile FILE` (feature
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.

@@ -44,9 +44,9 @@
 //!
 //! Put the loss inside the graphed callable, hand out the graphs' buffers instead of copies
 //! ([`OutputPolicy::Guarded`]), and train with [`MultiTensorAdam`]: outside the graphs a step
-//! then queues the input copies, the seed gradient and one optimizer operation. (On an H100
-//! this took the MLP's step from 902 to 536 us, and graphed PyTorch's from 816 to 623 us:
-//! BENCHMARKS.md.)
+//! then queues the input copies, the seed gradient and one optimizer operation. (On an H100,
+//! with `Static` hand-outs, which `Guarded` matched within noise in earlier runs, this took the
+//! MLP's step from 902 to 536 us, and graphed PyTorch's from 816 to 623 us: BENCHMARKS.md.)
 //!
 //! ```no_run
 //! # use burn::nn::{Linear, LinearConfig};
