@@ -22,7 +22,8 @@
 #                          +PROFILE_COUNT=300, i.e. the steady state); extra arguments go to
 #                          both sides (default: --models mlp --steps 50 --reps 4)
 #
-# Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LONG=1 (more
+# Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
+# the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
 # repository checkout the tests read their snapshots and proptest regressions from; default:
 # two folders up from this script, i.e. the checkout that holds target/gpu-bundle).
@@ -61,8 +62,17 @@ case "$mode" in
     shift $(( $# > 0 ? 1 : 0 ))
     args+=("$@") # e.g. --ignored NAME
     log="$work/gpu-tests.log"
-    (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee "$log"
+    : >"$log"
+    # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default 60),
+    # so that a log cut off by a time limit tells a slow test from a stuck one.
+    start=$(date +%s)
+    (while sleep "${BURN_GRAPHED_HEARTBEAT:-60}"; do
+      printf '\n[run.sh: %ss]\n' "$(( $(date +%s) - start ))" | tee -a "$log"
+    done) &
+    beat=$!
+    (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
+    kill "$beat" 2>/dev/null
     [ -n "${OUT:-}" ] && cp "$log" "$OUT/" 2>/dev/null
     passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
     failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
