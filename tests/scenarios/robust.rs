@@ -457,6 +457,8 @@ pub fn capture_releases_warmup_memory(device: &Device) {
     let released = growth(true);
     println!("capture pool growth: kept {kept:?}, released {released:?}");
     assert_eq!(kept.static_bytes, released.static_bytes);
+    assert_eq!(kept.capture_released_bytes, 0, "{kept:?}");
+    assert!(released.capture_released_bytes > 0, "{released:?}");
     assert!(
         released.capture_pool_growth_bytes < kept.capture_pool_growth_bytes,
         "release_capture_memory returned nothing: {released:?} against {kept:?}"

@@ -278,6 +278,7 @@ fn captured(members: &[Member<'_>], config: &GraphedConfig) -> Result<Vec<Built>
                 static_bytes,
                 group_static_bytes,
                 capture_pool_growth_bytes: group.pool_growth_bytes,
+                capture_released_bytes: group.released_bytes,
             },
             session: Some(session),
             alone: members.len() == 1,

@@ -165,6 +165,11 @@ pub struct GraphMemory {
     /// page a recording touched until the graph is dropped). 0 without graphs, and 0 where the
     /// cleanup returned more of the pools' earlier free pages than the capture added.
     pub capture_pool_growth_bytes: u64,
+    /// Reserved bytes that the capture's memory cleanup returned to the device (pages only the
+    /// warm-ups used, and other empty pages of the pools); 0 with
+    /// [`GraphedConfig::release_capture_memory`](crate::GraphedConfig::release_capture_memory)
+    /// off and without graphs.
+    pub capture_released_bytes: u64,
 }
 
 impl GraphMemory {

@@ -170,6 +170,8 @@ pub(crate) struct CapturedGroup {
     /// Growth of the device's reserved pool bytes over the whole capture (warm-ups included):
     /// an upper bound on the memory that the graphs pin.
     pub pool_growth_bytes: u64,
+    /// Reserved bytes that the capture's memory cleanup returned to the device.
+    pub released_bytes: u64,
 }
 
 /// One eager forward and backward with gradient `grad_outputs` on the outputs, returning the
@@ -730,6 +732,7 @@ fn capture_locked(
         sessions.push(session);
     }
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
+    let reserved_captured = reserved_bytes(dispatch);
     if config.release_capture_memory {
         // Every recording has stopped and run (`materialize`): cubecl refuses a cleanup while
         // recording, and one between a warm-up and its recording would make the recording
@@ -742,5 +745,6 @@ fn capture_locked(
         sessions,
         inputs,
         pool_growth_bytes: reserved_after.saturating_sub(reserved_before),
+        released_bytes: reserved_captured.saturating_sub(reserved_after),
     })
 }
