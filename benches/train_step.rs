@@ -10,8 +10,15 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam]
-//!            [--host-profile FILE] [--no-check]
+//!            [--host-profile FILE] [--no-check] [--in-process]
 //! ```
+//!
+//! Each (model, mode) run happens in a process of its own (this binary runs itself once per
+//! pair, `--in-process` turns that off): cubecl's pools only return whole empty pages, so in one
+//! process a run's reserved bytes depended on the runs before it (H100, stop 22: the MLP after
+//! the CNN measured eager 0 MiB and graphed 117 MiB; alone, 0.0 and 30). Kernels and autotune
+//! results come from cubecl's persistent cache (`run.sh bench` turns it on), so a process costs
+//! its CUDA context and little else.
 //!
 //! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
@@ -153,6 +160,9 @@ struct Options {
     host_profile: Option<String>,
     /// Whether graphed runs are checked against eager steps (`--no-check` turns it off).
     check: bool,
+    /// `--in-process`: every run in this process, one after the other (default: one process
+    /// per (model, mode) run, so that the memory readings of runs do not depend on each other).
+    in_process: bool,
 }
 
 fn options() -> Options {
@@ -170,12 +180,17 @@ fn options() -> Options {
         reps: 30,
         host_profile: None,
         check: true,
+        in_process: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         if arg == "--no-check" {
             options.check = false;
+            continue;
+        }
+        if arg == "--in-process" {
+            options.in_process = true;
             continue;
         }
         let value = iter.next().cloned().unwrap_or_default();
@@ -711,8 +726,51 @@ where
     }
 }
 
+/// Runs every (model, mode) pair of `options` in a child process of its own (this binary with
+/// `--in-process`, one model and one mode), its output passed through; exits with the first
+/// failing child's status after the remaining runs.
+fn run_isolated(options: &Options) {
+    let exe = std::env::current_exe().expect("the bench binary's own path");
+    let mut failed = None;
+    for model in &options.models {
+        for mode in MODES
+            .iter()
+            .filter(|m| options.modes.iter().any(|x| x == m.label()))
+        {
+            let mut command = std::process::Command::new(&exe);
+            command.args(["--in-process", "--models", model, "--modes", mode.label()]);
+            command.args(["--dtype", &options.dtype]);
+            command.args(["--steps", &options.steps.to_string()]);
+            command.args(["--reps", &options.reps.to_string()]);
+            if !options.check {
+                command.arg("--no-check");
+            }
+            if let Some(file) = &options.host_profile {
+                command.args(["--host-profile", file]);
+            }
+            let status = command.status().expect("spawning a bench run");
+            if !status.success() {
+                eprintln!("# {model} {}: run failed ({status})", mode.label());
+                failed.get_or_insert(status.code().unwrap_or(1));
+            }
+        }
+    }
+    if let Some(code) = failed {
+        std::process::exit(code);
+    }
+}
+
 fn main() {
     let options = options();
+    let runs = options.models.len()
+        * MODES
+            .iter()
+            .filter(|m| options.modes.iter().any(|x| x == m.label()))
+            .count();
+    if !options.in_process && runs > 1 {
+        run_isolated(&options);
+        return;
+    }
     // Built without `cuda` (a smoke run of the bench itself), the default device.
     #[cfg(feature = "cuda")]
     let mut base = Device::cuda(0);
