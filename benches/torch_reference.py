@@ -15,10 +15,17 @@ Memory: torch.cuda.memory_reserved() after the run, relative to before the model
 (the caching allocator's pools, comparable to burn's reserved bytes), after freeing the
 previous run's graphs and cached blocks; also the peak of allocated bytes during the run
 (`peak_allocated_mib`), which no earlier run's pools can hide.
+
+Each (model, mode) run happens in a process of its own, as on the Burn side (`--in-process`
+turns that off): one-time allocations (cuBLAS workspaces, per stream, so one more for the
+capture stream) then land in every row that needs them instead of only the first row of a
+process, and the two sides' memory columns mean the same thing.
 """
 import argparse
 import gc
 import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -145,7 +152,21 @@ def main():
     # run.sh passes the same arguments to both sides; the Burn side's value check has no
     # counterpart here, so its switch is accepted and does nothing.
     parser.add_argument("--no-check", action="store_true", help="no effect (Burn side only)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="every run in this process (default: one process per run)")
     args = parser.parse_args()
+    runs = [(key, mode) for key in args.models.split(",") for mode in MODES
+            if mode in args.modes.split(",")]
+    if not args.in_process and len(runs) > 1:
+        failed = 0
+        for key, mode in runs:
+            done = subprocess.run([sys.executable, __file__, "--in-process", "--models", key,
+                                   "--modes", mode, "--dtype", args.dtype,
+                                   "--steps", str(args.steps), "--reps", str(args.reps)])
+            if done.returncode != 0:
+                print(f"# {key} {mode}: run failed (exit {done.returncode})", file=sys.stderr)
+                failed = failed or done.returncode
+        sys.exit(failed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.
     torch.backends.cuda.matmul.allow_tf32 = False

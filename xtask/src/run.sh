@@ -136,7 +136,7 @@ case "$mode" in
     for mode in eager graphed; do
       if command -v nsys >/dev/null 2>&1; then
         for side in burn torch; do
-          if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py"); fi
+          if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true \
             -o "$work/${side}_$mode" "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.jsonl" 2>"$dest/${side}_$mode.err"
@@ -145,7 +145,7 @@ case "$mode" in
         done
       elif command -v ncu >/dev/null 2>&1; then
         for side in burn torch; do
-          if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py"); fi
+          if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           ncu --graph-profiling graph --metrics gpu__time_duration.sum --csv \
             --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_COUNT:-300}" \
             "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
