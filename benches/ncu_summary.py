@@ -5,7 +5,10 @@ training step, between two forward-graph launches (graphed runs: two graphs per 
 
     python3 benches/ncu_summary.py FILE.ncu.csv [...]
 
-Counts only: ncu serializes launches and fixes clocks, so its durations are not step times.
+Also the device time of that step: the sum of the launches' `gpu__time_duration` (`run.sh
+profile` leaves the GPU's clocks unlocked). ncu serializes launches, so this is the time the
+device is busy per step, not the step's wall time: a step whose wall time exceeds it waits on
+the host, one that matches it is bound by the device.
 """
 import collections
 import csv
@@ -34,6 +37,25 @@ def summarize(path):
               f"{len(outside)} kernels outside graphs "
               f"({sum('copy' in s for s in outside)} copies)")
         print("  " + " | ".join(step))
+        busy = durations_us(header, rows[start:end])
+        if busy:
+            print(f"  device time of that step: {sum(busy):.1f} us "
+                  f"(graphs {sum(t for t, s in zip(busy, step) if s == 'graph'):.1f} us)")
+
+
+def durations_us(header, rows):
+    """Each row's `gpu__time_duration.sum` in microseconds, or [] when the CSV has none."""
+    if "Metric Value" not in header or "Metric Unit" not in header:
+        return []
+    value, unit = header.index("Metric Value"), header.index("Metric Unit")
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    out = []
+    for r in rows:
+        try:
+            out.append(float(r[value].replace(",", "")) * scale[r[unit]])
+        except (KeyError, ValueError):
+            return []
+    return out
 
 
 for path in sys.argv[1:]:

@@ -85,12 +85,16 @@ def time_steps(step, steps, reps):
         step(i)
     torch.cuda.synchronize()
     per_step = []
+    # The timed steps are the CUDA profiler's range (`ncu --profile-from-start off`, as on the
+    # Burn side); without a profiler attached this does nothing.
+    torch.cuda.profiler.start()
     for _ in range(reps):
         start = time.perf_counter()
         for i in range(steps):
             step(i)
         torch.cuda.synchronize()
         per_step.append((time.perf_counter() - start) * 1e6 / steps)
+    torch.cuda.profiler.stop()
     per_step.sort()
     at = lambda q: per_step[round((len(per_step) - 1) * q)]
     return at(0.5), at(0.1), at(0.9)

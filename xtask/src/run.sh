@@ -16,11 +16,14 @@
 #                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
 #                          (report.py takes the median over rounds; Burn's value check runs
 #                          in the first round only)
-#   bash run.sh profile    trace the eager and the graphed f32 step loops of both sides with
-#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
-#                          Nsight Compute where nsys is missing (kernels PROFILE_SKIP=3000 to
-#                          +PROFILE_COUNT=300, i.e. the steady state); extra arguments go to
-#                          both sides (default: --models mlp --steps 50 --reps 4)
+#   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
+#                          around them) of the PROFILE_MODES (default "eager graphed"; each side
+#                          runs the ones it knows) in f32 with Nsight Systems (kernel and API
+#                          summaries as CSV into $OUT), or with Nsight Compute where nsys is
+#                          missing (the range's first PROFILE_COUNT=300 launches, each graph one
+#                          launch unless PROFILE_GRAPHS=node, GPU clocks not locked; summarize
+#                          with benches/ncu_summary.py); extra arguments go to both sides
+#                          (default: --models mlp --steps 50 --reps 4)
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
 # the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
@@ -133,11 +136,12 @@ case "$mode" in
     for d in /usr/local/cuda/bin /opt/nvidia/nsight-systems/*/bin /opt/nvidia/nsight-compute/* /usr/local/cuda/nsight-systems*/bin; do
       [ -d "$d" ] && PATH="$PATH:$d"
     done
-    for mode in eager graphed; do
+    for mode in ${PROFILE_MODES:-eager graphed}; do
       if command -v nsys >/dev/null 2>&1; then
         for side in burn torch; do
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true \
+            --capture-range=cudaProfilerApi --capture-range-end=stop \
             -o "$work/${side}_$mode" "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.jsonl" 2>"$dest/${side}_$mode.err"
           nsys stats --report cuda_gpu_kern_sum,cuda_api_sum --format csv \
@@ -146,8 +150,8 @@ case "$mode" in
       elif command -v ncu >/dev/null 2>&1; then
         for side in burn torch; do
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
-          ncu --graph-profiling graph --metrics gpu__time_duration.sum --csv \
-            --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_COUNT:-300}" \
+          ncu --graph-profiling "${PROFILE_GRAPHS:-graph}" --metrics gpu__time_duration.sum --csv \
+            --profile-from-start off --clock-control none --launch-count "${PROFILE_COUNT:-300}" \
             "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.ncu.csv" 2>"$dest/${side}_$mode.err"
         done
