@@ -175,8 +175,7 @@ def goal_table(rows):
         tg = us("torch", torch)
 
         def extra(framework, mode):
-            g, e = r.get((framework, mode)), r.get((framework, "eager"))
-            return f"{g['reserved_mib'] - e['reserved_mib']:.0f}" if g and e else "n/a"
+            return extra_mib(r, framework, mode)
 
         row = r.get(("burn", best)) if best else None
         if row is None or "check_passed" not in row:
@@ -195,6 +194,12 @@ def goal_table(rows):
             f"| {extra('burn', best) if best else 'n/a'} / {extra('torch', torch)} | {checked} |"
         )
     return "\n".join(out) + "\n"
+
+
+def extra_mib(r, framework, mode):
+    """Reserved MiB of `mode` over the eager run of the same model and framework, as text."""
+    g, e = r.get((framework, mode)), r.get((framework, "eager"))
+    return f"{g['reserved_mib'] - e['reserved_mib']:.0f}" if g and e else "n/a"
 
 
 def has_fused(rows):
@@ -274,8 +279,9 @@ def loss_table(rows):
     out = [
         "| model | dtype | burn graphed (static, MultiTensorAdam) | burn, loss in graph "
         "| torch graphed (fused Adam) | torch, loss in graph "
-        "| burn / torch, loss in graph [per round] | burn speedup | torch speedup |",
-        "|" + " --- |" * 9,
+        "| burn / torch, loss in graph [per round] | burn speedup | torch speedup "
+        "| graphed extra MiB burn / torch, loss in graph |",
+        "|" + " --- |" * 10,
     ]
     for (model, dtype), r in by.items():
         if ("burn", BURN_LOSS) not in r and ("torch", TORCH_LOSS) not in r:
@@ -288,7 +294,8 @@ def loss_table(rows):
             f"| {cell('torch', TORCH_LOSS)} "
             f"| {num(bl / tl, '.2f')}{round_ratios(r.get(('burn', BURN_LOSS)), r.get(('torch', TORCH_LOSS)))} "
             f"| {num(us('burn', 'eager') / bl, '.1f', 'x')} "
-            f"| {num(us('torch', 'eager') / tl, '.1f', 'x')} |"
+            f"| {num(us('torch', 'eager') / tl, '.1f', 'x')} "
+            f"| {extra_mib(r, 'burn', BURN_LOSS)} / {extra_mib(r, 'torch', TORCH_LOSS)} |"
         )
     return "\n".join(out) + "\n"
 
