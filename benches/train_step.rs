@@ -16,7 +16,7 @@
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
 //! pair, `--in-process` turns that off): cubecl's pools only return whole empty pages, so in one
 //! process a run's reserved bytes depended on the runs before it (H100, stop 22: the MLP after
-//! the CNN measured eager 0 MiB and graphed 117 MiB; alone, 0.0 and 30). Kernels and autotune
+//! the CNN measured eager 0 MiB and graphed 117 MiB; alone, 18 and 38). Kernels and autotune
 //! results come from cubecl's persistent cache (`run.sh bench` turns it on), so a process costs
 //! its CUDA context and little else.
 //!
@@ -722,11 +722,16 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
-    for mode in MODES {
-        if options.modes.iter().any(|m| m == mode.label()) {
-            run(&case, mode, device, options).print();
-        }
+    for &mode in selected_modes(options) {
+        run(&case, mode, device, options).print();
     }
+}
+
+/// The Burn modes `--modes` names, in [`MODES`] order (PyTorch-only modes are skipped).
+fn selected_modes(options: &Options) -> impl Iterator<Item = &'static Mode> + '_ {
+    MODES
+        .iter()
+        .filter(|mode| options.modes.iter().any(|m| m == mode.label()))
 }
 
 /// Runs every (model, mode) pair of `options` in a child process of its own (this binary with
@@ -736,10 +741,7 @@ fn run_isolated(options: &Options) {
     let exe = std::env::current_exe().expect("the bench binary's own path");
     let mut failed = None;
     for model in &options.models {
-        for mode in MODES
-            .iter()
-            .filter(|m| options.modes.iter().any(|x| x == m.label()))
-        {
+        for mode in selected_modes(options) {
             let mut command = std::process::Command::new(&exe);
             command.args(["--in-process", "--models", model, "--modes", mode.label()]);
             command.args(["--dtype", &options.dtype]);
@@ -765,11 +767,7 @@ fn run_isolated(options: &Options) {
 
 fn main() {
     let options = options();
-    let runs = options.models.len()
-        * MODES
-            .iter()
-            .filter(|m| options.modes.iter().any(|x| x == m.label()))
-            .count();
+    let runs = options.models.len() * selected_modes(&options).count();
     if !options.in_process && runs > 1 {
         run_isolated(&options);
         return;
