@@ -3,24 +3,32 @@
 graph with `--graph-profiling graph`): launches per distinct kernel, and the launches of one
 training step, between two forward-graph launches (graphed runs: two graphs per step).
 
-    python3 benches/ncu_summary.py FILE.ncu.csv [...]
+    python3 benches/ncu_summary.py [--steps N] FILE.ncu.csv [...]
 
 Also the device time of that step: the sum of the launches' `gpu__time_duration` (`run.sh
 profile` leaves the GPU's clocks unlocked). ncu serializes launches, so this is the time the
 device is busy per step, not the step's wall time: a step whose wall time exceeds it waits on
 the host, one that matches it is bound by the device.
+
+With `--steps N` (the number of steps the profiled range held, i.e. --steps x --reps of the
+run, all of them profiled), also the device time per step of each distinct kernel, largest
+first: with `PROFILE_GRAPHS=node` this is where a graph's time goes.
 """
 import collections
 import csv
 import sys
 
 
-def summarize(path):
-    rows = [r for r in csv.reader(open(path, errors="replace")) if len(r) > 10]
-    if not rows:
+def summarize(path, steps=None):
+    # The file also holds the profiled program's own output (ncu passes its stdout through);
+    # the table starts at ncu's header row.
+    lines = list(csv.reader(open(path, errors="replace")))
+    start = next((i for i, r in enumerate(lines) if "Kernel Name" in r), None)
+    if start is None:
         print(f"{path}: no profiled launches")
         return
-    header, rows = rows[0], rows[1:]
+    header = lines[start]
+    rows = [r for r in lines[start + 1:] if len(r) == len(header)]
     names = [r[header.index("Kernel Name")] for r in rows]
     short = [n.split("(")[0][:48] for n in names]
     counts = collections.Counter(short)
@@ -41,6 +49,24 @@ def summarize(path):
         if busy:
             print(f"  device time of that step: {sum(busy):.1f} us "
                   f"(graphs {sum(t for t, s in zip(busy, step) if s == 'graph'):.1f} us)")
+    if steps:
+        per_kernel(header, rows, names, steps)
+
+
+def per_kernel(header, rows, names, steps):
+    """Device time per step of each distinct kernel over all `rows`, largest first."""
+    busy = durations_us(header, rows)
+    if not busy:
+        return
+    total = collections.defaultdict(float)
+    launches = collections.Counter()
+    for name, t in zip(names, busy):
+        total[name] += t
+        launches[name] += 1
+    print(f"  per step ({steps} steps): {sum(busy) / steps:.1f} us device time, "
+          f"{len(rows) / steps:.1f} launches")
+    for name, t in sorted(total.items(), key=lambda kv: -kv[1]):
+        print(f"  {t / steps:8.1f} us {launches[name] / steps:6.1f}x  {name[:100]}")
 
 
 def durations_us(header, rows):
@@ -58,5 +84,9 @@ def durations_us(header, rows):
     return out
 
 
-for path in sys.argv[1:]:
-    summarize(path)
+args = sys.argv[1:]
+steps = None
+if args[:1] == ["--steps"]:
+    steps, args = int(args[1]), args[2:]
+for path in args:
+    summarize(path, steps)

@@ -39,6 +39,13 @@
 //! allocator's reserved bytes after the run (its pools only grow), relative to before the
 //! model was made.
 //!
+//! `BURN_GRAPHED_FUSION_REMOVE=NAME[,NAME]` (an environment variable, so that `run.sh bench`
+//! passes it to this side only) removes burn's built-in fusion optimizations of those names
+//! (`burn_cubecl::fusion::BUILTIN_NAMES`, e.g. `ReduceBroadcasted`) before the first tensor
+//! operation, and each row records them as `fusion_removed`: the transformer profile of stop 23
+//! found burn-fusion's fused layer norm (`ReduceBroadcasted`, one thread per row) the largest
+//! kernel of its step.
+//!
 //! Graphed runs are repeated with the input copies or the parameter copies deliberately
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
 //! overheads are reported separately.
@@ -120,6 +127,8 @@ struct Row {
     p10_us: f64,
     p90_us: f64,
     reserved_mib: f64,
+    /// The fusion optimizations `BURN_GRAPHED_FUSION_REMOVE` removed (empty: none).
+    fusion_removed: String,
     /// Graphed runs: the value check against eager steps ([`check`]); `None` for eager runs
     /// and with `--no-check`.
     check: Option<StepCheck>,
@@ -136,8 +145,13 @@ impl Row {
                 check.loss_off.min(1e9)
             )
         });
+        let removed = if self.fusion_removed.is_empty() {
+            String::new()
+        } else {
+            format!(", \"fusion_removed\": \"{}\"", self.fusion_removed)
+        };
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{check}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{check}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -163,6 +177,8 @@ struct Options {
     /// `--in-process`: every run in this process, one after the other (default: one process
     /// per (model, mode) run, so that the memory readings of runs do not depend on each other).
     in_process: bool,
+    /// `BURN_GRAPHED_FUSION_REMOVE`: the built-in fusion optimizations to remove, comma-separated.
+    fusion_removed: String,
 }
 
 fn options() -> Options {
@@ -181,6 +197,7 @@ fn options() -> Options {
         host_profile: None,
         check: true,
         in_process: false,
+        fusion_removed: std::env::var("BURN_GRAPHED_FUSION_REMOVE").unwrap_or_default(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -445,6 +462,7 @@ where
         p10_us,
         p90_us,
         reserved_mib,
+        fusion_removed: options.fusion_removed.clone(),
         check,
     }
 }
@@ -765,6 +783,25 @@ fn run_isolated(options: &Options) {
     }
 }
 
+/// Removes the built-in fusion optimizations named in `names` (comma-separated), before the
+/// first tensor operation starts burn's fusion service. Panics on a name burn does not know.
+fn remove_fusion_optimizations(names: &str) {
+    for name in names.split(',').filter(|name| !name.is_empty()) {
+        #[cfg(feature = "cube")]
+        {
+            assert!(
+                burn_cubecl::fusion::BUILTIN_NAMES.contains(&name),
+                "BURN_GRAPHED_FUSION_REMOVE: {name} is none of burn's fusion optimizations {:?}",
+                burn_cubecl::fusion::BUILTIN_NAMES
+            );
+            burn_cubecl::fusion::remove(name)
+                .expect("fusion optimizations removed before the first tensor operation");
+        }
+        #[cfg(not(feature = "cube"))]
+        panic!("BURN_GRAPHED_FUSION_REMOVE={name}: this build has no fusion backend");
+    }
+}
+
 fn main() {
     let options = options();
     let runs = options.models.len() * selected_modes(&options).count();
@@ -772,6 +809,7 @@ fn main() {
         run_isolated(&options);
         return;
     }
+    remove_fusion_optimizations(&options.fusion_removed);
     // Built without `cuda` (a smoke run of the bench itself), the default device.
     #[cfg(feature = "cuda")]
     let mut base = Device::cuda(0);

@@ -21,9 +21,12 @@
 #                          runs the ones it knows) in f32 with Nsight Systems (kernel and API
 #                          summaries as CSV into $OUT), or with Nsight Compute where nsys is
 #                          missing (the range's first PROFILE_COUNT=300 launches, each graph one
-#                          launch unless PROFILE_GRAPHS=node, GPU clocks not locked; summarize
-#                          with benches/ncu_summary.py); extra arguments go to both sides
-#                          (default: --models mlp --steps 50 --reps 4)
+#                          launch unless PROFILE_GRAPHS=node; GPU clocks locked at base, as
+#                          unlocked ones fall to idle between ncu's serialized launches (a
+#                          1-element kernel read 160-250 us; PROFILE_CLOCKS=none unlocks);
+#                          summarize with benches/ncu_summary.py); extra arguments go to both sides
+#                          (default: --models mlp --steps 50 --reps 4); Burn runs in the
+#                          cubecl environment of `bench`, reusing the kernels compiled there
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
 # the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
@@ -45,6 +48,18 @@ unpack() { # unpack FILE.xz -> $work/NAME
   fi
   chmod +x "$dst"
   echo "$dst"
+}
+
+# The Burn side of `bench` and `profile` runs in a cubecl environment with cubecl's persistent
+# compilation cache: kernels compiled by one command are loaded, not compiled, by the next on
+# the same machine (bf16 kernels take minutes to compile; a warm run of the same models and
+# modes takes seconds). Autotune results persist there too. The driver's PTX cache goes beside
+# them. Sets env_dir.
+cubecl_env() {
+  env_dir="${BURN_GRAPHED_CUBECL_ENV:-$repo/target/cubecl-env}"
+  mkdir -p "$env_dir/nv"
+  printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
+  export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
 }
 
 # NVRTC and the driver are loaded at run time; make the usual CUDA locations visible.
@@ -95,14 +110,7 @@ case "$mode" in
     bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
     shift
     results="$work/bench.jsonl"
-    # The Burn side runs in a cubecl environment with cubecl's persistent compilation cache:
-    # kernels compiled by one command are loaded, not compiled, by the next on the same machine
-    # (bf16 kernels take minutes to compile; a warm run of the same models and modes takes
-    # seconds). Autotune results persist there too. The driver's PTX cache goes beside them.
-    env_dir="${BURN_GRAPHED_CUBECL_ENV:-$repo/target/cubecl-env}"
-    mkdir -p "$env_dir/nv"
-    printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
-    export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
+    cubecl_env
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
     # Rounds alternate the two sides, so that both see the same drift of the machine; the
     # report takes the median over rounds. One value check per mode is enough: the first round.
@@ -133,6 +141,8 @@ case "$mode" in
     args=("$@")
     [ ${#args[@]} -eq 0 ] && args=(--models mlp --steps 50 --reps 4)
     dest="${OUT:-$work}"
+    cubecl_env # the same compiled kernels and autotune results as `bench`
+    cd "$env_dir" || exit 1
     for d in /usr/local/cuda/bin /opt/nvidia/nsight-systems/*/bin /opt/nvidia/nsight-compute/* /usr/local/cuda/nsight-systems*/bin; do
       [ -d "$d" ] && PATH="$PATH:$d"
     done
@@ -151,7 +161,7 @@ case "$mode" in
         for side in burn torch; do
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           ncu --graph-profiling "${PROFILE_GRAPHS:-graph}" --metrics gpu__time_duration.sum --csv \
-            --profile-from-start off --clock-control none --launch-count "${PROFILE_COUNT:-300}" \
+            --profile-from-start off --clock-control "${PROFILE_CLOCKS:-base}" --cache-control none --launch-count "${PROFILE_COUNT:-300}" \
             "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.ncu.csv" 2>"$dest/${side}_$mode.err"
         done
