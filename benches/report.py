@@ -14,7 +14,9 @@ MultiTensorAdam, else the fastest graphed mode) against graphed PyTorch with fus
 default Adam), each framework's graphed/eager speedup, the memory that graphed runs reserve
 beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs).
 Several results files may be given (e.g. one per machine session): rows are keyed by
-(framework, model, dtype, mode), a later file's row replacing an earlier one's.
+(framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
+Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
+NAMES", which the tables leave out.
 
 Rounds (`BURN_GRAPHED_ROUNDS=N bash run.sh bench`, both sides alternating N times): the rows of
 one key in one file are merged into the median over rounds of each round's median, shown as
@@ -46,6 +48,10 @@ def load(paths):
                     devices.append(device)
             elif line.startswith("{"):
                 row = json.loads(line)
+                if row.get("fusion_removed"):
+                    # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
+                    # neither replaces nor merges with the stock rows.
+                    row["mode"] += f" without {row['fusion_removed']}"
                 rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"]), []).append(row)
         for k, rows in rounds.items():
             by[k] = merge_rounds(rows)

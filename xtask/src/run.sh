@@ -16,6 +16,9 @@
 #                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
 #                          (report.py takes the median over rounds; Burn's value check runs
 #                          in the first round only)
+#   bash run.sh busy       run `bench` (same arguments, f32) once per side while nvidia-smi
+#                          samples the GPU's utilization and SM clock: a median near 100% means
+#                          that side's step is bound by the device (one model and mode per call)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
 #                          runs the ones it knows) in f32 with Nsight Systems (kernel and API
@@ -135,6 +138,36 @@ case "$mode" in
     done
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
     ;;
+  busy)
+    # How busy the GPU is during each side's bench run: nvidia-smi samples, every 100 ms, the
+    # share of the last sample period in which a kernel ran, and the SM clock. A step near 100%
+    # is bound by the device; well under, by the host. Real clocks, unlike ncu's serialized
+    # launches. One model and one mode per call, --no-check and many reps (e.g. --reps 200), on
+    # a machine whose cubecl cache is warm (compilation's idle gaps would dilute the median).
+    shift
+    command -v nvidia-smi >/dev/null 2>&1 || { echo "run.sh busy: no nvidia-smi"; exit 1; }
+    for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
+      smi="$work/smi_$side.csv"
+      nvidia-smi --query-gpu=utilization.gpu,clocks.sm --format=csv,noheader,nounits -lms 100 >"$smi" &
+      sampler=$!
+      BURN_GRAPHED_SIDES="$side" BURN_GRAPHED_DTYPES="${BURN_GRAPHED_DTYPES:-f32}" BURN_GRAPHED_ROUNDS=1 \
+        bash "$here/run.sh" bench "$@"
+      kill "$sampler" 2>/dev/null
+      wait "$sampler" 2>/dev/null
+      python3 - "$smi" "$side" <<'PY'
+import sys
+rows = [l.split(",") for l in open(sys.argv[1]) if l.count(",") == 1]
+busy = sorted((float(u), float(c)) for u, c in rows if float(u) > 5)
+if busy:
+    mid = busy[len(busy) // 2]
+    clock = sorted(c for _, c in busy)[len(busy) // 2]
+    print(f"# busy: {sys.argv[2]}: GPU utilization median {mid[0]:.0f}% over {len(busy)} "
+          f"samples with a kernel running (of {len(rows)}), SM clock median {clock:.0f} MHz")
+else:
+    print(f"# busy: {sys.argv[2]}: no sample with a kernel running (of {len(rows)})")
+PY
+    done
+    ;;
   profile)
     bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
     shift
@@ -172,5 +205,5 @@ case "$mode" in
     ls -la "$dest"
     ;;
   *)
-    echo "usage: run.sh [tests|demo|bench|profile]"; exit 2;;
+    echo "usage: run.sh [tests|demo|bench|busy|profile]"; exit 2;;
 esac
