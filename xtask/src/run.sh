@@ -21,8 +21,9 @@
 #                          that side's step is bound by the device (one model and mode per call)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
-#                          runs the ones it knows) in f32 with Nsight Systems (kernel and API
-#                          summaries as CSV into $OUT), or with Nsight Compute where nsys is
+#                          runs the ones it knows) in PROFILE_DTYPE (default f32) with
+#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or
+#                          with Nsight Compute where nsys is
 #                          missing (the range's first PROFILE_COUNT=300 launches, each graph one
 #                          launch unless PROFILE_GRAPHS=node; GPU clocks locked at base, as
 #                          unlocked ones fall to idle between ncu's serialized launches (a
@@ -176,6 +177,9 @@ PY
     dest="${OUT:-$work}"
     cubecl_env # the same compiled kernels and autotune results as `bench`
     cd "$env_dir" || exit 1
+    dtype="${PROFILE_DTYPE:-f32}"
+    # bf16 with the autotune level `bench` uses for it, so that the profile sees its kernels.
+    [ "$dtype" = bf16 ] && export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
     for d in /usr/local/cuda/bin /opt/nvidia/nsight-systems/*/bin /opt/nvidia/nsight-compute/* /usr/local/cuda/nsight-systems*/bin; do
       [ -d "$d" ] && PATH="$PATH:$d"
     done
@@ -185,7 +189,7 @@ PY
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true \
             --capture-range=cudaProfilerApi --capture-range-end=stop \
-            -o "$work/${side}_$mode" "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
+            -o "$work/${side}_$mode" "${cmd[@]}" --dtype "$dtype" --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.jsonl" 2>"$dest/${side}_$mode.err"
           nsys stats --report cuda_gpu_kern_sum,cuda_api_sum --format csv \
             --output "$dest/${side}_$mode" "$work/${side}_$mode.nsys-rep" >/dev/null 2>&1
@@ -195,7 +199,7 @@ PY
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           ncu --graph-profiling "${PROFILE_GRAPHS:-graph}" --metrics gpu__time_duration.sum --csv \
             --profile-from-start off --clock-control "${PROFILE_CLOCKS:-base}" --cache-control none --launch-count "${PROFILE_COUNT:-300}" \
-            "${cmd[@]}" --dtype f32 --modes "$mode" "${args[@]}" \
+            "${cmd[@]}" --dtype "$dtype" --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.ncu.csv" 2>"$dest/${side}_$mode.err"
         done
       else
