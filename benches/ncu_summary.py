@@ -6,9 +6,10 @@ training step, between two forward-graph launches (graphed runs: two graphs per 
     python3 benches/ncu_summary.py [--steps N] FILE.ncu.csv [...]
 
 Also the device time of that step: the sum of the launches' `gpu__time_duration` (`run.sh
-profile` leaves the GPU's clocks unlocked). ncu serializes launches, so this is the time the
-device is busy per step, not the step's wall time: a step whose wall time exceeds it waits on
-the host, one that matches it is bound by the device.
+profile` locks the GPU's clocks at base). ncu serializes launches at base clocks, so this maps
+what runs rather than timing the step: whether a step is bound by the device is `run.sh
+busy`'s question (BENCHMARKS.md, "The transformer's step, profiled", where removing a kernel
+ncu put at 24% of the step did not move the step).
 
 With `--steps N` (the number of steps the profiled range held, i.e. --steps x --reps of the
 run, all of them profiled), also the device time per step of each distinct kernel, largest

@@ -44,7 +44,8 @@
 //! (`burn_cubecl::fusion::BUILTIN_NAMES`, e.g. `ReduceBroadcasted`) before the first tensor
 //! operation, and each row records them as `fusion_removed`: the transformer profile of stop 23
 //! found burn-fusion's fused layer norm (`ReduceBroadcasted`, one thread per row) the largest
-//! kernel of its step.
+//! kernel of its step, and removing it showed that it was not what the step waits for
+//! (BENCHMARKS.md).
 //!
 //! Graphed runs are repeated with the input copies or the parameter copies deliberately
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy

@@ -22,15 +22,15 @@
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
 #                          runs the ones it knows) in PROFILE_DTYPE (default f32) with
-#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or
-#                          with Nsight Compute where nsys is
-#                          missing (the range's first PROFILE_COUNT=300 launches, each graph one
-#                          launch unless PROFILE_GRAPHS=node; GPU clocks locked at base, as
-#                          unlocked ones fall to idle between ncu's serialized launches (a
-#                          1-element kernel read 160-250 us; PROFILE_CLOCKS=none unlocks);
-#                          summarize with benches/ncu_summary.py); extra arguments go to both sides
-#                          (default: --models mlp --steps 50 --reps 4); Burn runs in the
-#                          cubecl environment of `bench`, reusing the kernels compiled there
+#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
+#                          Nsight Compute where nsys is missing (the range's first
+#                          PROFILE_COUNT=300 launches, each graph one launch unless
+#                          PROFILE_GRAPHS=node; GPU clocks locked at base, as unlocked ones
+#                          fall to idle between ncu's serialized launches (a 1-element kernel
+#                          read 160-250 us; PROFILE_CLOCKS=none unlocks); summarize with
+#                          benches/ncu_summary.py); extra arguments go to both sides (default:
+#                          --models mlp --steps 50 --reps 4); Burn runs in the cubecl
+#                          environment of `bench`, reusing the kernels compiled there
 #
 # Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
 # the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
@@ -175,6 +175,7 @@ PY
     args=("$@")
     [ ${#args[@]} -eq 0 ] && args=(--models mlp --steps 50 --reps 4)
     dest="${OUT:-$work}"
+    dest="$(mkdir -p "$dest" && cd "$dest" && pwd)" # absolute: the loop runs in $env_dir
     cubecl_env # the same compiled kernels and autotune results as `bench`
     cd "$env_dir" || exit 1
     dtype="${PROFILE_DTYPE:-f32}"
