@@ -176,10 +176,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    for key in args.models.split(","):
-        for mode in MODES:
-            if mode in args.modes.split(","):
-                run(key, mode, dtype, args.steps, args.reps)
+    for key, mode in runs:
+        run(key, mode, dtype, args.steps, args.reps)
 
 
 if __name__ == "__main__":
