@@ -10,7 +10,7 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam]
-//!            [--host-profile FILE] [--no-check] [--in-process]
+//!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //! ```
 //!
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
@@ -30,6 +30,11 @@
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
+//! `--kernel-trace FILE` (cubecl backends) appends every kernel each run launches, per phase
+//! (capture, warm-up, timed, check) with its device time, and the kernels the capture recorded
+//! into its graphs (a launch inside a capture window cannot be timed): eager's kernels beside
+//! the graph's, without a profiler (ncu missed most of an eager bf16 step). Timing every launch
+//! slows the run: its timings are not results either.
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -173,6 +178,8 @@ struct Options {
     modes: Vec<String>,
     /// `--host-profile FILE`: where to append each run's host profile (feature `host-profile`).
     host_profile: Option<String>,
+    /// `--kernel-trace FILE`: where to append each run's kernel trace (cubecl backends).
+    kernel_trace: Option<String>,
     /// Whether graphed runs are checked against eager steps (`--no-check` turns it off).
     check: bool,
     /// `--in-process`: every run in this process, one after the other (default: one process
@@ -196,6 +203,7 @@ fn options() -> Options {
         steps: 50,
         reps: 30,
         host_profile: None,
+        kernel_trace: None,
         check: true,
         in_process: false,
         fusion_removed: std::env::var("BURN_GRAPHED_FUSION_REMOVE").unwrap_or_default(),
@@ -231,6 +239,10 @@ fn options() -> Options {
             "--host-profile" => options.host_profile = Some(value),
             #[cfg(not(feature = "host-profile"))]
             "--host-profile" => panic!("--host-profile needs the `host-profile` feature"),
+            #[cfg(feature = "cube")]
+            "--kernel-trace" => options.kernel_trace = Some(value),
+            #[cfg(not(feature = "cube"))]
+            "--kernel-trace" => panic!("--kernel-trace needs a cubecl backend (`cuda` or `wgpu`)"),
             // libtest passes `--bench` to bench targets; nothing to do.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -391,13 +403,18 @@ where
 {
     device.memory_cleanup();
     let before = reserved(device);
+    let label = format!("{} {}", case.name, mode.label());
+    #[cfg(feature = "cube")]
+    let _trace = options
+        .kernel_trace
+        .as_deref()
+        .map(|file| kernel_trace::Trace::start(file, &label));
     let model = (case.make)(device);
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device)).collect();
     let mut optimizer = mode.optimizer();
     // The model moves through the optimizer (`model = optim.step(lr, model, grads)`, no
     // clone), as in a training loop: a clone would keep the old parameters alive during the
     // step, and `FusedAdam` could then not update the graphs' buffers in place.
-    let label = format!("{} {}", case.name, mode.label());
     let per_step = match mode {
         Mode::Eager(_) => {
             let (per_step, _) = train_steps(
@@ -438,6 +455,7 @@ where
     let (median_us, p10_us, p90_us) = spread(per_step);
     let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
     // After the timed run and its memory reading: the check's models and pools are not in them.
+    trace_phase("check");
     let check = (options.check && !matches!(mode, Mode::Eager(_)))
         .then(|| check(case, mode, &inputs, device, options));
     if let Some(check) = &check {
@@ -487,6 +505,7 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
+    trace_phase("capture");
     let graphed = Graphed::new(model, call, inputs[0].clone(), &mode.config()).expect("capture");
     let call = |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
     let (per_step, model) = train_steps(
@@ -709,6 +728,7 @@ const WARM_UP: usize = 20;
 /// Warm-up ([`WARM_UP`] steps), then `reps` timed reps of `steps` steps; per-step microseconds
 /// per rep.
 fn time(device: &Device, options: &Options, label: &str, step: &mut dyn FnMut(usize)) -> Vec<f64> {
+    trace_phase("warm-up");
     for i in 0..WARM_UP {
         step(i);
     }
@@ -723,6 +743,7 @@ fn time(device: &Device, options: &Options, label: &str, step: &mut dyn FnMut(us
     // The timed steps are the profiler's range (`ncu --profile-from-start off`, `nsys
     // --capture-range=cudaProfilerApi`): warm-up, capture and value check stay outside.
     let _range = profiler_range::Range::start();
+    trace_phase("timed");
     (0..options.reps)
         .map(|_| {
             let start = Instant::now();
@@ -772,6 +793,9 @@ fn run_isolated(options: &Options) {
             if let Some(file) = &options.host_profile {
                 command.args(["--host-profile", file]);
             }
+            if let Some(file) = &options.kernel_trace {
+                command.args(["--kernel-trace", file]);
+            }
             let status = command.status().expect("spawning a bench run");
             if !status.success() {
                 eprintln!("# {model} {}: run failed ({status})", mode.label());
@@ -782,6 +806,14 @@ fn run_isolated(options: &Options) {
     if let Some(code) = failed {
         std::process::exit(code);
     }
+}
+
+/// Names the phase of the run that the next kernel launches belong to (`--kernel-trace`).
+fn trace_phase(name: &'static str) {
+    #[cfg(feature = "cube")]
+    kernel_trace::phase(name);
+    #[cfg(not(feature = "cube"))]
+    let _ = name;
 }
 
 /// Removes the built-in fusion optimizations named in `names` (comma-separated), before the
@@ -1050,6 +1082,182 @@ mod host_profile {
                 .open(&self.file)
                 .expect("host profile file");
             file.write_all(text.as_bytes()).expect("host profile write");
+        }
+    }
+}
+
+/// Every kernel a run launches, with its device time (`--kernel-trace FILE`, backends with
+/// cubecl): a cubecl launch observer that asks for each launch to be timed on the device
+/// without waiting (events in the stream, read after the run). A launch issued inside a graph
+/// capture window cannot be timed (cubecl refuses the measurement and still launches), so the
+/// launches of the capture phase that carry no time are the kernels a graph recorded, in order.
+/// Appends per run: the recorded kernels, and per phase (capture, warm-up, timed) each kernel's
+/// launches and device time. The timing events cost the host a round trip per launch: a traced
+/// run's step times are not results.
+#[cfg(feature = "cube")]
+mod kernel_trace {
+    use std::collections::HashMap;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use burn_cubecl::cubecl::config::{TypeNameFormatLevel, type_name_format};
+    use burn_cubecl::cubecl::future::block_on;
+    use burn_cubecl::cubecl::logging::{
+        Duration, LaunchObservation, LaunchObserver, ProfileDuration, TimingMethod, TimingRequest,
+    };
+
+    /// One launch: the phase it happened in, the kernel, and its measurement if one was taken.
+    struct Launch {
+        phase: &'static str,
+        kernel: &'static str,
+        profile: Option<ProfileDuration>,
+        duration: Option<Duration>,
+    }
+
+    #[derive(Default)]
+    struct Recorder {
+        phase: Mutex<&'static str>,
+        launches: Mutex<Vec<Launch>>,
+    }
+
+    impl LaunchObserver for Recorder {
+        fn launched(&self, kernel: &'static str) {
+            let phase = *self.phase.lock().unwrap();
+            self.launches.lock().unwrap().push(Launch {
+                phase,
+                kernel,
+                profile: None,
+                duration: None,
+            });
+        }
+
+        fn timing(&self) -> TimingRequest {
+            TimingRequest::Deferred
+        }
+
+        // Called on the launching thread right after `launched`: the measurement belongs to
+        // the last launch of that kernel that has none.
+        fn profiled(&self, kernel: &'static str, profile: ProfileDuration) {
+            let mut launches = self.launches.lock().unwrap();
+            if let Some(launch) = launches
+                .iter_mut()
+                .rev()
+                .find(|l| l.kernel == kernel && l.profile.is_none() && l.duration.is_none())
+            {
+                launch.profile = Some(profile);
+            }
+        }
+
+        fn timed(&self, kernel: &'static str, duration: Duration, _method: TimingMethod) {
+            let mut launches = self.launches.lock().unwrap();
+            if let Some(launch) = launches
+                .iter_mut()
+                .rev()
+                .find(|l| l.kernel == kernel && l.profile.is_none() && l.duration.is_none())
+            {
+                launch.duration = Some(duration);
+            }
+        }
+    }
+
+    static RECORDER: OnceLock<Arc<Recorder>> = OnceLock::new();
+
+    /// Traces launches until dropped, then appends the report of run `label` to `file`.
+    pub struct Trace {
+        _observation: LaunchObservation,
+        file: String,
+        label: String,
+    }
+
+    impl Trace {
+        pub fn start(file: &str, label: &str) -> Self {
+            let recorder = RECORDER.get_or_init(Default::default).clone();
+            recorder.launches.lock().unwrap().clear();
+            *recorder.phase.lock().unwrap() = "setup";
+            Self {
+                _observation: LaunchObservation::new(recorder),
+                file: file.into(),
+                label: label.into(),
+            }
+        }
+    }
+
+    /// Names the phase the following launches belong to (no-op without a trace).
+    pub fn phase(name: &'static str) {
+        if let Some(recorder) = RECORDER.get() {
+            *recorder.phase.lock().unwrap() = name;
+        }
+    }
+
+    /// A kernel's type name without module paths (cubecl's `Balanced` format) nor the element
+    /// type placeholders every matmul carries, cut to a readable length.
+    fn short(kernel: &str) -> String {
+        type_name_format(kernel, TypeNameFormatLevel::Balanced)
+            .split(" | ")
+            .filter(|part| !part.starts_with("Dynamic") && !part.starts_with("__"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+            .chars()
+            .take(200)
+            .collect()
+    }
+
+    impl Drop for Trace {
+        fn drop(&mut self) {
+            let Some(recorder) = RECORDER.get() else {
+                return;
+            };
+            let launches = std::mem::take(&mut *recorder.launches.lock().unwrap());
+            let mut out = format!("## {}: {} launches\n", self.label, launches.len());
+            // (phase, kernel) -> (launches, device microseconds, launches without a time)
+            let mut table: HashMap<(&str, String), (usize, f64, usize)> = HashMap::new();
+            let mut phases: Vec<&str> = Vec::new();
+            let mut recorded: Vec<(String, usize)> = Vec::new();
+            for launch in launches {
+                let us = match (launch.profile, launch.duration) {
+                    (Some(profile), _) => block_on(profile.resolve())
+                        .map(|ticks| ticks.duration().as_secs_f64() * 1e6),
+                    (None, Some(duration)) => Some(duration.as_secs_f64() * 1e6),
+                    (None, None) => None,
+                };
+                if !phases.contains(&launch.phase) {
+                    phases.push(launch.phase);
+                }
+                let kernel = short(launch.kernel);
+                let entry = table.entry((launch.phase, kernel.clone())).or_default();
+                entry.0 += 1;
+                entry.1 += us.unwrap_or(0.0);
+                if us.is_none() {
+                    entry.2 += 1;
+                    if launch.phase == "capture" {
+                        match recorded.last_mut() {
+                            Some((last, n)) if *last == kernel => *n += 1,
+                            _ => recorded.push((kernel, 1)),
+                        }
+                    }
+                }
+            }
+            let count: usize = recorded.iter().map(|(_, n)| n).sum();
+            out += &format!("### launched untimed in the capture (recorded): {count}\n");
+            for (kernel, n) in &recorded {
+                out += &format!("    {n:>4}x  {kernel}\n");
+            }
+            for phase in phases {
+                let mut rows: Vec<_> = table.iter().filter(|((p, _), _)| *p == phase).collect();
+                rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+                let total: f64 = rows.iter().map(|(_, v)| v.1).sum();
+                let n: usize = rows.iter().map(|(_, v)| v.0).sum();
+                out += &format!("### {phase}: {n} launches, {total:.1} us timed\n");
+                for ((_, kernel), (n, us, untimed)) in rows {
+                    out += &format!("    {us:>10.1} us  {n:>5}x  ({untimed} untimed)  {kernel}\n");
+                }
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.file)
+                .expect("kernel trace file");
+            file.write_all(out.as_bytes()).expect("kernel trace written");
         }
     }
 }

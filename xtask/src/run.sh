@@ -32,7 +32,8 @@
 #                          --models mlp --steps 50 --reps 4); Burn runs in the cubecl
 #                          environment of `bench`, reusing the kernels compiled there
 #
-# Environment: BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
+# Environment: BURN_GRAPHED_AUTOTUNE_LOG (bench, profile: a file for cubecl's autotune log),
+# BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
 # the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
 # repository checkout the tests read their snapshots and proptest regressions from; default:
@@ -63,6 +64,11 @@ cubecl_env() {
   env_dir="${BURN_GRAPHED_CUBECL_ENV:-$repo/target/cubecl-env}"
   mkdir -p "$env_dir/nv"
   printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
+  # BURN_GRAPHED_AUTOTUNE_LOG=FILE: cubecl's autotune log at level full (every key tuned, each
+  # candidate's time or error) appended to FILE (an absolute path).
+  if [ -n "${BURN_GRAPHED_AUTOTUNE_LOG:-}" ]; then
+    printf '[autotune.logger]\nlevel = "full"\nappend = true\nfile = "%s"\n' "$BURN_GRAPHED_AUTOTUNE_LOG" >> "$env_dir/cubecl.toml"
+  fi
   export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
 }
 
