@@ -31,10 +31,12 @@
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
 //! `--kernel-trace FILE` (cubecl backends) appends every kernel each run launches, per phase
-//! (capture, warm-up, timed, check) with its device time, and the kernels the capture recorded
-//! into its graphs (a launch inside a capture window cannot be timed): eager's kernels beside
-//! the graph's, without a profiler (ncu missed most of an eager bf16 step). Timing every launch
-//! slows the run: its timings are not results either.
+//! (setup, each phase of the capture as burn-graphed announces it, warm-up, timed, check) with
+//! its device time where cubecl returned one, and the kernels launched while a graph recorded:
+//! eager's kernels beside the graph's, without a profiler (ncu missed most of an eager bf16
+//! step). Timing every launch slows the run: its timings are not results either. Warnings of
+//! the libraries go to stderr with the phase they came in, and each row counts the autotune
+//! keys cubecl decided unmeasured (`autotune_unmeasured`, see `warn_log`).
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
 //! batch every step (rotating over four batches prepared in advance, so that graphed runs copy
@@ -138,6 +140,10 @@ struct Row {
     /// Graphed runs: the value check against eager steps ([`check`]); `None` for eager runs
     /// and with `--no-check`.
     check: Option<StepCheck>,
+    /// Autotune keys that cubecl decided unmeasured before the check ([`warn_log`]): a key
+    /// first met inside a recording, where profiling is refused, gets its first candidate
+    /// that launches, unmeasured, for the rest of the process.
+    autotune_unmeasured: usize,
 }
 
 impl Row {
@@ -151,13 +157,18 @@ impl Row {
                 check.loss_off.min(1e9)
             )
         });
+        let unmeasured = if self.autotune_unmeasured == 0 {
+            String::new()
+        } else {
+            format!(", \"autotune_unmeasured\": {}", self.autotune_unmeasured)
+        };
         let removed = if self.fusion_removed.is_empty() {
             String::new()
         } else {
             format!(", \"fusion_removed\": \"{}\"", self.fusion_removed)
         };
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{check}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -404,6 +415,8 @@ where
     device.memory_cleanup();
     let before = reserved(device);
     let label = format!("{} {}", case.name, mode.label());
+    trace_phase("setup");
+    let unmeasured_before = warn_log::unmeasured();
     #[cfg(feature = "cube")]
     let _trace = options
         .kernel_trace
@@ -454,6 +467,12 @@ where
     };
     let (median_us, p10_us, p90_us) = spread(per_step);
     let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
+    let autotune_unmeasured = warn_log::unmeasured() - unmeasured_before;
+    if autotune_unmeasured > 0 {
+        eprintln!(
+            "# {label}: autotune decided {autotune_unmeasured} key(s) unmeasured (warnings above)"
+        );
+    }
     // After the timed run and its memory reading: the check's models and pools are not in them.
     trace_phase("check");
     let check = (options.check && !matches!(mode, Mode::Eager(_)))
@@ -483,6 +502,7 @@ where
         reserved_mib,
         fusion_removed: options.fusion_removed.clone(),
         check,
+        autotune_unmeasured,
     }
 }
 
@@ -808,12 +828,11 @@ fn run_isolated(options: &Options) {
     }
 }
 
-/// Names the phase of the run that the next kernel launches belong to (`--kernel-trace`).
+/// Names the phase of the run that the next kernel launches (`--kernel-trace`) and warnings
+/// ([`warn_log`]) belong to. Inside `capture`, burn-graphed's own announcements name its
+/// phases (`capture: forward warm-up`, `capture: forward capture`, ...).
 fn trace_phase(name: &'static str) {
-    #[cfg(feature = "cube")]
-    kernel_trace::phase(name);
-    #[cfg(not(feature = "cube"))]
-    let _ = name;
+    warn_log::set_phase(name);
 }
 
 /// Removes the built-in fusion optimizations named in `names` (comma-separated), before the
@@ -836,6 +855,7 @@ fn remove_fusion_optimizations(names: &str) {
 }
 
 fn main() {
+    warn_log::install();
     let options = options();
     let runs = options.models.len() * selected_modes(&options).count();
     if !options.in_process && runs > 1 {
@@ -1086,13 +1106,104 @@ mod host_profile {
     }
 }
 
+/// Warnings of the libraries under the bench (cubecl, burn) on stderr, each with the phase of
+/// the run it came in (`# WARN [capture] target: first line`).
+///
+/// Why: cubecl's autotuner says only there that it "measured no candidate" for a key and
+/// decided one unmeasured: what happens to a key first met inside a graph recording, where
+/// profiling is refused. The decision (the first candidate that launches, often the slowest,
+/// e.g. the direct convolution for a weight gradient) is kept for the rest of the process, and
+/// its autotune log (`BURN_GRAPHED_AUTOTUNE_LOG`) leaves it out. Each row counts them
+/// (`autotune_unmeasured`).
+mod warn_log {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The run's phase: set by `trace_phase`, refined by burn-graphed's capture announcements.
+    static PHASE: Mutex<String> = Mutex::new(String::new());
+    static UNMEASURED: AtomicUsize = AtomicUsize::new(0);
+    /// burn-graphed announces each capture phase with a debug event of this target.
+    const CAPTURE_TARGET: &str = "burn_graphed::capture";
+
+    struct Warnings;
+
+    impl log::Log for Warnings {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.level() <= log::Level::Warn || metadata.target() == CAPTURE_TARGET
+        }
+
+        fn log(&self, record: &log::Record) {
+            if !self.enabled(record.metadata()) {
+                return;
+            }
+            let message = record.args().to_string();
+            if record.target() == CAPTURE_TARGET {
+                *PHASE.lock().unwrap_or_else(|e| e.into_inner()) = format!("capture: {message}");
+                return;
+            }
+            if message.contains("measured no candidate") {
+                UNMEASURED.fetch_add(1, Ordering::Relaxed);
+            }
+            // One per launch `--kernel-trace` could not time (its report counts them).
+            if message.starts_with("Skipped timing a launch") {
+                return;
+            }
+            let first: String = message
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(400)
+                .collect();
+            eprintln!(
+                "# {} [{}] {}: {first}",
+                record.level(),
+                phase(),
+                record.target()
+            );
+        }
+
+        fn flush(&self) {}
+    }
+
+    /// Installs the logger (once per process; a second call changes nothing).
+    pub fn install() {
+        if log::set_logger(&Warnings).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+    }
+
+    /// Starts phase `name`. Debug events reach the logger only in `setup` and `capture` (where
+    /// burn-graphed announces its phases): every `log::debug!` of the libraries asks the logger
+    /// whether it is enabled while the level allows it, which the timed steps should not pay.
+    pub fn set_phase(name: &str) {
+        *PHASE.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+        log::set_max_level(match name {
+            "setup" | "capture" => log::LevelFilter::Debug,
+            _ => log::LevelFilter::Warn,
+        });
+    }
+
+    /// The current phase.
+    pub fn phase() -> String {
+        PHASE.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Autotune decisions taken unmeasured so far in this process.
+    pub fn unmeasured() -> usize {
+        UNMEASURED.load(Ordering::Relaxed)
+    }
+}
+
 /// Every kernel a run launches, with its device time (`--kernel-trace FILE`, backends with
 /// cubecl): a cubecl launch observer that asks for each launch to be timed on the device
-/// without waiting (events in the stream, read after the run). A launch issued inside a graph
-/// capture window cannot be timed (cubecl refuses the measurement and still launches), so the
-/// launches of the capture phase that carry no time are the kernels a graph recorded, in order.
-/// Appends per run: the recorded kernels, and per phase (capture, warm-up, timed) each kernel's
-/// launches and device time. The timing events cost the host a round trip per launch: a traced
+/// without waiting (events in the stream, read after the run). Appends per run: the kernels
+/// launched while a graph recorded (in order; burn-graphed announces its capture phases, see
+/// [`warn_log`]), and per phase (setup, the capture's warm-ups, recordings and validation,
+/// warm-up, timed, check) each kernel's launches and device time. Launches without a time are
+/// counted apart: a recorded launch cannot be timed, and neither can many others (measured on
+/// an H100: most eager launches of the timed steps came back without a time, so "untimed" does
+/// not mean "recorded"). The timing events cost the host a round trip per launch: a traced
 /// run's step times are not results.
 #[cfg(feature = "cube")]
 mod kernel_trace {
@@ -1108,7 +1219,7 @@ mod kernel_trace {
 
     /// One launch: the phase it happened in, the kernel, and its measurement if one was taken.
     struct Launch {
-        phase: &'static str,
+        phase: String,
         kernel: &'static str,
         profile: Option<ProfileDuration>,
         duration: Option<Duration>,
@@ -1116,13 +1227,26 @@ mod kernel_trace {
 
     #[derive(Default)]
     struct Recorder {
-        phase: Mutex<&'static str>,
         launches: Mutex<Vec<Launch>>,
+    }
+
+    impl Recorder {
+        /// Applies `f` to the last launch of `kernel` that has no measurement yet.
+        fn with_untimed(&self, kernel: &str, f: impl FnOnce(&mut Launch)) {
+            let mut launches = self.launches.lock().unwrap();
+            if let Some(launch) = launches
+                .iter_mut()
+                .rev()
+                .find(|l| l.kernel == kernel && l.profile.is_none() && l.duration.is_none())
+            {
+                f(launch);
+            }
+        }
     }
 
     impl LaunchObserver for Recorder {
         fn launched(&self, kernel: &'static str) {
-            let phase = *self.phase.lock().unwrap();
+            let phase = super::warn_log::phase();
             self.launches.lock().unwrap().push(Launch {
                 phase,
                 kernel,
@@ -1138,29 +1262,17 @@ mod kernel_trace {
         // Called on the launching thread right after `launched`: the measurement belongs to
         // the last launch of that kernel that has none.
         fn profiled(&self, kernel: &'static str, profile: ProfileDuration) {
-            let mut launches = self.launches.lock().unwrap();
-            if let Some(launch) = launches
-                .iter_mut()
-                .rev()
-                .find(|l| l.kernel == kernel && l.profile.is_none() && l.duration.is_none())
-            {
-                launch.profile = Some(profile);
-            }
+            self.with_untimed(kernel, |launch| launch.profile = Some(profile));
         }
 
         fn timed(&self, kernel: &'static str, duration: Duration, _method: TimingMethod) {
-            let mut launches = self.launches.lock().unwrap();
-            if let Some(launch) = launches
-                .iter_mut()
-                .rev()
-                .find(|l| l.kernel == kernel && l.profile.is_none() && l.duration.is_none())
-            {
-                launch.duration = Some(duration);
-            }
+            self.with_untimed(kernel, |launch| launch.duration = Some(duration));
         }
     }
 
     static RECORDER: OnceLock<Arc<Recorder>> = OnceLock::new();
+    /// The phases (as burn-graphed announces them) in which launches are recorded, not run.
+    const RECORDINGS: [&str; 2] = ["capture: forward capture", "capture: backward capture"];
 
     /// Traces launches until dropped, then appends the report of run `label` to `file`.
     pub struct Trace {
@@ -1173,19 +1285,11 @@ mod kernel_trace {
         pub fn start(file: &str, label: &str) -> Self {
             let recorder = RECORDER.get_or_init(Default::default).clone();
             recorder.launches.lock().unwrap().clear();
-            *recorder.phase.lock().unwrap() = "setup";
             Self {
                 _observation: LaunchObservation::new(recorder),
                 file: file.into(),
                 label: label.into(),
             }
-        }
-    }
-
-    /// Names the phase the following launches belong to (no-op without a trace).
-    pub fn phase(name: &'static str) {
-        if let Some(recorder) = RECORDER.get() {
-            *recorder.phase.lock().unwrap() = name;
         }
     }
 
@@ -1210,8 +1314,8 @@ mod kernel_trace {
             let launches = std::mem::take(&mut *recorder.launches.lock().unwrap());
             let mut out = format!("## {}: {} launches\n", self.label, launches.len());
             // (phase, kernel) -> (launches, device microseconds, launches without a time)
-            let mut table: HashMap<(&str, String), (usize, f64, usize)> = HashMap::new();
-            let mut phases: Vec<&str> = Vec::new();
+            let mut table: HashMap<(String, String), (usize, f64, usize)> = HashMap::new();
+            let mut phases: Vec<String> = Vec::new();
             let mut recorded: Vec<(String, usize)> = Vec::new();
             for launch in launches {
                 let us = match (launch.profile, launch.duration) {
@@ -1221,24 +1325,25 @@ mod kernel_trace {
                     (None, None) => None,
                 };
                 if !phases.contains(&launch.phase) {
-                    phases.push(launch.phase);
+                    phases.push(launch.phase.clone());
                 }
                 let kernel = short(launch.kernel);
-                let entry = table.entry((launch.phase, kernel.clone())).or_default();
+                let is_recorded = RECORDINGS.contains(&launch.phase.as_str());
+                if is_recorded {
+                    match recorded.last_mut() {
+                        Some((last, n)) if *last == kernel => *n += 1,
+                        _ => recorded.push((kernel.clone(), 1)),
+                    }
+                }
+                let entry = table.entry((launch.phase, kernel)).or_default();
                 entry.0 += 1;
                 entry.1 += us.unwrap_or(0.0);
                 if us.is_none() {
                     entry.2 += 1;
-                    if launch.phase == "capture" {
-                        match recorded.last_mut() {
-                            Some((last, n)) if *last == kernel => *n += 1,
-                            _ => recorded.push((kernel, 1)),
-                        }
-                    }
                 }
             }
             let count: usize = recorded.iter().map(|(_, n)| n).sum();
-            out += &format!("### launched untimed in the capture (recorded): {count}\n");
+            out += &format!("### recorded (launched while a graph recorded): {count}\n");
             for (kernel, n) in &recorded {
                 out += &format!("    {n:>4}x  {kernel}\n");
             }
@@ -1257,7 +1362,8 @@ mod kernel_trace {
                 .append(true)
                 .open(&self.file)
                 .expect("kernel trace file");
-            file.write_all(out.as_bytes()).expect("kernel trace written");
+            file.write_all(out.as_bytes())
+                .expect("kernel trace written");
         }
     }
 }

@@ -98,3 +98,57 @@ fn wgpu_records_graphs() {
 fn flex_runs_eagerly() {
     assert!(!scenarios::supports_graphs(&Device::flex()));
 }
+
+/// burn-graphed announces each phase of a capture as a `log` debug event of target
+/// `burn_graphed::capture`: the bench (`warn_log`, `--kernel-trace`) attributes kernel launches
+/// and cubecl's warnings to capture phases with them, among them the autotune keys cubecl had to
+/// decide unmeasured because they first came up inside a recording. The sequence of one
+/// callable's capture, snapshotted.
+#[test]
+fn capture_announces_its_phases() {
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
+    static EVENTS: Mutex<Vec<(ThreadId, String)>> = Mutex::new(Vec::new());
+    struct Phases;
+    impl log::Log for Phases {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.target() == "burn_graphed::capture"
+        }
+        fn log(&self, record: &log::Record) {
+            if self.enabled(record.metadata()) {
+                let event = (std::thread::current().id(), record.args().to_string());
+                EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+            }
+        }
+        fn flush(&self) {}
+    }
+    // The tests of this binary share the process: the first install wins (this is the only
+    // logger here), and only this thread's events count.
+    let _ = log::set_logger(&Phases);
+    log::set_max_level(log::LevelFilter::Debug);
+
+    fn forward(model: &burn::nn::Linear, x: Tensor<2>) -> Tensor<2> {
+        model.forward(x)
+    }
+    let device = wgpu().autodiff();
+    let model = burn::nn::LinearConfig::new(8, 4).init(&device);
+    let sample = Tensor::<2>::ones([2, 8], &device).require_grad();
+    let graphed =
+        burn_graphed::Graphed::new(model, forward, sample, &burn_graphed::GraphedConfig::new())
+            .expect("capture");
+    assert!(graphed.summary().graphed, "wgpu captures");
+    let me = std::thread::current().id();
+    let phases: Vec<String> = EVENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(thread, _)| *thread == me)
+        .map(|(_, phase)| phase.clone())
+        .collect();
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_snapshot_path("scenarios/snapshots");
+    settings.set_omit_expression(true);
+    settings.bind(|| insta::assert_snapshot!("capture_phases_wgpu", phases.join("\n")));
+}

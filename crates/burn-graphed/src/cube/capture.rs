@@ -72,6 +72,7 @@ struct Prepared<'a> {
 impl<'a> Prepared<'a> {
     fn new(device: &'a DispatchDevice, phase: CapturePhase) -> Result<Self, GraphedError> {
         Dispatch::graph_prepare(device).map_err(capture_error(phase))?;
+        announce(phase);
         Ok(Self {
             device,
             armed: true,
@@ -111,12 +112,15 @@ impl<'a> Recording<'a> {
             phase,
             reason: error.to_string(),
         })?;
+        announce(phase);
         Ok(Self { device, open: true })
     }
 
     fn stop(mut self, phase: CapturePhase) -> Result<burn::backend::DispatchGraph, GraphedError> {
         self.open = false;
-        Dispatch::graph_stop_capture(self.device).map_err(|error| {
+        let stopped = Dispatch::graph_stop_capture(self.device);
+        announce(format_args!("{phase} closed"));
+        stopped.map_err(|error| {
             let mut reason = error.to_string();
             if reason.contains("CAPTURE_INVALIDATED") {
                 reason.push_str(INVALIDATED_HINT);
@@ -143,6 +147,15 @@ impl Drop for Recording<'_> {
             let _ = Dispatch::graph_stop_capture(self.device);
         }
     }
+}
+
+/// Announces the capture phase that starts from here (a `log` debug event of target
+/// `burn_graphed::capture` whose message is the phase), so that a listener can tell which phase
+/// the next kernel launches and warnings belong to: cubecl's autotuner, for one, reports only as
+/// a `log` warning a key it had to decide unmeasured because profiling is refused while a
+/// graph records (the bench's `warn_log`).
+fn announce(phase: impl std::fmt::Display) {
+    log::debug!(target: "burn_graphed::capture", "{phase}");
 }
 
 fn capture_error(phase: CapturePhase) -> impl Fn(burn::backend::ExecutionError) -> GraphedError {
@@ -336,6 +349,7 @@ impl Recorded<'_> {
     ) -> Result<(), GraphedError> {
         use super::copy_op::StaticCopyOps;
         let phase = CapturePhase::Validation;
+        announce(phase);
         let mut queued = Vec::with_capacity(self.static_inputs.len());
         for input in &self.static_inputs {
             let shifted = Dispatch::float_add_scalar(
