@@ -12,7 +12,8 @@ MultiTensorAdam against torch graphed, and the plot adds the MultiTensorAdam ser
 The "Goal" table comes first: per model and dtype, the best graphed Burn (static hand-outs with
 MultiTensorAdam, else the fastest graphed mode) against graphed PyTorch with fused Adam (else its
 default Adam), each framework's graphed/eager speedup, the memory that graphed runs reserve
-beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs).
+beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs;
+with the number of autotune keys cubecl decided unmeasured, `autotune_unmeasured`, if any).
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
 Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
@@ -190,6 +191,9 @@ def goal_table(rows):
             checked = f"ok ({row['check_param_off'] * 100:.2f}% off)"
         else:
             checked = "**FAILED**"
+        if row is not None and row.get("autotune_unmeasured"):
+            # Autotune keys decided without a measurement (inside a recording): slow kernels.
+            checked += f", {row['autotune_unmeasured']} unmeasured autotune key(s)"
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'eager')} "
             f"| {cell('burn', best) if best else 'n/a'} ({best or '-'}) "
