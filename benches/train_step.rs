@@ -1163,12 +1163,20 @@ mod warn_log {
             if message.starts_with("Skipped timing a launch") {
                 return;
             }
+            // An unmeasured decision's message goes on with every candidate's outcome (its
+            // error names why it was not measured): kept, on one line.
+            let (lines, width) = if message.contains("measured no candidate") {
+                (usize::MAX, 6000)
+            } else {
+                (1, 400)
+            };
             let first: String = message
                 .lines()
-                .next()
-                .unwrap_or("")
+                .take(lines)
+                .collect::<Vec<_>>()
+                .join(" | ")
                 .chars()
-                .take(400)
+                .take(width)
                 .collect();
             eprintln!(
                 "# {} [{}] {}: {first}",
