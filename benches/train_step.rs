@@ -1164,13 +1164,14 @@ mod warn_log {
                 return;
             }
             // An unmeasured decision's message goes on with every candidate's outcome (its
-            // error names why it was not measured): kept, on one line.
+            // error names why it was not measured): kept whole, on one line. (A cap of 6000
+            // characters cut the matmul sets' lists, about 30 candidates, short.)
             let (lines, width) = if message.contains("measured no candidate") {
-                (usize::MAX, 6000)
+                (usize::MAX, 50_000)
             } else {
                 (1, 400)
             };
-            let first: String = message
+            let text: String = message
                 .lines()
                 .take(lines)
                 .collect::<Vec<_>>()
@@ -1179,7 +1180,7 @@ mod warn_log {
                 .take(width)
                 .collect();
             eprintln!(
-                "# {} [{}] {}: {first}",
+                "# {} [{}] {}: {text}",
                 record.level(),
                 phase(),
                 record.target()
