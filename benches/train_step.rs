@@ -52,9 +52,7 @@
 //! operation, and each row records them as `fusion_removed`: the transformer profile of stop 23
 //! found burn-fusion's fused layer norm (`ReduceBroadcasted`, one thread per row) the largest
 //! kernel of its step, and removing it showed that it was not what the step waits for
-//! (BENCHMARKS.md). `BURN_GRAPHED_WARMUP_ITERS=N` gives every capture at least N warm-up
-//! iterations (default 3; an experiment for the bf16 CNN, see `Mode::config`); rows do not
-//! record it, so keep such runs apart.
+//! (BENCHMARKS.md).
 //!
 //! Graphed runs are repeated with the input copies or the parameter copies deliberately
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
@@ -377,25 +375,12 @@ impl Mode {
         }
     }
 
-    /// The graphed model's configuration (graphed modes). `BURN_GRAPHED_WARMUP_ITERS=N` sets
-    /// the capture's minimum warm-up iterations (and raises the maximum to at least N): an
-    /// experiment knob for the bf16 CNN, whose recordings meet an autotune key their
-    /// warm-ups did not (BENCHMARKS.md, "The CNN in bf16").
+    /// The graphed model's configuration (graphed modes).
     fn config(self) -> GraphedConfig {
-        let config = match self {
+        match self {
             Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
             Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
             _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
-        };
-        match std::env::var("BURN_GRAPHED_WARMUP_ITERS") {
-            Ok(iters) => {
-                let iters: usize = iters
-                    .parse()
-                    .expect("BURN_GRAPHED_WARMUP_ITERS takes a number of iterations");
-                let max = config.max_warmup_iters.max(iters);
-                config.with_warmup_iters(iters).with_max_warmup_iters(max)
-            }
-            Err(_) => config,
         }
     }
 
