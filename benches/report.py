@@ -13,7 +13,9 @@ The "Goal" table comes first: per model and dtype, the best graphed Burn (static
 MultiTensorAdam, else the fastest graphed mode) against graphed PyTorch with fused Adam (else its
 default Adam), each framework's graphed/eager speedup, the memory that graphed runs reserve
 beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs;
-with the number of autotune keys cubecl decided unmeasured, `autotune_unmeasured`, if any).
+with the number of autotune keys cubecl decided unmeasured, `autotune_unmeasured`, of that
+row and of Burn's eager row, if any: their kernels are cubecl's first candidates, not
+measured winners, so their times are not what autotuning would give).
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
 Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
@@ -191,9 +193,13 @@ def goal_table(rows):
             checked = f"ok ({row['check_param_off'] * 100:.2f}% off)"
         else:
             checked = "**FAILED**"
+        # Autotune keys decided without a measurement (BENCHMARKS.md, "The CNN in bf16"): the
+        # first candidates of their sets, often the slowest kernels.
         if row is not None and row.get("autotune_unmeasured"):
-            # Autotune keys decided without a measurement (inside a recording): slow kernels.
             checked += f", {row['autotune_unmeasured']} unmeasured autotune key(s)"
+        eager_row = r.get(("burn", "eager"))
+        if eager_row is not None and eager_row.get("autotune_unmeasured"):
+            checked += f"; eager: {eager_row['autotune_unmeasured']} unmeasured autotune key(s)"
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'eager')} "
             f"| {cell('burn', best) if best else 'n/a'} ({best or '-'}) "
