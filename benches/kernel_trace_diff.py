@@ -91,17 +91,15 @@ def main():
     print(f"# per step: eager = '{eager_label}' timed / {args.timed_steps}; "
           f"graphed = '{graphed_label}' recordings")
     print(f"{'eager':>8} {'graphed':>8}  kernel")
-    only = {"eager": [], "graphed": []}
+    only = Counter()
     for kernel in kernels:
         e, g = eager.get(kernel, 0.0), recorded[kernel]
-        mark = ""
-        if g and not e:
-            mark, _ = "  <- graphs only", only["graphed"].append(kernel)
-        elif e and not g:
-            mark, _ = "  <- eager only", only["eager"].append(kernel)
+        side = "graphs" if g and not e else "eager" if e and not g else None
+        only[side] += 1
+        mark = f"  <- {side} only" if side else ""
         print(f"{e:>8.2f} {g:>8d}  {kernel[:140]}{mark}")
-    print(f"# {len(only['graphed'])} kernel(s) only in the graphs, "
-          f"{len(only['eager'])} only in eager steps (optimizer kernels included)")
+    print(f"# {only['graphs']} kernel(s) only in the graphs, "
+          f"{only['eager']} only in eager steps (optimizer kernels included)")
 
 
 if __name__ == "__main__":
