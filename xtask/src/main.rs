@@ -305,4 +305,51 @@ mod tests {
         assert!(parse_gpu_test(&["--bogus".to_string()]).is_err());
         assert!(parse_gpu_test(&["--filter".to_string()]).is_err());
     }
+
+    /// `run.sh tests --from NAME` hands the test binary NAME and the names after it (sorted, as
+    /// libtest runs them), exactly; a NAME after every test is an error. Runs the real script
+    /// against a fake test binary that prints its arguments (needs bash and xz).
+    #[test]
+    fn run_sh_tests_from_runs_the_rest_in_order() {
+        let dir = std::env::temp_dir().join(format!("xtask-run-sh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let fake = dir.join("test-gpu");
+        write(
+            &fake,
+            "#!/bin/sh\n\
+             if [ \"$1\" = --list ]; then printf 'b_test: test\\na_test: test\\nc_test: test\\n'; exit 0; fi\n\
+             echo \"ARGS: $*\"\n\
+             echo 'test result: ok. 2 passed; 0 failed; 0 ignored'\n",
+        )
+        .expect("fake binary");
+        let xz = Command::new("xz")
+            .args(["-zkf"])
+            .arg(&fake)
+            .status()
+            .expect("xz (the bundle needs it too)");
+        assert!(xz.success());
+        write(&dir.join("run.sh"), RUN_SH).expect("run.sh");
+        let run = |from: &str| {
+            Command::new("bash")
+                .arg(dir.join("run.sh"))
+                .args(["tests", "--from", from])
+                .env("BURN_GRAPHED_REPO", &dir)
+                .env("BURN_GRAPHED_HEARTBEAT", "600")
+                .env_remove("BURN_GRAPHED_FILTER")
+                .env_remove("OUT")
+                .output()
+                .expect("bash")
+        };
+        let rest = run("b_test");
+        let stdout = String::from_utf8_lossy(&rest.stdout);
+        assert!(rest.status.success(), "{stdout}");
+        assert!(
+            stdout.contains("ARGS: --test-threads=1 --exact b_test c_test --nocapture"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("2 passed, 0 failed"), "{stdout}");
+        let none = run("zzz");
+        assert_eq!(none.status.code(), Some(2));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

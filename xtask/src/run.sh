@@ -3,7 +3,10 @@
 # Needs bash and xz (or python3) and an NVIDIA driver with CUDA 12.x/13.x libraries; no Rust.
 #
 #   bash run.sh [tests [ARGS]]  run the GPU test suite, print "N passed, N failed", exit 1 on
-#                          failure; ARGS go to the test binary (e.g. --ignored NAME)
+#                          failure; ARGS go to the test binary (e.g. --ignored NAME).
+#                          `tests --from NAME [ARGS]` runs NAME and the tests after it in the
+#                          order the suite runs them (by name): the rest of a run that a
+#                          time limit cut off at NAME
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
@@ -88,15 +91,29 @@ case "$mode" in
     args=(--test-threads=1)
     [ -n "${BURN_GRAPHED_FILTER:-}" ] && args+=("$BURN_GRAPHED_FILTER")
     shift $(( $# > 0 ? 1 : 0 ))
+    if [ "${1:-}" = "--from" ]; then
+      # libtest runs the tests sorted by name, one at a time here: NAME and every later name.
+      from="${2:?run.sh tests --from needs a test name}"
+      shift 2
+      mapfile -t rest < <("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | LC_ALL=C sort |
+        LC_ALL=C awk -v from="$from" '$0 >= from')
+      [ ${#rest[@]} -eq 0 ] && { echo "run.sh: no test at or after '$from'"; exit 2; }
+      args+=(--exact "${rest[@]}")
+    fi
     args+=("$@") # e.g. --ignored NAME
     log="$work/gpu-tests.log"
     : >"$log"
     # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default 60),
     # so that a log cut off by a time limit tells a slow test from a stuck one.
     start=$(date +%s)
-    (while sleep "${BURN_GRAPHED_HEARTBEAT:-60}"; do
-      printf '\n[run.sh: %ss]\n' "$(( $(date +%s) - start ))" | tee -a "$log"
-    done) &
+    # The sleep runs in the background of the loop so that the kill below ends it too (a
+    # sleep left behind would hold the caller's output open until it ran out).
+    (trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+     while :; do
+       sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
+       wait "$nap"
+       printf '\n[run.sh: %ss]\n' "$(( $(date +%s) - start ))" | tee -a "$log"
+     done) &
     beat=$!
     (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
