@@ -6,8 +6,47 @@ mod scenarios;
 use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
 
+/// The CUDA device; the first call also sends the libraries' warnings to stderr
+/// ([`warnings`]).
 fn cuda() -> Device {
+    warnings::install();
     Device::cuda(0)
+}
+
+/// The libraries' `log` warnings (cubecl's "A launch error happened", "Autotune measured no
+/// candidate for key ...; deciding candidate N unmeasured") on stderr, prefixed with the
+/// test's name, so that a GPU suite log shows when a test ran kernels that autotuning chose
+/// without measuring them (BENCHMARKS.md, "The CNN in bf16").
+mod warnings {
+    struct Stderr;
+
+    impl log::Log for Stderr {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.level() <= log::Level::Warn
+        }
+
+        fn log(&self, record: &log::Record) {
+            if self.enabled(record.metadata()) {
+                let thread = std::thread::current();
+                let message = record.args().to_string().replace('\n', " | ");
+                eprintln!(
+                    "[{} {}] {}: {message}",
+                    record.level(),
+                    thread.name().unwrap_or("?"),
+                    record.target()
+                );
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    /// Installs the logger once per process (later calls change nothing).
+    pub fn install() {
+        if log::set_logger(&Stderr).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
+    }
 }
 
 /// Captures a forward pass through burn's backend graph API, changes the input buffer's
