@@ -6,7 +6,7 @@ mod scenarios;
 use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
 
-/// The CUDA device; the first call also sends the libraries' warnings to stderr
+/// The CUDA device. Also sends the libraries' warnings to stderr, tagged with this test's name
 /// ([`warnings`]).
 fn cuda() -> Device {
     warnings::install();
@@ -14,10 +14,16 @@ fn cuda() -> Device {
 }
 
 /// The libraries' `log` warnings (cubecl's "A launch error happened", "Autotune measured no
-/// candidate for key ...; deciding candidate N unmeasured") on stderr, prefixed with the
-/// test's name, so that a GPU suite log shows when a test ran kernels that autotuning chose
-/// without measuring them (BENCHMARKS.md, "The CNN in bf16").
+/// candidate for key ...; deciding candidate N unmeasured") on stderr, tagged with the test
+/// that last asked for the device, so that a GPU suite log shows when a test ran kernels that
+/// autotuning chose without measuring them (BENCHMARKS.md, "The CNN in bf16"). The tag is the
+/// test's, not the warning's thread: cubecl warns from its device and fusion threads, and the
+/// bundle runs the tests one at a time.
 mod warnings {
+    use std::sync::Mutex;
+
+    static TEST: Mutex<String> = Mutex::new(String::new());
+
     struct Stderr;
 
     impl log::Log for Stderr {
@@ -27,22 +33,19 @@ mod warnings {
 
         fn log(&self, record: &log::Record) {
             if self.enabled(record.metadata()) {
-                let thread = std::thread::current();
+                let test = TEST.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let message = record.args().to_string().replace('\n', " | ");
-                eprintln!(
-                    "[{} {}] {}: {message}",
-                    record.level(),
-                    thread.name().unwrap_or("?"),
-                    record.target()
-                );
+                eprintln!("[{} {test}] {}: {message}", record.level(), record.target());
             }
         }
 
         fn flush(&self) {}
     }
 
-    /// Installs the logger once per process (later calls change nothing).
+    /// Installs the logger (once per process) and tags what follows with the calling test.
     pub fn install() {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        *TEST.lock().unwrap_or_else(|e| e.into_inner()) = name;
         if log::set_logger(&Stderr).is_ok() {
             log::set_max_level(log::LevelFilter::Warn);
         }
