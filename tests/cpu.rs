@@ -36,6 +36,7 @@ on_devices! {
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;
     harness_catches_faults => scenarios::harness_catches_faults;
+    lazy_reads_see_later_writes => scenarios::reads::lazy_reads_see_later_writes;
     structural_facts => scenarios::facts::structural_facts;
     capture_failure_leaves_device_usable => |d| scenarios::capture_failure_leaves_device_usable(d, false);
     chained_group_matches_eager => |d| scenarios::group::chained_group_matches_eager(d, 3, burn_graphed::OutputPolicy::Copy);

@@ -122,6 +122,11 @@ fn shape_change_falls_back_or_errors() {
 }
 
 #[test]
+fn lazy_reads_see_later_writes() {
+    scenarios::reads::lazy_reads_see_later_writes(&cuda());
+}
+
+#[test]
 fn second_call_before_backward_is_eager() {
     scenarios::second_call_before_backward_is_eager(&cuda());
 }

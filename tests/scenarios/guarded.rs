@@ -3,7 +3,7 @@
 
 use super::*;
 use burn_graphed::{FusedAdamConfig, OutputPolicy};
-use burn_graphed_testkit::deep_copy;
+use burn_graphed_testkit::{deep_copy, host_data};
 
 /// The usual loop holds nothing across steps: every call replays, no copies are handed out,
 /// and training (with `FusedAdam`, per parameter or multi-tensor: no parameter copies either)
@@ -28,12 +28,22 @@ pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tenso
 
 /// An output kept across a step, then a gradient kept across a step: each keeps its value,
 /// and the calls made while it lives run eagerly (`OutputStillHeld`); once it is dropped,
-/// calls replay again. Parameters stay equal to eager training throughout.
+/// calls replay again, with the parameters of the steps in between.
+///
+/// Every step is checked against an eager forward and backward of a copy of the graphed
+/// model's parameters *of that step* (outputs and every gradient), not against a separately
+/// trained eager twin: a stale parameter or input is off by a whole Adam update, while a twin
+/// drifts by itself on CUDA. There the graphs and eager steps may run matrix products of
+/// different precision (fusion cuts them differently, each cut autotuned apart, some
+/// candidates TF32), and Adam turns a near-zero gradient element whose sign the rounding
+/// flipped into a full `2 * lr` parameter difference. Measured on an H100 with a twin: step 6's
+/// output off by 1.1e-3 where its largest value was about 0.1, in one run of six (the run
+/// where an earlier test in the process had tuned the same keys).
 pub fn guarded_hand_outs_keep_their_values(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
+    let tolerance = tolerance_for(&device);
     let model = Mlp::new(16, 2, 4, &device);
-    let mut eager = deep_copy(&model);
     let mut graphed = Graphed::new(
         model,
         mlp_forward,
@@ -41,20 +51,22 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         &GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
     )
     .expect("capture");
-    let (mut adam, mut graphed_adam) = (AdamConfig::new().init(), AdamConfig::new().init());
+    let mut graphed_adam = AdamConfig::new().init();
     let head_bias = graphed.module().head.bias.as_ref().map(|b| b.id);
     let mut kept_output = None;
     let mut kept_grad = None;
     for step in 0..8 {
         let x = batch([8, 16], step, &device);
-        let eager_out = eager.forward(x.clone());
+        // This step's parameters, eagerly: the reference for the output and the gradients.
+        let reference = deep_copy(graphed.module());
+        let reference_out = reference.forward(x.clone());
         let out = graphed.forward(x).expect("call");
-        // Every step's output against eager's (this also reads the fresh output back).
+        // Every step's output (this also reads the fresh output back).
         let comparison = burn_graphed_testkit::TensorComparison::new(
             format!("step {step} output"),
-            &eager_out.clone().into_data(),
-            &out.clone().into_data(),
-            tolerance_for(&device),
+            &host_data(reference_out.clone()),
+            &host_data(out.clone()),
+            tolerance,
         );
         assert!(comparison.passed(), "{comparison}");
         if step == 2 {
@@ -62,10 +74,21 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
             output.into_data().assert_eq(&values, true);
         }
         if step == 1 {
-            kept_output = Some((out.clone(), out.clone().into_data()));
+            // Read now: a lazy read would show whatever the buffer holds when first accessed.
+            kept_output = Some((out.clone(), host_data(out.clone())));
         }
         let loss = square_mean(out);
         let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+        let reference_grads =
+            GradientsParams::from_grads(square_mean(reference_out).backward(), &reference);
+        for comparison in burn_graphed_testkit::compare_grads(
+            &format!("step {step}"),
+            (&reference, &reference_grads),
+            (&graphed, &grads),
+            tolerance,
+        ) {
+            assert!(comparison.passed(), "{comparison}");
+        }
         if step == 5 {
             let (grad, values): (Tensor<1>, _) = kept_grad.take().expect("kept at step 4");
             // Step 5 ran eagerly, so its backward did not overwrite the kept gradient.
@@ -73,16 +96,22 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         }
         if step == 4 {
             let bias: Tensor<1> = head_bias.and_then(|id| grads.get(id)).expect("bias grad");
-            kept_grad = Some((bias.clone(), bias.into_data()));
+            kept_grad = Some((bias.clone(), host_data(bias)));
         }
+        let before = param_values(graphed.module());
         graphed = graphed_adam.step(lr, graphed, grads);
-        eager = {
-            let loss = square_mean(eager_out);
-            let grads = GradientsParams::from_grads(loss.backward(), &eager);
-            adam.step(lr, eager, grads)
-        };
+        // The step took: the next step's reference is the updated model, not this one.
+        let unchanged: Vec<_> = before
+            .iter()
+            .zip(param_values(graphed.module()))
+            .filter(|((_, b), (_, a))| *b == *a)
+            .map(|((id, _), _)| *id)
+            .collect();
+        assert!(
+            unchanged.is_empty(),
+            "step {step}: {unchanged:?} not updated"
+        );
     }
-    assert_params_close("guarded", &eager, &graphed, tolerance_for(&device));
     let stats = graphed.stats();
     println!("guarded hand-outs: {stats:?}");
     if graphed.summary().graphed {

@@ -10,6 +10,7 @@ pub mod low_precision;
 pub mod optim;
 pub mod prop;
 pub mod random;
+pub mod reads;
 pub mod recovery;
 pub mod robust;
 

@@ -412,19 +412,57 @@ pub fn cast_params<M: Module>(module: &M, dtype: burn::tensor::FloatDType) -> M 
 }
 
 fn read<const D: usize>(tensor: Tensor<D>, what: &str) -> Result<TensorData, HarnessError> {
-    tensor.try_into_data().map_err(|error| HarnessError::Read {
+    let data = tensor.try_into_data().map_err(|error| HarnessError::Read {
         what: what.to_string(),
         reason: error.to_string(),
-    })
+    })?;
+    materialize(data, what)
 }
 
-/// Every float parameter of `module`, in visiting order, with its id and values (read back to
-/// the host).
+/// `data` with its values copied to the host now.
+///
+/// burn 0.22.1's cubecl backends (CUDA, wgpu) read lazily: `into_data` returns bytes that are
+/// copied from the device on first access, and the device buffer can change in between.
+/// burn-fusion writes a tensor's result into the buffer of an operand at its last use, so on
+/// wgpu `let d = t.clone().into_data(); let u = t.add_scalar(1.0);` leaves `d` showing `u`'s
+/// values (`lazy_reads_see_later_writes`); an optimizer step does that to the parameters it
+/// replaces, and a graph replay writes its static buffers. Every value this harness keeps is
+/// read with this, and a test that keeps a value across device work must be too.
+///
+/// # Errors
+///
+/// [`HarnessError::Read`] (named `what`) when the device-to-host copy fails.
+pub fn materialize(data: TensorData, what: &str) -> Result<TensorData, HarnessError> {
+    // The first access copies and caches the bytes; later accesses read the cached copy.
+    data.bytes()
+        .read(burn_std::Reader::new())
+        .map_err(|error| HarnessError::Read {
+            what: what.to_string(),
+            reason: format!("{error:?}"),
+        })?;
+    Ok(data)
+}
+
+/// Reads `tensor` to the host now ([`materialize`]): a value to keep across device work.
+///
+/// # Panics
+///
+/// When the read fails, like [`Tensor::into_data`].
+pub fn host_data<const D: usize>(tensor: Tensor<D>) -> TensorData {
+    read(tensor, "tensor").unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Every float parameter of `module`, in visiting order, with its id and values (copied to
+/// the host now: [`materialize`]).
+///
+/// # Panics
+///
+/// When a read fails.
 pub fn param_values<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)> {
     struct Reader(Vec<(burn::module::ParamId, TensorData)>);
     impl burn::module::ModuleVisitor for Reader {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push((param.id, param.val().inner().into_data()));
+            self.0.push((param.id, host_data(param.val().inner())));
         }
     }
     let mut reader = Reader(Vec::new());
@@ -433,12 +471,16 @@ pub fn param_values<M: Module>(module: &M) -> Vec<(burn::module::ParamId, Tensor
 }
 
 /// The gradient of every float parameter of `module` in `grads`, in visiting order (`None` where
-/// there is none), read back to the host.
+/// there is none), copied to the host now ([`materialize`]).
+///
+/// # Panics
+///
+/// When a read fails.
 pub fn grad_values<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option<TensorData>> {
     struct Reader<'a>(&'a GradientsParams, Vec<Option<TensorData>>);
     impl burn::module::ModuleVisitor for Reader<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let grad = self.0.get::<D>(param.id).map(Tensor::into_data);
+            let grad = self.0.get::<D>(param.id).map(host_data);
             self.1.push(grad);
         }
     }

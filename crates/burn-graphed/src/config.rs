@@ -31,6 +31,12 @@ pub enum OutputPolicy {
     /// usual loop (outputs feed the loss, gradients feed the optimizer, both are dropped
     /// before the next step) nothing is held and every call replays without copies; a tensor
     /// kept across steps keeps its value, at the price of eager calls while it lives.
+    ///
+    /// A [`TensorData`](burn::tensor::TensorData) read from it is not a holder: burn 0.22.1
+    /// reads lazily on its cubecl backends (the copy to the host happens on first access), so
+    /// data first looked at after the next call shows that call's values, as it would after
+    /// any in-place write of burn's fusion. Look at the data before the next call, or keep
+    /// the tensor.
     Guarded,
 }
 
