@@ -33,12 +33,12 @@ pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tenso
 /// Every step is checked against an eager forward and backward of a copy of the graphed
 /// model's parameters *of that step* (outputs and every gradient), not against a separately
 /// trained eager twin: a stale parameter or input is off by a whole Adam update, while a twin
-/// drifts by itself on CUDA. There the graphs and eager steps may run matrix products of
-/// different precision (fusion cuts them differently, each cut autotuned apart, some
-/// candidates TF32), and Adam turns a near-zero gradient element whose sign the rounding
-/// flipped into a full `2 * lr` parameter difference. Measured on an H100 with a twin: step 6's
-/// output off by 1.1e-3 where its largest value was about 0.1, in one run of six (the run
-/// where an earlier test in the process had tuned the same keys).
+/// drifts by itself on CUDA. Measured on an H100 with a twin: step 6's output off by 1.1e-3
+/// where its largest value was about 0.1, in one run of seven (the one run after other tests
+/// in the same process). The likely cause, not traced: the graphs and eager steps may run
+/// matrix products of different precision (fusion cuts them differently, each cut is
+/// autotuned apart, some candidates round to TF32), and Adam turns a near-zero gradient
+/// element whose sign the rounding flipped into a full `2 * lr` parameter difference.
 pub fn guarded_hand_outs_keep_their_values(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
