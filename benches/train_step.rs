@@ -594,7 +594,10 @@ where
         CHECK_LR,
         noise_rel,
         (&eager_losses, &graphed_losses),
-        (&values(param_values(&eager)), &values(graphed)),
+        (
+            &values(param_values(&eager).expect("read back")),
+            &values(graphed),
+        ),
     )
 }
 
@@ -620,7 +623,7 @@ where
         inputs,
         mode.optimizer(),
     );
-    (losses, param_values(&graphed))
+    (losses, param_values(&graphed).expect("read back"))
 }
 
 /// [`CHECK_STEPS`] untimed steps at [`CHECK_LR`]: every step's loss and the trained model.

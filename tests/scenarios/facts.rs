@@ -41,7 +41,7 @@ fn redact(text: String, device: &Device, ids: &[ParamId]) -> String {
 }
 
 fn first_param_id<M: Module>(module: &M) -> ParamId {
-    burn_graphed_testkit::param_values(module)[0].0
+    burn_graphed_testkit::param_values(module).expect("read back")[0].0
 }
 
 /// Gives the first float parameter a new id, as replacing a layer after capture would.

@@ -99,8 +99,9 @@ fn compare_and_step<M: Module, I: TensorGroup, O: TensorGroup>(
     let ge = GradientsParams::from_module(eager_grads, &eager);
     let gg = GradientsParams::from_module(graphed_grads, &graphed);
     for (index, (e, g)) in grad_values(&eager, &ge)
+        .expect("read back")
         .iter()
-        .zip(&grad_values(&graphed, &gg))
+        .zip(&grad_values(&graphed, &gg).expect("read back"))
         .enumerate()
     {
         let (Some(e), Some(g)) = (e, g) else {
@@ -115,12 +116,10 @@ fn compare_and_step<M: Module, I: TensorGroup, O: TensorGroup>(
     }
     let eager = optimizers.0.step(1e-2, eager, ge);
     let graphed = optimizers.1.step(1e-2, graphed, gg);
-    out.extend(compare_params(
-        &format!("step {step} {name}"),
-        &eager,
-        &graphed,
-        tolerance,
-    ));
+    out.extend(
+        compare_params(&format!("step {step} {name}"), &eager, &graphed, tolerance)
+            .expect("read back"),
+    );
     (eager, graphed)
 }
 
@@ -282,8 +281,9 @@ fn assert_grads_match<M: Module>(
         GradientsParams::from_module(gg, graphed),
     );
     for (index, (e, g)) in grad_values(eager, &pe)
+        .expect("read back")
         .iter()
-        .zip(&grad_values(graphed, &pg))
+        .zip(&grad_values(graphed, &pg).expect("read back"))
         .enumerate()
     {
         let (Some(e), Some(g)) = (e, g) else {

@@ -64,8 +64,8 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         // Every step's output (this also reads the fresh output back).
         let comparison = burn_graphed_testkit::TensorComparison::new(
             format!("step {step} output"),
-            &host_data(reference_out.clone()),
-            &host_data(out.clone()),
+            &host_data(reference_out.clone()).expect("read back"),
+            &host_data(out.clone()).expect("read back"),
             tolerance,
         );
         assert!(comparison.passed(), "{comparison}");
@@ -75,7 +75,7 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         }
         if step == 1 {
             // Read now: a lazy read would show whatever the buffer holds when first accessed.
-            kept_output = Some((out.clone(), host_data(out.clone())));
+            kept_output = Some((out.clone(), host_data(out.clone()).expect("read back")));
         }
         let loss = square_mean(out);
         let grads = GradientsParams::from_grads(loss.backward(), &graphed);
@@ -86,7 +86,9 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
             (&reference, &reference_grads),
             (&graphed, &grads),
             tolerance,
-        ) {
+        )
+        .expect("read back")
+        {
             assert!(comparison.passed(), "{comparison}");
         }
         if step == 5 {
@@ -96,14 +98,14 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         }
         if step == 4 {
             let bias: Tensor<1> = head_bias.and_then(|id| grads.get(id)).expect("bias grad");
-            kept_grad = Some((bias.clone(), host_data(bias)));
+            kept_grad = Some((bias.clone(), host_data(bias).expect("read back")));
         }
-        let before = param_values(graphed.module());
+        let before = param_values(graphed.module()).expect("read back");
         graphed = graphed_adam.step(lr, graphed, grads);
         // The step took: the next step's reference is the updated model, not this one.
         let unchanged: Vec<_> = before
             .iter()
-            .zip(param_values(graphed.module()))
+            .zip(param_values(graphed.module()).expect("read back"))
             .filter(|((_, b), (_, a))| *b == *a)
             .map(|((id, _), _)| *id)
             .collect();

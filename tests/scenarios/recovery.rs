@@ -17,7 +17,7 @@ use super::{
 /// What every failed capture must leave behind: `module` with the parameters it had
 /// (`before`), and a device on which eager training and a new capture still agree.
 fn assert_recovered<M: Module>(device: &Device, module: &M, before: &M) {
-    assert_params_unchanged(module, &param_values(before));
+    assert_params_unchanged(module, &param_values(before).expect("read back"));
     mlp_training_matches_eager(device, 3);
 }
 
@@ -209,7 +209,7 @@ pub fn dropping_the_model_before_backward(device: &Device) {
     let g = GradientsParams::from_grads(grads, &model);
     assert_eq!(
         g.len(),
-        param_values(&model).len(),
+        param_values(&model).expect("read back").len(),
         "every parameter has a gradient"
     );
     assert_grads_match("after drop", (&eager, &e), (&model, &g), tolerance);
@@ -222,7 +222,7 @@ fn assert_grads_match<E: Module, G: Module>(
     graphed: (&G, &GradientsParams),
     tolerance: burn_graphed_testkit::Tolerance,
 ) {
-    for comparison in compare_grads(what, eager, graphed, tolerance) {
+    for comparison in compare_grads(what, eager, graphed, tolerance).expect("read back") {
         assert!(comparison.passed(), "{comparison:?}");
     }
 }

@@ -190,8 +190,11 @@ pub fn soak(
             figures.evals += 1;
         }
         if (step + 1) % checkpoint_every == 0 {
-            let eager_params = param_values(&eager);
-            for ((_, e), (_, g)) in eager_params.iter().zip(&param_values(&graphed)) {
+            let eager_params = param_values(&eager).expect("read back");
+            for ((_, e), (_, g)) in eager_params
+                .iter()
+                .zip(&param_values(&graphed).expect("read back"))
+            {
                 let comparison =
                     TensorComparison::new(format!("param after step {step}"), e, g, drift);
                 figures.max_drift = figures.max_drift.max(comparison.max_abs);
@@ -300,7 +303,7 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
         linear: burn::nn::LinearConfig::new(32, 64).init(&device),
         dropout: burn::nn::DropoutConfig::new(0.5).init(),
     };
-    let before = param_values(&net);
+    let before = param_values(&net).expect("read back");
     let refused = Graphed::new(
         net.clone(),
         dropnet_forward,
@@ -389,7 +392,7 @@ pub fn other_thread_runs_eagerly(device: &Device) {
 pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
-    let before = param_values(&model);
+    let before = param_values(&model).expect("read back");
     let graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let foreign = batch([8, 16], 0, &other.clone().autodiff());
     match graphed.forward(foreign) {

@@ -445,48 +445,61 @@ pub fn materialize(data: TensorData, what: &str) -> Result<TensorData, HarnessEr
 
 /// Reads `tensor` to the host now ([`materialize`]): a value to keep across device work.
 ///
-/// # Panics
+/// # Errors
 ///
-/// When the read fails, like [`Tensor::into_data`].
-pub fn host_data<const D: usize>(tensor: Tensor<D>) -> TensorData {
-    read(tensor, "tensor").unwrap_or_else(|error| panic!("{error}"))
+/// [`HarnessError::Read`] when the read fails.
+pub fn host_data<const D: usize>(tensor: Tensor<D>) -> Result<TensorData, HarnessError> {
+    read(tensor, "tensor")
 }
 
 /// Every float parameter of `module`, in visiting order, with its id and values (copied to
 /// the host now: [`materialize`]).
 ///
-/// # Panics
+/// # Errors
 ///
-/// When a read fails.
-pub fn param_values<M: Module>(module: &M) -> Vec<(burn::module::ParamId, TensorData)> {
-    struct Reader(Vec<(burn::module::ParamId, TensorData)>);
+/// [`HarnessError::Read`] naming the first parameter (by visiting index) that could not be
+/// read.
+pub fn param_values<M: Module>(
+    module: &M,
+) -> Result<Vec<(burn::module::ParamId, TensorData)>, HarnessError> {
+    struct Reader(Vec<Result<(burn::module::ParamId, TensorData), HarnessError>>);
     impl burn::module::ModuleVisitor for Reader {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push((param.id, host_data(param.val().inner())));
+            let what = format!("param {}", self.0.len());
+            self.0
+                .push(read(param.val().inner(), &what).map(|data| (param.id, data)));
         }
     }
     let mut reader = Reader(Vec::new());
     module.visit(&mut reader);
-    reader.0
+    reader.0.into_iter().collect()
 }
 
 /// The gradient of every float parameter of `module` in `grads`, in visiting order (`None` where
 /// there is none), copied to the host now ([`materialize`]).
 ///
-/// # Panics
+/// # Errors
 ///
-/// When a read fails.
-pub fn grad_values<M: Module>(module: &M, grads: &GradientsParams) -> Vec<Option<TensorData>> {
-    struct Reader<'a>(&'a GradientsParams, Vec<Option<TensorData>>);
+/// [`HarnessError::Read`] naming the first gradient (by parameter visiting index) that could
+/// not be read.
+pub fn grad_values<M: Module>(
+    module: &M,
+    grads: &GradientsParams,
+) -> Result<Vec<Option<TensorData>>, HarnessError> {
+    struct Reader<'a>(
+        &'a GradientsParams,
+        Vec<Result<Option<TensorData>, HarnessError>>,
+    );
     impl burn::module::ModuleVisitor for Reader<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let grad = self.0.get::<D>(param.id).map(host_data);
-            self.1.push(grad);
+            let what = format!("grad of param {}", self.1.len());
+            let grad = self.0.get::<D>(param.id).map(|grad| read(grad, &what));
+            self.1.push(grad.transpose());
         }
     }
     let mut reader = Reader(grads, Vec::new());
     module.visit(&mut reader);
-    reader.1
+    reader.1.into_iter().collect()
 }
 
 /// A comparison that fails: something present on one side only.
@@ -505,13 +518,17 @@ fn failed(name: String) -> TensorComparison {
 /// Compares every float parameter of `graphed` with `eager`'s, in visiting order: one
 /// comparison per parameter named `"{what} param {index}"`, and a failing one where the two
 /// modules have different numbers of parameters.
+///
+/// # Errors
+///
+/// [`HarnessError::Read`] when a parameter cannot be read back.
 pub fn compare_params<E: Module, G: Module>(
     what: &str,
     eager: &E,
     graphed: &G,
     tolerance: Tolerance,
-) -> Vec<TensorComparison> {
-    let (e_params, g_params) = (param_values(eager), param_values(graphed));
+) -> Result<Vec<TensorComparison>, HarnessError> {
+    let (e_params, g_params) = (param_values(eager)?, param_values(graphed)?);
     let mut comparisons: Vec<TensorComparison> = e_params
         .iter()
         .zip(&g_params)
@@ -527,21 +544,25 @@ pub fn compare_params<E: Module, G: Module>(
             g_params.len()
         )));
     }
-    comparisons
+    Ok(comparisons)
 }
 
 /// Compares every parameter gradient of `graphed` with `eager`'s, in visiting order: one
 /// comparison per parameter named `"{what} grad param {index}"`, and a failing one where only
 /// one of the two has a gradient (both without one is fine) or where the two modules have
 /// different numbers of parameters.
+///
+/// # Errors
+///
+/// [`HarnessError::Read`] when a gradient cannot be read back.
 pub fn compare_grads<E: Module, G: Module>(
     what: &str,
     (eager, eager_grads): (&E, &GradientsParams),
     (graphed, graphed_grads): (&G, &GradientsParams),
     tolerance: Tolerance,
-) -> Vec<TensorComparison> {
-    let e_grads = grad_values(eager, eager_grads);
-    let g_grads = grad_values(graphed, graphed_grads);
+) -> Result<Vec<TensorComparison>, HarnessError> {
+    let e_grads = grad_values(eager, eager_grads)?;
+    let g_grads = grad_values(graphed, graphed_grads)?;
     let mut comparisons: Vec<TensorComparison> = e_grads
         .iter()
         .zip(&g_grads)
@@ -566,7 +587,7 @@ pub fn compare_grads<E: Module, G: Module>(
             g_grads.len()
         )));
     }
-    comparisons
+    Ok(comparisons)
 }
 
 /// Trains `comparison.model` eagerly and, from identical parameters, a graphed copy, on the same
@@ -660,7 +681,7 @@ where
             (&eager, &eager_grads),
             (&graphed, &graphed_grads),
             tolerance,
-        ));
+        )?);
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step_module(learning_rate, graphed, graphed_grads);
         tensors.extend(compare_params(
@@ -668,7 +689,7 @@ where
             &eager,
             &graphed,
             tolerance,
-        ));
+        )?);
     }
     Ok(EquivalenceReport {
         tensors,
