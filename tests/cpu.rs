@@ -73,6 +73,22 @@ on_devices! {
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
 }
 
+/// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
+#[cfg(feature = "train")]
+mod learner {
+    use super::*;
+
+    #[test]
+    fn wgpu_learner_trains_graphed_like_eager() {
+        scenarios::learner::learner_trains_graphed_like_eager(&wgpu());
+    }
+
+    #[test]
+    fn flex_learner_trains_graphed_like_eager() {
+        scenarios::learner::learner_trains_graphed_like_eager(&Device::flex());
+    }
+}
+
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels
 /// in software (Flex would only compare eager with eager).
 #[test]

@@ -385,3 +385,10 @@ fn graphed_multi_tensor_adam_pitched() {
     let kind = scenarios::optim::Kind::MultiTensor;
     scenarios::optim::graphed_fused_adam_pitched(&cuda(), kind, 10);
 }
+
+/// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
+#[cfg(feature = "train")]
+#[test]
+fn learner_trains_graphed_like_eager() {
+    scenarios::learner::learner_trains_graphed_like_eager(&cuda());
+}

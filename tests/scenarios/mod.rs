@@ -6,6 +6,8 @@
 pub mod facts;
 pub mod group;
 pub mod guarded;
+#[cfg(feature = "train")]
+pub mod learner;
 pub mod low_precision;
 pub mod optim;
 pub mod prop;

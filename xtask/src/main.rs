@@ -125,7 +125,7 @@ fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     manifest.push_str(&format!(
-        "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"cuda,host-profile\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
+        "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"cuda,host-profile,train\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
     ));
     write(&bundle.join("manifest.json"), &manifest)?;
     write(&bundle.join("run.sh"), RUN_SH)?;
@@ -182,7 +182,7 @@ fn cargo_build_gpu(root: &Path) -> Result<Vec<Artifact>, String> {
             "--release",
             "--no-default-features",
             "--features",
-            "cuda,host-profile",
+            "cuda,host-profile,train",
             "--test",
             "gpu",
             "--example",

@@ -533,3 +533,10 @@ impl<M: Module + ModuleDisplay, I, O> ModuleDisplayDefault for Graphed<M, I, O> 
 }
 
 impl<M: Module + ModuleDisplay, I, O> ModuleDisplay for Graphed<M, I, O> {}
+
+/// The wrapped module's display (as `#[derive(Module)]` gives every module).
+impl<M: Module + ModuleDisplay, I, O> fmt::Display for Graphed<M, I, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&ModuleDisplay::format(self, Default::default()))
+    }
+}

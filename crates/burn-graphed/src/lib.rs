@@ -103,6 +103,8 @@ mod rng;
 mod shape_cache;
 mod stats;
 mod tensors;
+#[cfg(feature = "train")]
+mod train;
 
 /// Locks `mutex`, also after a panic elsewhere poisoned it: every mutex of this crate guards
 /// counters and records that stay consistent between statements, so a poisoned one is usable.
@@ -120,3 +122,5 @@ pub use rng::{DeviceRng, GraphDropout, reference_mask, reference_normal, referen
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
 pub use tensors::{FlatTensor, TensorGroup};
+#[cfg(feature = "train")]
+pub use train::GraphedTrainStep;

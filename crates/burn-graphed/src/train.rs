@@ -1,0 +1,89 @@
+//! burn-train's `Learner` on a graphed model (feature `train`).
+//!
+//! `Learner` trains any `LearnerModel`: a [`Module`] with burn-train's `TrainStep` and
+//! `InferenceStep`. A model's own `TrainStep` calls its forward directly, and the orphan rule
+//! keeps user code from implementing burn-train's traits for [`Graphed`]; so the model
+//! implements [`GraphedTrainStep`] (its training step written against the graphed wrapper) and
+//! this module implements `TrainStep` for `Graphed` with it. Validation runs the wrapped
+//! model's own `InferenceStep` eagerly, as every call in eval mode does.
+
+use burn::module::Module;
+use burn::train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
+
+use crate::{Graphed, TensorGroup};
+
+/// A training step of a model wrapped in [`Graphed`], for burn-train's `Learner`.
+///
+/// Implement it where a plain model implements burn-train's `TrainStep`: `step` receives the
+/// graphed wrapper, calls [`Graphed::forward`] (a graph replay) and computes the loss and its
+/// gradients as the plain step would. `Graphed<Self, I, O>` then implements `TrainStep` with
+/// it, and `InferenceStep` with the model's own, so `Learner::new(graphed, optim, scheduler)`
+/// takes the graphed model.
+///
+/// ```ignore
+/// impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
+///     type Input = Batch;
+///     type Output = RegressionOutput;
+///
+///     fn step(model: &Graphed<Self, Tensor<2>, Tensor<2>>, batch: Batch) -> TrainOutput<RegressionOutput> {
+///         let output = model.forward(batch.x).expect("graphed forward");
+///         let loss = MseLoss::new().forward(output.clone(), batch.y.clone(), Reduction::Mean);
+///         TrainOutput::new(model, loss.backward(), RegressionOutput::new(loss, output, batch.y))
+///     }
+/// }
+/// ```
+///
+/// (`examples/train_learner.rs` compiles and runs this.)
+///
+/// What to know about `Learner` and graphs:
+/// - `Learner::optimizer_step` steps a clone of the model while the learner still holds the
+///   original, so the optimizer cannot reuse parameter buffers: each step's new parameters are
+///   copied into the graphs on the next call (one device copy per parameter, counted in
+///   [`GraphStats::param_copies`](crate::GraphStats::param_copies)), as with burn's `Adam` in
+///   a loop of one's own. A loop of one's own with [`MultiTensorAdam`](crate::MultiTensorAdam)
+///   avoids them.
+/// - Its metrics read the step's outputs later, on another thread: hand out copies
+///   ([`OutputPolicy::Copy`](crate::OutputPolicy::Copy), the default) or
+///   [`OutputPolicy::Guarded`](crate::OutputPolicy::Guarded), not `Static`.
+/// - On CUDA a capture needs the device to itself: a batch of a new shape met during training
+///   (the last, smaller one) is captured while the metrics thread may read; a capture that
+///   fails for it leaves that shape to run eagerly
+///   ([`ShapeCacheStats::failed_captures`](crate::ShapeCacheStats::failed_captures)).
+pub trait GraphedTrainStep<I, O>: Module + Sized {
+    /// The batch of a training step.
+    type Input: Send + 'static;
+    /// What the step hands to the learner's metrics.
+    type Output: ItemLazy + 'static;
+
+    /// Runs the forward pass through `model` (graphed), the loss and its backward pass.
+    fn step(model: &Graphed<Self, I, O>, batch: Self::Input) -> TrainOutput<Self::Output>;
+}
+
+impl<M, I, O> TrainStep for Graphed<M, I, O>
+where
+    M: GraphedTrainStep<I, O>,
+    I: TensorGroup,
+    O: TensorGroup,
+{
+    type Input = M::Input;
+    type Output = M::Output;
+
+    fn step(&self, item: Self::Input) -> TrainOutput<Self::Output> {
+        M::step(self, item)
+    }
+}
+
+impl<M, I, O> InferenceStep for Graphed<M, I, O>
+where
+    M: InferenceStep + Module,
+    I: TensorGroup,
+    O: TensorGroup,
+{
+    type Input = M::Input;
+    type Output = M::Output;
+
+    /// The wrapped model's own inference step (eager: `Learner` validates `model.valid()`).
+    fn step(&self, item: Self::Input) -> Self::Output {
+        self.module().step(item)
+    }
+}

@@ -1,0 +1,141 @@
+//! burn-train's `Learner` training a graphed model: the model implements `GraphedTrainStep`
+//! (its training step, written against the graphed wrapper) beside its own `InferenceStep`, and
+//! `Learner` takes `Graphed<Mlp, _, _>` like any model.
+//!
+//! `cargo run --release --example train_learner` (wgpu, where the machine has one; on a
+//! machine without a GPU, lavapipe: slow, but graphed), or `--features cuda` for CUDA.
+
+use std::sync::Arc;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataset::InMemDataset;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::AdamConfig;
+use burn::optim::lr_scheduler::constant::ConstantLr;
+use burn::prelude::*;
+use burn::train::{
+    InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput,
+    logger::InMemoryMetricLogger,
+};
+use burn_graphed::{Graphed, GraphedConfig, GraphedTrainStep};
+
+#[derive(Module, Debug)]
+struct Mlp {
+    hidden: Linear,
+    output: Linear,
+}
+
+impl Mlp {
+    fn new(device: &Device) -> Self {
+        Self {
+            hidden: LinearConfig::new(64, 64).init(device),
+            output: LinearConfig::new(64, 1).init(device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.output
+            .forward(Relu::new().forward(self.hidden.forward(x)))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Batch {
+    x: Tensor<2>,
+    y: Tensor<2>,
+}
+
+/// Row `i`: 64 features in [-1, 1) and their mean as the target.
+struct Rows;
+
+impl Batcher<usize, Batch> for Rows {
+    fn batch(&self, items: Vec<usize>, device: &Device) -> Batch {
+        let n = items.len();
+        let x: Vec<f32> = items
+            .iter()
+            .flat_map(|&i| (0..64).map(move |j| ((i * 37 + j * 11) % 64) as f32 / 32.0 - 1.0))
+            .collect();
+        let y: Vec<f32> = x
+            .chunks(64)
+            .map(|row| row.iter().sum::<f32>() / 64.0)
+            .collect();
+        Batch {
+            x: Tensor::<1>::from_floats(x.as_slice(), device).reshape([n, 64]),
+            y: Tensor::<1>::from_floats(y.as_slice(), device).reshape([n, 1]),
+        }
+    }
+}
+
+fn mse(output: Tensor<2>, y: Tensor<2>) -> Tensor<1> {
+    (output - y).powi_scalar(2).mean()
+}
+
+/// The training step, with `model.forward` replaying the graphs.
+impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(
+        model: &Graphed<Self, Tensor<2>, Tensor<2>>,
+        batch: Batch,
+    ) -> TrainOutput<Self::Output> {
+        // `forward` fails only on a call the graphs cannot serve under `MismatchPolicy::Error`
+        // or a device error; burn-train's step has no error path, so this stops training.
+        let output = model.forward(batch.x).expect("graphed forward");
+        let loss = mse(output.clone(), batch.y.clone());
+        let item = RegressionOutput::new(loss.clone(), output, batch.y);
+        TrainOutput::new(model, loss.backward(), item)
+    }
+}
+
+/// Validation: the plain model's step (eager, as every call in eval mode).
+impl InferenceStep for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> RegressionOutput {
+        let output = self.forward(batch.x);
+        RegressionOutput::new(mse(output.clone(), batch.y.clone()), output, batch.y)
+    }
+}
+
+fn device() -> Device {
+    #[cfg(feature = "cuda")]
+    return Device::cuda(0);
+    #[cfg(not(feature = "cuda"))]
+    Device::wgpu(Default::default())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let device = device().autodiff();
+    let batch_size = 32;
+    let sample = Tensor::<2>::zeros([batch_size, 64], &device);
+    let model = Graphed::new(
+        Mlp::new(&device),
+        Mlp::forward,
+        sample,
+        &GraphedConfig::new(),
+    )?;
+
+    let loader = |items: usize| -> Arc<dyn DataLoader<Batch>> {
+        DataLoaderBuilder::new(Rows)
+            .batch_size(batch_size)
+            .build(InMemDataset::new((0..items).collect::<Vec<_>>()))
+    };
+    let dir = std::env::temp_dir().join("burn-graphed-train-learner");
+    let learner = Learner::new(model, AdamConfig::new().init(), ConstantLr::new(1e-3));
+    let result = SupervisedTraining::new(&dir, loader(32 * 20), loader(32 * 2))
+        .num_epochs(3)
+        .with_metric_logger(InMemoryMetricLogger::new())
+        .with_application_logger(None)
+        .launch(learner);
+    if let Some(error) = result.error {
+        return Err(format!("training failed: {error}").into());
+    }
+    let model = result.model;
+    // 60 steps: each replayed the forward and the backward graph.
+    println!("{:?}", model.stats());
+    println!("{:?}", model.shape_cache());
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! burn-train's `Learner` training a graphed model (`GraphedTrainStep`), against the same
+//! `Learner` training the plain model.
+
+use super::*;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataset::InMemDataset;
+use burn::optim::ModuleOptimizer;
+use burn::optim::lr_scheduler::constant::ConstantLr;
+use burn::train::{
+    InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput, TrainStep,
+    logger::InMemoryMetricLogger,
+};
+use burn_graphed::GraphedTrainStep;
+use std::sync::Arc;
+
+/// Inputs of 32 features, 8 targets.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub x: Tensor<2>,
+    pub y: Tensor<2>,
+}
+
+/// Batches of deterministic rows: item `i` is row `i` of a fixed table.
+struct Rows;
+
+impl Batcher<usize, Batch> for Rows {
+    fn batch(&self, items: Vec<usize>, device: &Device) -> Batch {
+        let row = |i: usize, width: usize, salt: usize| -> Vec<f32> {
+            (0..width)
+                .map(|j| ((i * 131 + j * 17 + salt) % 97) as f32 / 48.5 - 1.0)
+                .collect()
+        };
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|&i| row(i, 32, 0)).collect();
+        let y: Vec<f32> = items.iter().flat_map(|&i| row(i, 8, 7)).collect();
+        Batch {
+            x: Tensor::<1>::from_floats(x.as_slice(), device).reshape([n, 32]),
+            y: Tensor::<1>::from_floats(y.as_slice(), device).reshape([n, 8]),
+        }
+    }
+}
+
+fn regression(model: &Mlp, batch: Batch) -> (Tensor<1>, RegressionOutput) {
+    let output = model.forward(batch.x);
+    let loss = (output.clone() - batch.y.clone()).powi_scalar(2).mean();
+    let item = RegressionOutput::new(loss.clone(), output, batch.y);
+    (loss, item)
+}
+
+impl TrainStep for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> TrainOutput<RegressionOutput> {
+        let (loss, item) = regression(self, batch);
+        TrainOutput::new(self, loss.backward(), item)
+    }
+}
+
+impl InferenceStep for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> RegressionOutput {
+        regression(self, batch).1
+    }
+}
+
+impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(
+        model: &Graphed<Self, Tensor<2>, Tensor<2>>,
+        batch: Batch,
+    ) -> TrainOutput<RegressionOutput> {
+        let output = model.forward(batch.x).expect("graphed forward");
+        let loss = (output.clone() - batch.y.clone()).powi_scalar(2).mean();
+        let item = RegressionOutput::new(loss.clone(), output, batch.y);
+        TrainOutput::new(model, loss.backward(), item)
+    }
+}
+
+/// Train and validation loaders over `items` rows, in batches of `batch` (the last one smaller
+/// where `items` is not a multiple), in order.
+fn loaders(items: usize, batch: usize) -> (Arc<dyn DataLoader<Batch>>, Arc<dyn DataLoader<Batch>>) {
+    let train = DataLoaderBuilder::new(Rows)
+        .batch_size(batch)
+        .build(InMemDataset::new((0..items).collect::<Vec<_>>()));
+    let valid = DataLoaderBuilder::new(Rows)
+        .batch_size(batch)
+        .build(InMemDataset::new((0..batch).collect::<Vec<_>>()));
+    (train, valid)
+}
+
+/// A `Learner` run of `epochs` epochs in a fresh directory, quiet (no renderer output, no
+/// application log).
+fn fit<M>(
+    model: M,
+    optimizer: ModuleOptimizer,
+    (train, valid): (Arc<dyn DataLoader<Batch>>, Arc<dyn DataLoader<Batch>>),
+    epochs: usize,
+    name: &str,
+) -> M
+where
+    M: burn::train::LearnerModel + InferenceStep<Input = Batch> + TrainStep<Input = Batch>,
+{
+    let dir = std::env::temp_dir().join(format!(
+        "burn-graphed-learner-{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let learner = Learner::new(model, optimizer, ConstantLr::new(1e-2));
+    let result = SupervisedTraining::new(&dir, train, valid)
+        .num_epochs(epochs)
+        .with_metric_logger(InMemoryMetricLogger::new())
+        .with_application_logger(None)
+        .launch(learner);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(result.error.is_none(), "{name}: {:?}", result.error);
+    result.model
+}
+
+/// `Learner` trains the graphed MLP like the plain one: 2 epochs of 5 batches of 16 and a last
+/// batch of 8, burn's `Adam`; the trained parameters agree, and the graphed run replayed
+/// every step of the capture's shape (the smaller batch: graphs of its own, or eager).
+pub fn learner_trains_graphed_like_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(32, 3, 8, &device);
+    let eager = burn_graphed_testkit::deep_copy(&model);
+    let sample = Tensor::<2>::zeros([16, 32], &device);
+    let graphed = Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture");
+    let (epochs, items, batch) = (2, 88, 16);
+    let graphed = fit(
+        graphed,
+        AdamConfig::new().init(),
+        loaders(items, batch),
+        epochs,
+        "graphed",
+    );
+    let eager = fit(
+        eager,
+        AdamConfig::new().init(),
+        loaders(items, batch),
+        epochs,
+        "eager",
+    );
+    assert_params_close("learner", &eager, &graphed, tolerance_for(&device));
+
+    let stats = graphed.stats();
+    let summary = graphed.summary().clone();
+    let steps = (epochs * items.div_ceil(batch)) as u64;
+    let full = (epochs * (items / batch)) as u64;
+    println!("learner: {stats:?}; {:?}", graphed.shape_cache());
+    if summary.graphed {
+        // Every full batch replays. The last, smaller batch of each epoch replays graphs of
+        // its own shape, or runs eagerly where capturing them failed (on CUDA, when the
+        // learner's metrics thread read the device during the capture); nothing else.
+        assert!(stats.forward_replays >= full, "{stats:?}");
+        assert_eq!(
+            stats.forward_replays + stats.fallbacks.values().sum::<u64>(),
+            steps,
+            "{stats:?}"
+        );
+        assert!(
+            stats
+                .fallbacks
+                .keys()
+                .all(|reason| *reason == FallbackReason::CaptureFailed),
+            "{stats:?}"
+        );
+        assert_eq!(stats.backward_replays, stats.forward_replays, "{stats:?}");
+        // `Learner` steps a clone of the model while holding the original: every step's new
+        // parameters are copied into the graphs on the next call.
+        assert!(stats.param_copies >= full, "{stats:?}");
+    } else {
+        assert_eq!(stats.forward_replays, 0, "{stats:?}");
+    }
+}
