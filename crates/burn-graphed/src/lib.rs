@@ -87,7 +87,8 @@
 //!
 //! Graphs are captured on burn's cubecl backend with fusion (`cuda`; `wgpu` records its own
 //! software graphs). On other backends (`flex`) every call runs eagerly, so the same code runs
-//! everywhere. See ARCHITECTURE.md for the design and its invariants.
+//! everywhere. With the `train` feature, burn-train's `Learner` takes a graphed model
+//! (`GraphedTrainStep`). See ARCHITECTURE.md for the design and its invariants.
 #![warn(missing_docs)]
 
 mod config;

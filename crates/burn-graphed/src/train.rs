@@ -18,22 +18,7 @@ use crate::{Graphed, TensorGroup};
 /// graphed wrapper, calls [`Graphed::forward`] (a graph replay) and computes the loss and its
 /// gradients as the plain step would. `Graphed<Self, I, O>` then implements `TrainStep` with
 /// it, and `InferenceStep` with the model's own, so `Learner::new(graphed, optim, scheduler)`
-/// takes the graphed model.
-///
-/// ```ignore
-/// impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
-///     type Input = Batch;
-///     type Output = RegressionOutput;
-///
-///     fn step(model: &Graphed<Self, Tensor<2>, Tensor<2>>, batch: Batch) -> TrainOutput<RegressionOutput> {
-///         let output = model.forward(batch.x).expect("graphed forward");
-///         let loss = MseLoss::new().forward(output.clone(), batch.y.clone(), Reduction::Mean);
-///         TrainOutput::new(model, loss.backward(), RegressionOutput::new(loss, output, batch.y))
-///     }
-/// }
-/// ```
-///
-/// (`examples/train_learner.rs` compiles and runs this.)
+/// takes the graphed model. `examples/train_learner.rs` is a complete program.
 ///
 /// What to know about `Learner` and graphs:
 /// - `Learner::optimizer_step` steps a clone of the model while the learner still holds the
@@ -42,13 +27,19 @@ use crate::{Graphed, TensorGroup};
 ///   [`GraphStats::param_copies`](crate::GraphStats::param_copies)), as with burn's `Adam` in
 ///   a loop of one's own. A loop of one's own with [`MultiTensorAdam`](crate::MultiTensorAdam)
 ///   avoids them.
-/// - Its metrics read the step's outputs later, on another thread: hand out copies
-///   ([`OutputPolicy::Copy`](crate::OutputPolicy::Copy), the default) or
-///   [`OutputPolicy::Guarded`](crate::OutputPolicy::Guarded), not `Static`.
-/// - On CUDA a capture needs the device to itself: a batch of a new shape met during training
-///   (the last, smaller one) is captured while the metrics thread may read; a capture that
-///   fails for it leaves that shape to run eagerly
-///   ([`ShapeCacheStats::failed_captures`](crate::ShapeCacheStats::failed_captures)).
+/// - Its metrics read each step's outputs later, on another thread. Hand out copies
+///   ([`OutputPolicy::Copy`](crate::OutputPolicy::Copy), the default): under `Static` the
+///   metrics would read the next replay's values, and under `Guarded` a step whose previous
+///   outputs the metrics still hold runs eagerly.
+/// - On CUDA a capture needs the device to itself, and the metrics thread reads while the
+///   training thread works. Graphs for a batch shape first met during training (an epoch's
+///   smaller last batch) are captured then: if the metrics thread reads during that capture,
+///   the capture fails (that shape then runs eagerly,
+///   [`FallbackReason::CaptureFailed`](crate::FallbackReason::CaptureFailed)), and so may the
+///   read, which burn-train reports as a training error. Capture every batch shape before
+///   `launch` (one `forward` and `backward` per shape), or set
+///   [`GraphedConfig::max_graphs`](crate::GraphedConfig::max_graphs) to 1 so other shapes run
+///   eagerly without a capture.
 pub trait GraphedTrainStep<I, O>: Module + Sized {
     /// The batch of a training step.
     type Input: Send + 'static;
