@@ -94,8 +94,8 @@ fn loaders(items: usize, batch: usize) -> (Arc<dyn DataLoader<Batch>>, Arc<dyn D
     (train, valid)
 }
 
-/// A `Learner` run of `epochs` epochs in a fresh directory, quiet (no renderer output, no
-/// application log).
+/// A `Learner` run of `epochs` epochs in a fresh directory, without an application log (the
+/// default renderer still prints each split's start); panics if the run ended with an error.
 fn fit<M>(
     model: M,
     optimizer: ModuleOptimizer,
