@@ -13,14 +13,14 @@ fn wgpu() -> Device {
 }
 
 macro_rules! on_devices {
-    ($($name:ident => $body:expr;)+) => {
+    ($($(#[$attr:meta])* $name:ident => $body:expr;)+) => {
         mod wgpu_suite {
             use super::*;
-            $(#[test] fn $name() { let device = wgpu(); let f: fn(&Device) = $body; f(&device); })+
+            $($(#[$attr])* #[test] fn $name() { let device = wgpu(); let f: fn(&Device) = $body; f(&device); })+
         }
         mod flex_suite {
             use super::*;
-            $(#[test] fn $name() { let device = Device::flex(); let f: fn(&Device) = $body; f(&device); })+
+            $($(#[$attr])* #[test] fn $name() { let device = Device::flex(); let f: fn(&Device) = $body; f(&device); })+
         }
     };
 }
@@ -71,22 +71,9 @@ on_devices! {
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, false);
     guarded_multi_tensor_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, true);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
-}
-
-/// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
-#[cfg(feature = "train")]
-mod learner {
-    use super::*;
-
-    #[test]
-    fn wgpu_learner_trains_graphed_like_eager() {
-        scenarios::learner::learner_trains_graphed_like_eager(&wgpu());
-    }
-
-    #[test]
-    fn flex_learner_trains_graphed_like_eager() {
-        scenarios::learner::learner_trains_graphed_like_eager(&Device::flex());
-    }
+    /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
+    #[cfg(feature = "train")]
+    learner_trains_graphed_like_eager => scenarios::learner::learner_trains_graphed_like_eager;
 }
 
 /// The property test on wgpu; few cases, because lavapipe compiles every new shape's kernels

@@ -55,6 +55,8 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
     let head_bias = graphed.module().head.bias.as_ref().map(|b| b.id);
     let mut kept_output = None;
     let mut kept_grad = None;
+    // The parameters before each optimizer step (calls and backward passes leave them alone).
+    let mut params = param_values(graphed.module()).expect("read back");
     for step in 0..8 {
         let x = batch([8, 16], step, &device);
         // This step's parameters, eagerly: the reference for the output and the gradients.
@@ -100,19 +102,20 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
             let bias: Tensor<1> = head_bias.and_then(|id| grads.get(id)).expect("bias grad");
             kept_grad = Some((bias.clone(), host_data(bias).expect("read back")));
         }
-        let before = param_values(graphed.module()).expect("read back");
         graphed = graphed_adam.step(lr, graphed, grads);
         // The step took: the next step's reference is the updated model, not this one.
-        let unchanged: Vec<_> = before
+        let after = param_values(graphed.module()).expect("read back");
+        let unchanged: Vec<_> = params
             .iter()
-            .zip(param_values(graphed.module()).expect("read back"))
-            .filter(|((_, b), (_, a))| *b == *a)
+            .zip(&after)
+            .filter(|((_, b), (_, a))| b == a)
             .map(|((id, _), _)| *id)
             .collect();
         assert!(
             unchanged.is_empty(),
             "step {step}: {unchanged:?} not updated"
         );
+        params = after;
     }
     let stats = graphed.stats();
     println!("guarded hand-outs: {stats:?}");

@@ -41,10 +41,10 @@ impl Batcher<usize, Batch> for Rows {
     }
 }
 
-fn regression(model: &Mlp, batch: Batch) -> (Tensor<1>, RegressionOutput) {
-    let output = model.forward(batch.x);
-    let loss = (output.clone() - batch.y.clone()).powi_scalar(2).mean();
-    let item = RegressionOutput::new(loss.clone(), output, batch.y);
+/// The loss of `output` against `targets`, and the learner's metrics item.
+fn regression(output: Tensor<2>, targets: Tensor<2>) -> (Tensor<1>, RegressionOutput) {
+    let loss = (output.clone() - targets.clone()).powi_scalar(2).mean();
+    let item = RegressionOutput::new(loss.clone(), output, targets);
     (loss, item)
 }
 
@@ -53,7 +53,7 @@ impl TrainStep for Mlp {
     type Output = RegressionOutput;
 
     fn step(&self, batch: Batch) -> TrainOutput<RegressionOutput> {
-        let (loss, item) = regression(self, batch);
+        let (loss, item) = regression(self.forward(batch.x), batch.y);
         TrainOutput::new(self, loss.backward(), item)
     }
 }
@@ -63,7 +63,7 @@ impl InferenceStep for Mlp {
     type Output = RegressionOutput;
 
     fn step(&self, batch: Batch) -> RegressionOutput {
-        regression(self, batch).1
+        regression(self.forward(batch.x), batch.y).1
     }
 }
 
@@ -76,8 +76,7 @@ impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
         batch: Batch,
     ) -> TrainOutput<RegressionOutput> {
         let output = model.forward(batch.x).expect("graphed forward");
-        let loss = (output.clone() - batch.y.clone()).powi_scalar(2).mean();
-        let item = RegressionOutput::new(loss.clone(), output, batch.y);
+        let (loss, item) = regression(output, batch.y);
         TrainOutput::new(model, loss.backward(), item)
     }
 }
