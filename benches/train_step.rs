@@ -430,7 +430,7 @@ where
     // step, and `FusedAdam` could then not update the graphs' buffers in place.
     let per_step = match mode {
         Mode::Eager(_) => {
-            let (per_step, _) = train_steps(
+            let (per_step, model) = train_steps(
                 model,
                 case.call,
                 case.loss,
@@ -440,6 +440,9 @@ where
                 device,
                 options,
             );
+            if let Some(model) = &model {
+                assert_ran(model, &label);
+            }
             per_step
         }
         Mode::GraphedLoss(_) => timed_graphed(
@@ -538,8 +541,39 @@ where
     // of the memory column.
     if let Some(model) = &model {
         eprintln!("# {label}: {:?}", model.memory());
+        assert_ran(model, label);
     }
     per_step
+}
+
+/// Panics unless the timed steps' trained parameters read back, all finite: a row whose steps
+/// did not run is not a result.
+///
+/// cubecl 0.11 skips a launch whose input buffer carries an earlier launch's failure and
+/// passes the failure on to what it writes (cubecl-cuda `ExecuteScope`), and a read of such a
+/// buffer fails. The skipped launches still return at once, so a run whose kernels were
+/// skipped times nothing but the host's queueing: on an H100 the eager bf16 CNN's steps
+/// launched 126 kernels of which 114 came back without a measurement, which is what a
+/// skipped launch leaves (BENCHMARKS.md, "Run d"). This read is where such a run shows.
+fn assert_ran<M: Module>(model: &M, label: &str) {
+    let values = match param_values(model) {
+        Ok(values) => values,
+        Err(error) => panic!(
+            "{label}: not a result: the trained parameters do not read back ({error}); \
+             cubecl skipped or failed launches that wrote them, so the timed steps did not run"
+        ),
+    };
+    for (index, (_, data)) in values.iter().enumerate() {
+        let floats = data
+            .try_to_vec_as::<f32>()
+            .unwrap_or_else(|error| panic!("{label}: parameter {index} as f32: {error:?}"));
+        let non_finite = floats.iter().filter(|value| !value.is_finite()).count();
+        assert!(
+            non_finite == 0,
+            "{label}: not a result: parameter {index} has {non_finite} non-finite value(s) \
+             after the timed steps"
+        );
+    }
 }
 
 /// Steps of the value check.
