@@ -133,6 +133,9 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
     let (epochs, items, batch) = (2, 88, 16);
     let sample = Tensor::<2>::zeros([batch, 32], &device);
     let graphed = Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture");
+    // `LearnerModel` needs `Display`: the graphed model shows as the model it wraps.
+    assert_eq!(graphed.to_string(), eager.to_string());
+    assert!(eager.to_string().contains("params: "), "{eager}");
     let last = Rows.batch((0..items % batch).collect(), &device);
     let primed = graphed
         .forward(last.x)

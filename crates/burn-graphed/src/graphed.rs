@@ -521,7 +521,7 @@ impl<M: Module, I, O> Module for Graphed<M, I, O> {
     }
 }
 
-// SAFETY-free marker impls: `Graphed` is `Send` when its parts are; `Module` requires it.
+// Displayed as the wrapped module: its content and its parameter count.
 impl<M: Module + ModuleDisplay, I, O> ModuleDisplayDefault for Graphed<M, I, O> {
     fn content(&self, content: Content) -> Option<Content> {
         self.inner.content(content)
