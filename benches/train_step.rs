@@ -31,10 +31,10 @@
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
 //! `--kernel-trace FILE` (cubecl backends) appends every kernel each run launches, per phase
-//! (setup, each phase of the capture as burn-graphed announces it, warm-up, timed, check) with
-//! its device time where cubecl returned one, and the kernels launched while a graph recorded:
-//! eager's kernels beside the graph's, without a profiler (ncu missed most of an eager bf16
-//! step). Timing every launch slows the run: its timings are not results either. Warnings of
+//! (setup, each phase of the capture as burn-graphed announces it, warm-up, timed, read back,
+//! check) with its device time where cubecl returned one, and the kernels launched while a
+//! graph recorded: eager's kernels beside the graph's, without a profiler (ncu missed most of
+//! an eager bf16 step, whose launches cubecl skipped: see `assert_ran`). Timing every launch slows the run: its timings are not results either. Warnings of
 //! the libraries go to stderr with the phase they came in, and each row counts the autotune
 //! keys cubecl decided unmeasured (`autotune_unmeasured`, see `warn_log`).
 //!
@@ -555,7 +555,10 @@ where
 /// skipped times nothing but the host's queueing: on an H100 the eager bf16 CNN's steps
 /// launched 126 kernels of which 114 came back without a measurement, which is what a
 /// skipped launch leaves (BENCHMARKS.md, "Run d"). This read is where such a run shows.
+///
+/// Its own phase: the kernels the read launches belong to no timed step.
 fn assert_ran<M: Module>(model: &M, label: &str) {
+    trace_phase("read back");
     let values = match param_values(model) {
         Ok(values) => values,
         Err(error) => panic!(
@@ -1246,10 +1249,11 @@ mod warn_log {
 /// without waiting (events in the stream, read after the run). Appends per run: the kernels
 /// launched while a graph recorded (in order; burn-graphed announces its capture phases, see
 /// [`warn_log`]), and per phase (setup, the capture's warm-ups, recordings and validation,
-/// warm-up, timed, check) each kernel's launches and device time. Launches without a time are
-/// counted apart: a recorded launch cannot be timed, and neither can many others (measured on
-/// an H100: most eager launches of the timed steps came back without a time, so "untimed" does
-/// not mean "recorded"). The timing events cost the host a round trip per launch: a traced
+/// warm-up, timed, read back, check) each kernel's launches and device time. Launches without a time are
+/// counted apart: a recorded launch cannot be timed, nor one that failed or that cubecl
+/// skipped because an input carries an earlier failure (an H100's eager bf16 CNN: 114 of the
+/// 126 launches of its timed steps; see [`assert_ran`](super::assert_ran)), so "untimed" does
+/// not mean "recorded". The timing events cost the host a round trip per launch: a traced
 /// run's step times are not results.
 #[cfg(feature = "cube")]
 mod kernel_trace {
