@@ -83,7 +83,7 @@ use burn_graphed::{
     FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy,
     TensorGroup,
 };
-use burn_graphed_testkit::{StepCheck, deep_copy, param_values};
+use burn_graphed_testkit::{StepCheck, deep_copy, param_values, require_finite};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -566,16 +566,8 @@ fn assert_ran<M: Module>(model: &M, label: &str) {
              cubecl skipped or failed launches that wrote them, so the timed steps did not run"
         ),
     };
-    for (index, (_, data)) in values.iter().enumerate() {
-        let floats = data
-            .try_to_vec_as::<f32>()
-            .unwrap_or_else(|error| panic!("{label}: parameter {index} as f32: {error:?}"));
-        let non_finite = floats.iter().filter(|value| !value.is_finite()).count();
-        assert!(
-            non_finite == 0,
-            "{label}: not a result: parameter {index} has {non_finite} non-finite value(s) \
-             after the timed steps"
-        );
+    if let Err(error) = require_finite(&values) {
+        panic!("{label}: not a result: after the timed steps, {error}");
     }
 }
 

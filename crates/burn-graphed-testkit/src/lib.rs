@@ -332,7 +332,8 @@ impl fmt::Display for EquivalenceReport {
     }
 }
 
-/// Why [`compare_training`] could not run (a mismatch is a report, not an error).
+/// Why [`compare_training`] or a read of the harness could not run, or what a read found
+/// unusable (a mismatch between graphed and eager is a report, not an error).
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
     /// Capturing or calling the graphed model failed.
@@ -345,6 +346,16 @@ pub enum HarnessError {
         what: String,
         /// The backend's reason.
         reason: String,
+    },
+    /// A parameter holds NaN or infinite values ([`require_finite`]).
+    #[error("parameter {index} (visiting order) holds {count} non-finite value(s) of {len}")]
+    NonFinite {
+        /// The parameter's visiting index.
+        index: usize,
+        /// How many of its values are NaN or infinite.
+        count: usize,
+        /// How many values it has.
+        len: usize,
     },
 }
 
@@ -473,6 +484,33 @@ pub fn param_values<M: Module>(
     let mut reader = Reader(Vec::new());
     module.visit(&mut reader);
     reader.0.into_iter().collect()
+}
+
+/// Checks that every value of `params` (as [`param_values`] reads them) is finite: trained
+/// parameters that are NaN or infinite are no result to time or compare.
+///
+/// # Errors
+///
+/// [`HarnessError::NonFinite`] naming the first parameter that holds such values, and
+/// [`HarnessError::Read`] when a parameter's values do not convert to `f32`.
+pub fn require_finite(params: &[(burn::module::ParamId, TensorData)]) -> Result<(), HarnessError> {
+    for (index, (_, data)) in params.iter().enumerate() {
+        let values = data
+            .try_to_vec_as::<f32>()
+            .map_err(|error| HarnessError::Read {
+                what: format!("param {index} as f32"),
+                reason: format!("{error:?}"),
+            })?;
+        let count = values.iter().filter(|value| !value.is_finite()).count();
+        if count > 0 {
+            return Err(HarnessError::NonFinite {
+                index,
+                count,
+                len: values.len(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The gradient of every float parameter of `module` in `grads`, in visiting order (`None` where
@@ -706,6 +744,35 @@ fn e_tensor(flat: &burn_graphed::FlatTensor) -> burn::backend::DispatchTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn require_finite_names_the_parameter() {
+        let id = burn::module::ParamId::new;
+        let fine = (id(), TensorData::new(vec![1.0f32, -2.0], [2]));
+        let bad = (
+            id(),
+            TensorData::new(vec![0.5f32, f32::NAN, f32::INFINITY], [3]),
+        );
+        assert!(require_finite(std::slice::from_ref(&fine)).is_ok());
+        match require_finite(&[fine, bad]) {
+            Err(HarnessError::NonFinite { index, count, len }) => {
+                assert_eq!((index, count, len), (1, 2, 3));
+            }
+            other => panic!("expected NonFinite, got {other:?}"),
+        }
+        let half = (
+            id(),
+            TensorData::new(vec![burn::tensor::bf16::from_f32(f32::NAN)], [1]),
+        );
+        assert!(matches!(
+            require_finite(&[half]),
+            Err(HarnessError::NonFinite {
+                index: 0,
+                count: 1,
+                len: 1
+            })
+        ));
+    }
 
     #[test]
     fn ulp_distance_counts_representable_steps() {
