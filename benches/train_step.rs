@@ -34,8 +34,8 @@
 //! (setup, each phase of the capture as burn-graphed announces it, warm-up, timed, read back,
 //! check) with its device time where cubecl returned one, and the kernels launched while a
 //! graph recorded: eager's kernels beside the graph's, without a profiler (ncu missed most of
-//! an eager bf16 step, whose launches cubecl skipped: see `assert_ran`). Timing every launch slows the run: its timings are not results either. Warnings of
-//! the libraries go to stderr with the phase they came in, and each row counts the autotune
+//! an eager bf16 step, whose launches cubecl skipped: see `assert_ran`). Timing every launch
+//! slows the run: its timings are not results either. Warnings of the libraries go to stderr with the phase they came in, and each row counts the autotune
 //! keys cubecl decided unmeasured (`autotune_unmeasured`, see `warn_log`).
 //!
 //! One *step* is: forward, loss, `backward()`, `GradientsParams`, Adam step, with a new input
@@ -1241,8 +1241,8 @@ mod warn_log {
 /// without waiting (events in the stream, read after the run). Appends per run: the kernels
 /// launched while a graph recorded (in order; burn-graphed announces its capture phases, see
 /// [`warn_log`]), and per phase (setup, the capture's warm-ups, recordings and validation,
-/// warm-up, timed, read back, check) each kernel's launches and device time. Launches without a time are
-/// counted apart: a recorded launch cannot be timed, nor one that failed or that cubecl
+/// warm-up, timed, read back, check) each kernel's launches and device time. Launches without
+/// a time are counted apart: a recorded launch cannot be timed, nor one that failed or that cubecl
 /// skipped because an input carries an earlier failure (an H100's eager bf16 CNN: 114 of the
 /// 126 launches of its timed steps; see [`assert_ran`](super::assert_ran)), so "untimed" does
 /// not mean "recorded". The timing events cost the host a round trip per launch: a traced

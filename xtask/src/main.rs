@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 const BUNDLE_DIR: &str = "target/gpu-bundle";
+/// The features the bundle is built with (and its manifest names).
+const GPU_FEATURES: &str = "cuda,host-profile,train";
 /// What travels to a GPU machine must stay under this (the remote runner's limit).
 const BUNDLE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -125,7 +127,7 @@ fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     manifest.push_str(&format!(
-        "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"cuda,host-profile,train\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
+        "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"{GPU_FEATURES}\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
     ));
     write(&bundle.join("manifest.json"), &manifest)?;
     write(&bundle.join("run.sh"), RUN_SH)?;
@@ -182,7 +184,7 @@ fn cargo_build_gpu(root: &Path) -> Result<Vec<Artifact>, String> {
             "--release",
             "--no-default-features",
             "--features",
-            "cuda,host-profile,train",
+            GPU_FEATURES,
             "--test",
             "gpu",
             "--example",
