@@ -84,13 +84,12 @@ impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
 /// Train and validation loaders over `items` rows, in batches of `batch` (the last one smaller
 /// where `items` is not a multiple), in order.
 fn loaders(items: usize, batch: usize) -> (Arc<dyn DataLoader<Batch>>, Arc<dyn DataLoader<Batch>>) {
-    let train = DataLoaderBuilder::new(Rows)
-        .batch_size(batch)
-        .build(InMemDataset::new((0..items).collect::<Vec<_>>()));
-    let valid = DataLoaderBuilder::new(Rows)
-        .batch_size(batch)
-        .build(InMemDataset::new((0..batch).collect::<Vec<_>>()));
-    (train, valid)
+    let loader = |rows: usize| -> Arc<dyn DataLoader<Batch>> {
+        DataLoaderBuilder::new(Rows)
+            .batch_size(batch)
+            .build(InMemDataset::new((0..rows).collect::<Vec<_>>()))
+    };
+    (loader(items), loader(batch))
 }
 
 /// A `Learner` run of `epochs` epochs in a fresh directory, without an application log (the
