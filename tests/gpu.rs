@@ -206,6 +206,11 @@ fn capture_failures_are_recovered() {
 }
 
 #[test]
+fn unwritten_tensors_fail_capture() {
+    scenarios::recovery::unwritten_tensors_fail_capture(&cuda());
+}
+
+#[test]
 fn backward_twice_matches_eager() {
     scenarios::recovery::backward_twice_matches_eager(&cuda());
 }

@@ -3,10 +3,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn_graphed::{Graphed, GraphedConfig, GraphedError};
+use burn_graphed::{Callable, Graphed, GraphedConfig, GraphedError, make_graphed_callables};
 use burn_graphed_testkit::{TensorComparison, compare_grads, deep_copy, param_values};
 
 use super::{
@@ -125,6 +125,91 @@ pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
     .expect_err("the third input is unused");
     assert_eq!(error, GraphedError::UnusedInput { index: 2 });
     assert_recovered(&device, &model, &before);
+}
+
+/// A tensor whose bytes the device never wrote: a view into an allocation of 4 TiB, which no
+/// device here can make. cubecl 0.11 keeps the failed allocation's error with the buffer, skips
+/// every launch that reads it (their outputs inherit the error) and fails every read of it:
+/// what a failed launch upstream leaves behind, without needing one.
+fn unwritten(shape: [usize; 2], device: &Device) -> Tensor<2> {
+    Tensor::<1>::empty([1usize << 40], device)
+        .narrow(0, 0, shape[0] * shape[1])
+        .reshape(shape)
+}
+
+/// A capture given a tensor that the device never wrote fails, and its error names that
+/// tensor: a sample input (`InputNotWritten`, with replay validation on and off: off, no
+/// output is read back), a parameter (`ParameterNotWritten`), and the input of a group's
+/// second callable (`InGroup`). cubecl refuses to seal a recording that skipped a launch, so
+/// no graph with a kernel missing is kept; the failed capture then reads its sample inputs and
+/// parameters back to name the cause. The module is untouched and the device captures again.
+pub fn unwritten_tensors_fail_capture(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let probe = unwritten([8, 16], &device).inner().try_into_data();
+    assert!(
+        probe.is_err(),
+        "precondition: a view into a failed allocation must not read back"
+    );
+
+    for validate in [true, false] {
+        let model = Mlp::new(16, 2, 4, &device);
+        let before = deep_copy(&model);
+        let error = Graphed::new(
+            model.clone(),
+            mlp_forward,
+            unwritten([8, 16], &device),
+            &GraphedConfig::new().with_validate_replay(validate),
+        )
+        .expect_err("a capture over an unwritten input");
+        assert!(
+            matches!(error, GraphedError::InputNotWritten { index: 0, .. }),
+            "validate_replay = {validate}: {error}"
+        );
+        println!("unwritten input refused: {error}");
+        assert_recovered(&device, &model, &before);
+    }
+
+    // The head's weight: parameter 4 in visiting order (two hidden layers' weight and bias).
+    let mut model = Mlp::new(16, 2, 4, &device);
+    model.head.weight = Param::from_tensor(unwritten([16, 4], &device).require_grad());
+    let error = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect_err("a capture over an unwritten parameter");
+    assert!(
+        matches!(
+            &error,
+            GraphedError::ParameterNotWritten { index: 4, shape, .. } if shape == &[16, 4]
+        ),
+        "{error}"
+    );
+
+    let first = Mlp::new(16, 2, 4, &device);
+    let second = Mlp::new(16, 1, 4, &device);
+    let before = deep_copy(&first);
+    let error = make_graphed_callables(
+        (
+            Callable::new(first.clone(), mlp_forward, batch([8, 16], 0, &device)),
+            Callable::new(second, mlp_forward, unwritten([8, 16], &device)),
+        ),
+        &GraphedConfig::new(),
+    )
+    .expect_err("a group capture over an unwritten input");
+    assert!(
+        matches!(
+            &error,
+            GraphedError::InGroup { callable: 1, error }
+                if matches!(**error, GraphedError::InputNotWritten { index: 0, .. })
+        ),
+        "{error}"
+    );
+    assert_recovered(&device, &first, &before);
 }
 
 /// `backward()` twice on one loss behaves as in eager training: burn consumes the autodiff

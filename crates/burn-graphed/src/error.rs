@@ -187,6 +187,41 @@ pub enum GraphedError {
         /// The device found.
         device: String,
     },
+    /// A capture failed because a sample input holds no values: the device never wrote its
+    /// bytes (an allocation or a launch that made it failed before the capture, and the
+    /// backend skipped every launch that read it since). Nothing computed from it can be
+    /// recorded, so the backend refused to seal the recording. Found when a capture fails, by
+    /// reading the callable's sample inputs back.
+    #[error(
+        "input {index} holds no values: the work that made this tensor failed on the device \
+         before the capture (a failed allocation or launch), and a graph cannot record work \
+         that reads it; find that failure (eager code reading the tensor fails the same way). \
+         Reading it back: {reason}"
+    )]
+    InputNotWritten {
+        /// Position of the tensor among the flattened inputs.
+        index: usize,
+        /// What the backend reported when the tensor was read.
+        reason: String,
+    },
+    /// A capture failed because a parameter of the module holds no values: the device never
+    /// wrote its bytes (see [`GraphedError::InputNotWritten`]; a parameter gets there when an
+    /// optimizer step read a gradient that a failed launch left unwritten, for example). Found
+    /// when a capture fails, by reading the module's parameters back.
+    #[error(
+        "parameter {index} ({shape:?}) holds no values: the work that made it (an \
+         initialization or an optimizer step) failed on the device before the capture, and a \
+         graph cannot record work that reads it; the module cannot train on this device as it \
+         is, eagerly either. Reading it back: {reason}"
+    )]
+    ParameterNotWritten {
+        /// Position of the parameter in visiting order.
+        index: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What the backend reported when the parameter was read.
+        reason: String,
+    },
     /// A capture step failed; the graphs were dropped and the device left out of capture mode.
     #[error("capture failed during {phase}: {reason}")]
     Capture {

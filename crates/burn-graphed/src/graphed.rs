@@ -117,7 +117,10 @@ where
     /// [`GraphedError::NoInputs`], [`GraphedError::NotAutodiff`],
     /// [`GraphedError::NonTrainableState`], [`GraphedError::UnusedInput`],
     /// [`GraphedError::Capture`] (with the failing step; the device is left out of capture mode
-    /// and usable), and [`GraphedError::Unsupported`] when graphs are required but impossible.
+    /// and usable), [`GraphedError::InputNotWritten`] and [`GraphedError::ParameterNotWritten`]
+    /// when the capture failed on a sample input or parameter whose values the device never
+    /// wrote (an earlier failed allocation or launch), and [`GraphedError::Unsupported`] when
+    /// graphs are required but impossible.
     pub fn new(
         module: M,
         call: fn(&M, I) -> O,

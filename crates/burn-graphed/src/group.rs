@@ -257,9 +257,51 @@ fn summary_of(
     }
 }
 
+/// Why a capture of `members` failed, when the cause is a tensor it was given: the first sample
+/// input or parameter (members in order, inputs before parameters) that does not read back.
+/// Asked only after a capture failed, so a capture that succeeds reads nothing.
+#[cfg(feature = "cube")]
+fn unwritten_source(members: &[Member<'_>]) -> Option<GraphedError> {
+    let unreadable = |flat: &FlatTensor| {
+        burn::Tensor::<1>::from_dispatch(flat.tensor.clone())
+            .inner()
+            .try_into_data()
+            .err()
+            .map(|error| error.to_string())
+    };
+    let alone = members.len() == 1;
+    members.iter().enumerate().find_map(|(callable, member)| {
+        let input = member
+            .sample
+            .iter()
+            .flatten()
+            .enumerate()
+            .find_map(|(index, flat)| {
+                unreadable(flat).map(|reason| GraphedError::InputNotWritten { index, reason })
+            });
+        input
+            .or_else(|| {
+                member.params.iter().enumerate().find_map(|(index, param)| {
+                    unreadable(&param.tensor).map(|reason| GraphedError::ParameterNotWritten {
+                        index,
+                        shape: param.tensor.shape.clone(),
+                        reason,
+                    })
+                })
+            })
+            .map(|error| in_group(alone, callable, error))
+    })
+}
+
 #[cfg(feature = "cube")]
 fn captured(members: &[Member<'_>], config: &GraphedConfig) -> Result<Vec<Built>, GraphedError> {
-    let group = crate::cube::capture::capture_group(members, config)?;
+    // A capture that reads a tensor the device never wrote fails (cubecl refuses to seal a
+    // recording that skipped a launch); name that tensor rather than the phase it broke.
+    let group =
+        crate::cube::capture::capture_group(members, config).map_err(|error| match error {
+            GraphedError::Capture { .. } => unwritten_source(members).unwrap_or(error),
+            other => other,
+        })?;
     let group_static_bytes = group.sessions.iter().map(|s| s.static_bytes()).sum();
     let mut previous_device = None;
     let mut built = Vec::with_capacity(members.len());
