@@ -7,7 +7,9 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_graphed::{Callable, Graphed, GraphedConfig, GraphedError, make_graphed_callables};
-use burn_graphed_testkit::{TensorComparison, compare_grads, deep_copy, param_values};
+use burn_graphed_testkit::{
+    HarnessError, TensorComparison, compare_grads, deep_copy, param_values,
+};
 
 use super::{
     Mlp, TwoHeads, assert_params_unchanged, batch, capture_mlp, mlp_forward,
@@ -176,7 +178,7 @@ pub fn unwritten_tensors_fail_capture(device: &Device) {
     let mut model = Mlp::new(16, 2, 4, &device);
     model.head.weight = Param::from_tensor(unwritten([16, 4], &device).require_grad());
     let error = Graphed::new(
-        model,
+        model.clone(),
         mlp_forward,
         batch([8, 16], 0, &device),
         &GraphedConfig::new(),
@@ -189,6 +191,17 @@ pub fn unwritten_tensors_fail_capture(device: &Device) {
         ),
         "{error}"
     );
+    // The test kit's read-back (the bench's `assert_ran`, which refuses a timed run whose
+    // launches were skipped) names the same parameter.
+    match param_values(&model) {
+        Err(error @ HarnessError::Read { .. }) => {
+            assert!(
+                error.to_string().starts_with("reading param 4 back"),
+                "{error}"
+            );
+        }
+        other => panic!("an unwritten parameter read back: {other:?}"),
+    }
 
     let first = Mlp::new(16, 2, 4, &device);
     let second = Mlp::new(16, 1, 4, &device);
