@@ -211,6 +211,11 @@ fn unwritten_tensors_fail_capture() {
 }
 
 #[test]
+fn unwritten_input_call_recovers() {
+    scenarios::recovery::unwritten_input_call_recovers(&cuda());
+}
+
+#[test]
 fn backward_twice_matches_eager() {
     scenarios::recovery::backward_twice_matches_eager(&cuda());
 }

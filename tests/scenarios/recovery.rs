@@ -225,6 +225,86 @@ pub fn unwritten_tensors_fail_capture(device: &Device) {
     assert_recovered(&device, &first, &before);
 }
 
+/// A call given an input that the device never wrote, and a backward given such a gradient:
+/// eager code computes on (and hands on) the failure, which surfaces at the next read; cubecl's
+/// graph replay would instead run on the static buffer's stale values and hand out readable,
+/// wrong results. So the graphed call refuses: the forward returns `InputNotWritten` (again
+/// when the same tensor is passed again: it is not taken as already copied), and the backward
+/// stops with the reason (a backward cannot return an error). The steps after them, given
+/// written tensors, replay and equal eager steps: the buffers the failed copies left unwritten
+/// are written again.
+pub fn unwritten_input_call_recovers(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let model = Mlp::new(16, 2, 4, &device);
+    let eager = deep_copy(&model);
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let bad = unwritten([8, 16], &device);
+    let eager_loss = square_mean(mlp_forward(&eager, bad.clone()));
+    assert!(
+        eager_loss.clone().inner().try_into_data().is_err(),
+        "eager: the loss of an unwritten input read back"
+    );
+    drop(eager_loss.backward());
+    for attempt in 0..2 {
+        match graphed.forward(bad.clone()) {
+            Err(GraphedError::InputNotWritten { index: 0, reason }) => {
+                assert!(!reason.is_empty());
+            }
+            Err(other) => panic!("attempt {attempt}: expected InputNotWritten, got {other}"),
+            Ok(out) => panic!(
+                "attempt {attempt}: a call with an unwritten input returned {:?}",
+                out.into_data()
+            ),
+        }
+    }
+
+    // A gradient that carries the failure into the backward: a loss scaled by an unwritten
+    // one-element tensor.
+    let scale = unwritten([1, 1], &device);
+    let x = batch([8, 16], 9, &device);
+    let eager_loss = square_mean(mlp_forward(&eager, x.clone()) * scale.clone());
+    drop(eager_loss.backward());
+    let graphed_loss = square_mean(graphed.forward(x).expect("graphed call") * scale);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        drop(graphed_loss.backward());
+    }));
+    let message = refused
+        .expect_err("a backward given an unwritten gradient replayed")
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(message.contains("holds no values"), "{message}");
+
+    let tolerance = tolerance_for(&device);
+    for step in 1..4 {
+        let x = batch([8, 16], step, &device);
+        let eager_out = mlp_forward(&eager, x.clone());
+        let graphed_out = graphed.forward(x).expect("graphed call");
+        let outputs = TensorComparison::new(
+            format!("output, step {step} after the refused calls"),
+            &eager_out.clone().into_data(),
+            &graphed_out.clone().into_data(),
+            tolerance,
+        );
+        assert!(outputs.passed(), "{outputs:?}");
+        let e = GradientsParams::from_grads(square_mean(eager_out).backward(), &eager);
+        let g = GradientsParams::from_grads(square_mean(graphed_out).backward(), &graphed);
+        assert_grads_match(
+            &format!("step {step} after the refused calls"),
+            (&eager, &e),
+            (&graphed, &g),
+            tolerance,
+        );
+    }
+    // The refused forwards are not counted; the refused backward's forward and its replay are.
+    let stats = graphed.stats();
+    assert_eq!(stats.forward_replays, 4, "{stats:?}");
+    assert_eq!(stats.backward_replays, 3, "{stats:?}");
+}
+
 /// `backward()` twice on one loss behaves as in eager training: burn consumes the autodiff
 /// tape on the first call and panics on the second ("graph tape has already been consumed";
 /// burn has no `retain_graph`), graphed alike; the graphed model is not left waiting for a

@@ -181,12 +181,17 @@ where
     /// [`GraphedError::Mismatch`] for any other difference when the policy is
     /// [`MismatchPolicy::Error`], [`GraphedError::ParametersChanged`] when the module's
     /// parameters were added, removed, replaced or reshaped since capture (the graphs cannot
-    /// serve it: capture again), and [`GraphedError::Replay`] when the device rejects a replay.
+    /// serve it: capture again), [`GraphedError::InputNotWritten`] and
+    /// [`GraphedError::ParameterNotWritten`] when an input or a parameter that had to be copied
+    /// into the graphs holds no values (an earlier allocation or launch that made it failed on
+    /// the device; eager code would carry the failure on to its next read, a replay would run
+    /// on stale values), and [`GraphedError::Replay`] when the device rejects a replay.
     ///
     /// # Panics
     ///
-    /// The backward pass of a replayed call panics if the device rejects the backward replay:
-    /// burn's backward steps cannot return errors, and continuing would yield wrong gradients.
+    /// The backward pass of a replayed call panics if the device rejects the backward replay,
+    /// or if the gradient it is given holds no values (as above): burn's backward steps cannot
+    /// return errors, and continuing would yield wrong gradients.
     pub fn forward(&self, input: I) -> Result<O, GraphedError> {
         let flat = input.flatten();
         if flat.len() != self.shared.inputs.len() {

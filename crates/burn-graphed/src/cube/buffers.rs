@@ -1,10 +1,12 @@
 //! Static buffers: the device memory a captured graph reads and writes, with the identity
 //! checks and copies that refresh it between replays.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use burn::backend::ir::TensorId;
 use burn::backend::{BackendTypes, Cube};
+use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::copy_op::StaticCopyOps;
@@ -22,6 +24,43 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
     (id.value, start, end)
 }
 
+/// The buffer behind a fusion tensor: drains the tensor's stream and asks the fusion server
+/// (one round trip; capture time only).
+fn key_of_fused(tensor: &FusedTensor) -> BufferKey {
+    key_of(
+        &tensor
+            .client
+            .resolve_tensor_float::<CubeBackend>(tensor.clone()),
+    )
+}
+
+/// The buffers whose last copy left them unwritten, with the backend's reason: the copy's
+/// source carried an earlier device failure, so cubecl skipped the copy. Filled at execution
+/// time by the copy operation ([`note_copy`]), on the thread that drains the stream, and read
+/// by the session right after a replay, whose drain ran the copies
+/// ([`StaticBuffer::copy_failure`]). cubecl's graph replay does not look at what the graph
+/// reads, so without this a replay would run on the buffer's stale values and mark its outputs
+/// written: readable, and wrong.
+static UNWRITTEN: Mutex<Option<HashMap<BufferKey, String>>> = Mutex::new(None);
+
+/// Records how the copy into the buffer `key` ended: `Err` with the backend's reason when the
+/// buffer holds no values after it.
+pub(crate) fn note_copy(key: BufferKey, outcome: Result<(), String>) {
+    let mut unwritten = crate::lock(&UNWRITTEN);
+    match outcome {
+        Ok(()) => {
+            if let Some(map) = unwritten.as_mut() {
+                map.remove(&key);
+            }
+        }
+        Err(reason) => {
+            unwritten
+                .get_or_insert_with(HashMap::new)
+                .insert(key, reason);
+        }
+    }
+}
+
 /// A buffer that a graph reads or writes. Holding the fusion handle keeps the buffer alive for
 /// as long as the graph lives and keeps fusion from reusing it in place for another tensor.
 ///
@@ -32,6 +71,8 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
 pub(crate) struct StaticBuffer {
     /// The fusion handle, given to burn ops and to user code.
     pub fused: FusedTensor,
+    /// The device buffer's identity, fixed for the buffer's life (the graphs hold it).
+    key: BufferKey,
     /// The tensor whose values the buffer holds, when known: the tensor last copied in, or the
     /// copy handed out after a graph wrote the buffer. burn tensors never change value (an
     /// in-place kernel only reuses the buffer of a tensor nobody holds anymore, under a new
@@ -45,9 +86,10 @@ pub(crate) struct StaticBuffer {
 }
 
 impl StaticBuffer {
-    /// Wraps `fused`.
+    /// Wraps `fused` (one round trip to the fusion server, for the buffer's identity).
     pub fn new(fused: FusedTensor) -> Self {
         Self {
+            key: key_of_fused(&fused),
             fused,
             contents: Mutex::new(None),
             handed_out: Mutex::new(None),
@@ -90,6 +132,20 @@ impl StaticBuffer {
     pub fn overwrite_from(&self, source: &FusedTensor) -> FusedTensor {
         *self.contents() = None;
         <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
+    }
+
+    /// The backend's reason when the last copy into this buffer left it unwritten (its source
+    /// carried an earlier device failure); `None` when the copy wrote it. Ask only after the
+    /// copy ran (a replay drains the stream first). The buffer then holds no known tensor, so
+    /// that the same source passed again is copied, and checked, again.
+    pub fn copy_failure(&self) -> Option<String> {
+        let reason = crate::lock(&UNWRITTEN)
+            .as_mut()
+            .and_then(|map| map.remove(&self.key));
+        if reason.is_some() {
+            *self.contents() = None;
+        }
+        reason
     }
 
     /// Whether the buffer holds the values of the tensor with id `id`.

@@ -214,24 +214,17 @@ impl Session {
     ) -> Result<(), GraphedError> {
         // Queued copies; held until the replay below drained the stream.
         let mut queued = Vec::new();
-        if self.fault != FaultInjection::SkipInputCopy {
-            queued.extend(
-                self.inputs
-                    .iter()
-                    .zip(inputs)
-                    .filter_map(|(buffer, input)| buffer.write_from(input)),
-            );
-        }
-        let input_copies = queued.len() as u64;
-        if self.fault != FaultInjection::SkipParamCopy {
-            queued.extend(
-                self.params
-                    .iter()
-                    .zip(params)
-                    .filter_map(|(buffer, param)| buffer.write_from(param)),
-            );
-        }
-        let param_copies = queued.len() as u64 - input_copies;
+        // Which buffers were copied into: checked after the replay.
+        let copied_inputs = match self.fault {
+            FaultInjection::SkipInputCopy => Vec::new(),
+            _ => copy_into(self.inputs.iter().map(|b| &**b), inputs, &mut queued),
+        };
+        let copied_params = match self.fault {
+            FaultInjection::SkipParamCopy => Vec::new(),
+            _ => copy_into(self.params.iter(), params, &mut queued),
+        };
+        let input_copies = copied_inputs.len() as u64;
+        let param_copies = copied_params.len() as u64;
         // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
         // used concurrently, and refreshed on the capture stream. The static buffers live in
         // `self`, which outlives the graph (field order); the activations the recording wrote
@@ -243,6 +236,8 @@ impl Session {
             which: "forward",
             reason: error.to_string(),
         })?;
+        drop(queued);
+        self.refuse_unwritten_sources(&copied_inputs, &copied_params)?;
         let outputs = self.outputs.iter().map(|b| self.hand_out(b)).collect();
         let mut state = self.lock();
         state.stats.forward_replays += 1;
@@ -251,6 +246,35 @@ impl Session {
         state.fresh_outputs = outputs;
         state.received = vec![false; self.outputs.len()];
         Ok(())
+    }
+
+    /// After a forward replay: the error naming the first input, else parameter, whose copy
+    /// found its source unwritten (it carried an earlier device failure, so cubecl skipped the
+    /// copy and the replay ran on the buffer's stale values). Its outputs are not handed out,
+    /// so no user tensor holds them. Every buffer copied into is asked, so that each one left
+    /// unwritten is copied again next time.
+    fn refuse_unwritten_sources(
+        &self,
+        inputs: &[usize],
+        params: &[usize],
+    ) -> Result<(), GraphedError> {
+        use burn::backend::TensorMetadata;
+        let mut first = None;
+        for &index in inputs {
+            if let Some(reason) = self.inputs[index].copy_failure() {
+                first.get_or_insert(GraphedError::InputNotWritten { index, reason });
+            }
+        }
+        for &index in params {
+            if let Some(reason) = self.params[index].copy_failure() {
+                first.get_or_insert_with(|| GraphedError::ParameterNotWritten {
+                    index,
+                    shape: self.params[index].fused.shape().iter().copied().collect(),
+                    reason,
+                });
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Registers the token of the forward just replayed.
@@ -302,6 +326,24 @@ impl Session {
                 reason: error.to_string(),
             })?;
         drop(queued);
+        // An output gradient that carried an earlier device failure was not copied in, and the
+        // replay ran on the previous gradient: refuse rather than hand out gradients of it.
+        let mut unwritten = None;
+        for (index, buffer) in self.grad_outputs.iter().enumerate() {
+            if let Some(reason) = buffer.copy_failure() {
+                unwritten.get_or_insert(GraphedError::Replay {
+                    which: "backward",
+                    reason: format!(
+                        "the gradient given to output {index} holds no values: the work that \
+                         made it failed on the device (eager code reading it fails the same \
+                         way). Reading it back: {reason}"
+                    ),
+                });
+            }
+        }
+        if let Some(error) = unwritten {
+            return Err(error);
+        }
         self.lock().stats.backward_replays += 1;
         Ok(self
             .grad_parents
@@ -339,4 +381,22 @@ impl Session {
             }),
         }
     }
+}
+
+/// Queues a copy of each source into its buffer where the values are not there already
+/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued`; returns the
+/// positions of the buffers copied into.
+fn copy_into<'a>(
+    buffers: impl Iterator<Item = &'a StaticBuffer>,
+    sources: &[FusedTensor],
+    queued: &mut Vec<FusedTensor>,
+) -> Vec<usize> {
+    let mut copied = Vec::new();
+    for (index, (buffer, source)) in buffers.zip(sources).enumerate() {
+        if let Some(copy) = buffer.write_from(source) {
+            queued.push(copy);
+            copied.push(index);
+        }
+    }
+    copied
 }
