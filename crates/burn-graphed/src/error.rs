@@ -187,39 +187,41 @@ pub enum GraphedError {
         /// The device found.
         device: String,
     },
-    /// A capture failed because a sample input holds no values: the device never wrote its
-    /// bytes (an allocation or a launch that made it failed before the capture, and the
-    /// backend skipped every launch that read it since). Nothing computed from it can be
-    /// recorded, so the backend refused to seal the recording. Found when a capture fails, by
-    /// reading the callable's sample inputs back.
+    /// An input holds no values: the device never wrote its bytes (an allocation or a launch
+    /// that made it failed, and the backend skipped every launch that read it since), so a
+    /// graph can neither record nor replay work that reads it. Found when a capture fails (the
+    /// backend refuses to seal a recording that skipped a launch; the capture then reads its
+    /// sample inputs back) and at a call (the copy into the graph's input buffer finds it,
+    /// before any output is handed out). Eager code given the tensor fails at its next read.
     #[error(
-        "input {index} holds no values: the work that made this tensor failed on the device \
-         before the capture (a failed allocation or launch), and a graph cannot record work \
-         that reads it; find that failure (eager code reading the tensor fails the same way). \
-         Reading it back: {reason}"
+        "input {index} holds no values: the work that made this tensor failed on the device (a \
+         failed allocation or launch), and a graph can neither record nor replay work that \
+         reads it; find that failure (eager code reading the tensor fails the same way). The \
+         backend's account: {reason}"
     )]
     InputNotWritten {
         /// Position of the tensor among the flattened inputs.
         index: usize,
-        /// What the backend reported when the tensor was read.
+        /// What the backend reported for the tensor.
         reason: String,
     },
-    /// A capture failed because a parameter of the module holds no values: the device never
-    /// wrote its bytes (see [`GraphedError::InputNotWritten`]; a parameter gets there when an
-    /// optimizer step read a gradient that a failed launch left unwritten, for example). Found
-    /// when a capture fails, by reading the module's parameters back.
+    /// A parameter of the module holds no values: the device never wrote its bytes (see
+    /// [`GraphedError::InputNotWritten`]; a parameter gets there when an optimizer step read a
+    /// gradient that a failed launch left unwritten, for example). Found when a capture fails
+    /// (by reading the module's parameters back) and at a call that copies the parameter into
+    /// the graph's buffer.
     #[error(
         "parameter {index} ({shape:?}) holds no values: the work that made it (an \
-         initialization or an optimizer step) failed on the device before the capture, and a \
-         graph cannot record work that reads it; the module cannot train on this device as it \
-         is, eagerly either. Reading it back: {reason}"
+         initialization or an optimizer step) failed on the device, and a graph can neither \
+         record nor replay work that reads it; the module cannot train on this device as it \
+         is, eagerly either. The backend's account: {reason}"
     )]
     ParameterNotWritten {
         /// Position of the parameter in visiting order.
         index: usize,
         /// Its shape.
         shape: Vec<usize>,
-        /// What the backend reported when the parameter was read.
+        /// What the backend reported for the parameter.
         reason: String,
     },
     /// A capture step failed; the graphs were dropped and the device left out of capture mode.

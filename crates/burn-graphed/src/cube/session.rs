@@ -336,7 +336,7 @@ impl Session {
                     reason: format!(
                         "the gradient given to output {index} holds no values: the work that \
                          made it failed on the device (eager code reading it fails the same \
-                         way). Reading it back: {reason}"
+                         way). The backend's account: {reason}"
                     ),
                 });
             }
