@@ -14,6 +14,7 @@ use burn::prelude::*;
 use burn_graphed::{Graphed, GraphedConfig, MismatchPolicy};
 
 use super::prop::{Arch, PropNet};
+use super::recovery::unwritten;
 use super::{Mlp, TwoHeads, batch, mlp_forward, square_mean, two_heads_forward, two_heads_loss};
 
 fn snapshot(name: &str, facts: &str) {
@@ -238,6 +239,40 @@ pub fn structural_facts(device: &Device) {
         )
     )
     .unwrap();
+
+    if graphs {
+        // A tensor the device never wrote (cubecl's own account of it, which names memory
+        // ids, is cut off): refused at capture and at a call.
+        let account = |text: String| match text.split_once(" The backend's account: ") {
+            Some((message, _)) => format!("{message} The backend's account: <reason>"),
+            None => text,
+        };
+        let at_capture = Graphed::new(
+            Mlp::new(8, 1, 2, &device),
+            mlp_forward,
+            unwritten([4, 8], &device),
+            &GraphedConfig::new(),
+        );
+        writeln!(
+            facts,
+            "  unwritten sample input: {}",
+            account(error_text(at_capture))
+        )
+        .unwrap();
+        let captured = Graphed::new(
+            Mlp::new(8, 1, 2, &device),
+            mlp_forward,
+            batch([4, 8], 0, &device),
+            &GraphedConfig::new(),
+        )
+        .expect("capture");
+        writeln!(
+            facts,
+            "  unwritten input at a call: {}",
+            account(error_text(captured.forward(unwritten([4, 8], &device))))
+        )
+        .unwrap();
+    }
 
     group_facts(&device, &mut facts);
     shape_cache_facts(&device, &mut facts);

@@ -133,7 +133,7 @@ pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
 /// device here can make. cubecl 0.11 keeps the failed allocation's error with the buffer, skips
 /// every launch that reads it (their outputs inherit the error) and fails every read of it:
 /// what a failed launch upstream leaves behind, without needing one.
-fn unwritten(shape: [usize; 2], device: &Device) -> Tensor<2> {
+pub fn unwritten(shape: [usize; 2], device: &Device) -> Tensor<2> {
     Tensor::<1>::empty([1usize << 40], device)
         .narrow(0, 0, shape[0] * shape[1])
         .reshape(shape)
@@ -299,7 +299,8 @@ pub fn unwritten_input_call_recovers(device: &Device) {
             tolerance,
         );
     }
-    // The refused forwards are not counted; the refused backward's forward and its replay are.
+    // Neither the refused forwards nor the refused backward are counted; the forward before
+    // that backward is.
     let stats = graphed.stats();
     assert_eq!(stats.forward_replays, 4, "{stats:?}");
     assert_eq!(stats.backward_replays, 3, "{stats:?}");
