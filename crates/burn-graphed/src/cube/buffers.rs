@@ -40,7 +40,8 @@ fn key_of_fused(tensor: &FusedTensor) -> BufferKey {
 /// by the session right after a replay, whose drain ran the copies
 /// ([`StaticBuffer::copy_failure`]). cubecl's graph replay does not look at what the graph
 /// reads, so without this a replay would run on the buffer's stale values and mark its outputs
-/// written: readable, and wrong.
+/// written: readable, and wrong. One record serves every device: cubecl numbers memory from
+/// one process-wide counter (`ManagedMemoryId`), so keys never collide across devices.
 static UNWRITTEN: Mutex<Option<HashMap<BufferKey, String>>> = Mutex::new(None);
 
 /// Records how the copy into the buffer `key` ended: `Err` with the backend's reason when the
