@@ -219,13 +219,17 @@ pub fn structural_facts(device: &Device) {
         error_text(vec_inputs.forward(vec![batch([2, 4], 0, &device)]))
     )
     .unwrap();
-    let captured = Graphed::new(
-        Mlp::new(8, 1, 2, &device),
-        mlp_forward,
-        batch([4, 8], 0, &device),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    // A small MLP captured with the default configuration.
+    let captured_mlp = || {
+        Graphed::new(
+            Mlp::new(8, 1, 2, &device),
+            mlp_forward,
+            batch([4, 8], 0, &device),
+            &GraphedConfig::new(),
+        )
+        .expect("capture")
+    };
+    let captured = captured_mlp();
     let old_id = first_param_id(&captured);
     let replaced = captured.map(&mut NewIdForFirst(true));
     let new_id = first_param_id(&replaced);
@@ -259,13 +263,7 @@ pub fn structural_facts(device: &Device) {
             account(error_text(at_capture))
         )
         .unwrap();
-        let captured = Graphed::new(
-            Mlp::new(8, 1, 2, &device),
-            mlp_forward,
-            batch([4, 8], 0, &device),
-            &GraphedConfig::new(),
-        )
-        .expect("capture");
+        let captured = captured_mlp();
         writeln!(
             facts,
             "  unwritten input at a call: {}",
