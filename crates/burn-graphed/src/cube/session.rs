@@ -259,22 +259,17 @@ impl Session {
         params: &[usize],
     ) -> Result<(), GraphedError> {
         use burn::backend::TensorMetadata;
-        let mut first = None;
-        for &index in inputs {
-            if let Some(reason) = self.inputs[index].copy_failure() {
-                first.get_or_insert(GraphedError::InputNotWritten { index, reason });
-            }
+        let input = first_copy_failure(inputs.iter().map(|&i| (i, &*self.inputs[i])));
+        let param = first_copy_failure(params.iter().map(|&i| (i, &self.params[i])));
+        match (input, param) {
+            (Some((index, reason)), _) => Err(GraphedError::InputNotWritten { index, reason }),
+            (None, Some((index, reason))) => Err(GraphedError::ParameterNotWritten {
+                index,
+                shape: self.params[index].fused.shape().iter().copied().collect(),
+                reason,
+            }),
+            (None, None) => Ok(()),
         }
-        for &index in params {
-            if let Some(reason) = self.params[index].copy_failure() {
-                first.get_or_insert_with(|| GraphedError::ParameterNotWritten {
-                    index,
-                    shape: self.params[index].fused.shape().iter().copied().collect(),
-                    reason,
-                });
-            }
-        }
-        first.map_or(Ok(()), Err)
     }
 
     /// Registers the token of the forward just replayed.
@@ -328,21 +323,16 @@ impl Session {
         drop(queued);
         // An output gradient that carried an earlier device failure was not copied in, and the
         // replay ran on the previous gradient: refuse rather than hand out gradients of it.
-        let mut unwritten = None;
-        for (index, buffer) in self.grad_outputs.iter().enumerate() {
-            if let Some(reason) = buffer.copy_failure() {
-                unwritten.get_or_insert(GraphedError::Replay {
-                    which: "backward",
-                    reason: format!(
-                        "the gradient given to output {index} holds no values: the work that \
-                         made it failed on the device (eager code reading it fails the same \
-                         way). The backend's account: {reason}"
-                    ),
-                });
-            }
-        }
-        if let Some(error) = unwritten {
-            return Err(error);
+        let grads = self.grad_outputs.iter().map(|buffer| &**buffer).enumerate();
+        if let Some((index, reason)) = first_copy_failure(grads) {
+            return Err(GraphedError::Replay {
+                which: "backward",
+                reason: format!(
+                    "the gradient given to output {index} holds no values: the work that made \
+                     it failed on the device (eager code reading it fails the same way). The \
+                     backend's account: {reason}"
+                ),
+            });
         }
         self.lock().stats.backward_replays += 1;
         Ok(self
@@ -399,4 +389,19 @@ fn copy_into<'a>(
         }
     }
     copied
+}
+
+/// The first of `buffers` (position, buffer) whose last copy left it unwritten, with the
+/// backend's reason ([`StaticBuffer::copy_failure`]). Every buffer is asked, so that each one
+/// left unwritten forgets what it held and is copied again next time.
+fn first_copy_failure<'a>(
+    buffers: impl Iterator<Item = (usize, &'a StaticBuffer)>,
+) -> Option<(usize, String)> {
+    let mut first = None;
+    for (index, buffer) in buffers {
+        if let Some(reason) = buffer.copy_failure() {
+            first.get_or_insert((index, reason));
+        }
+    }
+    first
 }
