@@ -69,6 +69,8 @@ on_devices! {
     fused_adam_records_load_into_adam => scenarios::optim::fused_adam_records_load_into_adam;
     fused_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::PerParam);
     multi_tensor_adam_records_load_into_adam => scenarios::optim::multi_tensor_adam_records_load_into_adam;
+    fused_adam_unwritten_gradient_is_refused => |d| scenarios::optim::unwritten_gradient_step_is_refused(d, scenarios::optim::Kind::PerParam);
+    multi_tensor_adam_unwritten_gradient_is_refused => |d| scenarios::optim::unwritten_gradient_step_is_refused(d, scenarios::optim::Kind::MultiTensor);
     multi_tensor_adam_leaves_shared_moments_alone => |d| scenarios::optim::fused_adam_leaves_shared_moments_alone(d, scenarios::optim::Kind::MultiTensor);
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, false);
     guarded_multi_tensor_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, true);

@@ -283,6 +283,18 @@ fn multi_tensor_adam_leaves_shared_moments_alone() {
 }
 
 #[test]
+fn fused_adam_unwritten_gradient_is_refused() {
+    let kind = scenarios::optim::Kind::PerParam;
+    scenarios::optim::unwritten_gradient_step_is_refused(&cuda(), kind);
+}
+
+#[test]
+fn multi_tensor_adam_unwritten_gradient_is_refused() {
+    let kind = scenarios::optim::Kind::MultiTensor;
+    scenarios::optim::unwritten_gradient_step_is_refused(&cuda(), kind);
+}
+
+#[test]
 fn guarded_training_matches_eager() {
     scenarios::guarded::guarded_training_matches_eager(&cuda(), 20, false);
 }

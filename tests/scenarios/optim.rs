@@ -375,3 +375,136 @@ pub fn fused_adam_leaves_shared_moments_alone(device: &Device, kind: Kind) {
         assert_params_close(&what, &reference, &fused, tolerance_for(&device));
     }
 }
+
+/// The id, visiting index and shape of the last two-dimensional float parameter of `module`
+/// (the MLP's last weight).
+fn last_weight<M: Module>(module: &M) -> (burn::module::ParamId, usize, [usize; 2]) {
+    struct Finder {
+        visited: usize,
+        found: Option<(burn::module::ParamId, usize, [usize; 2])>,
+    }
+    impl burn::module::ModuleVisitor for Finder {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            let dims = param.val().dims();
+            if D == 2 {
+                self.found = Some((param.id, self.visited, [dims[0], dims[1]]));
+            }
+            self.visited += 1;
+        }
+    }
+    let mut finder = Finder {
+        visited: 0,
+        found: None,
+    };
+    module.visit(&mut finder);
+    finder
+        .found
+        .expect("the module has a two-dimensional parameter")
+}
+
+/// The gradients of `model`'s loss on `x`, with the last weight's replaced by a tensor the
+/// device never wrote (what a failed launch upstream leaves behind).
+fn poisoned_grads<M: Module>(model: &M, loss: Tensor<1>, device: &Device) -> GradientsParams {
+    let mut grads = GradientsParams::from_grads(loss.backward(), model);
+    let (id, _, shape) = last_weight(model);
+    grads.register(id, super::recovery::unwritten(shape, device).inner());
+    grads
+}
+
+/// A fused optimizer step given a gradient the device never wrote updates nothing: cubecl
+/// skips the kernel that reads it and marks the buffers it would have written, among them the
+/// graphs' parameter buffers that the step updates in place (`MultiTensorAdam`: every
+/// parameter of the skipped launch). The next calls are refused with `ParameterNotWritten`
+/// naming such a parameter, as often as they are made: without the record of in-place
+/// updates, the replay ran on the stale parameter and its output read back. Eager training
+/// (burn's `Adam`) given the same gradient cannot read that parameter back either. Loading the
+/// parameters saved before the step recovers: calls replay again and, with fresh optimizers
+/// on both sides, train as eagerly. Rows CUDA pitches (width 11, 3 outputs), so the update
+/// goes through a dense copy and its write-back there.
+pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let lr = 1e-2;
+    let model = Mlp::new(11, 2, 3, &device);
+    let mut eager = deep_copy(&model);
+    let mut graphed = capture_mlp(model, batch([8, 11], 0, &device));
+    let (mut fused_adam, mut adam) = (kind.optimizer(), AdamConfig::new().init());
+    // One good step: the first call copies the parameters in, the optimizer then updates the
+    // graphs' buffers in place.
+    let x = batch([8, 11], 1, &device);
+    let loss = square_mean(graphed.forward(x.clone()).expect("call"));
+    let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+    graphed = fused_adam.step_module(lr, graphed, grads);
+    eager = eager_step(eager, &mut adam, x, lr);
+    // Saved before the bad step, in buffers of their own (read, so that the copies ran).
+    let (saved_graphed, saved_eager) = (deep_copy(&graphed), deep_copy(&eager));
+    param_values(&saved_graphed).expect("saved graphed parameters read back");
+    param_values(&saved_eager).expect("saved eager parameters read back");
+
+    let x = batch([8, 11], 2, &device);
+    let loss = square_mean(eager.forward(x.clone()));
+    let grads = poisoned_grads(&eager, loss, &device);
+    eager = adam.step(lr, eager, grads);
+    let (_, poisoned, _) = last_weight(&eager);
+    let eager_read = param_values(&eager);
+    assert!(
+        eager_read.is_err(),
+        "eager: a parameter updated from an unwritten gradient read back"
+    );
+    let loss = square_mean(graphed.forward(x).expect("call"));
+    let grads = poisoned_grads(&graphed, loss, &device);
+    graphed = fused_adam.step_module(lr, graphed, grads);
+    let before = graphed.stats();
+    for attempt in 0..2 {
+        match graphed.forward(batch([8, 11], 3, &device)) {
+            Err(GraphedError::ParameterNotWritten { index, reason, .. }) => {
+                assert!(!reason.is_empty());
+                match kind {
+                    Kind::PerParam => assert_eq!(index, poisoned, "attempt {attempt}"),
+                    Kind::MultiTensor => assert!(index <= poisoned, "attempt {attempt}: {index}"),
+                }
+            }
+            Err(other) => panic!("attempt {attempt}: expected ParameterNotWritten, got {other}"),
+            Ok(out) => panic!(
+                "attempt {attempt}: a call on a parameter the optimizer left unwritten returned \
+                 {:?} ({:?})",
+                out.inner().try_into_data(),
+                graphed.stats()
+            ),
+        }
+    }
+    // Refused replays are not counted, and no call fell back to eager.
+    let refused = graphed.stats();
+    assert_eq!(
+        refused.forward_replays, before.forward_replays,
+        "{refused:?}"
+    );
+    assert_eq!(refused.total_fallbacks(), 0, "{refused:?}");
+
+    // Recovery: the saved parameters, fresh optimizers.
+    let mut graphed = graphed.load_record(saved_graphed.into_record());
+    let mut eager = eager.load_record(saved_eager.into_record());
+    let (mut fused_adam, mut adam) = (kind.optimizer(), AdamConfig::new().init());
+    for step in 4..7 {
+        let x = batch([8, 11], step, &device);
+        let loss = square_mean(graphed.forward(x.clone()).expect("call after recovery"));
+        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+        graphed = fused_adam.step_module(lr, graphed, grads);
+        eager = eager_step(eager, &mut adam, x, lr);
+        assert_params_close(
+            &format!("step {step}, after recovery"),
+            &eager,
+            &graphed,
+            tolerance_for(&device),
+        );
+    }
+    let after = graphed.stats();
+    assert_eq!(
+        after.forward_replays,
+        refused.forward_replays + 3,
+        "{after:?}"
+    );
+    assert_eq!(after.total_fallbacks(), 0, "{after:?}");
+}

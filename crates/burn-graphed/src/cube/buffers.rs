@@ -34,12 +34,15 @@ fn key_of_fused(tensor: &FusedTensor) -> BufferKey {
     )
 }
 
-/// The buffers whose last copy left them unwritten, with the backend's reason: the copy's
-/// source carried an earlier device failure, so cubecl skipped the copy. Filled at execution
-/// time by the copy operation ([`note_copy`]), on the thread that drains the stream, and read
-/// by the session right after a replay, whose drain ran the copies
-/// ([`StaticBuffer::copy_failure`]). cubecl's graph replay does not look at what the graph
-/// reads, so without this a replay would run on the buffer's stale values and mark its outputs
+/// The buffers that the last work writing them left unwritten, with the backend's reason: a
+/// copy whose source carried an earlier device failure (cubecl skipped the copy), or an
+/// optimizer's in-place update that read such a gradient. Filled at execution time by the copy
+/// operation ([`note_copy`]) and the optimizers ([`note_in_place_updates`]), on the thread that
+/// drains the stream, and read by the session right after a replay, whose drain ran that work
+/// ([`StaticBuffer::unwritten_reason`]). An entry stays until work writing the buffer succeeds
+/// (the next copy into it, or update of it) or the buffer is dropped, so every replay over the
+/// buffer meanwhile is refused. cubecl's graph replay does not look at what the graph reads,
+/// so without this a replay would run on the buffer's stale values and mark its outputs
 /// written: readable, and wrong. One record serves every device: cubecl numbers memory from
 /// one process-wide counter (`ManagedMemoryId`), so keys never collide across devices.
 static UNWRITTEN: Mutex<Option<HashMap<BufferKey, String>>> = Mutex::new(None);
@@ -60,6 +63,41 @@ pub(crate) fn note_copy(key: BufferKey, outcome: Result<(), String>) {
                 .insert(key, reason);
         }
     }
+}
+
+/// Records whether the graphs' parameter buffers that an optimizer kernel just updated in place
+/// (`FusedAdam`, `MultiTensorAdam`) hold values: cubecl skips a launch that reads an unwritten
+/// gradient and marks the buffers it would have written, and the next replay, which does not
+/// look at what it reads, would run on the stale parameter. One lookup for all of `updated`;
+/// one per buffer only when that lookup fails, to name which. Called at execution time, after
+/// the launch (and the write-back of a dense copy) was enqueued; the session reads the record
+/// after its next forward replay, as for a copy ([`StaticBuffer::unwritten_reason`]).
+pub(crate) fn note_in_place_updates(updated: &[&CubeTensor]) {
+    let Some(first) = updated.first() else {
+        return;
+    };
+    // Buffers of several devices in one call: the lookup fails, and each is asked on its own.
+    let all = first
+        .client
+        .check(updated.iter().map(|tensor| &tensor.handle));
+    for tensor in updated {
+        let outcome = match &all {
+            Ok(()) => Ok(()),
+            Err(_) => tensor
+                .client
+                .check([&tensor.handle])
+                .map_err(|error| error.to_string()),
+        };
+        note_copy(key_of(tensor), outcome);
+    }
+}
+
+/// Whether some buffer's last copy or in-place update left it unwritten and the session has
+/// not asked about it yet: one lock, so that a replay with nothing recorded asks no buffer.
+pub(crate) fn any_unwritten() -> bool {
+    crate::lock(&UNWRITTEN)
+        .as_ref()
+        .is_some_and(|map| !map.is_empty())
 }
 
 /// A buffer that a graph reads or writes. Holding the fusion handle keeps the buffer alive for
@@ -84,6 +122,15 @@ pub(crate) struct StaticBuffer {
     /// code still holds that tensor (a clone of the module): then the buffer may not be written,
     /// because that tensor would change value.
     handed_out: Mutex<Option<FusedTensor>>,
+}
+
+impl Drop for StaticBuffer {
+    /// Forgets what [`UNWRITTEN`] holds for this buffer: its memory goes back to the pool.
+    fn drop(&mut self) {
+        if let Some(map) = crate::lock(&UNWRITTEN).as_mut() {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl StaticBuffer {
@@ -135,18 +182,16 @@ impl StaticBuffer {
         <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
     }
 
-    /// The backend's reason when the last copy into this buffer left it unwritten (its source
-    /// carried an earlier device failure); `None` when the copy wrote it. Ask only after the
-    /// copy ran (a replay drains the stream first). The buffer then holds no known tensor, so
-    /// that the same source passed again is copied, and checked, again.
-    pub fn copy_failure(&self) -> Option<String> {
-        let reason = crate::lock(&UNWRITTEN)
-            .as_mut()
-            .and_then(|map| map.remove(&self.key));
-        if reason.is_some() {
-            *self.contents() = None;
-        }
-        reason
+    /// The backend's reason when the last copy into this buffer, or the last in-place optimizer
+    /// update of it, left it unwritten (its source or gradient carried an earlier device
+    /// failure); `None` when that work wrote it. Ask only after the work ran (a replay drains
+    /// the stream first). The answer stays until a copy into the buffer or an update of it
+    /// succeeds: passing the same unwritten tensor again copies nothing (the buffer is noted
+    /// to hold it) and is refused again.
+    pub fn unwritten_reason(&self) -> Option<String> {
+        crate::lock(&UNWRITTEN)
+            .as_ref()
+            .and_then(|map| map.get(&self.key).cloned())
     }
 
     /// Whether the buffer holds the values of the tensor with id `id`.
@@ -183,5 +228,8 @@ impl StaticBuffer {
     /// is the tensor that now has the same values.
     pub fn written_by_graph(&self, handed_out: Option<TensorId>) {
         *self.contents() = handed_out;
+        // It holds values now, whatever an earlier copy into it left (a buffer that a group's
+        // next callable reads, say).
+        note_copy(self.key, Ok(()));
     }
 }

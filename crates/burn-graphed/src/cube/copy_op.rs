@@ -46,7 +46,7 @@ impl StaticCopyOps for CubeBackend {
         // cubecl skips a launch whose input carries an earlier failure and marks what it would
         // have written; asking costs one lookup on the device's thread, no device sync. A
         // replay does not ask (it runs on whatever the buffer holds), so the session does,
-        // through this record (`StaticBuffer::copy_failure`).
+        // through this record (`StaticBuffer::unwritten_reason`).
         let outcome = destination
             .client
             .check([&destination.handle])

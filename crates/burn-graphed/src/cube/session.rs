@@ -214,17 +214,14 @@ impl Session {
     ) -> Result<(), GraphedError> {
         // Queued copies; held until the replay below drained the stream.
         let mut queued = Vec::new();
-        // Which buffers were copied into: checked after the replay.
-        let copied_inputs = match self.fault {
-            FaultInjection::SkipInputCopy => Vec::new(),
+        let input_copies = match self.fault {
+            FaultInjection::SkipInputCopy => 0,
             _ => copy_into(self.inputs.iter().map(|b| &**b), inputs, &mut queued),
         };
-        let copied_params = match self.fault {
-            FaultInjection::SkipParamCopy => Vec::new(),
+        let param_copies = match self.fault {
+            FaultInjection::SkipParamCopy => 0,
             _ => copy_into(self.params.iter(), params, &mut queued),
         };
-        let input_copies = copied_inputs.len() as u64;
-        let param_copies = copied_params.len() as u64;
         // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
         // used concurrently, and refreshed on the capture stream. The static buffers live in
         // `self`, which outlives the graph (field order); the activations the recording wrote
@@ -237,7 +234,7 @@ impl Session {
             reason: error.to_string(),
         })?;
         drop(queued);
-        self.refuse_unwritten_sources(&copied_inputs, &copied_params)?;
+        self.refuse_unwritten_sources()?;
         let outputs = self.outputs.iter().map(|b| self.hand_out(b)).collect();
         let mut state = self.lock();
         state.stats.forward_replays += 1;
@@ -248,19 +245,16 @@ impl Session {
         Ok(())
     }
 
-    /// After a forward replay: the error naming the first input, else parameter, whose copy
-    /// found its source unwritten (it carried an earlier device failure, so cubecl skipped the
-    /// copy and the replay ran on the buffer's stale values). Its outputs are not handed out,
-    /// so no user tensor holds them. Every buffer copied into is asked, so that each one left
-    /// unwritten is copied again next time.
-    fn refuse_unwritten_sources(
-        &self,
-        inputs: &[usize],
-        params: &[usize],
-    ) -> Result<(), GraphedError> {
+    /// After a forward replay: the error naming the first input, else parameter, whose buffer
+    /// holds no values: the copy into it found its source unwritten (cubecl skipped the copy),
+    /// or, for a parameter, the fused optimizer's in-place update read an unwritten gradient;
+    /// the replay ran on the buffer's stale values. Its outputs are not handed out, so no user
+    /// tensor holds them. With nothing recorded for any buffer (the usual case) no buffer is
+    /// asked.
+    fn refuse_unwritten_sources(&self) -> Result<(), GraphedError> {
         use burn::backend::TensorMetadata;
-        let input = first_copy_failure(inputs.iter().map(|&i| (i, &*self.inputs[i])));
-        let param = first_copy_failure(params.iter().map(|&i| (i, &self.params[i])));
+        let input = first_unwritten(self.inputs.iter().map(|b| &**b).enumerate());
+        let param = first_unwritten(self.params.iter().enumerate());
         match (input, param) {
             (Some((index, reason)), _) => Err(GraphedError::InputNotWritten { index, reason }),
             (None, Some((index, reason))) => Err(GraphedError::ParameterNotWritten {
@@ -324,7 +318,7 @@ impl Session {
         // An output gradient that carried an earlier device failure was not copied in, and the
         // replay ran on the previous gradient: refuse rather than hand out gradients of it.
         let grads = self.grad_outputs.iter().map(|buffer| &**buffer).enumerate();
-        if let Some((index, reason)) = first_copy_failure(grads) {
+        if let Some((index, reason)) = first_unwritten(grads) {
             return Err(GraphedError::Replay {
                 which: "backward",
                 reason: format!(
@@ -374,34 +368,32 @@ impl Session {
 }
 
 /// Queues a copy of each source into its buffer where the values are not there already
-/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued`; returns the
-/// positions of the buffers copied into.
+/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued`; returns how
+/// many were queued.
 fn copy_into<'a>(
     buffers: impl Iterator<Item = &'a StaticBuffer>,
     sources: &[FusedTensor],
     queued: &mut Vec<FusedTensor>,
-) -> Vec<usize> {
-    let mut copied = Vec::new();
-    for (index, (buffer, source)) in buffers.zip(sources).enumerate() {
-        if let Some(copy) = buffer.write_from(source) {
-            queued.push(copy);
-            copied.push(index);
-        }
-    }
-    copied
+) -> u64 {
+    let before = queued.len();
+    queued.extend(
+        buffers
+            .zip(sources)
+            .filter_map(|(buffer, source)| buffer.write_from(source)),
+    );
+    (queued.len() - before) as u64
 }
 
-/// The first of `buffers` (position, buffer) whose last copy left it unwritten, with the
-/// backend's reason ([`StaticBuffer::copy_failure`]). Every buffer is asked, so that each one
-/// left unwritten forgets what it held and is copied again next time.
-fn first_copy_failure<'a>(
+/// The first of `buffers` (position, buffer) that the last copy into it or in-place update of
+/// it left unwritten, with the backend's reason ([`StaticBuffer::unwritten_reason`]); none is
+/// asked when nothing is recorded for any buffer (one lock).
+fn first_unwritten<'a>(
     buffers: impl Iterator<Item = (usize, &'a StaticBuffer)>,
 ) -> Option<(usize, String)> {
-    let mut first = None;
-    for (index, buffer) in buffers {
-        if let Some(reason) = buffer.copy_failure() {
-            first.get_or_insert((index, reason));
-        }
+    if !super::buffers::any_unwritten() {
+        return None;
     }
-    first
+    buffers
+        .filter_map(|(index, buffer)| Some((index, buffer.unwritten_reason()?)))
+        .next()
 }
