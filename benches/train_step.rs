@@ -11,6 +11,7 @@
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
+//!            [--check-cost]
 //! ```
 //!
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
@@ -198,6 +199,10 @@ struct Options {
     in_process: bool,
     /// `BURN_GRAPHED_FUSION_REMOVE`: the built-in fusion optimizations to remove, comma-separated.
     fusion_removed: String,
+    /// `--check-cost`: time cubecl's `ComputeClient::check` on one buffer instead of training
+    /// (the lookup burn-graphed makes per copy into a graph's buffer and per fused optimizer
+    /// step), and print its median.
+    check_cost: bool,
 }
 
 fn options() -> Options {
@@ -218,6 +223,7 @@ fn options() -> Options {
         check: true,
         in_process: false,
         fusion_removed: std::env::var("BURN_GRAPHED_FUSION_REMOVE").unwrap_or_default(),
+        check_cost: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -228,6 +234,10 @@ fn options() -> Options {
         }
         if arg == "--in-process" {
             options.in_process = true;
+            continue;
+        }
+        if arg == "--check-cost" {
+            options.check_cost = true;
             continue;
         }
         let value = iter.next().cloned().unwrap_or_default();
@@ -886,9 +896,58 @@ fn remove_fusion_optimizations(names: &str) {
     }
 }
 
+/// `--check-cost`: the host time of one `ComputeClient::check` on a written buffer (what
+/// burn-graphed asks after each copy into a graph's buffer and after each fused optimizer
+/// step): 30 batches of 2000 calls after 2000 warm-up calls, printed as the median, lowest and
+/// highest batch's time per call.
+fn check_cost() {
+    #[cfg(feature = "cube")]
+    {
+        use burn::backend::Cube;
+        #[cfg(feature = "cuda")]
+        let device = Device::cuda(0);
+        #[cfg(not(feature = "cuda"))]
+        let device = Device::default();
+        let tensor = Tensor::<1>::ones([1024], &device);
+        let fused = tensor
+            .try_into_primitive::<Cube>()
+            .expect("a tensor of burn's cubecl backend");
+        let cube = fused
+            .client
+            .resolve_tensor_float::<burn_cubecl::CubeBackend>(fused.clone());
+        let check = || {
+            cube.client
+                .check([&cube.handle])
+                .expect("a written buffer checks");
+        };
+        (0..2000).for_each(|_| check());
+        let mut per_call: Vec<f64> = (0..30)
+            .map(|_| {
+                let start = Instant::now();
+                (0..2000).for_each(|_| check());
+                start.elapsed().as_nanos() as f64 / 2000.0
+            })
+            .collect();
+        per_call.sort_by(f64::total_cmp);
+        println!(
+            "# ComputeClient::check on one written buffer: median {:.0} ns per call [{:.0}-{:.0}] \
+             (30 batches of 2000)",
+            per_call[per_call.len() / 2],
+            per_call[0],
+            per_call[per_call.len() - 1]
+        );
+    }
+    #[cfg(not(feature = "cube"))]
+    panic!("--check-cost needs a cubecl backend (`cuda` or `wgpu`)");
+}
+
 fn main() {
     warn_log::install();
     let options = options();
+    if options.check_cost {
+        check_cost();
+        return;
+    }
     let runs = options.models.len() * selected_modes(&options).count();
     if !options.in_process && runs > 1 {
         run_isolated(&options);
