@@ -28,7 +28,7 @@ use burn::optim::{AdamState, LearningRate};
 use burn::tensor::Tensor;
 
 use super::adam_op::{Factors, Prepared, Unfused, adam_element, factors, kernel_elem, prepare};
-use super::buffers::{FusedTensor, note_in_place_updates};
+use super::buffers::FusedTensor;
 use super::dense::{Dense, Target};
 use super::session::{self, Session};
 use crate::optim::FusedAdam;
@@ -216,7 +216,6 @@ fn update_all(
     decay: bool,
 ) -> Vec<(CubeTensor, CubeTensor, CubeTensor)> {
     let mut launched = Vec::with_capacity(resolved.len());
-    let in_place: Vec<bool> = resolved.iter().map(|update| update.in_place).collect();
     for update in resolved {
         let grad = Dense::of(&update.grad);
         let (moment_1, moment_2) = (Dense::owned(update.moment_1), Dense::owned(update.moment_2));
@@ -254,7 +253,7 @@ fn update_all(
             }
         }
     }
-    let updated: Vec<_> = launched
+    launched
         .into_iter()
         .map(|(target, _, moment_1, moment_2, _)| {
             (
@@ -263,17 +262,7 @@ fn update_all(
                 moment_2.into_tensor(),
             )
         })
-        .collect();
-    // A skipped launch (an unwritten gradient in its chunk) leaves the graphs' buffers it
-    // would have updated unwritten: recorded for the sessions' next replays, one lookup for
-    // the whole step.
-    let static_buffers: Vec<&CubeTensor> = updated
-        .iter()
-        .zip(&in_place)
-        .filter_map(|((param, _, _), &in_place)| in_place.then_some(param))
-        .collect();
-    note_in_place_updates(&static_buffers);
-    updated
+        .collect()
 }
 
 /// Parameters per launch on `tensor`'s device: [`MAX_PARAMS_PER_LAUNCH`], fewer where the

@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
-use super::buffers::{FusedTensor, note_in_place_updates};
+use super::buffers::FusedTensor;
 use super::dense::{Dense, Target};
 use crate::optim::FusedAdam;
 
@@ -237,11 +237,11 @@ impl FusedAdamOps for CubeBackend {
                     elem,
                 );
             }
-            let param = target.finish();
-            // A skipped launch (an unwritten gradient) leaves the graph's buffer unwritten:
-            // recorded for the session's next replay.
-            note_in_place_updates(&[&param]);
-            return (param, moment_1.into_tensor(), moment_2.into_tensor());
+            return (
+                target.finish(),
+                moment_1.into_tensor(),
+                moment_2.into_tensor(),
+            );
         }
         let param = Dense::of(param);
         let new_param = Dense::empty_like(param.tensor());

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::ir::TensorId;
 use burn::backend::{BackendTypes, Cube};
@@ -34,22 +35,21 @@ fn key_of_fused(tensor: &FusedTensor) -> BufferKey {
     )
 }
 
-/// The buffers that the last work writing them left unwritten, with the backend's reason: a
-/// copy whose source carried an earlier device failure (cubecl skipped the copy), or an
-/// optimizer's in-place update that read such a gradient. Filled at execution time by the copy
-/// operation ([`note_copy`]) and the optimizers ([`note_in_place_updates`]), on the thread that
-/// drains the stream, and read by the session right after a replay, whose drain ran that work
-/// ([`StaticBuffer::unwritten_reason`]). An entry stays until work writing the buffer succeeds
-/// (the next copy into it, or update of it) or the buffer is dropped, so every replay over the
-/// buffer meanwhile is refused. cubecl's graph replay does not look at what the graph reads,
-/// so without this a replay would run on the buffer's stale values and mark its outputs
-/// written: readable, and wrong. One record serves every device: cubecl numbers memory from
-/// one process-wide counter (`ManagedMemoryId`), so keys never collide across devices.
+/// The buffers that the last work writing them outside the graphs left unwritten, with the
+/// backend's reason: a copy whose source carried an earlier device failure (cubecl skipped the
+/// copy), or a fused optimizer's in-place update that read such a gradient. Filled at execution
+/// time by the check the session queues after that work (`check_op`, [`note_checked`]), on
+/// fusion's server, and read by the session right after the replay whose drain ran it
+/// ([`StaticBuffer::unwritten_reason`]). An entry stays until a later check finds the buffer
+/// written (after the next copy into it or update of it), a graph writes the buffer, or the
+/// buffer is dropped, so every replay over the buffer meanwhile is refused. One record serves
+/// every device: cubecl numbers memory from one process-wide counter (`ManagedMemoryId`), so
+/// keys never collide across devices.
 static UNWRITTEN: Mutex<Option<HashMap<BufferKey, String>>> = Mutex::new(None);
 
-/// Records how the copy into the buffer `key` ended: `Err` with the backend's reason when the
-/// buffer holds no values after it.
-pub(crate) fn note_copy(key: BufferKey, outcome: Result<(), String>) {
+/// Records cubecl's answer for the buffer `key`: `Err` with the backend's reason when the
+/// buffer holds no values.
+pub(crate) fn note_checked(key: BufferKey, outcome: Result<(), String>) {
     let mut unwritten = crate::lock(&UNWRITTEN);
     match outcome {
         Ok(()) => {
@@ -65,35 +65,8 @@ pub(crate) fn note_copy(key: BufferKey, outcome: Result<(), String>) {
     }
 }
 
-/// Records whether the graphs' parameter buffers that an optimizer kernel just updated in place
-/// (`FusedAdam`, `MultiTensorAdam`) hold values: cubecl skips a launch that reads an unwritten
-/// gradient and marks the buffers it would have written, and the next replay, which does not
-/// look at what it reads, would run on the stale parameter. One lookup for all of `updated`;
-/// one per buffer only when that lookup fails, to name which. Called at execution time, after
-/// the launch (and the write-back of a dense copy) was enqueued; the session reads the record
-/// after its next forward replay, as for a copy ([`StaticBuffer::unwritten_reason`]).
-pub(crate) fn note_in_place_updates(updated: &[&CubeTensor]) {
-    let Some(first) = updated.first() else {
-        return;
-    };
-    // Buffers of several devices in one call: the lookup fails, and each is asked on its own.
-    let all = first
-        .client
-        .check(updated.iter().map(|tensor| &tensor.handle));
-    for tensor in updated {
-        let outcome = match &all {
-            Ok(()) => Ok(()),
-            Err(_) => tensor
-                .client
-                .check([&tensor.handle])
-                .map_err(|error| error.to_string()),
-        };
-        note_copy(key_of(tensor), outcome);
-    }
-}
-
-/// Whether some buffer's last copy or in-place update left it unwritten and the session has
-/// not asked about it yet: one lock, so that a replay with nothing recorded asks no buffer.
+/// Whether some buffer is recorded as unwritten: one lock, so that a replay with nothing
+/// recorded asks no buffer.
 pub(crate) fn any_unwritten() -> bool {
     crate::lock(&UNWRITTEN)
         .as_ref()
@@ -122,6 +95,9 @@ pub(crate) struct StaticBuffer {
     /// code still holds that tensor (a clone of the module): then the buffer may not be written,
     /// because that tensor would change value.
     handed_out: Mutex<Option<FusedTensor>>,
+    /// Whether a fused optimizer updated the buffer in place since the last forward replay
+    /// asked cubecl about it ([`take_in_place_update`](Self::take_in_place_update)).
+    updated_in_place: AtomicBool,
 }
 
 impl Drop for StaticBuffer {
@@ -141,6 +117,7 @@ impl StaticBuffer {
             fused,
             contents: Mutex::new(None),
             handed_out: Mutex::new(None),
+            updated_in_place: AtomicBool::new(false),
         }
     }
 
@@ -222,6 +199,13 @@ impl StaticBuffer {
     pub fn hand_over(&self, tensor: &FusedTensor) {
         *self.contents() = Some(tensor.id);
         *crate::lock(&self.handed_out) = Some(tensor.clone());
+        self.updated_in_place.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a fused optimizer updated the buffer in place since the last call of this
+    /// (which forgets it): the forward replay then asks cubecl whether the update wrote it.
+    pub fn take_in_place_update(&self) -> bool {
+        self.updated_in_place.swap(false, Ordering::Relaxed)
     }
 
     /// Records that a graph just wrote the buffer and `handed_out` (a copy of it, or `None`)
@@ -230,6 +214,6 @@ impl StaticBuffer {
         *self.contents() = handed_out;
         // It holds values now, whatever an earlier copy into it left (a buffer that a group's
         // next callable reads, say).
-        note_copy(self.key, Ok(()));
+        note_checked(self.key, Ok(()));
     }
 }

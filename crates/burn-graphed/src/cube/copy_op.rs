@@ -7,7 +7,7 @@ use burn::backend::{Backend, backend_extension};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::buffers::{key_of, note_copy};
+use super::buffers::key_of;
 use super::dense::{Dense, copy_values};
 
 /// Copies into an existing buffer.
@@ -39,19 +39,9 @@ impl StaticCopyOps for CubeBackend {
     fn copy_into_buffer(destination: &CubeTensor, source: &CubeTensor) -> CubeTensor {
         // The same memory already holds the values (checked here, at execution time, where the
         // buffers are known without a round trip).
-        let key = key_of(destination);
-        if key_of(source) != key {
+        if key_of(source) != key_of(destination) {
             copy_values(source, destination);
         }
-        // cubecl skips a launch whose input carries an earlier failure and marks what it would
-        // have written; asking costs one lookup on the device's thread, no device sync. A
-        // replay does not ask (it runs on whatever the buffer holds), so the session does,
-        // through this record (`StaticBuffer::unwritten_reason`).
-        let outcome = destination
-            .client
-            .check([&destination.handle])
-            .map_err(|error| error.to_string());
-        note_copy(key, outcome);
         destination.clone()
     }
 

@@ -5,6 +5,7 @@ pub(crate) mod adam_multi_op;
 pub(crate) mod adam_op;
 pub(crate) mod buffers;
 pub(crate) mod capture;
+pub(crate) mod check_op;
 pub(crate) mod copy_op;
 pub(crate) mod dense;
 pub(crate) mod node;

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use burn::backend::{Backend, Cube, DispatchGraph};
 
 use super::buffers::{FusedTensor, StaticBuffer};
+use super::check_op;
 use crate::config::{FaultInjection, OutputPolicy};
 use crate::error::GraphedError;
 use crate::stats::GraphStats;
@@ -214,14 +215,25 @@ impl Session {
     ) -> Result<(), GraphedError> {
         // Queued copies; held until the replay below drained the stream.
         let mut queued = Vec::new();
-        let input_copies = match self.fault {
-            FaultInjection::SkipInputCopy => 0,
-            _ => copy_into(self.inputs.iter().map(|b| &**b), inputs, &mut queued),
-        };
-        let param_copies = match self.fault {
-            FaultInjection::SkipParamCopy => 0,
-            _ => copy_into(self.params.iter(), params, &mut queued),
-        };
+        // The buffers written outside the graph since the last replay: asked about below.
+        let mut written = Vec::new();
+        if self.fault != FaultInjection::SkipInputCopy {
+            copy_into(
+                self.inputs.iter().map(|b| &**b),
+                inputs,
+                &mut queued,
+                &mut written,
+            );
+        }
+        let input_copies = written.len() as u64;
+        if self.fault != FaultInjection::SkipParamCopy {
+            copy_into(self.params.iter(), params, &mut queued, &mut written);
+        }
+        let param_copies = written.len() as u64 - input_copies;
+        written.extend(self.params.iter().filter(|b| b.take_in_place_update()));
+        // One question to cubecl for all of them, in the replay's drain, after the work that
+        // wrote them (`check_op`); read back by `refuse_unwritten_sources` below.
+        queued.extend(check_op::queue_check(&written));
         // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
         // used concurrently, and refreshed on the capture stream. The static buffers live in
         // `self`, which outlives the graph (field order); the activations the recording wrote
@@ -306,6 +318,10 @@ impl Session {
                 queued.push(buffer.overwrite_from(&self.zeros[index].fused));
             }
         }
+        // Every output gradient's buffer, copied into now or holding the tensor given last time
+        // (it is asked again), in one question after the copies (`check_op`).
+        let grad_outputs: Vec<&StaticBuffer> = self.grad_outputs.iter().map(|b| &**b).collect();
+        queued.extend(check_op::queue_check(&grad_outputs));
         // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
         // lies in guarded pages, and the gradient copies above were queued on this stream,
         // which fusion drains before it replays.
@@ -368,20 +384,20 @@ impl Session {
 }
 
 /// Queues a copy of each source into its buffer where the values are not there already
-/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued`; returns how
-/// many were queued.
+/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued` and the buffers
+/// copied into onto `written`.
 fn copy_into<'a>(
     buffers: impl Iterator<Item = &'a StaticBuffer>,
     sources: &[FusedTensor],
     queued: &mut Vec<FusedTensor>,
-) -> u64 {
-    let before = queued.len();
-    queued.extend(
-        buffers
-            .zip(sources)
-            .filter_map(|(buffer, source)| buffer.write_from(source)),
-    );
-    (queued.len() - before) as u64
+    written: &mut Vec<&'a StaticBuffer>,
+) {
+    for (buffer, source) in buffers.zip(sources) {
+        if let Some(copy) = buffer.write_from(source) {
+            queued.push(copy);
+            written.push(buffer);
+        }
+    }
 }
 
 /// The first of `buffers` (position, buffer) that the last copy into it or in-place update of
