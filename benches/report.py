@@ -316,6 +316,36 @@ def loss_table(rows):
     return "\n".join(out) + "\n"
 
 
+CHECKED, UNCHECKED = "graphed_static_multi_adam", "graphed_static_multi_adam_no_check"
+
+
+def has_check(rows):
+    return any(r["mode"] == UNCHECKED for r in rows)
+
+
+def check_table(rows):
+    # What the check of buffers written outside the graphs costs: the same run with and
+    # without it (FaultInjection::SkipWriteCheck), as a difference and a ratio of medians.
+    by = group(rows)
+    out = [
+        "| model | dtype | burn graphed static (MultiTensorAdam) | the same without the check "
+        "| difference | with / without [per round] |",
+        "|" + " --- |" * 6,
+    ]
+    for (model, dtype), r in by.items():
+        if ("burn", UNCHECKED) not in r:
+            continue
+        us, cell = medians(r), cells(r)
+        checked, unchecked = us("burn", CHECKED), us("burn", UNCHECKED)
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', CHECKED)} | {cell('burn', UNCHECKED)} "
+            f"| {num(checked - unchecked, '.0f', ' us')} "
+            f"| {num(checked / unchecked, '.3f')}"
+            f"{round_ratios(r.get(('burn', CHECKED)), r.get(('burn', UNCHECKED)))} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, device, path):
     import matplotlib
 
@@ -382,6 +412,8 @@ def main():
         text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
     if has_loss(rows):
         text += "\nLoss inside the graphs:\n\n" + loss_table(rows)
+    if has_check(rows):
+        text += "\nThe check of written buffers:\n\n" + check_table(rows)
     if args.table:
         open(args.table, "w").write(text)
     print(text)

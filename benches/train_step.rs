@@ -9,7 +9,8 @@
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
-//!                     graphed_static_multi_adam,graphed_loss_static_multi_adam]
+//!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
+//!                     graphed_static_multi_adam_no_check]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost]
 //! ```
@@ -21,7 +22,9 @@
 //! results come from cubecl's persistent cache (`run.sh bench` turns it on), so a process costs
 //! its CUDA context and little else.
 //!
-//! `--modes` picks the runs (default all but `graphed_static`); `run.sh profile` uses it to
+//! `--modes` picks the runs (default all but `graphed_static` and
+//! `graphed_static_multi_adam_no_check`, which is `graphed_static_multi_adam` without the check
+//! of buffers written outside the graphs: what that check costs); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
@@ -213,7 +216,7 @@ fn options() -> Options {
         dtype: "f32".into(),
         modes: MODES[..4]
             .iter()
-            .chain(&MODES[5..])
+            .chain(&MODES[5..13])
             .map(|m| m.label().to_string())
             .collect(),
         steps: 50,
@@ -299,7 +302,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 13] = [
+const MODES: [Mode; 14] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -313,6 +316,7 @@ const MODES: [Mode; 13] = [
     Mode::Graphed(FaultInjection::None, Optim::MultiAdam),
     Mode::GraphedStatic(Optim::MultiAdam),
     Mode::GraphedLoss(Optim::MultiAdam),
+    Mode::GraphedStaticUnchecked(Optim::MultiAdam),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -358,6 +362,10 @@ enum Mode {
     /// ([`Case::call_loss`]): the forward graph ends in the loss, and the backward graph starts
     /// from it. PyTorch's counterpart is `graphed_loss_fused_adam`.
     GraphedLoss(Optim),
+    /// `GraphedStatic` without the check of buffers written outside the graphs
+    /// (`FaultInjection::SkipWriteCheck`): what that check costs. Its values are right here
+    /// (every tensor of the bench is written).
+    GraphedStaticUnchecked(Optim),
 }
 
 impl Mode {
@@ -369,6 +377,8 @@ impl Mode {
             Mode::Graphed(None, Adam) => "graphed",
             Mode::Graphed(SkipInputCopy, _) => "graphed_no_input_copy",
             Mode::Graphed(SkipParamCopy, _) => "graphed_no_param_copy",
+            // Not a mode of its own: `GraphedStaticUnchecked` is.
+            Mode::Graphed(FaultInjection::SkipWriteCheck, _) => "graphed_no_check",
             Mode::GraphedStatic(Adam) => "graphed_static",
             Mode::Eager(FusedAdam) => "eager_fused_adam",
             Mode::Graphed(_, FusedAdam) => "graphed_fused_adam",
@@ -382,6 +392,9 @@ impl Mode {
             Mode::GraphedLoss(Adam) => "graphed_loss_static",
             Mode::GraphedLoss(FusedAdam) => "graphed_loss_static_fused_adam",
             Mode::GraphedLoss(MultiAdam) => "graphed_loss_static_multi_adam",
+            Mode::GraphedStaticUnchecked(Adam) => "graphed_static_no_check",
+            Mode::GraphedStaticUnchecked(FusedAdam) => "graphed_static_fused_adam_no_check",
+            Mode::GraphedStaticUnchecked(MultiAdam) => "graphed_static_multi_adam_no_check",
         }
     }
 
@@ -390,6 +403,9 @@ impl Mode {
         match self {
             Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
             Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
+            Mode::GraphedStaticUnchecked(_) => GraphedConfig::new()
+                .with_outputs(OutputPolicy::Static)
+                .with_fault(FaultInjection::SkipWriteCheck),
             _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
         }
     }
@@ -405,7 +421,8 @@ impl Mode {
             | Mode::Graphed(_, optim)
             | Mode::GraphedStatic(optim)
             | Mode::GraphedGuarded(optim)
-            | Mode::GraphedLoss(optim) => optim,
+            | Mode::GraphedLoss(optim)
+            | Mode::GraphedStaticUnchecked(optim) => optim,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -466,7 +483,10 @@ where
             device,
             options,
         ),
-        Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => timed_graphed(
+        Mode::Graphed(..)
+        | Mode::GraphedStatic(_)
+        | Mode::GraphedGuarded(_)
+        | Mode::GraphedStaticUnchecked(_) => timed_graphed(
             model,
             case.call,
             case.loss,

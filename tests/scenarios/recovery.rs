@@ -304,6 +304,31 @@ pub fn unwritten_input_call_recovers(device: &Device) {
     let stats = graphed.stats();
     assert_eq!(stats.forward_replays, 4, "{stats:?}");
     assert_eq!(stats.backward_replays, 3, "{stats:?}");
+
+    // The check of written buffers is what refuses: without it
+    // (`FaultInjection::SkipWriteCheck`), the same call replays over the values the buffer
+    // held before (the capture's sample) and returns.
+    let config = GraphedConfig::new().with_fault(burn_graphed::FaultInjection::SkipWriteCheck);
+    let unchecked = Graphed::new(
+        deep_copy(&eager),
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &config,
+    )
+    .expect("capture");
+    let out = unchecked
+        .forward(bad)
+        .expect("without the check, the call replays");
+    assert!(
+        out.inner().try_into_data().is_ok(),
+        "without the check, the replay's output reads back (stale values)"
+    );
+    assert_eq!(
+        unchecked.stats().forward_replays,
+        1,
+        "{:?}",
+        unchecked.stats()
+    );
 }
 
 /// `backward()` twice on one loss behaves as in eager training: burn consumes the autodiff

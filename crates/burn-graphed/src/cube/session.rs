@@ -233,7 +233,9 @@ impl Session {
         written.extend(self.params.iter().filter(|b| b.take_in_place_update()));
         // One question to cubecl for all of them, in the replay's drain, after the work that
         // wrote them (`check_op`); read back by `refuse_unwritten_sources` below.
-        queued.extend(check_op::queue_check(&written));
+        if self.fault != FaultInjection::SkipWriteCheck {
+            queued.extend(check_op::queue_check(&written));
+        }
         // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
         // used concurrently, and refreshed on the capture stream. The static buffers live in
         // `self`, which outlives the graph (field order); the activations the recording wrote
@@ -321,7 +323,9 @@ impl Session {
         // Every output gradient's buffer, copied into now or holding the tensor given last time
         // (it is asked again), in one question after the copies (`check_op`).
         let grad_outputs: Vec<&StaticBuffer> = self.grad_outputs.iter().map(|b| &**b).collect();
-        queued.extend(check_op::queue_check(&grad_outputs));
+        if self.fault != FaultInjection::SkipWriteCheck {
+            queued.extend(check_op::queue_check(&grad_outputs));
+        }
         // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
         // lies in guarded pages, and the gradient copies above were queued on this stream,
         // which fusion drains before it replays.
