@@ -230,7 +230,12 @@ impl Session {
             copy_into(self.params.iter(), params, &mut queued, &mut written);
         }
         let param_copies = written.len() as u64 - input_copies;
-        written.extend(self.params.iter().filter(|b| b.take_in_place_update()));
+        for buffer in &self.params {
+            // Each flag is taken (reset) whether or not the buffer was also copied into.
+            if buffer.take_in_place_update() && !written.iter().any(|w| std::ptr::eq(*w, buffer)) {
+                written.push(buffer);
+            }
+        }
         // One question to cubecl for all of them, in the replay's drain, after the work that
         // wrote them (`check_op`); read back by `refuse_unwritten_sources` below.
         if self.fault != FaultInjection::SkipWriteCheck {
