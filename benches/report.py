@@ -316,7 +316,7 @@ def loss_table(rows):
     return "\n".join(out) + "\n"
 
 
-CHECKED, UNCHECKED = "graphed_static_multi_adam", "graphed_static_multi_adam_no_check"
+CHECKED, UNCHECKED = "graphed_multi_adam", "graphed_multi_adam_no_check"
 
 
 def has_check(rows):
@@ -328,7 +328,7 @@ def check_table(rows):
     # without it (FaultInjection::SkipWriteCheck), as a difference and a ratio of medians.
     by = group(rows)
     out = [
-        "| model | dtype | burn graphed static (MultiTensorAdam) | the same without the check "
+        "| model | dtype | burn graphed (MultiTensorAdam) | the same without the check "
         "| difference | with / without [per round] |",
         "|" + " --- |" * 6,
     ]

@@ -10,7 +10,7 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
-//!                     graphed_static_multi_adam_no_check]
+//!                     graphed_multi_adam_no_check]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost]
 //! ```
@@ -23,8 +23,8 @@
 //! its CUDA context and little else.
 //!
 //! `--modes` picks the runs (default all but `graphed_static` and
-//! `graphed_static_multi_adam_no_check`, which is `graphed_static_multi_adam` without the check
-//! of buffers written outside the graphs: what that check costs); `run.sh profile` uses it to
+//! `graphed_multi_adam_no_check`, which is `graphed_multi_adam` without the check of buffers
+//! written outside the graphs (`FaultInjection::SkipWriteCheck`): what that check costs); `run.sh profile` uses it to
 //! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
@@ -316,7 +316,7 @@ const MODES: [Mode; 14] = [
     Mode::Graphed(FaultInjection::None, Optim::MultiAdam),
     Mode::GraphedStatic(Optim::MultiAdam),
     Mode::GraphedLoss(Optim::MultiAdam),
-    Mode::GraphedStaticUnchecked(Optim::MultiAdam),
+    Mode::Graphed(FaultInjection::SkipWriteCheck, Optim::MultiAdam),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -362,23 +362,20 @@ enum Mode {
     /// ([`Case::call_loss`]): the forward graph ends in the loss, and the backward graph starts
     /// from it. PyTorch's counterpart is `graphed_loss_fused_adam`.
     GraphedLoss(Optim),
-    /// `GraphedStatic` without the check of buffers written outside the graphs
-    /// (`FaultInjection::SkipWriteCheck`): what that check costs. Its values are right here
-    /// (every tensor of the bench is written).
-    GraphedStaticUnchecked(Optim),
 }
 
 impl Mode {
     fn label(self) -> &'static str {
-        use FaultInjection::{None, SkipInputCopy, SkipParamCopy};
+        use FaultInjection::{None, SkipInputCopy, SkipParamCopy, SkipWriteCheck};
         use Optim::{Adam, FusedAdam, MultiAdam};
         match self {
             Mode::Eager(Adam) => "eager",
             Mode::Graphed(None, Adam) => "graphed",
             Mode::Graphed(SkipInputCopy, _) => "graphed_no_input_copy",
             Mode::Graphed(SkipParamCopy, _) => "graphed_no_param_copy",
-            // Not a mode of its own: `GraphedStaticUnchecked` is.
-            Mode::Graphed(FaultInjection::SkipWriteCheck, _) => "graphed_no_check",
+            Mode::Graphed(SkipWriteCheck, Adam) => "graphed_no_check",
+            Mode::Graphed(SkipWriteCheck, FusedAdam) => "graphed_fused_adam_no_check",
+            Mode::Graphed(SkipWriteCheck, MultiAdam) => "graphed_multi_adam_no_check",
             Mode::GraphedStatic(Adam) => "graphed_static",
             Mode::Eager(FusedAdam) => "eager_fused_adam",
             Mode::Graphed(_, FusedAdam) => "graphed_fused_adam",
@@ -392,9 +389,6 @@ impl Mode {
             Mode::GraphedLoss(Adam) => "graphed_loss_static",
             Mode::GraphedLoss(FusedAdam) => "graphed_loss_static_fused_adam",
             Mode::GraphedLoss(MultiAdam) => "graphed_loss_static_multi_adam",
-            Mode::GraphedStaticUnchecked(Adam) => "graphed_static_no_check",
-            Mode::GraphedStaticUnchecked(FusedAdam) => "graphed_static_fused_adam_no_check",
-            Mode::GraphedStaticUnchecked(MultiAdam) => "graphed_static_multi_adam_no_check",
         }
     }
 
@@ -403,16 +397,20 @@ impl Mode {
         match self {
             Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
             Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
-            Mode::GraphedStaticUnchecked(_) => GraphedConfig::new()
-                .with_outputs(OutputPolicy::Static)
-                .with_fault(FaultInjection::SkipWriteCheck),
             _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
         }
     }
 
-    /// Whether the mode skips a copy on purpose (its values are wrong).
+    /// Whether the mode skips a copy on purpose (its values are wrong). Skipping the check of
+    /// written buffers does not: every tensor of the bench is written.
     fn injects_fault(self) -> bool {
-        matches!(self, Mode::Graphed(fault, _) if fault != FaultInjection::None)
+        matches!(
+            self,
+            Mode::Graphed(
+                FaultInjection::SkipInputCopy | FaultInjection::SkipParamCopy,
+                _
+            )
+        )
     }
 
     fn optimizer(self) -> Optimizer {
@@ -421,8 +419,7 @@ impl Mode {
             | Mode::Graphed(_, optim)
             | Mode::GraphedStatic(optim)
             | Mode::GraphedGuarded(optim)
-            | Mode::GraphedLoss(optim)
-            | Mode::GraphedStaticUnchecked(optim) => optim,
+            | Mode::GraphedLoss(optim) => optim,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -483,10 +480,7 @@ where
             device,
             options,
         ),
-        Mode::Graphed(..)
-        | Mode::GraphedStatic(_)
-        | Mode::GraphedGuarded(_)
-        | Mode::GraphedStaticUnchecked(_) => timed_graphed(
+        Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => timed_graphed(
             model,
             case.call,
             case.loss,

@@ -402,8 +402,8 @@ fn last_weight<M: Module>(module: &M) -> (burn::module::ParamId, usize, [usize; 
         .expect("the module has a two-dimensional parameter")
 }
 
-/// The gradients of `model`'s loss on `x`, with the last weight's replaced by a tensor the
-/// device never wrote (what a failed launch upstream leaves behind).
+/// The gradients of `loss` for `model`'s parameters, with the last weight's replaced by a
+/// tensor the device never wrote (what a failed launch upstream leaves behind).
 fn poisoned_grads<M: Module>(model: &M, loss: Tensor<1>, device: &Device) -> GradientsParams {
     let mut grads = GradientsParams::from_grads(loss.backward(), model);
     let (id, _, shape) = last_weight(model);
