@@ -241,6 +241,12 @@ pub fn unwritten_input_call_recovers(device: &Device) {
     let model = Mlp::new(16, 2, 4, &device);
     let eager = deep_copy(&model);
     let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    // The eager reference runs every kernel of this test on written tensors first. On CUDA,
+    // cubecl autotunes a kernel the first time it meets its shapes; met first on unwritten
+    // operands, no candidate can be measured, and afterwards the eager model's own weights
+    // read as unwritten (UPSTREAM.md 6): the reference would be broken, not the graphed call.
+    let one = Tensor::<2>::ones([1, 1], &device);
+    drop(square_mean(mlp_forward(&eager, batch([8, 16], 9, &device)) * one).backward());
     let bad = unwritten([8, 16], &device);
     let eager_loss = square_mean(mlp_forward(&eager, bad.clone()));
     assert!(
