@@ -843,11 +843,14 @@ where
     }
 }
 
-/// The Burn modes `--modes` names, in [`MODES`] order (PyTorch-only modes are skipped).
+/// The Burn modes `--modes` names, in its order and as often as it names them (PyTorch-only
+/// modes are skipped): an A/B of two modes can alternate them (`a,b,b,a`) so that the drift
+/// of the machine's speed during a run falls on both alike.
 fn selected_modes(options: &Options) -> impl Iterator<Item = &'static Mode> + '_ {
-    MODES
+    options
+        .modes
         .iter()
-        .filter(|mode| options.modes.iter().any(|m| m == mode.label()))
+        .filter_map(|label| MODES.iter().find(|mode| mode.label() == label))
 }
 
 /// Runs every (model, mode) pair of `options` in a child process of its own (this binary with
