@@ -7,7 +7,8 @@
 //! readable, and wrong. The session queues this operation after the copies of a call, before
 //! its replay; it runs in the replay's drain, after the work it asks about, and asks cubecl
 //! once for all the buffers (`ComputeClient::check`: one round trip to the device's thread,
-//! about 7 us on the H200 machine's host; `train_step --check-cost`). The answer goes into the
+//! about 7 us on an idle device, `train_step --check-cost`, but about 45 us inside a training
+//! step, where it waits for the device thread's queue: BENCHMARKS.md). The answer goes into the
 //! record the session reads after the replay (`buffers::note_checked`).
 //!
 //! Asking after the replay instead would save queueing this operation, but cubecl settles the
