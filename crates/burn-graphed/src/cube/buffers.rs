@@ -25,21 +25,11 @@ pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
     (id.value, start, end)
 }
 
-/// The buffer behind a fusion tensor: drains the tensor's stream and asks the fusion server
-/// (one round trip; capture time only).
-fn key_of_fused(tensor: &FusedTensor) -> BufferKey {
-    key_of(
-        &tensor
-            .client
-            .resolve_tensor_float::<CubeBackend>(tensor.clone()),
-    )
-}
-
 /// The buffers that the last work writing them outside the graphs left unwritten, with the
 /// backend's reason: a copy whose source carried an earlier device failure (cubecl skipped the
 /// copy), or a fused optimizer's in-place update that read such a gradient. Filled at execution
-/// time by the check the session queues after that work (`check_op`, [`note_checked`]), on
-/// fusion's server, and read by the session right after the replay whose drain ran it
+/// time by the question a replay asks first (`write_check`, [`note_checked`]), on cubecl's
+/// device thread, and read there by the same task before it replays
 /// ([`StaticBuffer::unwritten_reason`]). An entry stays until a later check finds the buffer
 /// written (after the next copy into it or update of it), a graph writes the buffer, or the
 /// buffer is dropped, so every replay over the buffer meanwhile is refused. One record serves
@@ -83,6 +73,11 @@ pub(crate) fn any_unwritten() -> bool {
 pub(crate) struct StaticBuffer {
     /// The fusion handle, given to burn ops and to user code.
     pub fused: FusedTensor,
+    /// The same buffer as a cube tensor, for the question a replay asks cubecl first
+    /// (`write_check`) on the device thread, where fusion's handles cannot be looked up. Its
+    /// handle is one more holder of the buffer, which nothing here writes in place on the
+    /// strength of being the only one.
+    pub cube: CubeTensor,
     /// The device buffer's identity, fixed for the buffer's life (the graphs hold it).
     key: BufferKey,
     /// The tensor whose values the buffer holds, when known: the tensor last copied in, or the
@@ -110,15 +105,25 @@ impl Drop for StaticBuffer {
 }
 
 impl StaticBuffer {
-    /// Wraps `fused` (one round trip to the fusion server, for the buffer's identity).
+    /// Wraps `fused` (one round trip to the fusion server, which drains the tensor's stream,
+    /// for the buffer's cube tensor and identity).
     pub fn new(fused: FusedTensor) -> Self {
+        let cube = fused
+            .client
+            .resolve_tensor_float::<CubeBackend>(fused.clone());
         Self {
-            key: key_of_fused(&fused),
+            key: key_of(&cube),
+            cube,
             fused,
             contents: Mutex::new(None),
             handed_out: Mutex::new(None),
             updated_in_place: AtomicBool::new(false),
         }
+    }
+
+    /// The device buffer's identity.
+    pub fn key(&self) -> BufferKey {
+        self.key
     }
 
     fn contents(&self) -> std::sync::MutexGuard<'_, Option<TensorId>> {

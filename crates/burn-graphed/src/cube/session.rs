@@ -2,10 +2,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use burn::backend::{Backend, Cube, DispatchGraph};
+use burn::backend::{Cube, DispatchGraph};
 
 use super::buffers::{FusedTensor, StaticBuffer};
-use super::check_op;
+use super::write_check;
 use crate::config::{FaultInjection, OutputPolicy};
 use crate::error::GraphedError;
 use crate::stats::GraphStats;
@@ -236,24 +236,30 @@ impl Session {
                 written.push(buffer);
             }
         }
-        // One question to cubecl for all of them, in the replay's drain, after the work that
-        // wrote them (`check_op`); read back by `refuse_unwritten_sources` below.
-        if self.fault != FaultInjection::SkipWriteCheck {
-            queued.extend(check_op::queue_check(&written));
-        }
-        // SAFETY: `graph_replay` needs every buffer the recording touched to be alive, not
-        // used concurrently, and refreshed on the capture stream. The static buffers live in
-        // `self`, which outlives the graph (field order); the activations the recording wrote
-        // were freed into pages that stay guarded while the graph lives, so nothing else is
-        // placed there; the copies above were issued from this thread, the capture thread's
-        // stream (the caller checked the thread), before the replay on the same stream.
-        unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.forward)?) }
-            .map_err(|error| GraphedError::Replay {
-            which: "forward",
-            reason: error.to_string(),
-        })?;
+        // One question to cubecl for all of them, then the replay unless a buffer it reads
+        // holds no values (`write_check`): one task on the device thread.
+        let asked = if self.fault == FaultInjection::SkipWriteCheck {
+            &[][..]
+        } else {
+            &written[..]
+        };
+        // SAFETY: `replay_after_check` has `graph_replay`'s contract: every buffer the
+        // recording touched alive, not used concurrently, and refreshed on the capture stream.
+        // The static buffers live in `self`, which outlives the graph (field order); the
+        // activations the recording wrote were freed into pages that stay guarded while the
+        // graph lives, so nothing else is placed there; the copies above were issued from this
+        // thread, the capture thread's stream (the caller checked the thread), before the
+        // replay on the same stream.
+        unsafe {
+            write_check::replay_after_check(
+                "forward",
+                self.cube_graph(&self.forward)?,
+                &self.device,
+                asked,
+                || self.unwritten_source(),
+            )
+        }?;
         drop(queued);
-        self.refuse_unwritten_sources()?;
         let outputs = self.outputs.iter().map(|b| self.hand_out(b)).collect();
         let mut state = self.lock();
         state.stats.forward_replays += 1;
@@ -264,24 +270,24 @@ impl Session {
         Ok(())
     }
 
-    /// After a forward replay: the error naming the first input, else parameter, whose buffer
-    /// holds no values: the copy into it found its source unwritten (cubecl skipped the copy),
-    /// or, for a parameter, the fused optimizer's in-place update read an unwritten gradient;
-    /// the replay ran on the buffer's stale values. Its outputs are not handed out, so no user
-    /// tensor holds them. With nothing recorded for any buffer (the usual case) no buffer is
-    /// asked.
-    fn refuse_unwritten_sources(&self) -> Result<(), GraphedError> {
+    /// Before a forward replay, once cubecl answered for the buffers just written: the error
+    /// naming the first input, else parameter, whose buffer holds no values (the copy into it
+    /// found its source unwritten and cubecl skipped it, or, for a parameter, the fused
+    /// optimizer's in-place update read an unwritten gradient), so that the replay does not
+    /// run on the buffer's stale values. With nothing recorded for any buffer (the usual case)
+    /// no buffer is looked up.
+    fn unwritten_source(&self) -> Option<GraphedError> {
         use burn::backend::TensorMetadata;
         let input = first_unwritten(self.inputs.iter().map(|b| &**b).enumerate());
         let param = first_unwritten(self.params.iter().enumerate());
         match (input, param) {
-            (Some((index, reason)), _) => Err(GraphedError::InputNotWritten { index, reason }),
-            (None, Some((index, reason))) => Err(GraphedError::ParameterNotWritten {
+            (Some((index, reason)), _) => Some(GraphedError::InputNotWritten { index, reason }),
+            (None, Some((index, reason))) => Some(GraphedError::ParameterNotWritten {
                 index,
                 shape: self.params[index].fused.shape().iter().copied().collect(),
                 reason,
             }),
-            (None, None) => Ok(()),
+            (None, None) => None,
         }
     }
 
@@ -326,33 +332,39 @@ impl Session {
             }
         }
         // Every output gradient's buffer, copied into now or holding the tensor given last time
-        // (it is asked again), in one question after the copies (`check_op`).
+        // (it is asked again), in one question before the replay (`write_check`).
         let grad_outputs: Vec<&StaticBuffer> = self.grad_outputs.iter().map(|b| &**b).collect();
-        if self.fault != FaultInjection::SkipWriteCheck {
-            queued.extend(check_op::queue_check(&grad_outputs));
-        }
-        // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
-        // lies in guarded pages, and the gradient copies above were queued on this stream,
-        // which fusion drains before it replays.
-        unsafe { <Cube as Backend>::graph_replay(&self.device, self.cube_graph(&self.backward)?) }
-            .map_err(|error| GraphedError::Replay {
-                which: "backward",
-                reason: error.to_string(),
-            })?;
-        drop(queued);
-        // An output gradient that carried an earlier device failure was not copied in, and the
-        // replay ran on the previous gradient: refuse rather than hand out gradients of it.
-        let grads = self.grad_outputs.iter().map(|buffer| &**buffer).enumerate();
-        if let Some((index, reason)) = first_unwritten(grads) {
-            return Err(GraphedError::Replay {
+        let asked = if self.fault == FaultInjection::SkipWriteCheck {
+            &[][..]
+        } else {
+            &grad_outputs[..]
+        };
+        // An output gradient that carried an earlier device failure was not copied in: refuse
+        // rather than replay on the previous gradient and hand out gradients of it.
+        let unwritten_gradient = || {
+            let (index, reason) = first_unwritten(grad_outputs.iter().copied().enumerate())?;
+            Some(GraphedError::Replay {
                 which: "backward",
                 reason: format!(
                     "the gradient given to output {index} holds no values: the work that made \
                      it failed on the device (eager code reading it fails the same way). The \
                      backend's account: {reason}"
                 ),
-            });
-        }
+            })
+        };
+        // SAFETY: as in `replay_forward`: every buffer of the recording is owned by `self` or
+        // lies in guarded pages, and the gradient copies above were queued on this stream,
+        // which is drained before the replay.
+        unsafe {
+            write_check::replay_after_check(
+                "backward",
+                self.cube_graph(&self.backward)?,
+                &self.device,
+                asked,
+                unwritten_gradient,
+            )
+        }?;
+        drop(queued);
         self.lock().stats.backward_replays += 1;
         Ok(self
             .grad_parents

@@ -1,0 +1,98 @@
+//! A replay that first asks cubecl whether the static buffers written outside the graphs since
+//! the last replay (copies into them, fused optimizer updates of them) hold values, and replays
+//! only when the session's record then says every buffer the graph reads does.
+//!
+//! cubecl skips a launch that reads memory an earlier failure left unwritten, and marks what it
+//! would have written; its graph replay, though, does not look at what the graph reads
+//! (UPSTREAM.md 2), so a replay over such a buffer would run on its stale values and mark its
+//! outputs written: readable, and wrong.
+//!
+//! The question and the replay are one task on cubecl's device thread
+//! (`ComputeClient::exclusive`; the nested `check` and graph replay run inline there, in that
+//! order), after fusion drained the caller's stream: the work asked about is queued before the
+//! task, and the question costs no round trip of its own, since the replay makes one anyway.
+//!
+//! Rejected, with measurements (BENCHMARKS.md, "With the check of written buffers"):
+//! - asking from a fusion operation queued before the replay (the previous design): a blocking
+//!   round trip from fusion's server thread that waited for the device thread's whole queue,
+//!   about 45 us per replay inside a training step (95 us, 12%, per step of the MLP on the
+//!   H200) against 7 us on an idle device;
+//! - asking once per copy and per optimizer update (the first design): 18 round trips per step
+//!   of the 16-parameter MLP with `FusedAdam`;
+//! - asking after the replay: cubecl settles the graph's write set on replay, and counts a
+//!   binding without read/write attributes as written, so an input's mark could be cleared
+//!   before it is asked.
+
+use burn::backend::Backend;
+use burn_cubecl::CubeBackend;
+
+use super::buffers::{StaticBuffer, note_checked};
+use crate::error::GraphedError;
+
+/// The graph a session replays and the device it was captured on.
+pub(crate) type CubeGraph = burn::backend::BackendGraph<CubeBackend>;
+type CubeDevice = <CubeBackend as burn::backend::BackendTypes>::Device;
+
+/// Drains the caller's fusion stream, then, in one task on cubecl's device thread: asks about
+/// `asked` (unless empty) and records the answers, asks `refusal` whether the call must be
+/// refused (it reads the record), and replays `graph` unless it must.
+///
+/// # Errors
+///
+/// The refusal `refusal` returned (nothing replayed), or [`GraphedError::Replay`] naming
+/// `which` graph when cubecl refused the replay or its device thread could not run the task.
+///
+/// # Safety
+///
+/// As [`Backend::graph_replay`]: every buffer the recording touched is alive and not used
+/// concurrently, and was refreshed on the capture stream (this thread's).
+pub(crate) unsafe fn replay_after_check(
+    which: &'static str,
+    graph: &CubeGraph,
+    device: &CubeDevice,
+    asked: &[&StaticBuffer],
+    refusal: impl FnOnce() -> Option<GraphedError> + Send,
+) -> Result<(), GraphedError> {
+    let replay_error = |reason: String| GraphedError::Replay { which, reason };
+    let Some(first) = asked.first() else {
+        if let Some(error) = refusal() {
+            return Err(error);
+        }
+        // SAFETY: forwarded from this function's contract. Fusion's `graph_replay` drains the
+        // caller's stream first.
+        return unsafe { <burn::backend::Cube as Backend>::graph_replay(device, graph) }
+            .map_err(|error| replay_error(error.to_string()));
+    };
+    // The copies and updates asked about reach the device thread's queue before the task.
+    first.fused.client.sync(|| ());
+    let client = &first.cube.client;
+    client
+        .exclusive(|| {
+            note_answers(asked);
+            if let Some(error) = refusal() {
+                return Err(error);
+            }
+            // SAFETY: forwarded from this function's contract; fusion's queue was drained
+            // above, so the refreshes are ahead of the replay on the device thread.
+            unsafe { CubeBackend::graph_replay(device, graph) }
+                .map_err(|error| replay_error(error.to_string()))
+        })
+        .map_err(|error| replay_error(error.to_string()))?
+}
+
+/// Asks cubecl once for all of `asked` and, only when that answer is a failure, once per
+/// buffer, to know which; records each buffer's answer. On the device thread, the questions
+/// run inline.
+fn note_answers(asked: &[&StaticBuffer]) {
+    let client = &asked[0].cube.client;
+    let all = client.check(asked.iter().map(|buffer| &buffer.cube.handle));
+    for buffer in asked {
+        let outcome = match &all {
+            Ok(()) => Ok(()),
+            Err(_) => client
+                .check([&buffer.cube.handle])
+                .map_err(|error| error.to_string()),
+        };
+        note_checked(buffer.key(), outcome);
+    }
+}
