@@ -238,11 +238,7 @@ impl Session {
         }
         // One question to cubecl for all of them, then the replay unless a buffer it reads
         // holds no values (`write_check`): one task on the device thread.
-        let asked = if self.fault == FaultInjection::SkipWriteCheck {
-            &[][..]
-        } else {
-            &written[..]
-        };
+        let asked = self.to_ask(&written);
         // SAFETY: `replay_after_check` has `graph_replay`'s contract: every buffer the
         // recording touched alive, not used concurrently, and refreshed on the capture stream.
         // The static buffers live in `self`, which outlives the graph (field order); the
@@ -334,11 +330,7 @@ impl Session {
         // Every output gradient's buffer, copied into now or holding the tensor given last time
         // (it is asked again), in one question before the replay (`write_check`).
         let grad_outputs: Vec<&StaticBuffer> = self.grad_outputs.iter().map(|b| &**b).collect();
-        let asked = if self.fault == FaultInjection::SkipWriteCheck {
-            &[][..]
-        } else {
-            &grad_outputs[..]
-        };
+        let asked = self.to_ask(&grad_outputs);
         // An output gradient that carried an earlier device failure was not copied in: refuse
         // rather than replay on the previous gradient and hand out gradients of it.
         let unwritten_gradient = || {
@@ -387,6 +379,16 @@ impl Session {
         };
         buffer.written_by_graph(Some(tensor.id));
         tensor
+    }
+
+    /// The buffers a replay asks cubecl about: `written`, or none under
+    /// `FaultInjection::SkipWriteCheck` (the bench's A/B of the question).
+    fn to_ask<'a>(&self, written: &'a [&'a StaticBuffer]) -> &'a [&'a StaticBuffer] {
+        if self.fault == FaultInjection::SkipWriteCheck {
+            &[]
+        } else {
+            written
+        }
     }
 
     fn cube_graph<'a>(
