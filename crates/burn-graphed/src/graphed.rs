@@ -66,7 +66,7 @@ type ReplayPlan = (Vec<params::ParamEntry>, Option<FallbackReason>);
 /// `require_grad`, the module in the same train/eval state with the same parameters, on an
 /// autodiff device, on the capturing thread, with the previous call's backward done. Any other
 /// call runs the wrapped function eagerly (or fails, with
-/// [`MismatchPolicy::Error`](crate::MismatchPolicy::Error)); [`Graphed::stats`] counts both.
+/// [`MismatchPolicy::Error`]); [`Graphed::stats`] counts both.
 ///
 /// After an optimizer step the parameters are new tensors: the next call copies them into the
 /// graphs' parameter buffers (one device copy per changed parameter). Inputs are copied into the

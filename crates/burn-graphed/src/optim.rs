@@ -10,7 +10,7 @@ use burn::tensor::{Device, Tensor};
 use crate::MultiTensorAdam;
 
 /// Configuration of [`FusedAdam`]: the same fields and defaults as burn's
-/// [`AdamConfig`](burn::optim::AdamConfig).
+/// [`AdamConfig`].
 #[derive(Config, Debug)]
 pub struct FusedAdamConfig {
     /// Decay of the first moment.
