@@ -132,15 +132,19 @@ def round_ratios(a, b):
     return f" [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
 
 
+def header(text):
+    # A markdown table's header line and its separator, one "---" per column of `text`.
+    return [text, "|" + " --- |" * (text.count("|") - 1)]
+
+
 def table(rows):
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn eager | burn graphed | torch eager | torch graphed "
         "| burn graphed / torch graphed | burn speedup | torch speedup "
         "| burn input copy | burn param copy | reserved MiB burn eager / graphed "
-        "| reserved MiB torch eager / graphed |",
-        "|" + " --- |" * 13,
-    ]
+        "| reserved MiB torch eager / graphed |"
+    )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
 
@@ -170,12 +174,11 @@ BURN_GRAPHED_BEST = ["graphed_static_multi_adam", "graphed_static_fused_adam",
 
 def goal_table(rows):
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn eager (Adam) | best burn graphed | torch eager (Adam) "
         "| torch graphed | burn graphed / torch graphed [per round] | burn speedup "
-        "| torch speedup | graphed extra MiB burn / torch | burn values vs eager |",
-        "|" + " --- |" * 11,
-    ]
+        "| torch speedup | graphed extra MiB burn / torch | burn values vs eager |"
+    )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
         best = next((m for m in BURN_GRAPHED_BEST if ("burn", m) in r), None)
@@ -224,14 +227,13 @@ def has_fused(rows):
 
 def fused_table(rows):
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn graphed (Adam) | burn graphed (FusedAdam) "
         "| burn graphed static (FusedAdam) | burn graphed guarded (FusedAdam) "
         "| torch graphed (Adam) | torch graphed (fused Adam) "
         "| best burn graphed / torch graphed (Adam) | best burn graphed / torch graphed (fused) "
-        "| burn eager (Adam) | burn eager (FusedAdam) | torch eager (fused Adam) |",
-        "|" + " --- |" * 13,
-    ]
+        "| burn eager (Adam) | burn eager (FusedAdam) | torch eager (fused Adam) |"
+    )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
 
@@ -262,12 +264,11 @@ def multi_table(rows):
     # burn graphed static with FusedAdam per parameter and with MultiTensorAdam against torch
     # graphed with Adam and Adam(fused=True), as ratios of medians.
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn graphed static (FusedAdam) | burn graphed static (MultiTensorAdam) "
         "| torch graphed (Adam) | torch graphed (fused Adam) "
-        "| burn multi / torch (Adam) | burn multi / torch (fused Adam) |",
-        "|" + " --- |" * 8,
-    ]
+        "| burn multi / torch (Adam) | burn multi / torch (fused Adam) |"
+    )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
         multi = us("burn", "graphed_static_multi_adam")
@@ -292,13 +293,12 @@ def loss_table(rows):
     # The loss inside the graphed callable on both sides, beside the same configuration with
     # the loss outside.
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn graphed (static, MultiTensorAdam) | burn, loss in graph "
         "| torch graphed (fused Adam) | torch, loss in graph "
         "| burn / torch, loss in graph [per round] | burn speedup | torch speedup "
-        "| graphed extra MiB burn / torch, loss in graph |",
-        "|" + " --- |" * 10,
-    ]
+        "| graphed extra MiB burn / torch, loss in graph |"
+    )
     for (model, dtype), r in by.items():
         if ("burn", BURN_LOSS) not in r and ("torch", TORCH_LOSS) not in r:
             continue
@@ -327,11 +327,10 @@ def check_table(rows):
     # What the check of buffers written outside the graphs costs: the same run with and
     # without it (FaultInjection::SkipWriteCheck), as a difference and a ratio of medians.
     by = group(rows)
-    out = [
+    out = header(
         "| model | dtype | burn graphed (MultiTensorAdam) | the same without the check "
-        "| difference | with / without [per round] |",
-        "|" + " --- |" * 6,
-    ]
+        "| difference | with / without [per round] |"
+    )
     for (model, dtype), r in by.items():
         if ("burn", UNCHECKED) not in r:
             continue
