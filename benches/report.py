@@ -316,84 +316,37 @@ def loss_table(rows):
     return "\n".join(out) + "\n"
 
 
-CHECKED, UNCHECKED = "graphed_multi_adam", "graphed_multi_adam_no_check"
+# Parts of Burn's graphed step measured by leaving them out (FaultInjection), each an A/B of
+# the same run with and without it: (title, column of the run without it, the mode with it,
+# the mode without it). `--modes A,B,B,A` runs them alternately, so that the rounds pair up.
+AB_PARTS = [
+    ("The check of written buffers", "the same without the check",
+     "graphed_multi_adam", "graphed_multi_adam_no_check"),
+    ("The input copy", "the same without the input copy",
+     "graphed_multi_adam", "graphed_multi_adam_no_input_copy"),
+]
 
 
-def has_check(rows):
-    return any(r["mode"] == UNCHECKED for r in rows)
-
-
-def check_table(rows):
-    # What the check of buffers written outside the graphs costs: the same run with and
-    # without it (FaultInjection::SkipWriteCheck), as a difference and a ratio of medians.
+def ab_table(rows, without_title, with_mode, without_mode):
+    # What one part of the step costs: the run with it against the run without it, as a
+    # difference and a ratio of medians, with the ratio's spread over paired rounds.
     by = group(rows)
     out = header(
-        "| model | dtype | burn graphed (MultiTensorAdam) | the same without the check "
+        f"| model | dtype | burn graphed (MultiTensorAdam) | {without_title} "
         "| difference | with / without [per round] |"
     )
     for (model, dtype), r in by.items():
-        if ("burn", UNCHECKED) not in r:
+        if ("burn", without_mode) not in r:
             continue
         us, cell = medians(r), cells(r)
-        checked, unchecked = us("burn", CHECKED), us("burn", UNCHECKED)
+        with_us, without_us = us("burn", with_mode), us("burn", without_mode)
         out.append(
-            f"| {model} | {dtype} | {cell('burn', CHECKED)} | {cell('burn', UNCHECKED)} "
-            f"| {num(checked - unchecked, '.0f', ' us')} "
-            f"| {num(checked / unchecked, '.3f')}"
-            f"{round_ratios(r.get(('burn', CHECKED)), r.get(('burn', UNCHECKED)))} |"
+            f"| {model} | {dtype} | {cell('burn', with_mode)} | {cell('burn', without_mode)} "
+            f"| {num(with_us - without_us, '.0f', ' us')} "
+            f"| {num(with_us / without_us, '.3f')}"
+            f"{round_ratios(r.get(('burn', with_mode)), r.get(('burn', without_mode)))} |"
         )
     return "\n".join(out) + "\n"
-
-
-def plot(rows, device, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = list(OrderedDict((key(r), None) for r in rows))
-    series = [("burn", "eager"), ("burn", "graphed"), ("torch", "eager"), ("torch", "graphed")]
-    colors = ["#f4a259", "#bc4b51", "#8cb369", "#5b8e7d"]
-    # The fused-Adam series only when the results have them.
-    present = {(r["framework"], r["mode"]) for r in rows}
-    for extra, color in [(("burn", "graphed_fused_adam"), "#6a4c93"),
-                         (("burn", "graphed_static_fused_adam"), "#1982c4"),
-                         (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
-                         (("burn", "graphed_static_multi_adam"), "#ffca3a"),
-                         (("torch", "graphed_fused_adam"), "#2b2d42"),
-                         (("burn", BURN_LOSS), "#c1121f"),
-                         (("torch", TORCH_LOSS), "#52a675")]:
-        if extra in present:
-            series.append(extra)
-            colors.append(color)
-    # Series without a single row (e.g. a run without eager modes) get no bars nor legend entry.
-    kept = [(s, c) for s, c in zip(series, colors) if s in present]
-    series, colors = [s for s, _ in kept], [c for _, c in kept]
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    # The bars of one (model, dtype) share 0.8 of the x unit, centred on the tick
-    # (4 series: width 0.2, offsets -1.5..1.5 widths, as before).
-    width = 0.8 / len(series)
-    for i, ((framework, mode), color) in enumerate(zip(series, colors)):
-        values, lows, highs = [], [], []
-        for k in keys:
-            row = next((r for r in rows if key(r) == k and r["framework"] == framework
-                        and r["mode"] == mode), None)
-            values.append(row["median_us"] if row else 0)
-            lows.append(row["median_us"] - row["p10_us"] if row else 0)
-            highs.append(row["p90_us"] - row["median_us"] if row else 0)
-        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
-        ax.bar(xs, values, width, yerr=[lows, highs], label=f"{framework} {mode}", color=color)
-    ax.set_xticks(range(len(keys)))
-    # "transformer 2x256 s128 b8" -> "transformer 2x256 s128" / "b8" / dtype: labels that fit.
-    labels = [f"{m.rsplit(' b', 1)[0]}\nb{m.rsplit(' b', 1)[1]} {d}" if " b" in m else f"{m}\n{d}"
-              for m, d in keys]
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("train step, us (median; bars: p10-p90,\nor lowest-highest round median)", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_title(f"Train step (fwd+loss+bwd+Adam), lower is better — {device or 'GPU'}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main():
@@ -411,8 +364,9 @@ def main():
         text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
     if has_loss(rows):
         text += "\nLoss inside the graphs:\n\n" + loss_table(rows)
-    if has_check(rows):
-        text += "\nThe check of written buffers:\n\n" + check_table(rows)
+    for title, without_title, with_mode, without_mode in AB_PARTS:
+        if any(r["mode"] == without_mode for r in rows):
+            text += f"\n{title}:\n\n" + ab_table(rows, without_title, with_mode, without_mode)
     if args.table:
         open(args.table, "w").write(text)
     print(text)

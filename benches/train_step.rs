@@ -10,7 +10,7 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
-//!                     graphed_multi_adam_no_check]
+//!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost]
 //! ```
@@ -22,10 +22,13 @@
 //! results come from cubecl's persistent cache (`run.sh bench` turns it on), so a process costs
 //! its CUDA context and little else.
 //!
-//! `--modes` picks the runs (default all but `graphed_static` and
-//! `graphed_multi_adam_no_check`, which is `graphed_multi_adam` without the check of buffers
-//! written outside the graphs (`FaultInjection::SkipWriteCheck`): what that check costs); `run.sh profile` uses it to
-//! trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
+//! `--modes` picks the runs, in the order given, repeats included (default all but
+//! `graphed_static` and the two A/B modes: `graphed_multi_adam_no_check`, which is
+//! `graphed_multi_adam` without the check of buffers written outside the graphs
+//! (`FaultInjection::SkipWriteCheck`), and `graphed_multi_adam_no_input_copy`, the same without
+//! the input's copy into its static buffer (`FaultInjection::SkipInputCopy`; its values are
+//! wrong, so it is not value-checked): what each part costs, run as `A,B,B,A`); `run.sh
+//! profile` uses it to trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
 //! `burn_graphed::MultiTensorAdam` (one fusion operation for all parameters);
@@ -302,7 +305,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 14] = [
+const MODES: [Mode; 15] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -317,6 +320,7 @@ const MODES: [Mode; 14] = [
     Mode::GraphedStatic(Optim::MultiAdam),
     Mode::GraphedLoss(Optim::MultiAdam),
     Mode::Graphed(FaultInjection::SkipWriteCheck, Optim::MultiAdam),
+    Mode::Graphed(FaultInjection::SkipInputCopy, Optim::MultiAdam),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -371,6 +375,7 @@ impl Mode {
         match self {
             Mode::Eager(Adam) => "eager",
             Mode::Graphed(None, Adam) => "graphed",
+            Mode::Graphed(SkipInputCopy, MultiAdam) => "graphed_multi_adam_no_input_copy",
             Mode::Graphed(SkipInputCopy, _) => "graphed_no_input_copy",
             Mode::Graphed(SkipParamCopy, _) => "graphed_no_param_copy",
             Mode::Graphed(SkipWriteCheck, Adam) => "graphed_no_check",
