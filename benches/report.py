@@ -317,22 +317,25 @@ def loss_table(rows):
 
 
 # Parts of Burn's graphed step measured by leaving them out (FaultInjection), each an A/B of
-# the same run with and without it: (title, column of the run without it, the mode with it,
-# the mode without it). `--modes A,B,B,A` runs them alternately, so that the rounds pair up.
+# the same run with and without it: (title, column of the run with it, column of the run
+# without it, the mode with it, the mode without it). `--modes A,B,B,A` runs them
+# alternately, so that the rounds pair up.
 AB_PARTS = [
-    ("The check of written buffers", "the same without the check",
-     "graphed_multi_adam", "graphed_multi_adam_no_check"),
-    ("The input copy", "the same without the input copy",
+    ("The check of written buffers", "burn graphed (MultiTensorAdam)",
+     "the same without the check", "graphed_multi_adam", "graphed_multi_adam_no_check"),
+    ("The input copy", "burn graphed (MultiTensorAdam)", "the same without the input copy",
      "graphed_multi_adam", "graphed_multi_adam_no_input_copy"),
+    ("The parameter copies (burn's Adam returns new parameters)", "burn graphed (Adam)",
+     "the same without the parameter copies", "graphed", "graphed_no_param_copy"),
 ]
 
 
-def ab_table(rows, without_title, with_mode, without_mode):
+def ab_table(rows, with_title, without_title, with_mode, without_mode):
     # What one part of the step costs: the run with it against the run without it, as a
     # difference and a ratio of medians, with the ratio's spread over paired rounds.
     by = group(rows)
     out = header(
-        f"| model | dtype | burn graphed (MultiTensorAdam) | {without_title} "
+        f"| model | dtype | {with_title} | {without_title} "
         "| difference | with / without [per round] |"
     )
     for (model, dtype), r in by.items():
@@ -364,9 +367,9 @@ def main():
         text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
     if has_loss(rows):
         text += "\nLoss inside the graphs:\n\n" + loss_table(rows)
-    for title, without_title, with_mode, without_mode in AB_PARTS:
-        if any(r["mode"] == without_mode for r in rows):
-            text += f"\n{title}:\n\n" + ab_table(rows, without_title, with_mode, without_mode)
+    for title, *columns_and_modes in AB_PARTS:
+        if any(r["mode"] == columns_and_modes[-1] for r in rows):
+            text += f"\n{title}:\n\n" + ab_table(rows, *columns_and_modes)
     if args.table:
         open(args.table, "w").write(text)
     print(text)
