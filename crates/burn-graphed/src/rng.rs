@@ -28,7 +28,7 @@ use burn::module::{
     Content, Devices, Flag, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper,
     ModuleVisitor, Param,
 };
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorCreationOptions, TensorData};
 
 /// A 32-bit integer hash with good avalanche (Wellons' "lowbias32"); the device kernel
 /// (`cube/random_op.rs`) computes the same.
@@ -233,7 +233,12 @@ impl DeviceRng {
         #[cfg(feature = "cube")]
         if crate::cube::capture::supports_capture(&device) {
             let values: Vec<f32> = words(seed, 0).iter().map(|w| f32::from_bits(*w)).collect();
-            let state = Tensor::<1>::from_data(TensorData::new(values, [4]), &device);
+            // F32 whatever the device's default float dtype: the draw kernel reads the four
+            // words bit for bit (`GraphRandomOps::draw`), which a conversion would destroy.
+            let state = Tensor::<1>::from_data(
+                TensorData::new(values, [4]),
+                TensorCreationOptions::new(device.clone()).with_dtype(DType::F32),
+            );
             let inner = Arc::new(RngInner {
                 seed,
                 device,
@@ -338,7 +343,12 @@ impl DeviceRng {
                 let values: Vec<f32> = (0..shape.num_elements())
                     .map(|i| draw_value(draw, keys, i as u32, a, b))
                     .collect();
-                Tensor::<D>::from_data(TensorData::new(values, shape), &self.inner.device)
+                // In `like`'s dtype: one rounding of the f32 values, not two through the
+                // device's default float dtype.
+                Tensor::<D>::from_data(
+                    TensorData::new(values, shape),
+                    TensorCreationOptions::new(self.inner.device.clone()).with_dtype(like.dtype()),
+                )
             }
         };
         let values = if device.is_autodiff() {
@@ -568,6 +578,11 @@ impl GraphDropout {
 
     /// Applies dropout during training (module in training mode, input on an autodiff device);
     /// returns the input unchanged otherwise.
+    ///
+    /// # Panics
+    ///
+    /// When `input` is on another device than the generator (as
+    /// [`DeviceRng::dropout_mask`]).
     pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
         if !self.training.is_enabled() || !input.device().is_autodiff() || self.prob == 0.0 {
             return input;

@@ -137,9 +137,18 @@ impl GraphRandomOps for CubeBackend {
             burn::tensor::DType::F32,
         );
         let cubes = (out.len() as u32).div_ceil(CUBE_THREADS).max(1);
+        // `DeviceRng`, the only maker of states, makes them 4 f32 words whatever the device's
+        // default float dtype; checked here in release builds too, since the launches below
+        // rely on it.
+        assert!(
+            state.dtype == burn::tensor::DType::F32 && state.meta.shape().num_elements() == 4,
+            "a DeviceRng state is 4 f32 words, not {:?} of {:?}",
+            state.meta.shape(),
+            state.dtype
+        );
         // SAFETY: `launch_unchecked` skips bounds checks: the kernel reads words 0-3 of `state`
-        // (a 4-element, 4-byte-per-element buffer, checked by `DeviceRng`, its only maker) and
-        // writes `out`, a dense f32 buffer (the kernel's element type), only below its length.
+        // (4 elements of 4 bytes: asserted above) and writes `out`, a dense f32 buffer (the
+        // kernel's element type), only below its length.
         unsafe {
             draw_kernel::launch_unchecked(
                 &state.client,
