@@ -31,6 +31,7 @@ on_devices! {
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);
     input_gradient_matches_eager => scenarios::input_gradient_matches_eager;
     unused_input_is_refused => scenarios::unused_input_is_refused;
+    too_many_parents_is_refused => |d| scenarios::too_many_parents_is_refused(d, false);
     eval_mode_falls_back => scenarios::eval_mode_falls_back;
     inner_device_inputs_replay => scenarios::inner_device_inputs_replay;
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;

@@ -107,6 +107,11 @@ fn unused_input_is_refused() {
 }
 
 #[test]
+fn too_many_parents_is_refused() {
+    scenarios::too_many_parents_is_refused(&cuda(), true);
+}
+
+#[test]
 fn eval_mode_falls_back() {
     scenarios::eval_mode_falls_back(&cuda());
 }

@@ -315,6 +315,98 @@ pub fn unused_input_is_refused(device: &Device) {
     assert_eq!(error, GraphedError::UnusedInput { index: 2 });
 }
 
+/// As many one-element parameters as asked: a module for the limit on one graphed call's
+/// parents (inputs plus parameters).
+#[derive(Module, Debug)]
+pub struct ManyParams {
+    pub params: Vec<burn::module::Param<Tensor<1>>>,
+}
+
+impl ManyParams {
+    /// Every parameter's value, in one tensor.
+    fn values(&self) -> Tensor<1> {
+        Tensor::cat(self.params.iter().map(|param| param.val()).collect(), 0)
+    }
+
+    /// [`values`](Self::values), read back in one read. (Reading each parameter would do, but
+    /// on lavapipe dropping 4096 tensors read one by one took 87 s: a device round trip
+    /// each.)
+    fn read(&self) -> Vec<f32> {
+        self.values()
+            .into_data()
+            .try_to_vec::<f32>()
+            .expect("f32 data")
+    }
+}
+
+fn many_params_forward(model: &ManyParams, x: Tensor<1>) -> Tensor<1> {
+    x + model.values().sum()
+}
+
+/// One graphed call takes at most `MAX` inputs and parameters together: one more is refused
+/// with a typed error naming both counts, before anything is recorded, and the parameters
+/// keep their values. With `fit`, also exactly `MAX` captures (the largest node type), and
+/// its call matches eager: 3.5 minutes on lavapipe, so the CPU suite leaves it to the GPU's.
+pub fn too_many_parents_is_refused(device: &Device, fit: bool) {
+    const MAX: usize = 4096;
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let model = |params: usize| ManyParams {
+        params: (0..params)
+            .map(|i| {
+                let value = Tensor::<1>::from_floats([i as f32 / params as f32], &device);
+                burn::module::Param::from_tensor(value)
+            })
+            .collect(),
+    };
+    let sample = || Tensor::<1>::from_floats([0.5], &device).require_grad();
+    let too_many = model(MAX);
+    let before = too_many.read();
+    let error = Graphed::new(
+        too_many.clone(),
+        many_params_forward,
+        sample(),
+        &GraphedConfig::new(),
+    )
+    .expect_err("one input and 4096 parameters are 4097 parents");
+    assert_eq!(
+        error,
+        GraphedError::TooManyParents {
+            parents: MAX + 1,
+            max: MAX
+        }
+    );
+    assert_eq!(too_many.read(), before, "the refused module's parameters");
+    if !fit {
+        return;
+    }
+
+    let fits = model(MAX - 1);
+    let graphed = Graphed::new(
+        fits.clone(),
+        many_params_forward,
+        sample(),
+        &GraphedConfig::new(),
+    )
+    .expect("one input and 4095 parameters are 4096 parents");
+    let x = Tensor::<1>::from_floats([0.25], &device);
+    let value = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().expect("f32 data")[0];
+    let got = value(graphed.forward(x.clone()).expect("graphed call"));
+    let expected = value(many_params_forward(&fits, x));
+    // 4095 values summed, perhaps in another order: a few ulps of the sum (about 2048).
+    assert!(
+        (got - expected).abs() <= 1e-3,
+        "graphed {got} against eager {expected}"
+    );
+    assert_eq!(
+        graphed.stats().forward_replays,
+        1,
+        "the call replayed its graph"
+    );
+}
+
 /// After `valid()` the module runs eagerly on the inner device, and training resumes graphed.
 pub fn eval_mode_falls_back(device: &Device) {
     let device = device.clone().autodiff();

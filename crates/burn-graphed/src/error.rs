@@ -134,6 +134,19 @@ pub enum GraphedError {
         /// What differs.
         detail: String,
     },
+    /// The call has more inputs and parameters than one graphed call takes: its autodiff node
+    /// has one parent per input and parameter, and the node types go up to a fixed count.
+    #[error(
+        "the callable has {parents} inputs and parameters together, more than the {max} one \
+         graphed call supports; graph a smaller part of the model, or group parameters into \
+         fewer tensors"
+    )]
+    TooManyParents {
+        /// Inputs plus parameters of the callable.
+        parents: usize,
+        /// The most one graphed call supports.
+        max: usize,
+    },
     /// The module holds float state that is not trained (e.g. batch-norm running statistics),
     /// which a replayed graph would not keep up to date.
     #[error(

@@ -114,13 +114,17 @@ where
     ///
     /// # Errors
     ///
-    /// [`GraphedError::NoInputs`], [`GraphedError::NotAutodiff`],
+    /// [`GraphedError::NoInputs`], [`GraphedError::NoOutputs`], [`GraphedError::NotAutodiff`],
     /// [`GraphedError::NonTrainableState`], [`GraphedError::UnusedInput`],
+    /// [`GraphedError::TooManyParents`] (more than 4096 inputs and parameters),
     /// [`GraphedError::Capture`] (with the failing step; the device is left out of capture mode
-    /// and usable), [`GraphedError::InputNotWritten`] and [`GraphedError::ParameterNotWritten`]
+    /// and usable), [`GraphedError::ReplayDiffers`] when the first replay does not reproduce
+    /// the eager run ([`GraphedConfig::validate_replay`], on by default),
+    /// [`GraphedError::InputNotWritten`] and [`GraphedError::ParameterNotWritten`]
     /// when the capture failed on a sample input or parameter whose values the device never
     /// wrote (an earlier failed allocation or launch), and [`GraphedError::Unsupported`] when
-    /// graphs are required but impossible.
+    /// graphs are required but impossible. After any of them the module is untouched and the
+    /// device usable.
     pub fn new(
         module: M,
         call: fn(&M, I) -> O,

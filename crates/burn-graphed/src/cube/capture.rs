@@ -530,11 +530,9 @@ fn capture_locked(
             .collect();
         let parents = autodiff_inputs.len() + member.params.len();
         if parents > super::node::MAX_PARENTS {
-            return Err(GraphedError::ParametersChanged {
-                detail: format!(
-                    "{parents} inputs and parameters, more than the {} one graphed call supports",
-                    super::node::MAX_PARENTS
-                ),
+            return Err(GraphedError::TooManyParents {
+                parents,
+                max: super::node::MAX_PARENTS,
             });
         }
         let mut static_params = Vec::with_capacity(member.params.len());
