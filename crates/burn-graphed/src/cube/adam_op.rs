@@ -207,9 +207,15 @@ impl FusedAdamOps for CubeBackend {
         let cubes = CubeCount::Static((elements as u32).div_ceil(CUBE_THREADS).max(1), 1, 1);
         let dim = CubeDim::new_1d(CUBE_THREADS);
         let decay = penalty != 0.0;
-        // `prepare` fuses only the dtypes `kernel_elem` takes.
-        debug_assert!(kernel_elem(param.dtype).is_some(), "{:?}", param.dtype);
-        let elem = kernel_elem(param.dtype).unwrap_or(ElemType::Float(FloatKind::F32));
+        // `prepare` fuses only the dtypes `kernel_elem` takes; a kernel of another element
+        // type over these buffers would break the launches' safety contract, so this checks
+        // it in release builds too (an invariant of this module, not an input error).
+        let Some(elem) = kernel_elem(param.dtype) else {
+            panic!(
+                "FusedAdam's kernel launched on a {:?} parameter, which `prepare` refuses",
+                param.dtype
+            );
+        };
         if in_place {
             // The static buffer itself where it is dense, else a dense copy whose result goes
             // back into it (CUDA pitches rows whose byte width is not a power of two; see
