@@ -361,16 +361,18 @@ pub fn too_many_parents_is_refused(device: &Device, fit: bool) {
             })
             .collect(),
     };
-    let sample = || Tensor::<1>::from_floats([0.5], &device).require_grad();
+    let capture = |model: &ManyParams| {
+        let sample = Tensor::<1>::from_floats([0.5], &device).require_grad();
+        Graphed::new(
+            model.clone(),
+            many_params_forward,
+            sample,
+            &GraphedConfig::new(),
+        )
+    };
     let too_many = model(MAX);
     let before = too_many.read();
-    let error = Graphed::new(
-        too_many.clone(),
-        many_params_forward,
-        sample(),
-        &GraphedConfig::new(),
-    )
-    .expect_err("one input and 4096 parameters are 4097 parents");
+    let error = capture(&too_many).expect_err("one input and 4096 parameters are 4097 parents");
     assert_eq!(
         error,
         GraphedError::TooManyParents {
@@ -384,13 +386,7 @@ pub fn too_many_parents_is_refused(device: &Device, fit: bool) {
     }
 
     let fits = model(MAX - 1);
-    let graphed = Graphed::new(
-        fits.clone(),
-        many_params_forward,
-        sample(),
-        &GraphedConfig::new(),
-    )
-    .expect("one input and 4095 parameters are 4096 parents");
+    let graphed = capture(&fits).expect("one input and 4095 parameters are 4096 parents");
     let x = Tensor::<1>::from_floats([0.25], &device);
     let value = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().expect("f32 data")[0];
     let got = value(graphed.forward(x.clone()).expect("graphed call"));
