@@ -39,7 +39,7 @@ fn assert_f32_uniform(rng: &DeviceRng, like: &Tensor<2>, seed: u64, counter: u64
 /// `DeviceRng` keeps its four state words in f32 whatever the device's default float dtype:
 /// its draws on a device configured for f16 equal the host reference (in f16, where the
 /// values chosen are exact). Before the state was made with an explicit dtype it followed the
-/// device's default: an f16 state rounds the seed's words away and is half the four words the
+/// device's default: an f16 state rounds the seed's words away and holds half the 16 bytes the
 /// draw kernel reads.
 #[test]
 fn device_rng_keeps_f32_state_on_an_f16_device() {
