@@ -352,6 +352,57 @@ def ab_table(rows, with_title, without_title, with_mode, without_mode):
     return "\n".join(out) + "\n"
 
 
+def plot(rows, device, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(OrderedDict((key(r), None) for r in rows))
+    series = [("burn", "eager"), ("burn", "graphed"), ("torch", "eager"), ("torch", "graphed")]
+    colors = ["#f4a259", "#bc4b51", "#8cb369", "#5b8e7d"]
+    # The fused-Adam series only when the results have them.
+    present = {(r["framework"], r["mode"]) for r in rows}
+    for extra, color in [(("burn", "graphed_fused_adam"), "#6a4c93"),
+                         (("burn", "graphed_static_fused_adam"), "#1982c4"),
+                         (("burn", "graphed_guarded_fused_adam"), "#ff595e"),
+                         (("burn", "graphed_static_multi_adam"), "#ffca3a"),
+                         (("torch", "graphed_fused_adam"), "#2b2d42"),
+                         (("burn", BURN_LOSS), "#c1121f"),
+                         (("torch", TORCH_LOSS), "#52a675")]:
+        if extra in present:
+            series.append(extra)
+            colors.append(color)
+    # Series without a single row (e.g. a run without eager modes) get no bars nor legend entry.
+    kept = [(s, c) for s, c in zip(series, colors) if s in present]
+    series, colors = [s for s, _ in kept], [c for _, c in kept]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    # The bars of one (model, dtype) share 0.8 of the x unit, centred on the tick
+    # (4 series: width 0.2, offsets -1.5..1.5 widths, as before).
+    width = 0.8 / len(series)
+    for i, ((framework, mode), color) in enumerate(zip(series, colors)):
+        values, lows, highs = [], [], []
+        for k in keys:
+            row = next((r for r in rows if key(r) == k and r["framework"] == framework
+                        and r["mode"] == mode), None)
+            values.append(row["median_us"] if row else 0)
+            lows.append(row["median_us"] - row["p10_us"] if row else 0)
+            highs.append(row["p90_us"] - row["median_us"] if row else 0)
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
+        ax.bar(xs, values, width, yerr=[lows, highs], label=f"{framework} {mode}", color=color)
+    ax.set_xticks(range(len(keys)))
+    # "transformer 2x256 s128 b8" -> "transformer 2x256 s128" / "b8" / dtype: labels that fit.
+    labels = [f"{m.rsplit(' b', 1)[0]}\nb{m.rsplit(' b', 1)[1]} {d}" if " b" in m else f"{m}\n{d}"
+              for m, d in keys]
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("train step, us (median; bars: p10-p90,\nor lowest-highest round median)", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_title(f"Train step (fwd+loss+bwd+Adam), lower is better — {device or 'GPU'}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("results", nargs="+", help="JSON-lines files of run.sh bench")

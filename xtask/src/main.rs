@@ -354,4 +354,76 @@ mod tests {
         assert_eq!(none.status.code(), Some(2));
         std::fs::remove_dir_all(&dir).ok();
     }
+
+    /// `benches/report.py` reads every committed results file into its tables, and keeps the
+    /// plot that BENCHMARKS.md's commands ask of it (`--plot`): a refactor once dropped the
+    /// plot function and nothing but a `--plot` run noticed. Draws the plot where matplotlib
+    /// is installed; elsewhere checks that the function is there. Needs python3 (`.ci/run`
+    /// installs it).
+    #[test]
+    fn report_py_reads_every_results_file_and_plots() {
+        let root = root();
+        let report = root.join("benches/report.py");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("benches/results"))
+            .expect("benches/results")
+            .map(|entry| entry.expect("results entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
+            .collect();
+        files.sort();
+        assert!(!files.is_empty(), "no results files under benches/results");
+        let python = |args: &[&std::ffi::OsStr]| {
+            Command::new("python3")
+                .args(args)
+                .output()
+                .expect("python3 (.ci/run installs it)")
+        };
+        for file in &files {
+            let out = python(&[report.as_os_str(), file.as_os_str()]);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "report.py {}: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains("Goal:"),
+                "report.py {}: {stdout}",
+                file.display()
+            );
+        }
+        let has_matplotlib = python(&["-c".as_ref(), "import matplotlib".as_ref()])
+            .status
+            .success();
+        if has_matplotlib {
+            let png = std::env::temp_dir().join(format!("xtask-plot-{}.png", std::process::id()));
+            let out = python(&[
+                report.as_os_str(),
+                files[0].as_os_str(),
+                "--plot".as_ref(),
+                png.as_os_str(),
+            ]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let size = std::fs::metadata(&png).expect("the plot's file").len();
+            assert!(size > 1000, "a {size}-byte plot");
+            std::fs::remove_file(&png).ok();
+        } else {
+            let benches = root.join("benches");
+            let out = python(&[
+                "-c".as_ref(),
+                "import sys; sys.path.insert(0, sys.argv[1]); import report; assert callable(report.plot)"
+                    .as_ref(),
+                benches.as_os_str(),
+            ]);
+            assert!(
+                out.status.success(),
+                "report.py has no plot function: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
