@@ -308,51 +308,153 @@ mod tests {
         assert!(parse_gpu_test(&["--filter".to_string()]).is_err());
     }
 
-    /// `run.sh tests --from NAME` hands the test binary NAME and the names after it (sorted, as
-    /// libtest runs them), exactly; a NAME after every test is an error. Runs the real script
-    /// against a fake test binary that prints its arguments (needs bash and xz).
-    #[test]
-    fn run_sh_tests_from_runs_the_rest_in_order() {
-        let dir = std::env::temp_dir().join(format!("xtask-run-sh-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let fake = dir.join("test-gpu");
-        write(
-            &fake,
-            "#!/bin/sh\n\
-             if [ \"$1\" = --list ]; then printf 'b_test: test\\na_test: test\\nc_test: test\\n'; exit 0; fi\n\
-             echo \"ARGS: $*\"\n\
-             echo 'test result: ok. 2 passed; 0 failed; 0 ignored'\n",
-        )
-        .expect("fake binary");
-        let xz = Command::new("xz")
-            .args(["-zkf"])
-            .arg(&fake)
-            .status()
-            .expect("xz (the bundle needs it too)");
-        assert!(xz.success());
-        write(&dir.join("run.sh"), RUN_SH).expect("run.sh");
-        let run = |from: &str| {
-            Command::new("bash")
-                .arg(dir.join("run.sh"))
-                .args(["tests", "--from", from])
-                .env("BURN_GRAPHED_REPO", &dir)
+    /// A bundle folder with the real `run.sh` and a fake test binary: a shell script that
+    /// lists `names` (in the order given), prints its arguments and a libtest summary of 2
+    /// passed tests, or, when one argument is `broken`, exits 3 without a summary, as a crashed
+    /// binary would. Removed on drop. Needs bash and xz.
+    struct FakeBundle {
+        dir: PathBuf,
+    }
+
+    impl FakeBundle {
+        fn new(tag: &str, names: &[&str]) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("xtask-run-sh-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let list: String = names
+                .iter()
+                .map(|name| format!("{name}: test\\n"))
+                .collect();
+            let fake = dir.join("test-gpu");
+            write(
+                &fake,
+                &format!(
+                    "#!/bin/sh\n\
+                     if [ \"$1\" = --list ]; then printf '{list}'; exit 0; fi\n\
+                     echo \"ARGS: $*\"\n\
+                     case \" $* \" in *' broken '*) exit 3 ;; esac\n\
+                     echo 'test result: ok. 2 passed; 0 failed; 0 ignored'\n"
+                ),
+            )
+            .expect("fake binary");
+            let xz = Command::new("xz")
+                .args(["-zkf"])
+                .arg(&fake)
+                .status()
+                .expect("xz (the bundle needs it too)");
+            assert!(xz.success());
+            write(&dir.join("run.sh"), RUN_SH).expect("run.sh");
+            Self { dir }
+        }
+
+        /// `run.sh tests ARGS`, with `OUT` set to `out` when given: the exit code and stdout.
+        fn run(&self, args: &[&str], out: Option<&Path>) -> (Option<i32>, String) {
+            let mut command = Command::new("bash");
+            command
+                .arg(self.dir.join("run.sh"))
+                .arg("tests")
+                .args(args)
+                .env("BURN_GRAPHED_REPO", &self.dir)
                 .env("BURN_GRAPHED_HEARTBEAT", "600")
                 .env_remove("BURN_GRAPHED_FILTER")
-                .env_remove("OUT")
-                .output()
-                .expect("bash")
-        };
-        let rest = run("b_test");
-        let stdout = String::from_utf8_lossy(&rest.stdout);
-        assert!(rest.status.success(), "{stdout}");
+                .env_remove("BURN_GRAPHED_JOBS")
+                .env_remove("OUT");
+            if let Some(out) = out {
+                command.env("OUT", out);
+            }
+            let output = command.output().expect("bash");
+            (
+                output.status.code(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        }
+    }
+
+    impl Drop for FakeBundle {
+        fn drop(&mut self) {
+            std::fs::remove_dir_all(&self.dir).ok();
+        }
+    }
+
+    /// `run.sh tests --from NAME` hands the test binary NAME and the names after it (sorted, as
+    /// libtest runs them), exactly; a NAME after every test is an error.
+    #[test]
+    fn run_sh_tests_from_runs_the_rest_in_order() {
+        let bundle = FakeBundle::new("from", &["b_test", "a_test", "c_test"]);
+        let (code, stdout) = bundle.run(&["--from", "b_test"], None);
+        assert_eq!(code, Some(0), "{stdout}");
         assert!(
             stdout.contains("ARGS: --test-threads=1 --exact b_test c_test --nocapture"),
             "{stdout}"
         );
         assert!(stdout.contains("2 passed, 0 failed"), "{stdout}");
-        let none = run("zzz");
-        assert_eq!(none.status.code(), Some(2));
-        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(bundle.run(&["--from", "zzz"], None).0, Some(2));
+    }
+
+    /// `run.sh tests --jobs 2` runs two test processes, the sorted names dealt out in turn,
+    /// each with a log of its own in `$OUT`, and sums their summaries.
+    #[test]
+    fn run_sh_tests_jobs_split_the_suite() {
+        let bundle = FakeBundle::new("jobs", &["c_test", "a_test", "b_test"]);
+        let out = bundle.dir.join("out");
+        let (code, stdout) = bundle.run(&["--jobs", "2"], Some(&out));
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(
+            stdout.contains("[1] ARGS: --test-threads=1 --exact a_test c_test --nocapture"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("[2] ARGS: --test-threads=1 --exact b_test --nocapture"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("4 passed, 0 failed"), "{stdout}");
+        let log = |n: u32| {
+            std::fs::read_to_string(out.join(format!("gpu-tests-{n}.log"))).expect("share's log")
+        };
+        assert!(log(1).contains("ARGS: --test-threads=1 --exact a_test c_test"));
+        assert!(log(2).contains("ARGS: --test-threads=1 --exact b_test"));
+        assert_eq!(bundle.run(&["--jobs", "0"], None).0, Some(2));
+    }
+
+    /// A share whose binary dies without a summary fails the run, and the other share's
+    /// passes still count.
+    #[test]
+    fn run_sh_tests_jobs_report_a_crashed_share() {
+        let bundle = FakeBundle::new("crash", &["a_test", "broken", "c_test"]);
+        let (code, stdout) = bundle.run(&["--jobs", "2"], None);
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(stdout.contains("2 passed, 1 failed"), "{stdout}");
+    }
+
+    /// `run.sh tests --rest LOG` runs the tests that the log shows no result for: a result
+    /// on the test's own line or on a bare line after its output counts, a test cut off by
+    /// the time limit does not; with none left it is an error.
+    #[test]
+    fn run_sh_tests_rest_runs_what_a_log_did_not_finish() {
+        let names = ["a_test", "b_test", "c_test", "d_test", "e_test"];
+        let bundle = FakeBundle::new("rest", &names);
+        let log = bundle.dir.join("cut.log");
+        write(
+            &log,
+            "test a_test ... ok\n\
+             test b_test ... some output\nmore output\nok\n\
+             test d_test ... FAILED\n\
+             test c_test ... \n\n[run.sh: 600s]\n",
+        )
+        .expect("log");
+        let log = log.to_str().expect("utf-8 path");
+        let (code, stdout) = bundle.run(&["--rest", log], None);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(
+            stdout.contains("ARGS: --test-threads=1 --exact c_test e_test --nocapture"),
+            "{stdout}"
+        );
+        let all_done = bundle.dir.join("done.log");
+        let lines: String = names.iter().map(|n| format!("test {n} ... ok\n")).collect();
+        write(&all_done, &lines).expect("log");
+        let all_done = all_done.to_str().expect("utf-8 path");
+        assert_eq!(bundle.run(&["--rest", all_done], None).0, Some(2));
+        assert_eq!(bundle.run(&["--rest"], None).0, Some(2));
     }
 
     /// `benches/report.py` reads every committed results file into its tables, and keeps the

@@ -6,7 +6,11 @@
 #                          failure; ARGS go to the test binary (e.g. --ignored NAME).
 #                          `tests --from NAME [ARGS]` runs NAME and the tests after it in the
 #                          order the suite runs them (by name): the rest of a run that a
-#                          time limit cut off at NAME
+#                          time limit cut off at NAME. `tests --rest LOG... [ARGS]` runs the
+#                          tests that the logs of earlier runs show no result for.
+#                          `tests --jobs N` (or BURN_GRAPHED_JOBS=N) runs N test processes
+#                          at once, logs gpu-tests-1.log .. gpu-tests-N.log (one process:
+#                          gpu-tests.log), in $OUT when set
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
@@ -88,42 +92,97 @@ export INSTA_WORKSPACE_ROOT="$repo" INSTA_UPDATE=no
 case "$mode" in
   tests)
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
-    args=(--test-threads=1)
-    [ -n "${BURN_GRAPHED_FILTER:-}" ] && args+=("$BURN_GRAPHED_FILTER")
     shift $(( $# > 0 ? 1 : 0 ))
-    if [ "${1:-}" = "--from" ]; then
-      # libtest runs the tests sorted by name, one at a time here: NAME and every later name.
-      from="${2:?run.sh tests --from needs a test name}"
-      shift 2
-      mapfile -t rest < <("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | LC_ALL=C sort |
-        LC_ALL=C awk -v from="$from" '$0 >= from')
-      [ ${#rest[@]} -eq 0 ] && { echo "run.sh: no test at or after '$from'"; exit 2; }
-      args+=(--exact "${rest[@]}")
+    jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --jobs) jobs="${2:?run.sh tests --jobs needs a number}"; shift 2 ;;
+        --from) from="${2:?run.sh tests --from needs a test name}"; chosen=1; shift 2 ;;
+        --rest)
+          # --rest LOG...: the tests that these logs (of earlier runs, e.g. cut off by a time
+          # limit) show no result for; the logs end at the next option.
+          shift
+          while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do rest_logs+=("$1"); shift; done
+          [ ${#rest_logs[@]} -eq 0 ] && { echo "run.sh: tests --rest needs log files"; exit 2; }
+          chosen=1 ;;
+        *) break ;;
+      esac
+    done
+    case "$jobs" in ''|*[!0-9]*|0) echo "run.sh: --jobs takes a positive number, not '$jobs'"; exit 2 ;; esac
+    [ "$jobs" -gt 1 ] && chosen=1
+    names=()
+    if [ "$chosen" -eq 1 ]; then
+      # The names, sorted as libtest runs them; BURN_GRAPHED_FILTER as a substring, as libtest
+      # would take it; --from: NAME and every later name; --rest: those without a result.
+      mapfile -t names < <("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | LC_ALL=C sort |
+        LC_ALL=C awk -v from="$from" -v filter="${BURN_GRAPHED_FILTER:-}" \
+          'index($0, filter) && $0 >= from')
+      if [ ${#rest_logs[@]} -gt 0 ]; then
+        # A test has a result when its line is "test NAME ... ok" (or FAILED, ignored), or a
+        # bare ok/FAILED line follows it (its own output came in between; one test at a time
+        # per log).
+        done_file="$work/done"
+        awk 'FNR == 1 { name = "" }
+             /^test [^ ]+ \.\.\. / { name = $2; if ($0 ~ /^test [^ ]+ \.\.\. (ok|FAILED|ignored)$/) { print name; name = "" }; next }
+             /^(ok|FAILED)$/ && name != "" { print name; name = "" }' "${rest_logs[@]}" >"$done_file" ||
+          { echo "run.sh: cannot read ${rest_logs[*]}"; exit 2; }
+        mapfile -t names < <(printf '%s\n' "${names[@]}" | LC_ALL=C grep -vxF -f "$done_file")
+      fi
+      [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ] && { echo "run.sh: no test left to run"; exit 2; }
     fi
-    args+=("$@") # e.g. --ignored NAME
-    log="$work/gpu-tests.log"
-    : >"$log"
-    # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default 60),
-    # so that a log cut off by a time limit tells a slow test from a stuck one.
+    # Logs go straight to $OUT when it is set, so that a run cut off by a time limit leaves
+    # them (and `--rest` can take them up).
+    logdir="${OUT:-$work}"
+    mkdir -p "$logdir"
+    # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default 60)
+    # in every log, so that a log cut off by a time limit tells a slow test from a stuck one.
     start=$(date +%s)
+    logs=()
+    if [ "$jobs" -eq 1 ]; then logs=("$logdir/gpu-tests.log"); else
+      for ((j = 1; j <= jobs; j++)); do logs+=("$logdir/gpu-tests-$j.log"); done
+    fi
+    for log in "${logs[@]}"; do : >"$log"; done
     # The sleep runs in the background of the loop so that the kill below ends it too (a
     # sleep left behind would hold the caller's output open until it ran out).
     (trap 'kill "$nap" 2>/dev/null; exit 0' TERM
      while :; do
        sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
        wait "$nap"
-       printf '\n[run.sh: %ss]\n' "$(( $(date +%s) - start ))" | tee -a "$log"
+       line="[run.sh: $(( $(date +%s) - start ))s]"
+       printf '\n%s\n' "$line"
+       for log in "${logs[@]}"; do printf '\n%s\n' "$line" >>"$log"; done
      done) &
     beat=$!
-    (cd "$repo" && "$bin" "${args[@]}" --nocapture) 2>&1 | tee -a "$log"
-    rc=${PIPESTATUS[0]}
+    rc=0
+    if [ "$jobs" -eq 1 ]; then
+      args=(--test-threads=1)
+      if [ "$chosen" -eq 1 ]; then args+=(--exact "${names[@]}")
+      elif [ -n "${BURN_GRAPHED_FILTER:-}" ]; then args+=("$BURN_GRAPHED_FILTER"); fi
+      (cd "$repo" && "$bin" "${args[@]}" "$@" --nocapture) 2>&1 | tee -a "${logs[0]}"
+      rc=${PIPESTATUS[0]}
+    else
+      # --jobs N: N test processes at once on the one GPU, test i in share i mod N (sorted
+      # names, so that the slow tests spread), each one test at a time with a log of its own;
+      # the terminal shows each share's lines prefixed with [share]. NVRTC compiles every
+      # kernel once per process, on the CPU, so two processes take about half the time.
+      pids=()
+      for ((j = 1; j <= jobs; j++)); do
+        share=()
+        for ((k = j - 1; k < ${#names[@]}; k += jobs)); do share+=("${names[k]}"); done
+        [ ${#share[@]} -eq 0 ] && continue
+        ( (cd "$repo" && "$bin" --test-threads=1 --exact "${share[@]}" "$@" --nocapture) 2>&1 |
+            tee -a "${logs[j - 1]}" | sed -u "s/^/[$j] /"
+          exit "${PIPESTATUS[0]}") &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    fi
     kill "$beat" 2>/dev/null
-    [ -n "${OUT:-}" ] && cp "$log" "$OUT/" 2>/dev/null
-    passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
-    failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    passed=$(cat "${logs[@]}" | grep -E '^test result:' | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    failed=$(cat "${logs[@]}" | grep -E '^test result:' | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
-      failed=1 # the binary died before libtest could report
-      echo "gpu suite: test binary exited with status $rc before reporting"
+      failed=1 # a test binary died before libtest could report
+      echo "gpu suite: a test binary exited with a failure status before reporting"
     fi
     echo "$passed passed, $failed failed"
     [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
