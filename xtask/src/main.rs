@@ -370,6 +370,28 @@ mod tests {
         }
     }
 
+    impl FakeBundle {
+        /// Adds a fake benchmark binary that prints one JSON row naming its arguments, then,
+        /// given `--slow`, sleeps for 30 s (a run that a time limit cuts off).
+        fn with_bench(self) -> Self {
+            let fake = self.dir.join("bench-train_step");
+            write(
+                &fake,
+                "#!/bin/sh\n\
+                 echo \"{\\\"args\\\": \\\"$*\\\"}\"\n\
+                 case \" $* \" in *' --slow '*) sleep 30 ;; esac\n",
+            )
+            .expect("fake bench");
+            let xz = Command::new("xz")
+                .args(["-zkf"])
+                .arg(&fake)
+                .status()
+                .expect("xz");
+            assert!(xz.success());
+            self
+        }
+    }
+
     impl Drop for FakeBundle {
         fn drop(&mut self) {
             std::fs::remove_dir_all(&self.dir).ok();
@@ -455,6 +477,41 @@ mod tests {
         let all_done = all_done.to_str().expect("utf-8 path");
         assert_eq!(bundle.run(&["--rest", all_done], None).0, Some(2));
         assert_eq!(bundle.run(&["--rest"], None).0, Some(2));
+    }
+
+    /// `run.sh bench` writes its rows straight into `$OUT/bench.jsonl`, so that a run cut off
+    /// by a time limit leaves the rows it finished; one file per call: a later call replaces an
+    /// earlier one's.
+    #[test]
+    fn run_sh_bench_writes_rows_into_out_as_it_goes() {
+        let bundle = FakeBundle::new("bench", &[]).with_bench();
+        let out = bundle.dir.join("out");
+        let bench = |limit_s: &str, args: &[&str]| {
+            Command::new("timeout")
+                .arg(limit_s)
+                .arg("bash")
+                .arg(bundle.dir.join("run.sh"))
+                .arg("bench")
+                .args(args)
+                .env("BURN_GRAPHED_REPO", &bundle.dir)
+                .env("BURN_GRAPHED_SIDES", "burn")
+                .env("BURN_GRAPHED_DTYPES", "f32")
+                .env_remove("BURN_GRAPHED_ROUNDS")
+                .env("OUT", &out)
+                .status()
+                .expect("timeout and bash");
+            std::fs::read_to_string(out.join("bench.jsonl")).expect("bench.jsonl in $OUT")
+        };
+        let cut = bench("3", &["--models", "mlp", "--slow"]);
+        assert!(
+            cut.contains(r#"{"args": "--dtype f32 --models mlp --slow"}"#),
+            "{cut}"
+        );
+        let next = bench("60", &["--models", "cnn"]);
+        assert!(
+            next.contains("--models cnn") && !next.contains("--models mlp"),
+            "{next}"
+        );
     }
 
     /// `benches/report.py` reads every committed results file into its tables, and keeps the

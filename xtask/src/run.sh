@@ -195,7 +195,10 @@ case "$mode" in
   bench)
     bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
     shift
-    results="$work/bench.jsonl"
+    # Straight into $OUT when it is set (emptied first: one file per call), so that a run cut
+    # off by a time limit leaves the rows it finished.
+    results="${OUT:-$work}/bench.jsonl"
+    mkdir -p "$(dirname "$results")" && : >"$results"
     cubecl_env
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
     # Rounds alternate the two sides, so that both see the same drift of the machine; the
@@ -219,7 +222,6 @@ case "$mode" in
         done
       done
     done
-    [ -n "${OUT:-}" ] && cp "$results" "$OUT/" 2>/dev/null
     ;;
   busy)
     # How busy the GPU is during each side's bench run: nvidia-smi samples, every 100 ms, the
