@@ -337,12 +337,7 @@ mod tests {
                 ),
             )
             .expect("fake binary");
-            let xz = Command::new("xz")
-                .args(["-zkf"])
-                .arg(&fake)
-                .status()
-                .expect("xz (the bundle needs it too)");
-            assert!(xz.success());
+            compress(&fake);
             write(&dir.join("run.sh"), RUN_SH).expect("run.sh");
             Self { dir }
         }
@@ -382,14 +377,19 @@ mod tests {
                  case \" $* \" in *' --slow '*) sleep 30 ;; esac\n",
             )
             .expect("fake bench");
-            let xz = Command::new("xz")
-                .args(["-zkf"])
-                .arg(&fake)
-                .status()
-                .expect("xz");
-            assert!(xz.success());
+            compress(&fake);
             self
         }
+    }
+
+    /// `path.xz` beside `path`, as the bundle holds its binaries.
+    fn compress(path: &Path) {
+        let xz = Command::new("xz")
+            .args(["-zkf"])
+            .arg(path)
+            .status()
+            .expect("xz (the bundle needs it too)");
+        assert!(xz.success(), "xz {}", path.display());
     }
 
     impl Drop for FakeBundle {

@@ -164,7 +164,7 @@ case "$mode" in
       # --jobs N: N test processes at once on the one GPU, test i in share i mod N (sorted
       # names, so that the slow tests spread), each one test at a time with a log of its own;
       # the terminal shows each share's lines prefixed with [share]. NVRTC compiles every
-      # kernel once per process, on the CPU, so two processes take about half the time.
+      # kernel once per process, on the CPU, so two processes take well under the time of one.
       pids=()
       for ((j = 1; j <= jobs; j++)); do
         share=()
