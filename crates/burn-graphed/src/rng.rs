@@ -28,7 +28,7 @@ use burn::module::{
     Content, Devices, Flag, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper,
     ModuleVisitor, Param,
 };
-use burn::tensor::{DType, Device, Tensor, TensorCreationOptions, TensorData};
+use burn::tensor::{Device, Tensor, TensorCreationOptions, TensorData};
 
 /// A 32-bit integer hash with good avalanche (Wellons' "lowbias32"); the device kernel
 /// (`cube/random_op.rs`) computes the same.
@@ -237,7 +237,7 @@ impl DeviceRng {
             // words bit for bit (`GraphRandomOps::draw`), which a conversion would destroy.
             let state = Tensor::<1>::from_data(
                 TensorData::new(values, [4]),
-                TensorCreationOptions::new(device.clone()).with_dtype(DType::F32),
+                TensorCreationOptions::new(device.clone()).with_dtype(burn::tensor::DType::F32),
             );
             let inner = Arc::new(RngInner {
                 seed,
