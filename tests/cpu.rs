@@ -46,6 +46,7 @@ on_devices! {
     chain_errors => scenarios::group::chain_errors;
     shape_cache_matches_eager => scenarios::robust::shape_cache_matches_eager;
     other_thread_runs_eagerly => scenarios::robust::other_thread_runs_eagerly;
+    prepare_captures_ahead => scenarios::robust::prepare_captures_ahead;
     device_rng_draws_fresh_masks => scenarios::random::device_rng_draws_fresh_masks;
     device_rng_fills_pitched_shapes => scenarios::random::device_rng_fills_pitched_shapes;
     graphed_fused_adam_pitched => |d| scenarios::optim::graphed_fused_adam_pitched(d, scenarios::optim::Kind::PerParam, 3);

@@ -320,6 +320,11 @@ fn other_thread_runs_eagerly() {
 }
 
 #[test]
+fn prepare_captures_ahead() {
+    scenarios::robust::prepare_captures_ahead(&cuda());
+}
+
+#[test]
 fn capture_releases_warmup_memory() {
     scenarios::robust::capture_releases_warmup_memory(&cuda());
 }

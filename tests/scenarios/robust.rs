@@ -283,6 +283,16 @@ fn dropnet_forward(m: &DropNet, x: Tensor<2>) -> Tensor<2> {
     m.dropout.forward(m.linear.forward(x))
 }
 
+/// `dropnet_forward` for batches of 5 rows, the linear layer alone for others: a callable whose
+/// capture fails (replay validation) at one batch size only.
+fn dropout_at_five(m: &DropNet, x: Tensor<2>) -> Tensor<2> {
+    if x.dims()[0] == 5 {
+        dropnet_forward(m, x)
+    } else {
+        m.linear.forward(x)
+    }
+}
+
 /// Scales the MLP's output by a value read on the host: a graph would replay the value read at
 /// capture.
 fn host_scaled_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
@@ -466,4 +476,140 @@ pub fn capture_releases_warmup_memory(device: &Device) {
         released.capture_pool_growth_bytes < kept.capture_pool_growth_bytes,
         "release_capture_memory returned nothing: {released:?} against {kept:?}"
     );
+}
+
+/// `Graphed::prepare` captures graphs for a new batch size ahead of use: the first training
+/// step at that size then replays them (no capture, no fallback) and its gradients equal
+/// eager's, and prepare trains nothing itself. Asked again, or for the capture's own
+/// signature, it finds the graphs cached. It says why a signature will run eagerly (a call
+/// from another thread, a callable captured in a group, no graph capture on the backend), and
+/// returns a failed capture's error without recording it: the module is untouched, the
+/// device usable, and the signature is tried again by the next call.
+pub fn prepare_captures_ahead(device: &Device) {
+    use burn_graphed::{Callable, FallbackReason, GraphedError, Prepared, make_graphed_callables};
+
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 1, 4, &device);
+    let eager = deep_copy(&model);
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let small = |seed| batch([3, 16], seed, &device);
+    if !supports_graphs(&device) {
+        assert_eq!(
+            graphed.prepare(small(1)),
+            Ok(Prepared::Eager(FallbackReason::Unsupported))
+        );
+        return;
+    }
+    assert_eq!(
+        graphed.prepare(batch([8, 16], 1, &device)),
+        Ok(Prepared::Cached),
+        "the capture's own signature"
+    );
+    assert_eq!(graphed.prepare(small(1)), Ok(Prepared::Captured));
+    assert_eq!(graphed.prepare(small(2)), Ok(Prepared::Cached));
+    let cache = graphed.shape_cache();
+    assert_eq!((cache.captures, cache.graphs), (1, 2), "{cache:?}");
+    assert_eq!(graphed.stats().forward_replays, 0, "prepare trains nothing");
+
+    let x = small(3);
+    let loss_graphed = square_mean(graphed.forward(x.clone()).expect("graphed call"));
+    let loss_eager = square_mean(eager.forward(x));
+    let grads_graphed = GradientsParams::from_grads(loss_graphed.backward(), &graphed);
+    let grads_eager = GradientsParams::from_grads(loss_eager.backward(), &eager);
+    let comparisons = burn_graphed_testkit::compare_grads(
+        "prepared batch size",
+        (&eager, &grads_eager),
+        (graphed.module(), &grads_graphed),
+        tolerance_for(&device),
+    )
+    .expect("gradients read back");
+    assert!(!comparisons.is_empty());
+    for comparison in &comparisons {
+        assert!(comparison.passed(), "{comparison}");
+    }
+    let stats = graphed.stats();
+    assert_eq!(
+        (
+            stats.forward_replays,
+            stats.backward_replays,
+            stats.total_fallbacks()
+        ),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(
+        graphed.shape_cache().captures,
+        1,
+        "the step at the prepared size captured nothing"
+    );
+
+    // Calls from another thread run eagerly: prepare there says so and captures nothing.
+    let other = graphed.clone();
+    let thread_device = device.clone();
+    let from_thread = std::thread::spawn(move || other.prepare(batch([5, 16], 4, &thread_device)))
+        .join()
+        .expect("the other thread");
+    assert_eq!(
+        from_thread,
+        Ok(Prepared::Eager(FallbackReason::OtherThread))
+    );
+    assert_eq!(graphed.shape_cache().graphs, 2);
+
+    // A callable captured in a group of several captures no other signature.
+    let member = || {
+        Callable::new(
+            Mlp::new(16, 1, 4, &device),
+            mlp_forward,
+            batch([8, 16], 0, &device),
+        )
+    };
+    let (member, _other) = make_graphed_callables((member(), member()), &GraphedConfig::new())
+        .expect("capture of a group of two");
+    assert_eq!(
+        member.prepare(small(5)),
+        Ok(Prepared::Eager(FallbackReason::Shape { index: 0 }))
+    );
+
+    // A capture that fails (burn's dropout at 5 rows, refused by replay validation) is
+    // returned, not recorded; the module is untouched and the next call tries again.
+    let net = DropNet {
+        linear: burn::nn::LinearConfig::new(16, 8).init(&device),
+        dropout: burn::nn::DropoutConfig::new(0.5).init(),
+    };
+    let before = param_values(&net).expect("read back");
+    let graphed_net = Graphed::new(
+        net,
+        dropout_at_five,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture without the dropout");
+    let five = || batch([5, 16], 6, &device);
+    match graphed_net.prepare(five()) {
+        Err(GraphedError::ReplayDiffers { .. }) => {}
+        other => panic!("expected ReplayDiffers for burn's dropout, got {other:?}"),
+    }
+    super::assert_params_unchanged(graphed_net.module(), &before);
+    let cache = graphed_net.shape_cache();
+    assert_eq!(
+        (cache.captures, cache.failed_captures, cache.graphs),
+        (0, 0, 1),
+        "{cache:?}"
+    );
+    assert!(cache.last_capture_error.is_none(), "{cache:?}");
+    // The next call tries the capture again (and, failing, runs eagerly and records it).
+    let y = graphed_net.forward(five()).expect("an eager call");
+    assert_eq!(y.dims(), [5, 8]);
+    assert_eq!(
+        graphed_net
+            .stats()
+            .fallbacks
+            .get(&FallbackReason::CaptureFailed),
+        Some(&1)
+    );
+    assert_eq!(graphed_net.shape_cache().failed_captures, 1);
+    // The device is usable: the first graphed model still replays.
+    let y = graphed.forward(small(7)).expect("graphed call");
+    let _ = square_mean(y).backward();
+    assert_eq!(graphed.stats().forward_replays, 2);
 }

@@ -16,7 +16,7 @@ use crate::params::{self, ModuleMode};
 use crate::shape_cache::ShapeCacheStats;
 #[cfg(feature = "cube")]
 use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
-use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
+use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
@@ -197,6 +197,76 @@ where
     /// or if the gradient it is given holds no values (as above): burn's backward steps cannot
     /// return errors, and continuing would yield wrong gradients.
     pub fn forward(&self, input: I) -> Result<O, GraphedError> {
+        let flat = self.flat_inputs(input)?;
+        match self.replay_plan(&flat)? {
+            Ok((module_params, mismatch)) => self.replay(flat, module_params, mismatch),
+            Err(reason) => self.eager(flat, reason),
+        }
+    }
+
+    /// Gets graphs ready for calls shaped like `sample` without running a training step:
+    /// captures them now when calls with `sample`'s signature would capture them at their
+    /// first call (another batch size, dtype or `require_grad`, within
+    /// [`GraphedConfig::max_graphs`]), or finds them cached. `sample`'s values do not matter,
+    /// but the device must have written them. Nothing is trained and no gradient is left
+    /// behind; the shape cache counts the capture ([`Graphed::shape_cache`]).
+    ///
+    /// Use it before a loop in which a capture would be unwelcome: the epoch's smaller last
+    /// batch before burn-train's `Learner` starts (on CUDA a capture needs the device to
+    /// itself, and the `Learner`'s metrics thread reads from it), or every shape a model will
+    /// meet, so that no step pays for a capture.
+    ///
+    /// Returns [`Prepared::Eager`] with the reason when calls like `sample` will run eagerly
+    /// whatever is done now: the backend cannot capture, the module is not in the capture's
+    /// train/eval state, the call is on another thread, the shape cache is full of graphs
+    /// still in use, the callable was captured in a group (only a callable captured alone
+    /// captures more signatures), or an earlier call's capture of this signature failed.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InputCount`] and [`GraphedError::InputDevice`] as for
+    /// [`Graphed::forward`], [`GraphedError::ParametersChanged`] when the module's parameters
+    /// were added, removed, replaced or reshaped since capture, and the capture's own error
+    /// when it fails (as from [`Graphed::new`]: [`GraphedError::Capture`],
+    /// [`GraphedError::ReplayDiffers`], [`GraphedError::InputNotWritten`], ...). A failed
+    /// capture is not recorded: the module is untouched, the device usable, and a later call
+    /// or `prepare` of the same signature tries again.
+    pub fn prepare(&self, sample: I) -> Result<Prepared, GraphedError> {
+        let flat = self.flat_inputs(sample)?;
+        match self.replay_plan(&flat)? {
+            Ok((_module_params, mismatch)) => self.prepare_graphs(&flat, mismatch),
+            Err(reason) => Ok(Prepared::Eager(reason)),
+        }
+    }
+
+    #[cfg(feature = "cube")]
+    fn prepare_graphs(
+        &self,
+        flat: &[FlatTensor],
+        mismatch: Option<FallbackReason>,
+    ) -> Result<Prepared, GraphedError> {
+        Ok(match self.graphs_for(flat, mismatch, true)? {
+            Ok((_, true)) => Prepared::Captured,
+            Ok((_, false)) => Prepared::Cached,
+            Err(reason) => Prepared::Eager(reason),
+        })
+    }
+
+    #[cfg(not(feature = "cube"))]
+    fn prepare_graphs(
+        &self,
+        _flat: &[FlatTensor],
+        _mismatch: Option<FallbackReason>,
+    ) -> Result<Prepared, GraphedError> {
+        Ok(Prepared::Eager(FallbackReason::Unsupported))
+    }
+
+    /// `input`'s tensors, checked against the capture's count and device.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InputCount`] and [`GraphedError::InputDevice`].
+    fn flat_inputs(&self, input: I) -> Result<Vec<FlatTensor>, GraphedError> {
         let flat = input.flatten();
         if flat.len() != self.shared.inputs.len() {
             return Err(GraphedError::InputCount {
@@ -213,10 +283,7 @@ where
                 });
             }
         }
-        match self.replay_plan(&flat)? {
-            Ok((module_params, mismatch)) => self.replay(flat, module_params, mismatch),
-            Err(reason) => self.eager(flat, reason),
-        }
+        Ok(flat)
     }
 
     /// The module's parameters if this call can replay, with how its inputs differ from the
@@ -297,24 +364,28 @@ where
     }
 
     /// The graphs for this call's input signature: cached, or captured now when the shape
-    /// cache allows (see [`ShapeCache`]), or why the call runs eagerly.
+    /// cache allows (see [`ShapeCache`]), with whether they were captured now; or why the call
+    /// runs eagerly.
     ///
     /// # Errors
     ///
-    /// The capture's error when it fails and [`GraphedConfig::require_graphs`] is set.
+    /// The capture's error when it fails and [`GraphedConfig::require_graphs`] is set or
+    /// `strict` asks for it; the failure is then not recorded, so a later call tries again.
     #[cfg(feature = "cube")]
     fn graphs_for(
         &self,
         flat: &[FlatTensor],
         mismatch: Option<FallbackReason>,
-    ) -> Result<Result<Arc<crate::cube::session::Session>, FallbackReason>, GraphedError> {
+        strict: bool,
+    ) -> Result<Result<(Arc<crate::cube::session::Session>, bool), FallbackReason>, GraphedError>
+    {
         let Some(cache) = self.shared.graphs.as_ref() else {
             return Ok(Err(FallbackReason::Unsupported));
         };
         let lock = || crate::lock(cache);
         let key: Vec<TensorSpec> = flat.iter().map(FlatTensor::spec).collect();
         if let Some(session) = lock().get(&key) {
-            return Ok(Ok(session.clone()));
+            return Ok(Ok((session.clone(), false)));
         }
         // Only a signature the cache lost can match the sample's.
         let reason = mismatch.unwrap_or(FallbackReason::ShapeCacheFull);
@@ -344,7 +415,7 @@ where
             });
         let (session, memory) = match built {
             Ok(built) => built,
-            Err(error) if self.shared.config.require_graphs => return Err(error),
+            Err(error) if strict || self.shared.config.require_graphs => return Err(error),
             Err(error) => {
                 lock().record_failure(key, error.to_string());
                 return Ok(Err(FallbackReason::CaptureFailed));
@@ -359,7 +430,7 @@ where
                 for graph in evicted {
                     retired.add_replays(&graph.lock().stats);
                 }
-                Ok(Ok(session))
+                Ok(Ok((session, true)))
             }
             Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
         }
@@ -378,8 +449,8 @@ where
     ) -> Result<O, GraphedError> {
         use crate::cube::capture::fused;
 
-        let session = match self.graphs_for(&flat, mismatch)? {
-            Ok(session) => session,
+        let session = match self.graphs_for(&flat, mismatch, false)? {
+            Ok((session, _captured_now)) => session,
             Err(reason) => return self.eager(flat, reason),
         };
         if session.backward_pending() {

@@ -121,7 +121,7 @@ pub use multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
 pub use rng::{DeviceRng, GraphDropout, reference_mask, reference_normal, reference_uniform};
 pub use shape_cache::ShapeCacheStats;
-pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats};
+pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
 pub use tensors::{FlatTensor, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;

@@ -56,6 +56,18 @@ pub enum FallbackReason {
     CaptureFailed,
 }
 
+/// What [`Graphed::prepare`](crate::Graphed::prepare) found or did for a signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// Graphs for the signature were captured now: calls like the sample replay them.
+    Captured,
+    /// Graphs for the signature were already there (the capture's own sample, or an earlier
+    /// call or `prepare`).
+    Cached,
+    /// Calls like the sample will run eagerly, for this reason.
+    Eager(FallbackReason),
+}
+
 impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
