@@ -207,20 +207,22 @@ where
     /// Gets graphs ready for calls shaped like `sample` without running a training step:
     /// captures them now when calls with `sample`'s signature would capture them at their
     /// first call (another batch size, dtype or `require_grad`, within
-    /// [`GraphedConfig::max_graphs`]), or finds them cached. `sample`'s values do not matter,
-    /// but the device must have written them. Nothing is trained and no gradient is left
-    /// behind; the shape cache counts the capture ([`Graphed::shape_cache`]).
+    /// [`GraphedConfig::max_graphs`], evicting the least recently used idle graphs when the
+    /// cache is full, as such a call would), or finds them cached. `sample`'s values do not
+    /// matter, but the device must have written them. Nothing is trained and no gradient is
+    /// left behind; the shape cache counts the capture ([`Graphed::shape_cache`]).
     ///
     /// Use it before a loop in which a capture would be unwelcome: the epoch's smaller last
     /// batch before burn-train's `Learner` starts (on CUDA a capture needs the device to
     /// itself, and the `Learner`'s metrics thread reads from it), or every shape a model will
     /// meet, so that no step pays for a capture.
     ///
-    /// Returns [`Prepared::Eager`] with the reason when calls like `sample` will run eagerly
-    /// whatever is done now: the backend cannot capture, the module is not in the capture's
-    /// train/eval state, the call is on another thread, the shape cache is full of graphs
-    /// still in use, the callable was captured in a group (only a callable captured alone
-    /// captures more signatures), or an earlier call's capture of this signature failed.
+    /// Returns [`Prepared::Eager`] with the reason when calls like `sample` will not replay
+    /// whatever is done now (they run eagerly, or fail under [`MismatchPolicy::Error`]): the
+    /// backend cannot capture, the module is not in the capture's train/eval state, the call
+    /// is on another thread, the shape cache is full of graphs still in use, the callable was
+    /// captured in a group (only a callable captured alone captures more signatures), or an
+    /// earlier call's capture of this signature failed.
     ///
     /// # Errors
     ///
