@@ -1,10 +1,11 @@
 //! Project automation: `cargo xtask <command>`.
 //!
-//! - `gpu-test [--run] [--long] [--filter F]`: build the CUDA test suite (one release test
-//!   binary), the demo and the train-step benchmark, and bundle them, compressed, with a runner
-//!   script, the PyTorch reference script and a manifest into `target/gpu-bundle/`, a folder
-//!   that runs on a GPU machine without a Rust toolchain. `--run` then runs the tests here
-//!   (needs a local NVIDIA GPU).
+//! - `gpu-test [--run] [--long] [--filter F] [--jobs N]`: build the CUDA test suite (one
+//!   release test binary), the demo and the train-step benchmark, and bundle them, compressed,
+//!   with a runner script, the PyTorch reference script and a manifest into
+//!   `target/gpu-bundle/`, a folder that runs on a GPU machine without a Rust toolchain.
+//!   `--run` then runs the tests here (needs a local NVIDIA GPU), in N test processes at once
+//!   with `--jobs N`.
 //! - `bench [--run]`: the same bundle; `--run` runs the benchmark (Burn and PyTorch side by
 //!   side) here.
 //! - `bundle-dir`: print the bundle folder (for scripts).
@@ -30,7 +31,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
+            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
         )),
     };
     match result {
@@ -54,6 +55,8 @@ struct GpuTestOptions {
     run: bool,
     long: bool,
     filter: Option<String>,
+    /// Test processes at once (`run.sh tests --jobs`), with `--run`.
+    jobs: Option<u32>,
 }
 
 fn parse_gpu_test(args: &[String]) -> Result<GpuTestOptions, String> {
@@ -61,6 +64,7 @@ fn parse_gpu_test(args: &[String]) -> Result<GpuTestOptions, String> {
         run: false,
         long: false,
         filter: None,
+        jobs: None,
     };
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -73,6 +77,15 @@ fn parse_gpu_test(args: &[String]) -> Result<GpuTestOptions, String> {
                         .ok_or("--filter needs a test name substring")?
                         .clone(),
                 )
+            }
+            "--jobs" => {
+                let value = iter
+                    .next()
+                    .ok_or("--jobs needs a number of test processes")?;
+                match value.parse::<u32>() {
+                    Ok(jobs) if jobs > 0 => options.jobs = Some(jobs),
+                    _ => return Err(format!("--jobs takes a positive number, not `{value}`")),
+                }
             }
             other => return Err(format!("gpu-test: unknown argument `{other}`")),
         }
@@ -164,6 +177,9 @@ fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
         }
         if let Some(filter) = &options.filter {
             command.env("BURN_GRAPHED_FILTER", filter);
+        }
+        if let Some(jobs) = options.jobs {
+            command.env("BURN_GRAPHED_JOBS", jobs.to_string());
         }
         let status = command
             .status()
@@ -300,10 +316,15 @@ mod tests {
 
     #[test]
     fn parses_gpu_test_flags() {
-        let args = ["--run", "--filter", "mlp"].map(String::from);
+        let args = ["--run", "--filter", "mlp", "--jobs", "2"].map(String::from);
         let options = parse_gpu_test(&args).expect("valid flags");
         assert!(options.run && !options.long);
         assert_eq!(options.filter.as_deref(), Some("mlp"));
+        assert_eq!(options.jobs, Some(2));
+        for bad in ["0", "two"] {
+            assert!(parse_gpu_test(&["--jobs".to_string(), bad.to_string()]).is_err());
+        }
+        assert!(parse_gpu_test(&["--jobs".to_string()]).is_err());
         assert!(parse_gpu_test(&["--bogus".to_string()]).is_err());
         assert!(parse_gpu_test(&["--filter".to_string()]).is_err());
     }
