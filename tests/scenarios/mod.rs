@@ -592,6 +592,22 @@ pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, toler
     }
 }
 
+/// Asserts that every parameter gradient of `graphed` agrees with `eager`'s within `tolerance`
+/// (or both are missing), comparisons named `what`, and that there was one to compare.
+pub fn assert_grads_close<E: Module, G: Module>(
+    what: &str,
+    eager: (&E, &GradientsParams),
+    graphed: (&G, &GradientsParams),
+    tolerance: Tolerance,
+) {
+    let comparisons =
+        burn_graphed_testkit::compare_grads(what, eager, graphed, tolerance).expect("read back");
+    assert!(!comparisons.is_empty(), "{what}: no gradient compared");
+    for comparison in comparisons {
+        assert!(comparison.passed(), "{comparison}");
+    }
+}
+
 /// Asserts that `module`'s float parameters are, bit for bit and in number, the values
 /// `before` recorded (a failed capture or a refused call must leave the module as it was).
 pub fn assert_params_unchanged<M: Module>(

@@ -7,9 +7,7 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn_graphed::{Callable, Graphed, GraphedConfig, GraphedError, make_graphed_callables};
-use burn_graphed_testkit::{
-    HarnessError, TensorComparison, compare_grads, deep_copy, param_values,
-};
+use burn_graphed_testkit::{HarnessError, TensorComparison, deep_copy, param_values};
 
 use super::{
     Mlp, TwoHeads, assert_params_unchanged, batch, capture_mlp, mlp_forward,
@@ -297,7 +295,7 @@ pub fn unwritten_input_call_recovers(device: &Device) {
         assert!(outputs.passed(), "{outputs:?}");
         let e = GradientsParams::from_grads(square_mean(eager_out).backward(), &eager);
         let g = GradientsParams::from_grads(square_mean(graphed_out).backward(), &graphed);
-        assert_grads_match(
+        super::assert_grads_close(
             &format!("step {step} after the refused calls"),
             (&eager, &e),
             (&graphed, &g),
@@ -365,7 +363,7 @@ pub fn backward_twice_matches_eager(device: &Device) {
         let graphed_loss = square_mean(graphed.forward(x).expect("graphed call"));
         let e = GradientsParams::from_grads(eager_loss.backward(), &eager);
         let g = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
-        assert_grads_match(
+        super::assert_grads_close(
             &format!("step {step}"),
             (&eager, &e),
             (&graphed, &g),
@@ -421,17 +419,5 @@ pub fn dropping_the_model_before_backward(device: &Device) {
         param_values(&model).expect("read back").len(),
         "every parameter has a gradient"
     );
-    assert_grads_match("after drop", (&eager, &e), (&model, &g), tolerance);
-}
-
-/// Every parameter gradient of the graphed model equals the eager one (or both are missing).
-fn assert_grads_match<E: Module, G: Module>(
-    what: &str,
-    eager: (&E, &GradientsParams),
-    graphed: (&G, &GradientsParams),
-    tolerance: burn_graphed_testkit::Tolerance,
-) {
-    for comparison in compare_grads(what, eager, graphed, tolerance).expect("read back") {
-        assert!(comparison.passed(), "{comparison:?}");
-    }
+    super::assert_grads_close("after drop", (&eager, &e), (&model, &g), tolerance);
 }
