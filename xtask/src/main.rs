@@ -384,9 +384,7 @@ mod tests {
                 String::from_utf8_lossy(&output.stdout).into_owned(),
             )
         }
-    }
 
-    impl FakeBundle {
         /// Adds a fake benchmark binary that prints one JSON row naming its arguments, then,
         /// given `--slow`, sleeps for 30 s (a run that a time limit cuts off).
         fn with_bench(self) -> Self {
