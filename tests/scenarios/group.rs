@@ -3,7 +3,7 @@
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::activation::{relu, tanh};
 use burn_graphed::{
@@ -14,7 +14,7 @@ use burn_graphed_testkit::{
     EquivalenceReport, TensorComparison, Tolerance, compare_params, deep_copy, grad_values,
 };
 
-use super::{assert_data_close, batch, supports_graphs, tolerance_for};
+use super::{adam_config, assert_data_close, batch, supports_graphs, tolerance_for};
 
 /// First of the chain: two outputs, one of which (`tanh`) its backward reads back.
 #[derive(Module, Debug)]
@@ -146,7 +146,7 @@ pub fn chained_group_matches_eager(device: &Device, steps: usize, outputs: Outpu
         &GraphedConfig::new().with_outputs(outputs),
     )
     .expect("capture");
-    let adam = || (AdamConfig::new().init(), AdamConfig::new().init());
+    let adam = || (adam_config().init(), adam_config().init());
     let (mut opt_enc, mut opt_mix, mut opt_dec) = (adam(), adam(), adam());
     let mut tensors = Vec::new();
     for step in 0..steps {

@@ -2,7 +2,7 @@
 //! copies, and a call that would overwrite one still held by user code runs eagerly instead.
 
 use super::*;
-use burn_graphed::{FusedAdamConfig, OutputPolicy};
+use burn_graphed::OutputPolicy;
 use burn_graphed_testkit::{deep_copy, host_data};
 
 /// The usual loop holds nothing across steps: every call replays, no copies are handed out,
@@ -10,7 +10,7 @@ use burn_graphed_testkit::{deep_copy, host_data};
 /// equals eager training with burn's `Adam`. README's recommended loop is the multi-tensor one.
 pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tensor: bool) {
     let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
-    let adam = FusedAdamConfig::new();
+    let adam = fused_adam_config();
     let report = if multi_tensor {
         mlp_against_eager(device, steps, config, adam.init_multi_tensor())
     } else {
@@ -51,7 +51,7 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
         &GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
     )
     .expect("capture");
-    let mut graphed_adam = AdamConfig::new().init();
+    let mut graphed_adam = adam_config().init();
     let head_bias = graphed.module().head.bias.as_ref().map(|b| b.id);
     let mut kept_output = None;
     let mut kept_grad = None;

@@ -142,14 +142,14 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
     let _ = primed.powi_scalar(2).mean().backward();
     let graphed = fit(
         graphed,
-        AdamConfig::new().init(),
+        adam_config().init(),
         loaders(items, batch),
         epochs,
         "graphed",
     );
     let eager = fit(
         eager,
-        AdamConfig::new().init(),
+        adam_config().init(),
         loaders(items, batch),
         epochs,
         "eager",

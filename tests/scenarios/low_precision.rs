@@ -8,7 +8,6 @@ use super::*;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamState, Optimizer};
 use burn::tensor::{DType, FloatDType};
-use burn_graphed::FusedAdamConfig;
 use burn_graphed_testkit::{TensorComparison, cast_params, deep_copy};
 
 /// The dtype burn reports for tensors cast to `dtype`.
@@ -39,7 +38,7 @@ pub fn fused_adam_rounds_once_in(device: &Device, dtype: FloatDType) {
     let shape = [37, 11];
     let penalty = 0.05;
     let config =
-        FusedAdamConfig::new().with_weight_decay(Some(WeightDecayConfig::new(penalty as f32)));
+        fused_adam_config().with_weight_decay(Some(WeightDecayConfig::new(penalty as f32)));
     let adam = config.build();
     let (b1, b2, eps) = (
         f64::from(config.beta_1),
@@ -122,8 +121,8 @@ pub fn multi_tensor_adam_trains_in(device: &Device, dtype: FloatDType) {
     let mut reference = deep_copy(&model);
     let mut per_param = deep_copy(&model);
     let mut multi = model;
-    let mut adam = AdamConfig::new().with_weight_decay(decay.clone()).init();
-    let config = FusedAdamConfig::new().with_weight_decay(decay);
+    let mut adam = adam_config().with_weight_decay(decay.clone()).init();
+    let config = fused_adam_config().with_weight_decay(decay);
     let (mut fused_adam, mut multi_adam) = (config.init(), config.init_multi_tensor());
     let step_of = |model: Mlp, optim: &mut dyn FnMut(Mlp, GradientsParams) -> Mlp, x| {
         let loss = square_mean(model.forward(x));
@@ -171,7 +170,7 @@ pub fn graphed_fused_adam_trains_in(device: &Device, kind: Kind, dtype: FloatDTy
         depth: 3,
         out: 3,
         dtype,
-        eager_optimizer: FusedAdamConfig::new().init(),
+        eager_optimizer: fused_adam_config().init(),
         tolerance: low_precision_tolerance(dtype),
     };
     let report = mlp_against_eager_with(device, run, steps, GraphedConfig::new(), kind.optimizer());

@@ -5,7 +5,6 @@ use super::*;
 use burn::optim::ModuleOptimizer;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
-use burn_graphed::FusedAdamConfig;
 use burn_graphed_testkit::{ModuleStep, deep_copy};
 
 /// One eager step of `model` on `x` with `optim`.
@@ -26,9 +25,10 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The default `FusedAdam` module optimizer of this kind.
+    /// The `FusedAdam` module optimizer of this kind ([`fused_adam_config`]: burn's defaults
+    /// but the suite's [`ADAM_EPSILON`]).
     pub fn optimizer(self) -> AnyFusedAdam {
-        let config = FusedAdamConfig::new();
+        let config = fused_adam_config();
         match self {
             Kind::PerParam => AnyFusedAdam::PerParam(config.init()),
             Kind::MultiTensor => AnyFusedAdam::MultiTensor(config.init_multi_tensor()),
@@ -82,11 +82,11 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
         let mut reference = deep_copy(&model);
         let mut per_param = deep_copy(&model);
         let mut multi = model;
-        let reference_config = AdamConfig::new()
+        let reference_config = adam_config()
             .with_weight_decay(decay.clone())
             .with_grad_clipping(clipping.clone());
         let mut adam = reference_config.init();
-        let config = FusedAdamConfig::new()
+        let config = fused_adam_config()
             .with_weight_decay(decay)
             .with_grad_clipping(clipping);
         let mut fused_adam = config.init();
@@ -121,8 +121,8 @@ pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
     let model = Mlp::new(16, 2, 4, &device);
     let mut reference = deep_copy(&model);
     let mut multi = model;
-    let mut adam = AdamConfig::new().init();
-    let mut multi_adam = FusedAdamConfig::new().init_multi_tensor();
+    let mut adam = adam_config().init();
+    let mut multi_adam = fused_adam_config().init_multi_tensor();
     let first_layer = [
         multi.layers[0].weight.id,
         multi.layers[0].bias.as_ref().unwrap().id,
@@ -150,7 +150,7 @@ pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
 /// and, like `FusedAdam`, writes the graphs' parameter buffers in place: only the first call
 /// copies parameters.
 pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
-    let optimizer = FusedAdamConfig::new().init_multi_tensor();
+    let optimizer = fused_adam_config().init_multi_tensor();
     let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
     if report.summary.graphed {
         assert_updated_in_place(&report, steps);
@@ -166,8 +166,8 @@ pub fn fused_adam_matches_adam(device: &Device) {
         let model = Mlp::new(11, 2, 3, &device);
         let mut reference = deep_copy(&model);
         let mut fused = model;
-        let mut adam = AdamConfig::new().with_weight_decay(decay.clone()).init();
-        let mut fused_adam = FusedAdamConfig::new().with_weight_decay(decay).init();
+        let mut adam = adam_config().with_weight_decay(decay.clone()).init();
+        let mut fused_adam = fused_adam_config().with_weight_decay(decay).init();
         for step in 0..4 {
             let x = batch([8, 11], step, &device);
             reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
@@ -186,7 +186,7 @@ pub fn fused_adam_matches_adam(device: &Device) {
 /// gradients and parameters after every step. After the first step the optimizer writes the
 /// graphs' parameter buffers itself, so only the first call copies parameters.
 pub fn graphed_fused_adam_matches_eager(device: &Device, steps: usize) {
-    let optimizer = FusedAdamConfig::new().init();
+    let optimizer = fused_adam_config().init();
     let report = mlp_against_eager(device, steps, GraphedConfig::new(), optimizer);
     if report.summary.graphed {
         assert_updated_in_place(&report, steps);
@@ -224,7 +224,7 @@ pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
     let model = Mlp::new(16, 2, 4, &device);
     let mut eager = deep_copy(&model);
     let mut graphed = capture_mlp(model, batch([8, 16], 0, &device));
-    let mut adam = AdamConfig::new().init();
+    let mut adam = adam_config().init();
     let mut step = 0;
     let mut train = |graphed: Graphed<Mlp, Tensor<2>, Tensor<2>>, eager: Mlp, steps: usize| {
         let (mut graphed, mut eager) = (graphed, eager);
@@ -287,7 +287,7 @@ fn two_steps_each<S: ModuleStep>(
     let model = Mlp::new(16, 2, 4, device);
     let mut reference = deep_copy(&model);
     let mut fused = model;
-    let mut adam = AdamConfig::new().init();
+    let mut adam = adam_config().init();
     for step in 0..2 {
         let x = batch([8, 16], step, device);
         reference = eager_step(reference, &mut adam, x.clone(), lr);
@@ -303,10 +303,10 @@ pub fn fused_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
     let (reference, adam, fused, fused_adam) =
-        two_steps_each(&device, lr, FusedAdamConfig::new().init());
+        two_steps_each(&device, lr, fused_adam_config().init());
     // A record is taken twice (it is not `Clone`): the same state both times.
-    let continued_adam = AdamConfig::new().init().load_record(fused_adam.to_record());
-    let continued_fused = FusedAdamConfig::new()
+    let continued_adam = adam_config().init().load_record(fused_adam.to_record());
+    let continued_fused = fused_adam_config()
         .init()
         .load_record(fused_adam.to_record());
     let continued = ("record into Adam", continued_adam);
@@ -341,12 +341,10 @@ fn continue_each<A: ModuleStep, B: ModuleStep>(
 pub fn multi_tensor_adam_records_load_into_adam(device: &Device) {
     let device = device.clone().autodiff();
     let lr = 1e-2;
-    let multi = FusedAdamConfig::new().init_multi_tensor();
+    let multi = fused_adam_config().init_multi_tensor();
     let (reference, adam, trained, multi) = two_steps_each(&device, lr, multi);
-    let continued_adam = AdamConfig::new()
-        .init()
-        .load_record(multi.to_record(&trained));
-    let continued_multi = FusedAdamConfig::new()
+    let continued_adam = adam_config().init().load_record(multi.to_record(&trained));
+    let continued_multi = fused_adam_config()
         .init_multi_tensor()
         .load_record(&trained, adam.to_record());
     let continued = ("record into Adam", continued_adam);
@@ -430,7 +428,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
     let model = Mlp::new(11, 2, 3, &device);
     let mut eager = deep_copy(&model);
     let mut graphed = capture_mlp(model, batch([8, 11], 0, &device));
-    let (mut fused_adam, mut adam) = (kind.optimizer(), AdamConfig::new().init());
+    let (mut fused_adam, mut adam) = (kind.optimizer(), adam_config().init());
     // One good step: the first call copies the parameters in, the optimizer then updates the
     // graphs' buffers in place.
     let x = batch([8, 11], 1, &device);
@@ -486,7 +484,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
     // Recovery: the saved parameters, fresh optimizers.
     let mut graphed = graphed.load_record(saved_graphed.into_record());
     let mut eager = eager.load_record(saved_eager.into_record());
-    let (mut fused_adam, mut adam) = (kind.optimizer(), AdamConfig::new().init());
+    let (mut fused_adam, mut adam) = (kind.optimizer(), adam_config().init());
     for step in 4..7 {
         let x = batch([8, 11], step, &device);
         let loss = square_mean(graphed.forward(x.clone()).expect("call after recovery"));

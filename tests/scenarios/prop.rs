@@ -11,12 +11,14 @@ use std::cell::Cell;
 use burn::module::Module;
 use burn::nn::activation::{Activation, ActivationConfig};
 use burn::nn::{LeakyReluConfig, Linear, LinearConfig};
-use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
+use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
 use burn::prelude::*;
 use burn_graphed::GraphedConfig;
 use burn_graphed_testkit::{TrainingComparison, compare_training};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+
+use super::{ADAM_EPSILON, adam_config};
 
 /// Widths around the warp size and degenerate ones.
 const WIDTHS: [usize; 6] = [1, 3, 31, 32, 33, 64];
@@ -204,8 +206,11 @@ fn inputs_of(arch: &Arch, step: usize, device: &Device) -> Vec<Tensor<2>> {
 
 fn optimizer(arch: &Arch) -> ModuleOptimizer {
     match arch.optimizer {
-        0 => AdamConfig::new().init(),
-        1 => AdamWConfig::new().with_weight_decay(0.01).init(),
+        0 => adam_config().init(),
+        1 => AdamWConfig::new()
+            .with_epsilon(ADAM_EPSILON)
+            .with_weight_decay(0.01)
+            .init(),
         _ => SgdConfig::new()
             .with_momentum(Some(MomentumConfig::new().with_momentum(0.9)))
             .init(),

@@ -4,9 +4,7 @@
 
 use burn::backend::{Backend, Dispatch};
 use burn::module::{Module, ModuleMapper, Param};
-use burn::optim::{
-    AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig,
-};
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn_graphed::{Graphed, GraphedConfig};
@@ -14,7 +12,9 @@ use burn_graphed_testkit::{
     TensorComparison, Tolerance, TrainingComparison, compare_training, deep_copy, param_values,
 };
 
-use super::{Mlp, batch, capture_mlp, mlp_forward, square_mean, supports_graphs, tolerance_for};
+use super::{
+    Mlp, adam_config, batch, capture_mlp, mlp_forward, square_mean, supports_graphs, tolerance_for,
+};
 
 /// Batch sizes that change from step to step (as the last batch of an epoch does, more often):
 /// with `max_graphs` 2 the shape cache captures each new size, evicts the least recently used
@@ -27,7 +27,7 @@ pub fn shape_cache_matches_eager(device: &Device) {
     let report = compare_training(TrainingComparison {
         model: Mlp::new(32, 2, 8, &device),
         call: mlp_forward,
-        optimizer: AdamConfig::new().init(),
+        optimizer: adam_config().init(),
         learning_rate: 1e-2,
         batch: &mut |step| batch([sizes.get(step).copied().unwrap_or(16), 32], step, &device),
         loss: square_mean,
@@ -262,7 +262,7 @@ pub fn drift_tolerance(device: &Device) -> Tolerance {
 
 /// Adam, as most training uses.
 pub fn adam() -> ModuleOptimizer {
-    AdamConfig::new().init()
+    adam_config().init()
 }
 
 /// SGD with momentum: per-step kernel scalars that never change.
