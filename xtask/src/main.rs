@@ -399,6 +399,36 @@ mod tests {
             compress(&fake);
             self
         }
+
+        /// Fakes for `run.sh busy`: a benchmark binary that runs for half a second and prints a
+        /// row naming its arguments, or nothing for the mode `unknown` (a mode the side does not
+        /// know), and `bin/nvidia-smi`, which samples 97% at 1980 MHz every 100 ms. Returns the
+        /// `bin` folder for `PATH`.
+        fn with_busy_fakes(self) -> (Self, PathBuf) {
+            let fake = self.dir.join("bench-train_step");
+            write(
+                &fake,
+                "#!/bin/sh\n\
+                 case \" $* \" in *' --modes unknown '*) exit 0 ;; esac\n\
+                 sleep 0.5\n\
+                 echo \"{\\\"args\\\": \\\"$*\\\", \\\"median_us\\\": 1.0}\"\n",
+            )
+            .expect("fake bench");
+            compress(&fake);
+            let bin = self.dir.join("bin");
+            std::fs::create_dir_all(&bin).expect("bin");
+            let smi = bin.join("nvidia-smi");
+            write(
+                &smi,
+                "#!/bin/sh\n\
+                 case \"$*\" in *-lms*) while :; do echo '97, 1980'; sleep 0.1; done ;; esac\n\
+                 echo 'Fake GPU, 1.0'\n",
+            )
+            .expect("fake nvidia-smi");
+            let chmod = Command::new("chmod").arg("+x").arg(&smi).status();
+            assert!(chmod.is_ok_and(|status| status.success()), "chmod");
+            (self, bin)
+        }
     }
 
     /// `path.xz` beside `path`, as the bundle holds its binaries.
@@ -531,6 +561,47 @@ mod tests {
             next.contains("--models cnn") && !next.contains("--models mlp"),
             "{next}"
         );
+    }
+
+    /// `run.sh busy` samples each side's run of each mode in a window of its own (two modes of
+    /// one side once shared one median), passes the other arguments on, says which mode a
+    /// side does not know, and keeps rows and busy lines in `$OUT/busy.jsonl`; without
+    /// `--modes` it is an error. Needs python3, as `busy` does.
+    #[test]
+    fn run_sh_busy_samples_each_mode_on_its_own() {
+        let (bundle, bin) = FakeBundle::new("busy", &[]).with_busy_fakes();
+        let out = bundle.dir.join("out");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let busy = |args: &[&str]| {
+            Command::new("bash")
+                .arg(bundle.dir.join("run.sh"))
+                .arg("busy")
+                .args(args)
+                .env("PATH", &path)
+                .env("BURN_GRAPHED_REPO", &bundle.dir)
+                .env("BURN_GRAPHED_SIDES", "burn")
+                .env_remove("BURN_GRAPHED_DTYPES")
+                .env("OUT", &out)
+                .output()
+                .expect("bash")
+        };
+        let run = busy(&["--models", "mlp", "--modes", "a,unknown,b", "--reps", "1"]);
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(run.status.success(), "{stdout}");
+        let log = std::fs::read_to_string(out.join("busy.jsonl")).expect("busy.jsonl in $OUT");
+        for mode in ["a", "b"] {
+            let row = format!(r#"{{"args": "--dtype f32 --models mlp --reps 1 --modes {mode}""#);
+            assert!(log.contains(&row), "{log}");
+            let line = format!("# busy: burn {mode}: GPU utilization median 97% over");
+            assert!(log.contains(&line), "{log}");
+        }
+        assert!(log.contains("# busy: burn unknown: no row"), "{log}");
+        assert!(!log.contains("a,unknown,b"), "{log}");
+        assert_eq!(busy(&["--models", "mlp"]).status.code(), Some(2));
     }
 
     /// `benches/report.py` reads every committed results file into its tables, and keeps the

@@ -23,9 +23,11 @@
 #                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
 #                          (report.py takes the median over rounds; Burn's value check runs
 #                          in the first round only)
-#   bash run.sh busy       run `bench` (same arguments, f32) once per side while nvidia-smi
-#                          samples the GPU's utilization and SM clock: a median near 100% means
-#                          that side's step is bound by the device (one model and mode per call)
+#   bash run.sh busy       run `bench` (same arguments, f32 unless BURN_GRAPHED_DTYPES) once per
+#                          side and mode of --modes while nvidia-smi samples the GPU's
+#                          utilization and SM clock: a median near 100% means that side's step
+#                          is bound by the device (one model per call; rows and busy lines also
+#                          in $OUT/busy.jsonl)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
 #                          runs the ones it knows) in PROFILE_DTYPE (default f32) with
@@ -224,22 +226,43 @@ case "$mode" in
     done
     ;;
   busy)
-    # How busy the GPU is during each side's bench run: nvidia-smi samples, every 100 ms, the
-    # share of the last sample period in which a kernel ran, and the SM clock. A step near 100%
-    # is bound by the device; well under, by the host. Real clocks, unlike ncu's serialized
-    # launches. One model and one mode per call, --no-check and many reps (e.g. --reps 200), on
-    # a machine whose cubecl cache is warm (compilation's idle gaps would dilute the median).
+    # How busy the GPU is during each side's bench run of each mode: nvidia-smi samples, every
+    # 100 ms, the share of the last sample period in which a kernel ran, and the SM clock. A
+    # step near 100% is bound by the device; well under, by the host. Real clocks, unlike
+    # ncu's serialized launches. One sampling window per mode and side, so that two modes of
+    # one side never share a median (a side skips the modes it does not know); one model per
+    # call, --no-check and many reps (e.g. --reps 200), on a machine whose cubecl cache is warm
+    # (compilation's idle gaps would dilute the median). The rows and busy lines also go to
+    # $OUT/busy.jsonl (or a temporary file), emptied per call.
     shift
     command -v nvidia-smi >/dev/null 2>&1 || { echo "run.sh busy: no nvidia-smi"; exit 1; }
-    for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
-      smi="$work/smi_$side.csv"
-      nvidia-smi --query-gpu=utilization.gpu,clocks.sm --format=csv,noheader,nounits -lms 100 >"$smi" &
-      sampler=$!
-      BURN_GRAPHED_SIDES="$side" BURN_GRAPHED_DTYPES="${BURN_GRAPHED_DTYPES:-f32}" BURN_GRAPHED_ROUNDS=1 \
-        bash "$here/run.sh" bench "$@"
-      kill "$sampler" 2>/dev/null
-      wait "$sampler" 2>/dev/null
-      python3 - "$smi" "$side" <<'PY'
+    modes="" args=()
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --modes) modes="${2:?run.sh busy --modes needs a list}"; shift 2 ;;
+        *) args+=("$1"); shift ;;
+      esac
+    done
+    [ -z "$modes" ] && { echo "run.sh busy: give --modes (one sampling window per side and mode)"; exit 2; }
+    busy_log="${OUT:-$work}/busy.jsonl"
+    mkdir -p "$(dirname "$busy_log")" && : >"$busy_log"
+    for mode in ${modes//,/ }; do
+      for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
+        smi="$work/smi_${side}_$mode.csv" rows="$work/busy_${side}_$mode"
+        nvidia-smi --query-gpu=utilization.gpu,clocks.sm --format=csv,noheader,nounits -lms 100 >"$smi" &
+        sampler=$!
+        # Its own OUT: `bench` empties its bench.jsonl per call.
+        mkdir -p "$rows"
+        OUT="$rows" BURN_GRAPHED_SIDES="$side" BURN_GRAPHED_DTYPES="${BURN_GRAPHED_DTYPES:-f32}" \
+          BURN_GRAPHED_ROUNDS=1 bash "$here/run.sh" bench ${args[@]+"${args[@]}"} --modes "$mode"
+        kill "$sampler" 2>/dev/null
+        wait "$sampler" 2>/dev/null
+        if ! grep -q '"median_us"' "$rows/bench.jsonl"; then
+          echo "# busy: $side $mode: no row (not a mode of this side, or the run failed)" | tee -a "$busy_log"
+          continue
+        fi
+        grep -v '^# device' "$rows/bench.jsonl" >>"$busy_log"
+        python3 - "$smi" "$side $mode" <<'PY' | tee -a "$busy_log"
 import sys
 rows = [l.split(",") for l in open(sys.argv[1]) if l.count(",") == 1]
 busy = sorted((float(u), float(c)) for u, c in rows if float(u) > 5)
@@ -251,6 +274,7 @@ if busy:
 else:
     print(f"# busy: {sys.argv[2]}: no sample with a kernel running (of {len(rows)})")
 PY
+      done
     done
     ;;
   profile)
