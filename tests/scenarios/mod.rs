@@ -573,8 +573,9 @@ pub fn harness_catches_faults(device: &Device) {
 /// short of a whole step accepts: measured on an H200 (2026-11-26, the chained group test with
 /// four test processes on the GPU at once), one element of a 128-element bias 4.18e-3 off
 /// after the first step while every gradient agreed within tolerance. With ε = 1e-3 the same
-/// difference moves it by at most 4e-5. A stale or wrong parameter still moves every element
-/// by about lr per step.
+/// difference moves it by at most 4e-5. A missed or wrong update still moves every element
+/// whose gradient is well above ε by about lr per step, and `harness_catches_faults` checks
+/// that the comparisons see it.
 pub const ADAM_EPSILON: f32 = 1e-3;
 
 /// burn's `AdamConfig` with [`ADAM_EPSILON`]: the Adam of the training comparisons.
