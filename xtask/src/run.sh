@@ -180,8 +180,10 @@ case "$mode" in
       for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
     fi
     kill "$beat" 2>/dev/null
-    passed=$(cat "${logs[@]}" | grep -E '^test result:' | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
-    failed=$(cat "${logs[@]}" | grep -E '^test result:' | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    # The summaries of every log summed ("test result: ok. 16 passed; 0 failed; ..."), one read.
+    read -r passed failed < <(awk '/^test result:/ {
+        for (i = 1; i < NF; i++) { if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i }
+      } END { print p + 0, f + 0 }' "${logs[@]}")
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
       failed=1 # a test binary died before libtest could report
       echo "gpu suite: a test binary exited with a failure status before reporting"
