@@ -86,9 +86,9 @@ use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
+use burn_graphed::testing::FaultInjection;
 use burn_graphed::{
-    FaultInjection, FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy,
-    TensorGroup,
+    FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy, TensorGroup,
 };
 use burn_graphed_testkit::{StepCheck, deep_copy, param_values, require_finite};
 
@@ -397,10 +397,18 @@ impl Mode {
         }
     }
 
+    /// The fault the graphed model's capture builds in (graphed modes).
+    fn fault(self) -> FaultInjection {
+        match self {
+            Mode::Graphed(fault, _) => fault,
+            _ => FaultInjection::None,
+        }
+    }
+
     /// The graphed model's configuration (graphed modes).
     fn config(self) -> GraphedConfig {
         match self {
-            Mode::Graphed(fault, _) => GraphedConfig::new().with_fault(fault),
+            Mode::Graphed(..) => GraphedConfig::new().with_outputs(OutputPolicy::Copy),
             Mode::GraphedGuarded(_) => GraphedConfig::new().with_outputs(OutputPolicy::Guarded),
             _ => GraphedConfig::new().with_outputs(OutputPolicy::Static),
         }
@@ -558,7 +566,9 @@ where
     O: TensorGroup,
 {
     trace_phase("capture");
+    let fault = burn_graphed::testing::inject(mode.fault());
     let graphed = Graphed::new(model, call, inputs[0].clone(), &mode.config()).expect("capture");
+    drop(fault);
     let call = |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
     let (per_step, model) = train_steps(
         graphed, call, loss, inputs, optimizer, label, device, options,
@@ -583,7 +593,7 @@ where
 /// buffer fails. The skipped launches still return at once, so a run whose kernels were
 /// skipped times nothing but the host's queueing: on an H100 the eager bf16 CNN's steps
 /// launched 126 kernels of which 114 came back without a measurement, which is what a
-/// skipped launch leaves (BENCHMARKS.md, "Run d"). This read is where such a run shows.
+/// skipped launch leaves (BENCHMARKS.md, "The CNN in bf16"). This read is where such a run shows.
 ///
 /// Its own phase: the kernels the read launches belong to no timed step.
 fn assert_ran<M: Module>(model: &M, label: &str) {
@@ -673,7 +683,9 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
+    let fault = burn_graphed::testing::inject(mode.fault());
     let graphed = Graphed::new(model, call, inputs[0].clone(), &mode.config()).expect("capture");
+    drop(fault);
     let (losses, graphed) = check_steps(
         graphed,
         |m: &Graphed<M, I, O>, x| m.forward(x).expect("graphed call"),

@@ -18,7 +18,7 @@ use burn::train::{
     InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput,
     logger::InMemoryMetricLogger,
 };
-use burn_graphed::{Graphed, GraphedConfig, GraphedTrainStep};
+use burn_graphed::{Graphed, GraphedConfig, GraphedTrainStep, OutputPolicy};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -115,7 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Mlp::new(&device),
         Mlp::forward,
         sample,
-        &GraphedConfig::new(),
+        &GraphedConfig::new().with_outputs(OutputPolicy::Copy),
     )?;
     // The epoch's last batch has 8 rows: its graphs are captured now, before the Learner's
     // threads start (on CUDA a capture needs the device to itself).

@@ -77,6 +77,7 @@ on_devices! {
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, false);
     guarded_multi_tensor_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, true);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
+    default_loop_replays_every_step => |d| scenarios::guarded::default_loop_replays_every_step(d, 4);
     /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
     #[cfg(feature = "train")]
     learner_trains_graphed_like_eager => scenarios::learner::learner_trains_graphed_like_eager;

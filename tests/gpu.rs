@@ -310,6 +310,11 @@ fn guarded_multi_tensor_training_matches_eager() {
 }
 
 #[test]
+fn default_loop_replays_every_step() {
+    scenarios::guarded::default_loop_replays_every_step(&cuda(), 20);
+}
+
+#[test]
 fn guarded_hand_outs_keep_their_values() {
     scenarios::guarded::guarded_hand_outs_keep_their_values(&cuda());
 }

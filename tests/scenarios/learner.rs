@@ -11,7 +11,7 @@ use burn::train::{
     InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput, TrainStep,
     logger::InMemoryMetricLogger,
 };
-use burn_graphed::GraphedTrainStep;
+use burn_graphed::{GraphedTrainStep, OutputPolicy};
 use std::sync::Arc;
 
 /// Inputs of 32 features, 8 targets.
@@ -131,7 +131,13 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
     let eager = burn_graphed_testkit::deep_copy(&model);
     let (epochs, items, batch) = (2, 88, 16);
     let sample = Tensor::<2>::zeros([batch, 32], &device);
-    let graphed = Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture");
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        sample,
+        &GraphedConfig::new().with_outputs(OutputPolicy::Copy),
+    )
+    .expect("capture");
     // `LearnerModel` needs `Display`: the graphed model shows as the model it wraps.
     assert_eq!(graphed.to_string(), eager.to_string());
     assert!(eager.to_string().contains("params: "), "{eager}");

@@ -173,7 +173,7 @@ pub fn graphed_fused_adam_trains_in(device: &Device, kind: Kind, dtype: FloatDTy
         eager_optimizer: fused_adam_config().init(),
         tolerance: low_precision_tolerance(dtype),
     };
-    let report = mlp_against_eager_with(device, run, steps, GraphedConfig::new(), kind.optimizer());
+    let report = mlp_against_eager_with(device, run, steps, super::copy_config(), kind.optimizer());
     assert!(report.summary.graphed, "{report}");
     assert_updated_in_place(&report, steps);
 }

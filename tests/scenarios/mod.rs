@@ -20,9 +20,8 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::prelude::*;
-use burn_graphed::{
-    FallbackReason, FaultInjection, Graphed, GraphedConfig, GraphedError, MismatchPolicy,
-};
+use burn_graphed::testing::FaultInjection;
+use burn_graphed::{FallbackReason, Graphed, GraphedConfig, GraphedError, MismatchPolicy};
 use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training, param_values};
 
 /// depth x Linear(width, width) + ReLU, then Linear(width, out).
@@ -547,6 +546,7 @@ pub fn harness_catches_faults(device: &Device) {
         return;
     }
     for fault in [FaultInjection::SkipParamCopy, FaultInjection::SkipInputCopy] {
+        let _fault = burn_graphed::testing::inject(fault);
         let report = compare_training(TrainingComparison {
             model: Mlp::new(16, 2, 4, &device),
             call: mlp_forward,
@@ -555,7 +555,7 @@ pub fn harness_catches_faults(device: &Device) {
             batch: &mut |step| batch([8, 16], step, &device),
             loss: square_mean,
             steps: 3,
-            graphed: GraphedConfig::new().with_fault(fault),
+            graphed: GraphedConfig::new(),
             tolerance: tolerance_for(&device),
         })
         .expect("comparison runs");
@@ -648,6 +648,15 @@ pub fn assert_params_unchanged<M: Module>(
 }
 
 /// `model` graphed with `mlp_forward` and the default configuration, captured on `sample`.
+/// The configuration of the scenarios that keep outputs or gradients of one call alive across
+/// the next (to compare them later, or because an optimizer keeps a gradient as its state, as
+/// SGD's momentum does at its first step): hand-outs are copies, so no call runs eagerly for
+/// them. Under the default, `OutputPolicy::Guarded`, such a call runs eagerly
+/// (`FallbackReason::OutputStillHeld`), which the scenarios that count replays do not expect.
+pub fn copy_config() -> GraphedConfig {
+    GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Copy)
+}
+
 pub fn capture_mlp(model: Mlp, sample: Tensor<2>) -> Graphed<Mlp, Tensor<2>, Tensor<2>> {
     Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture")
 }

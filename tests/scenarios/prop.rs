@@ -257,7 +257,8 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
             batch: &mut |step| inputs_of(&arch, if step == usize::MAX { 0 } else { step }, &device),
             loss: prop_loss,
             steps: arch.steps,
-            graphed: GraphedConfig::new().with_allow_unused_input(true),
+            // Copies: SGD's momentum keeps the first step's gradient as its state.
+            graphed: super::copy_config().with_allow_unused_input(true),
             tolerance: super::tolerance_for(&device),
         })
         .map_err(|error| TestCaseError::fail(format!("harness error: {error}")))?;

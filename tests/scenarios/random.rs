@@ -5,10 +5,8 @@
 
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
-use burn_graphed::{
-    DeviceRng, GraphDropout, Graphed, GraphedConfig, reference_mask, reference_normal,
-    reference_uniform,
-};
+use burn_graphed::testing::{reference_mask, reference_normal, reference_uniform};
+use burn_graphed::{DeviceRng, GraphDropout, Graphed, GraphedConfig};
 use burn_graphed_testkit::{TensorComparison, deep_copy};
 
 use super::{batch, supports_graphs, tolerance_for};

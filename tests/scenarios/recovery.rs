@@ -311,14 +311,16 @@ pub fn unwritten_input_call_recovers(device: &Device) {
     // The check of written buffers is what refuses: without it
     // (`FaultInjection::SkipWriteCheck`), the same call replays over the values the buffer
     // held before (the capture's sample) and returns.
-    let config = GraphedConfig::new().with_fault(burn_graphed::FaultInjection::SkipWriteCheck);
+    let fault =
+        burn_graphed::testing::inject(burn_graphed::testing::FaultInjection::SkipWriteCheck);
     let unchecked = Graphed::new(
         deep_copy(&eager),
         mlp_forward,
         batch([8, 16], 0, &device),
-        &config,
+        &GraphedConfig::new(),
     )
     .expect("capture");
+    drop(fault);
     let out = unchecked
         .forward(bad)
         .expect("without the check, the call replays");

@@ -136,7 +136,7 @@ pub fn soak(
         model,
         mlp_forward,
         batch([16, 32], 0, &device),
-        &GraphedConfig::new(),
+        &super::copy_config(),
     )
     .expect("capture");
     let mut eager_optimizer = optimizer();
@@ -446,7 +446,7 @@ pub fn capture_releases_warmup_memory(device: &Device) {
             Mlp::new(512, 4, 512, &device),
             mlp_forward,
             batch([512, 512], 0, &device),
-            &GraphedConfig::new().with_release_capture_memory(release),
+            &super::copy_config().with_release_capture_memory(release),
         )
         .expect("capture");
         assert!(graphed.summary().graphed);
@@ -491,7 +491,14 @@ pub fn prepare_captures_ahead(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
     let eager = deep_copy(&model);
-    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    // Copies: the loss and gradients of the prepared size stay alive to the last call.
+    let graphed = Graphed::new(
+        model,
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &super::copy_config(),
+    )
+    .expect("capture");
     let small = |seed| batch([3, 16], seed, &device);
     if !supports_graphs(&device) {
         assert_eq!(

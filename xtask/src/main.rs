@@ -1,5 +1,9 @@
 //! Project automation: `cargo xtask <command>`.
 //!
+//! - `test [ARGS...]`: the test suite without a GPU, after installing what it needs
+//!   (`local.rs`); what `.ci/run` runs.
+//! - `demo [ARGS...]`: the demo, on CUDA where an NVIDIA GPU answers, otherwise on wgpu's
+//!   software graphs.
 //! - `gpu-test [--run] [--long] [--filter F] [--jobs N]`: build the CUDA test suite (one
 //!   release test binary), the demo and the train-step benchmark, and bundle them, compressed,
 //!   with a runner script, the PyTorch reference script and a manifest into
@@ -11,6 +15,10 @@
 //! - `bundle-dir`: print the bundle folder (for scripts).
 //!
 //! Plain `std` only, so that `cargo xtask` costs seconds to build.
+
+#[cfg(test)]
+mod layers;
+mod local;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -24,6 +32,8 @@ const BUNDLE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("test") => local::test(&args[1..], &root()),
+        Some("demo") => local::demo(&args[1..], &root()),
         Some("gpu-test") => gpu_test(&args[1..], "tests"),
         Some("bench") => gpu_test(&args[1..], "bench"),
         Some("bundle-dir") => {
@@ -31,7 +41,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
+            "usage: cargo xtask test [CARGO TEST ARGS...]\n       cargo xtask demo [WIDTH DEPTH BATCH STEPS]\n       cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
         )),
     };
     match result {

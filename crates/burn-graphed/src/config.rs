@@ -18,8 +18,8 @@ pub enum MismatchPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
 #[serde(crate = "burn::serde")]
 pub enum OutputPolicy {
-    /// Hand out copies (the default): one copy kernel per output and per gradient; a tensor
-    /// kept across steps keeps its value.
+    /// Hand out copies: one copy kernel per output and per gradient; a tensor kept across
+    /// steps keeps its value, and no call ever runs eagerly because of one.
     Copy,
     /// Hand out the static buffers themselves: no copy, but a tensor kept past the next call
     /// of the same callable shows that call's values (PyTorch's behaviour).
@@ -27,10 +27,12 @@ pub enum OutputPolicy {
     /// Hand out the static buffers themselves, as `Static`, but never let a replay overwrite
     /// one that user code still holds: a call made while an output or gradient of an earlier
     /// replay is still alive runs eagerly
-    /// ([`FallbackReason::OutputStillHeld`](crate::FallbackReason::OutputStillHeld)). In the
-    /// usual loop (outputs feed the loss, gradients feed the optimizer, both are dropped
-    /// before the next step) nothing is held and every call replays without copies; a tensor
-    /// kept across steps keeps its value, at the price of eager calls while it lives.
+    /// ([`FallbackReason::OutputStillHeld`](crate::FallbackReason::OutputStillHeld)). The
+    /// default: in the usual loop (outputs feed the loss, gradients feed the optimizer, both
+    /// are dropped before the next step) nothing is held and every call replays without
+    /// copies; a tensor kept across steps keeps its value, at the price of eager calls while
+    /// it lives. Where outputs are kept on purpose (burn-train's `Learner` hands them to its
+    /// metrics), `Copy` keeps every call replaying.
     ///
     /// A [`TensorData`](burn::tensor::TensorData) read from it is not a holder: burn 0.22.1
     /// reads lazily on its cubecl backends (the copy to the host happens on first access), so
@@ -69,7 +71,7 @@ pub struct GraphedConfig {
     #[config(default = "None")]
     pub max_graph_bytes: Option<u64>,
     /// How outputs and gradients are handed out.
-    #[config(default = "OutputPolicy::Copy")]
+    #[config(default = "OutputPolicy::Guarded")]
     pub outputs: OutputPolicy,
     /// Accept inputs that require grad but are not used by the callable (their gradient is then
     /// absent), as PyTorch's `allow_unused_input`.
@@ -98,29 +100,4 @@ pub struct GraphedConfig {
     /// running eagerly when the device's backend cannot capture graphs.
     #[config(default = false)]
     pub require_graphs: bool,
-    /// Deliberate faults, for proving that equivalence tests catch them. Never set this in
-    /// real use.
-    #[doc(hidden)]
-    #[config(default = "FaultInjection::None")]
-    pub fault: FaultInjection,
-}
-
-/// Deliberate faults that make graphed results wrong, so that tests can show the equivalence
-/// harness fails on them.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, burn::serde::Serialize, burn::serde::Deserialize)]
-#[serde(crate = "burn::serde")]
-pub enum FaultInjection {
-    /// Correct behaviour.
-    None,
-    /// Never copy updated parameters into the graphs' buffers (stale parameters).
-    SkipParamCopy,
-    /// Never copy new inputs into the static input buffers (stale inputs).
-    SkipInputCopy,
-    /// Never ask cubecl whether the buffers written outside the graphs hold values
-    /// (`cube/write_check.rs`): a replay over an unwritten input or parameter runs on stale
-    /// values.
-    /// Results are right whenever every tensor was written, so the bench times the check with
-    /// it.
-    SkipWriteCheck,
 }

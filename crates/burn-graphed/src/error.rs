@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::stats::FallbackReason;
+
 /// Which step of a capture failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CapturePhase {
@@ -38,6 +40,7 @@ impl fmt::Display for CapturePhase {
 /// expected. None of them leaves the model or the device in a changed state: a failed capture
 /// drops its partial graphs and static buffers, and a rejected call runs nothing.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GraphedError {
     /// After capture, the forward graph replayed on new input values gave other outputs than an
     /// eager run of the callable on the same values: the callable does something that a graph
@@ -84,39 +87,6 @@ pub enum GraphedError {
         expected: usize,
         /// Tensors passed now.
         got: usize,
-    },
-    /// An input's shape differs from the sample input's shape.
-    #[error("input {index}: shape {got:?} differs from the captured shape {expected:?}")]
-    InputShape {
-        /// Position of the tensor among the flattened inputs.
-        index: usize,
-        /// Shape at capture.
-        expected: Vec<usize>,
-        /// Shape passed now.
-        got: Vec<usize>,
-    },
-    /// An input's dtype differs from the sample input's dtype.
-    #[error("input {index}: dtype {got} differs from the captured dtype {expected}")]
-    InputDType {
-        /// Position of the tensor among the flattened inputs.
-        index: usize,
-        /// Dtype at capture.
-        expected: String,
-        /// Dtype passed now.
-        got: String,
-    },
-    /// An input's `require_grad` differs from the sample input's.
-    #[error(
-        "input {index}: require_grad is {got} but the sample input had {expected}; \
-         pass sample inputs whose require_grad matches real use"
-    )]
-    InputRequireGrad {
-        /// Position of the tensor among the flattened inputs.
-        index: usize,
-        /// `require_grad` at capture.
-        expected: bool,
-        /// `require_grad` now.
-        got: bool,
     },
     /// An input lives on another device than the one the graphs were captured on.
     #[error("input {index}: device {got} differs from the capture device {expected}")]
@@ -257,6 +227,6 @@ pub enum GraphedError {
     #[error("call does not match the capture and on_mismatch = Error: {reason}")]
     Mismatch {
         /// Why the call does not match.
-        reason: crate::FallbackReason,
+        reason: FallbackReason,
     },
 }

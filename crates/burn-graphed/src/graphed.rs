@@ -9,22 +9,22 @@ use burn::module::{
 };
 use burn::tensor::Device;
 
+use crate::build::{Built, build};
+use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
+use crate::cube::{Graphs, Replayed};
 use crate::error::GraphedError;
-use crate::group::{Built, Callable, make_graphed_callables};
 use crate::params::{self, ModuleMode};
-use crate::shape_cache::ShapeCacheStats;
-#[cfg(feature = "cube")]
-use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
+use crate::shape_cache::{Admission, CacheLimits, ShapeCache, ShapeCacheStats};
 use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
+use crate::sync::lock;
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
 /// copies): the graphs by input signature, the capture's signature, and the counters.
 struct Shared {
     /// The captured graphs, by input signature; `None` without graphs.
-    #[cfg(feature = "cube")]
-    graphs: Option<Mutex<ShapeCache<Arc<crate::cube::session::Session>>>>,
+    graphs: Option<Mutex<ShapeCache<Graphs>>>,
     /// Why there are no graphs, when there are none.
     eager_reason: Option<FallbackReason>,
     /// The signature of the first capture (the sample's).
@@ -35,7 +35,6 @@ struct Shared {
     /// Configuration of the first capture, for the captures of new signatures.
     config: GraphedConfig,
     /// Whether new signatures may be captured (a callable captured alone, `max_graphs > 1`).
-    #[cfg(feature = "cube")]
     recapture: bool,
     summary: CaptureSummary,
     memory: GraphMemory,
@@ -131,8 +130,12 @@ where
         sample: I,
         config: &GraphedConfig,
     ) -> Result<Self, GraphedError> {
-        let (graphed,) = make_graphed_callables((Callable::new(module, call, sample),), config)?;
-        Ok(graphed)
+        let mut callable = Callable::new(module, call, sample);
+        let built = build(vec![callable.member()], config)?
+            .into_iter()
+            .next()
+            .ok_or(GraphedError::NoOutputs)?;
+        Ok(Self::from_built(callable.module, call, built, config))
     }
 
     /// Assembles a graphed module from what the capture of its group made.
@@ -142,15 +145,14 @@ where
         built: Built,
         config: &GraphedConfig,
     ) -> Self {
-        #[cfg(feature = "cube")]
-        let graphs = built.session.map(|session| {
+        let graphs = built.graphs.map(|graphs| {
             Mutex::new(ShapeCache::new(
                 CacheLimits {
                     max_graphs: config.max_graphs,
                     max_bytes: config.max_graph_bytes,
                 },
                 built.inputs.clone(),
-                session,
+                graphs,
                 built.memory.held_bytes(),
             ))
         });
@@ -158,7 +160,6 @@ where
             inner: module,
             call,
             shared: Arc::new(Shared {
-                #[cfg(feature = "cube")]
                 graphs,
                 eager_reason: built.eager_reason,
                 inputs: built.inputs,
@@ -166,7 +167,6 @@ where
                 device: built.device,
                 thread: std::thread::current().id(),
                 config: config.clone(),
-                #[cfg(feature = "cube")]
                 recapture: built.alone && config.max_graphs > 1,
                 summary: built.summary,
                 memory: built.memory,
@@ -241,7 +241,6 @@ where
         }
     }
 
-    #[cfg(feature = "cube")]
     fn prepare_graphs(
         &self,
         flat: &[FlatTensor],
@@ -252,15 +251,6 @@ where
             Ok((_, false)) => Prepared::Cached,
             Err(reason) => Prepared::Eager(reason),
         })
-    }
-
-    #[cfg(not(feature = "cube"))]
-    fn prepare_graphs(
-        &self,
-        _flat: &[FlatTensor],
-        _mismatch: Option<FallbackReason>,
-    ) -> Result<Prepared, GraphedError> {
-        Ok(Prepared::Eager(FallbackReason::Unsupported))
     }
 
     /// `input`'s tensors, checked against the capture's count and device.
@@ -355,16 +345,6 @@ where
         Ok((self.call)(&self.inner, input))
     }
 
-    #[cfg(not(feature = "cube"))]
-    fn replay(
-        &self,
-        flat: Vec<FlatTensor>,
-        _module_params: Vec<params::ParamEntry>,
-        _mismatch: Option<FallbackReason>,
-    ) -> Result<O, GraphedError> {
-        self.eager(flat, FallbackReason::Unsupported)
-    }
-
     /// The graphs for this call's input signature: cached, or captured now when the shape
     /// cache allows (see [`ShapeCache`]), with whether they were captured now; or why the call
     /// runs eagerly.
@@ -373,28 +353,25 @@ where
     ///
     /// The capture's error when it fails and [`GraphedConfig::require_graphs`] is set or
     /// `strict` asks for it; the failure is then not recorded, so a later call tries again.
-    #[cfg(feature = "cube")]
     fn graphs_for(
         &self,
         flat: &[FlatTensor],
         mismatch: Option<FallbackReason>,
         strict: bool,
-    ) -> Result<Result<(Arc<crate::cube::session::Session>, bool), FallbackReason>, GraphedError>
-    {
+    ) -> Result<Result<(Graphs, bool), FallbackReason>, GraphedError> {
         let Some(cache) = self.shared.graphs.as_ref() else {
             return Ok(Err(FallbackReason::Unsupported));
         };
-        let lock = || crate::lock(cache);
         let key: Vec<TensorSpec> = flat.iter().map(FlatTensor::spec).collect();
-        if let Some(session) = lock().get(&key) {
-            return Ok(Ok((session.clone(), false)));
+        if let Some(graphs) = lock(cache).get(&key) {
+            return Ok(Ok((graphs.clone(), false)));
         }
         // Only a signature the cache lost can match the sample's.
         let reason = mismatch.unwrap_or(FallbackReason::ShapeCacheFull);
         if !self.shared.recapture {
             return Ok(Err(reason));
         }
-        match lock().admit(&key, |s| s.backward_pending()) {
+        match lock(cache).admit(&key, Graphs::backward_pending) {
             Admission::Capture => {}
             Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
             Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
@@ -404,106 +381,64 @@ where
             got: flat.len(),
         })?;
         let mut callable = Callable::new(self.inner.clone(), self.call, sample);
-        let built =
-            crate::group::build(vec![callable.member()], &self.shared.config).and_then(|built| {
-                let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
-                let memory = built.memory;
-                built
-                    .session
-                    .map(|session| (session, memory))
-                    .ok_or(GraphedError::Unsupported {
-                        device: format!("{:?}", self.shared.device),
-                    })
-            });
-        let (session, memory) = match built {
+        let built = build(vec![callable.member()], &self.shared.config).and_then(|built| {
+            let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
+            let memory = built.memory;
+            built
+                .graphs
+                .map(|graphs| (graphs, memory))
+                .ok_or(GraphedError::Unsupported {
+                    device: format!("{:?}", self.shared.device),
+                })
+        });
+        let (graphs, memory) = match built {
             Ok(built) => built,
             Err(error) if strict || self.shared.config.require_graphs => return Err(error),
             Err(error) => {
-                lock().record_failure(key, error.to_string());
+                lock(cache).record_failure(key, error.to_string());
                 return Ok(Err(FallbackReason::CaptureFailed));
             }
         };
-        let inserted = lock().insert(key, session.clone(), memory.held_bytes(), |s| {
-            s.backward_pending()
-        });
+        let inserted = lock(cache).insert(
+            key,
+            graphs.clone(),
+            memory.held_bytes(),
+            Graphs::backward_pending,
+        );
         match inserted {
             Ok(evicted) => {
                 let mut retired = self.lock_eager();
-                for graph in evicted {
-                    retired.add_replays(&graph.lock().stats);
+                for evicted in evicted {
+                    retired.add_replays(&evicted.stats());
                 }
-                Ok(Ok((session, true)))
+                Ok(Ok((graphs, true)))
             }
             Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
         }
     }
 
     fn lock_eager(&self) -> std::sync::MutexGuard<'_, GraphStats> {
-        crate::lock(&self.shared.eager)
+        lock(&self.shared.eager)
     }
 
-    #[cfg(feature = "cube")]
+    /// A call that may replay: the graphs for its signature (found, or captured now), then
+    /// the engine's replay, which links the outputs into autodiff; or the eager call, with the
+    /// reason either gives.
     fn replay(
         &self,
         flat: Vec<FlatTensor>,
         module_params: Vec<params::ParamEntry>,
         mismatch: Option<FallbackReason>,
     ) -> Result<O, GraphedError> {
-        use crate::cube::capture::fused;
-
-        let session = match self.graphs_for(&flat, mismatch, false)? {
-            Ok((session, _captured_now)) => session,
+        let graphs = match self.graphs_for(&flat, mismatch, false)? {
+            Ok((graphs, _captured_now)) => graphs,
             Err(reason) => return self.eager(flat, reason),
         };
-        if session.backward_pending() {
-            return self.eager(flat, FallbackReason::BackwardPending);
+        let params = module_params.into_iter().map(|p| p.tensor).collect();
+        match graphs.replay(flat, params)? {
+            Replayed::Outputs(outputs) => O::unflatten(outputs).ok_or(GraphedError::NoOutputs),
+            Replayed::Eager(reason, flat) => self.eager(flat, reason),
         }
-        let mut inputs = Vec::with_capacity(flat.len());
-        for tensor in &flat {
-            match fused(&tensor.tensor) {
-                Some(f) => inputs.push(f),
-                None => return self.eager(flat, FallbackReason::Unsupported),
-            }
-        }
-        if session.shared_buffer_busy(&inputs) {
-            return self.eager(flat, FallbackReason::SharedBufferBusy);
-        }
-        let mut param_tensors = Vec::with_capacity(module_params.len());
-        for param in &module_params {
-            match fused(&param.tensor.tensor) {
-                Some(f) => param_tensors.push(f),
-                None => return self.eager(flat, FallbackReason::Unsupported),
-            }
-        }
-        if session.hand_outs_held() {
-            return self.eager(flat, FallbackReason::OutputStillHeld);
-        }
-        if !session.params_writable(&param_tensors) {
-            return self.eager(flat, FallbackReason::ParamBufferAliased);
-        }
-        let Some(route) = flat
-            .iter()
-            .map(|t| &t.tensor)
-            .chain(module_params.iter().map(|p| &p.tensor.tensor))
-            .find(|t| burn::backend::Dispatch::is_tracked(t))
-            .cloned()
-        else {
-            // Nothing requires grad: there is no backward to graph.
-            return self.eager(flat, FallbackReason::ModeChanged);
-        };
-        session.replay_forward(&inputs, &param_tensors)?;
-        let parents = flat
-            .into_iter()
-            .map(|t| t.tensor)
-            .chain(module_params.into_iter().map(|p| p.tensor.tensor))
-            .collect();
-        let outputs = crate::cube::node::link(route, parents, &session);
-        let outputs = outputs
-            .into_iter()
-            .zip(session.outputs.iter())
-            .map(|(tensor, buffer)| FlatTensor::from_parts(tensor, &buffer.fused))
-            .collect::<Vec<_>>();
-        O::unflatten(outputs).ok_or(GraphedError::NoOutputs)
     }
 
     /// The wrapped module.
@@ -530,13 +465,10 @@ where
     /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper
     /// and every graph it captured (evicted ones included).
     pub fn stats(&self) -> GraphStats {
-        #[cfg_attr(not(feature = "cube"), allow(unused_mut))]
         let mut stats = self.lock_eager().clone();
-        #[cfg(feature = "cube")]
         if let Some(cache) = &self.shared.graphs {
-            let cache = crate::lock(cache);
-            for session in cache.values() {
-                stats.add_replays(&session.lock().stats);
+            for graphs in lock(cache).values() {
+                stats.add_replays(&graphs.stats());
             }
         }
         stats
@@ -545,9 +477,8 @@ where
     /// The shape cache: graphs held per input signature, hits, captures of new signatures,
     /// evictions (see [`GraphedConfig::max_graphs`]). Empty counters without graphs.
     pub fn shape_cache(&self) -> ShapeCacheStats {
-        #[cfg(feature = "cube")]
         if let Some(cache) = &self.shared.graphs {
-            return crate::lock(cache).stats().clone();
+            return lock(cache).stats().clone();
         }
         ShapeCacheStats::default()
     }

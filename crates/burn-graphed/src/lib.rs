@@ -42,17 +42,16 @@
 //!
 //! ## The fastest step
 //!
-//! Put the loss inside the graphed callable, hand out the graphs' buffers instead of copies
-//! ([`OutputPolicy::Guarded`]), and train with [`MultiTensorAdam`]: outside the graphs a step
-//! then queues the input copies, the seed gradient and one optimizer operation. (On an H100,
-//! with `Static` hand-outs, which `Guarded` matched within noise in earlier runs, this took the
-//! MLP's step from 902 to 536 us, and graphed PyTorch's from 816 to 623 us: BENCHMARKS.md.)
+//! Put the loss inside the graphed callable, keep the default hand-outs of the graphs' own
+//! buffers ([`OutputPolicy::Guarded`]), and train with [`MultiTensorAdam`]: outside the graphs
+//! a step then queues the input copies, the seed gradient and one optimizer operation
+//! (BENCHMARKS.md has the figures).
 //!
 //! ```no_run
 //! # use burn::nn::{Linear, LinearConfig};
 //! # use burn::prelude::*;
 //! use burn::optim::GradientsParams;
-//! use burn_graphed::{FusedAdamConfig, Graphed, GraphedConfig, OutputPolicy};
+//! use burn_graphed::{FusedAdamConfig, Graphed, GraphedConfig};
 //! # #[derive(Module, Debug)]
 //! # struct Mlp {
 //! #     layer: Linear,
@@ -73,8 +72,7 @@
 //! # let mlp = Mlp { layer: LinearConfig::new(64, 8).init(&device) };
 //! # let batches: Vec<(Tensor<2>, Tensor<2>)> = Vec::new();
 //! let sample = (Tensor::zeros([32, 64], &device), Tensor::zeros([32, 8], &device));
-//! let config = GraphedConfig::new().with_outputs(OutputPolicy::Guarded);
-//! let mut model = Graphed::new(mlp, mse, sample, &config)?;
+//! let mut model = Graphed::new(mlp, mse, sample, &GraphedConfig::new())?;
 //! let mut optim = FusedAdamConfig::new().init_multi_tensor();
 //! for batch in batches {
 //!     let loss = model.forward(batch)?; // replays the forward graph, loss included
@@ -91,37 +89,51 @@
 //! (`GraphedTrainStep`). See ARCHITECTURE.md for the design and its invariants.
 #![warn(missing_docs)]
 
+// The vocabulary: no backend types.
+mod callable;
 mod config;
-#[cfg(feature = "cube")]
-mod cube;
+mod counter_rng;
 mod error;
+// Used by the engine with `cube`, reachable by users with `testing`.
+#[cfg_attr(not(all(feature = "testing", feature = "cube")), allow(dead_code))]
+mod faults;
+mod params;
+mod shape_cache;
+mod stats;
+mod sync;
+mod tensors;
+
+// The engine, behind its front door (`cube/mod.rs`).
+mod cube;
+
+// The features.
+mod build;
 mod graphed;
 mod group;
 mod multi_adam;
 mod optim;
-mod params;
 mod rng;
-mod shape_cache;
-mod stats;
-mod tensors;
 #[cfg(feature = "train")]
 mod train;
 
-/// Locks `mutex`, also after a panic elsewhere poisoned it: every mutex of this crate guards
-/// counters and records that stay consistent between statements, so a poisoned one is usable.
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
-pub use config::{FaultInjection, GraphedConfig, MismatchPolicy, OutputPolicy};
+pub use callable::Callable;
+pub use config::{GraphedConfig, MismatchPolicy, OutputPolicy};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
-pub use group::{Callable, CallableGroup, make_graphed_callables};
+pub use group::{CallableGroup, make_graphed_callables};
 pub use multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
-pub use rng::{DeviceRng, GraphDropout, reference_mask, reference_normal, reference_uniform};
+pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
 pub use tensors::{FlatTensor, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;
+
+/// Hooks for tests and benchmarks (the `testing` feature): deliberate faults that prove the
+/// equivalence checks catch them, and the host reference of [`DeviceRng`]'s draws.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::counter_rng::{reference_mask, reference_normal, reference_uniform};
+    pub use crate::faults::{FaultGuard, FaultInjection, inject};
+}

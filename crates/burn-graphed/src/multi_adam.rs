@@ -6,14 +6,20 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use burn::backend::DispatchTensor;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::grad_clipping::GradientClipping;
 use burn::optim::{
-    AdamState, GradientsParams, LearningRate, ModuleOptimizer, Optimizer, OptimizerRecord,
+    AdamState, AdaptiveMomentumState, GradientsParams, LearningRate, ModuleOptimizer, Optimizer,
+    OptimizerRecord,
 };
 use burn::tensor::Tensor;
 
-use crate::optim::FusedAdam;
+use burn::optim::grad_clipping::GradientClippingConfig;
+
+use crate::cube;
+use crate::optim::{FusedAdam, FusedAdamConfig};
+use crate::sync::lock;
 
 /// Burn's Adam for a whole module, computed by one fusion operation for all parameters of a
 /// step: the host registers one operation instead of one per parameter ([`FusedAdam`] through
@@ -88,6 +94,18 @@ impl std::fmt::Debug for MultiTensorAdam {
     }
 }
 
+impl FusedAdamConfig {
+    /// The multi-tensor module optimizer: the same update as [`init`](Self::init)'s, with one
+    /// fused operation for all parameters of a step.
+    pub fn init_multi_tensor(&self) -> MultiTensorAdam {
+        let clipping = self
+            .grad_clipping
+            .as_ref()
+            .map(GradientClippingConfig::init);
+        MultiTensorAdam::new(self.build(), clipping)
+    }
+}
+
 impl MultiTensorAdam {
     pub(crate) fn new(adam: FusedAdam, grad_clipping: Option<GradientClipping>) -> Self {
         Self {
@@ -117,33 +135,20 @@ impl MultiTensorAdam {
             grads: &mut grads,
             lr,
             pending: HashMap::new(),
-            #[cfg(feature = "cube")]
-            batch: crate::cube::adam_multi_op::Batch::default(),
+            batch: cube::AdamBatch::default(),
         };
         let module = module.map(&mut gather);
-        let Gather {
-            pending,
-            #[cfg(feature = "cube")]
-            batch,
-            ..
-        } = gather;
+        let Gather { pending, batch, .. } = gather;
         self.last_batched = pending.len();
         if pending.is_empty() {
             return module;
         }
-        #[cfg(feature = "cube")]
-        {
-            let updated = batch.finish();
-            module.map(&mut Scatter {
-                states: &mut self.states,
-                pending,
-                updated: updated.into_iter().map(Some).collect(),
-            })
-        }
-        // Without the cubecl backend nothing is gathered (every parameter took the
-        // per-parameter step above).
-        #[cfg(not(feature = "cube"))]
-        module
+        let updated = batch.finish();
+        module.map(&mut Scatter {
+            states: &mut self.states,
+            pending,
+            updated: updated.into_iter().map(Some).collect(),
+        })
     }
 }
 
@@ -172,7 +177,7 @@ impl MultiTensorAdam {
         let mut reader = ModuleOptimizer::from(relay.clone()).load_record(record);
         let _ = reader.step(0.0, module.clone(), ids.zero_grads);
         let RelayQueue::Take(states) =
-            std::mem::replace(&mut *crate::lock(&relay.0), RelayQueue::Take(Vec::new()))
+            std::mem::replace(&mut *lock(&relay.0), RelayQueue::Take(Vec::new()))
         else {
             unreachable!("a reading relay only takes")
         };
@@ -243,7 +248,7 @@ impl Optimizer for Relay {
         _grad: Tensor<D>,
         state: Option<AdamState<D>>,
     ) -> (Tensor<D>, Option<AdamState<D>>) {
-        match &mut *crate::lock(&self.0) {
+        match &mut *lock(&self.0) {
             RelayQueue::Give(queue) => {
                 let given = queue.pop_front().and_then(ErasedState::take::<D>);
                 (tensor, given)
@@ -312,7 +317,6 @@ impl Marks {
 }
 
 /// A parameter gathered into the batch: its marks and step number, and its index in the batch.
-#[cfg_attr(not(feature = "cube"), allow(dead_code))]
 struct Pending {
     marks: Marks,
     time: usize,
@@ -327,8 +331,7 @@ struct Gather<'a> {
     grads: &'a mut GradientsParams,
     lr: LearningRate,
     pending: HashMap<ParamId, Pending>,
-    #[cfg(feature = "cube")]
-    batch: crate::cube::adam_multi_op::Batch,
+    batch: cube::AdamBatch,
 }
 
 impl ModuleMapper for Gather<'_> {
@@ -350,11 +353,10 @@ impl ModuleMapper for Gather<'_> {
             .remove(&id)
             .and_then(ErasedState::take::<D>)
             .map(|state| <FusedAdam as Optimizer>::to_device(state, &device));
-        #[cfg(feature = "cube")]
         let (tensor, grad, state) =
             match self
                 .batch
-                .gather(&self.optim.adam, self.lr, tensor, grad, state)
+                .gather(&self.optim.adam.hyper, self.lr, tensor, grad, state)
             {
                 Ok((stand_in, time)) => {
                     let index = self.pending.len();
@@ -372,36 +374,30 @@ impl ModuleMapper for Gather<'_> {
 }
 
 /// Second pass: puts the batch's new parameters and moments in place of the stand-ins.
-#[cfg(feature = "cube")]
 struct Scatter<'a> {
     states: &'a mut HashMap<ParamId, ErasedState>,
     pending: HashMap<ParamId, Pending>,
-    updated: Vec<
-        Option<(
-            crate::cube::buffers::FusedTensor,
-            crate::cube::buffers::FusedTensor,
-            crate::cube::buffers::FusedTensor,
-        )>,
-    >,
+    /// Per gathered parameter: the new parameter and the two moments.
+    updated: Vec<Option<[DispatchTensor; 3]>>,
 }
 
-#[cfg(feature = "cube")]
 impl ModuleMapper for Scatter<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        use burn::backend::Cube;
-        use burn::optim::AdaptiveMomentumState;
-
         let pending = self.pending.remove(&param.id);
         let updated = pending.and_then(|p| Some((self.updated.get_mut(p.index)?.take()?, p)));
-        let Some(((new_param, moment_1, moment_2), pending)) = updated else {
+        let Some(([new_param, moment_1, moment_2], pending)) = updated else {
             return param;
         };
         let (id, stand_in, mapper) = param.consume();
         drop(stand_in);
-        let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
-        let momentum = AdaptiveMomentumState::new(pending.time, wrap(moment_1), wrap(moment_2));
+        let momentum = AdaptiveMomentumState::new(
+            pending.time,
+            Tensor::<D>::from_dispatch(moment_1),
+            Tensor::<D>::from_dispatch(moment_2),
+        );
         self.states
             .insert(id, ErasedState::new(AdamState::new(momentum)));
-        Param::from_mapped_value(id, pending.marks.restore(wrap(new_param), id), mapper)
+        let new_param = Tensor::<D>::from_dispatch(new_param);
+        Param::from_mapped_value(id, pending.marks.restore(new_param, id), mapper)
     }
 }

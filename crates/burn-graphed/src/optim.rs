@@ -7,7 +7,7 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{Adam, AdamConfig, AdamState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::tensor::{Device, Tensor};
 
-use crate::MultiTensorAdam;
+use crate::cube::{self, AdamHyper};
 
 /// Configuration of [`FusedAdam`]: the same fields and defaults as burn's
 /// [`AdamConfig`].
@@ -44,11 +44,13 @@ impl FusedAdamConfig {
             reference = reference.with_weight_decay(Some(decay.clone()));
         }
         FusedAdam {
-            beta_1: self.beta_1,
-            beta_2: self.beta_2,
-            epsilon: self.epsilon,
-            penalty: self.weight_decay.as_ref().map(|decay| decay.penalty),
-            fusable: !self.amsgrad,
+            hyper: AdamHyper {
+                beta_1: self.beta_1,
+                beta_2: self.beta_2,
+                epsilon: self.epsilon,
+                penalty: self.weight_decay.as_ref().map(|decay| decay.penalty),
+                fusable: !self.amsgrad,
+            },
             reference: reference.build(),
         }
     }
@@ -62,16 +64,6 @@ impl FusedAdamConfig {
             Some(clipping) => optim.with_grad_clipping(clipping.init()),
             None => optim,
         }
-    }
-
-    /// The multi-tensor module optimizer: the same update as [`init`](Self::init)'s, with one
-    /// fused operation for all parameters of a step.
-    pub fn init_multi_tensor(&self) -> MultiTensorAdam {
-        let clipping = self
-            .grad_clipping
-            .as_ref()
-            .map(GradientClippingConfig::init);
-        MultiTensorAdam::new(self.build(), clipping)
     }
 }
 
@@ -143,22 +135,14 @@ impl FusedAdamConfig {
 /// ```
 #[derive(Clone)]
 pub struct FusedAdam {
-    pub(crate) beta_1: f32,
-    pub(crate) beta_2: f32,
-    pub(crate) epsilon: f32,
-    pub(crate) penalty: Option<f32>,
-    pub(crate) fusable: bool,
+    pub(crate) hyper: AdamHyper,
     reference: Adam,
 }
 
 impl std::fmt::Debug for FusedAdam {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FusedAdam")
-            .field("beta_1", &self.beta_1)
-            .field("beta_2", &self.beta_2)
-            .field("epsilon", &self.epsilon)
-            .field("penalty", &self.penalty)
-            .field("fusable", &self.fusable)
+            .field("hyper", &self.hyper)
             .finish_non_exhaustive()
     }
 }
@@ -173,9 +157,7 @@ impl Optimizer for FusedAdam {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        #[cfg(feature = "cube")]
-        let (tensor, grad, state) = match crate::cube::adam_op::step(self, lr, tensor, grad, state)
-        {
+        let (tensor, grad, state) = match cube::adam_step(&self.hyper, lr, tensor, grad, state) {
             Ok(updated) => return updated,
             Err(unfused) => *unfused,
         };

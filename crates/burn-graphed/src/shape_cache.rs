@@ -12,8 +12,6 @@
 //!   not captured again (the last 16 such signatures are remembered).
 //!
 //! The cache is generic over what it holds so that the policy is testable without a GPU.
-// Without a cubecl backend nothing is captured, so only the counters type is used.
-#![cfg_attr(not(feature = "cube"), allow(dead_code))]
 
 use crate::tensors::TensorSpec;
 

@@ -126,7 +126,6 @@ pub struct GraphStats {
 
 impl GraphStats {
     /// Adds the replay and copy counters of `other` (another graph of the same callable).
-    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
     pub(crate) fn add_replays(&mut self, other: &GraphStats) {
         self.forward_replays += other.forward_replays;
         self.backward_replays += other.backward_replays;

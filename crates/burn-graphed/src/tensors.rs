@@ -66,26 +66,6 @@ impl FlatTensor {
     }
 }
 
-#[cfg(feature = "cube")]
-impl FlatTensor {
-    /// A replayed output: the dispatch tensor of the autodiff node, with the static buffer's
-    /// metadata.
-    pub(crate) fn from_parts(
-        tensor: DispatchTensor,
-        buffer: &crate::cube::buffers::FusedTensor,
-    ) -> Self {
-        use burn::backend::TensorMetadata;
-        let device = Tensor::<1>::from_dispatch(tensor.clone()).device();
-        Self {
-            shape: buffer.shape().to_vec(),
-            dtype: buffer.dtype(),
-            require_grad: false,
-            device,
-            tensor,
-        }
-    }
-}
-
 /// A group of float tensors that a graphed callable takes or returns: `Tensor<D>`, tuples of
 /// up to four groups, or `Vec<Tensor<D>>` (whose length is fixed at capture).
 pub trait TensorGroup: Sized {

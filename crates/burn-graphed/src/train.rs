@@ -10,7 +10,8 @@
 use burn::module::Module;
 use burn::train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
 
-use crate::{Graphed, TensorGroup};
+use crate::graphed::Graphed;
+use crate::tensors::TensorGroup;
 
 /// A training step of a model wrapped in [`Graphed`], for burn-train's `Learner`.
 ///
@@ -28,9 +29,10 @@ use crate::{Graphed, TensorGroup};
 ///   a loop of one's own. A loop of one's own with [`MultiTensorAdam`](crate::MultiTensorAdam)
 ///   avoids them.
 /// - Its metrics read each step's outputs later, on another thread. Hand out copies
-///   ([`OutputPolicy::Copy`](crate::OutputPolicy::Copy), the default): under `Static` the
-///   metrics would read the next replay's values, and under `Guarded` a step whose previous
-///   outputs the metrics still hold runs eagerly.
+///   (`GraphedConfig::new().with_outputs(OutputPolicy::Copy)`, see
+///   [`OutputPolicy::Copy`](crate::OutputPolicy::Copy)): under `Static` the metrics would read
+///   the next replay's values, and under `Guarded` (the default) a step whose previous outputs
+///   the metrics still hold runs eagerly.
 /// - On CUDA a capture needs the device to itself, and the metrics thread reads while the
 ///   training thread works. Graphs for a batch shape first met during training (an epoch's
 ///   smaller last batch) are captured then: if the metrics thread reads during that capture,

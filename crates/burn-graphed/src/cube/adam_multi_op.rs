@@ -21,17 +21,15 @@ use burn_fusion::{FusionBackend, FusionRuntime};
 use cubecl::ir::FloatKind;
 use cubecl::prelude::*;
 
-use std::sync::Arc;
-
-use burn::backend::Cube;
+use burn::backend::{Cube, DispatchTensor};
 use burn::optim::{AdamState, LearningRate};
 use burn::tensor::Tensor;
 
-use super::adam_op::{Factors, Prepared, Unfused, adam_element, factors, kernel_elem, prepare};
+use super::adam_op::{AdamOperands, Factors, adam_element, factors, kernel_elem, prepare};
 use super::buffers::FusedTensor;
 use super::dense::{Dense, Target};
-use super::session::{self, Session};
-use crate::optim::FusedAdam;
+use super::param_claim::{self, ParamSlot};
+use super::values::{AdamHyper, Unfused};
 
 /// Threads per cube of the update kernel.
 const CUBE_THREADS: u32 = 256;
@@ -328,7 +326,7 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
 pub(crate) struct Batch {
     updates: Vec<Update>,
     /// Per update: the static buffer it writes in place, if any.
-    buffers: Vec<Option<(Arc<Session>, usize)>>,
+    buffers: Vec<Option<ParamSlot>>,
     /// The factors of each step number in the batch: `(time, factors)`.
     factors: Vec<(usize, Factors)>,
     decay: bool,
@@ -341,13 +339,13 @@ impl Batch {
     /// cannot be fused.
     pub fn gather<const D: usize>(
         &mut self,
-        adam: &FusedAdam,
+        adam: &AdamHyper,
         lr: LearningRate,
         tensor: Tensor<D>,
         grad: Tensor<D>,
         state: Option<AdamState<D>>,
     ) -> Result<(Tensor<D>, usize), Box<Unfused<D>>> {
-        let Prepared {
+        let AdamOperands {
             param,
             grad,
             moments,
@@ -363,48 +361,31 @@ impl Batch {
         self.decay = adam.penalty.is_some_and(|penalty| penalty != 0.0);
         // A buffer already written by this batch (two parameters over the same tensor) is
         // not written twice: the second update goes to a new buffer.
-        let holder = session::param_buffer_holding(param.id).filter(|(session, index)| {
-            !self
-                .buffers
-                .iter()
-                .flatten()
-                .any(|(other, other_index)| Arc::ptr_eq(session, other) && index == other_index)
-        });
-        let (param, buffer) = match holder {
-            Some((session, index)) => {
-                // As in `adam_op::step`: the parameter tensor is dropped first, so that it no
-                // longer counts as a holder of a tensor over the buffer.
-                drop(param);
-                let fused = session.params[index].fused.clone();
-                let in_place = session.params[index].release_alias();
-                (fused, in_place.then_some((session, index)))
-            }
-            None => (param, None),
-        };
+        let claim = param_claim::claim(param, &self.buffers);
         // The stand-in holds neither the old parameter (outside graphs its buffer may then be
         // updated in place, as fusion decides) nor a tensor over a graph buffer that user code
         // could read: the graph's own buffer tensor where the update goes in place (dropping
         // it releases nothing), the gradient otherwise (same shape; fusion frees it when the
         // stand-in is dropped).
-        let stand_in = match &buffer {
-            Some(_) => Tensor::<D>::from_primitive::<Cube>(param.clone()),
+        let stand_in = match &claim.in_place {
+            Some(_) => Tensor::<D>::from_primitive::<Cube>(claim.values.clone()),
             None => Tensor::<D>::from_primitive::<Cube>(grad.clone()),
         };
         self.updates.push(Update {
-            param,
+            param: claim.values,
             grad,
             moments,
-            in_place: buffer.is_some(),
+            in_place: claim.in_place.is_some(),
             factors,
         });
-        self.buffers.push(buffer);
+        self.buffers.push(claim.in_place);
         Ok((stand_in, time))
     }
 
     /// Queues the batch as one fusion operation; returns per gathered parameter, in order, the
-    /// new parameter and moments. The static buffers written in place record their new
-    /// parameter tensors as handed out.
-    pub fn finish(self) -> Vec<(FusedTensor, FusedTensor, FusedTensor)> {
+    /// new parameter and moments, as dispatch tensors. The static buffers written in place
+    /// record their new parameter tensors as handed out.
+    pub fn finish(self) -> Vec<[DispatchTensor; 3]> {
         if self.updates.is_empty() {
             return Vec::new();
         }
@@ -415,20 +396,25 @@ impl Batch {
             .collect();
         let updated = register(self.updates, factors, self.decay);
         for ((new_param, _, _), buffer) in updated.iter().zip(&self.buffers) {
-            if let Some((session, index)) = buffer {
-                session.params[*index].hand_over(new_param);
+            if let Some(slot) = buffer {
+                slot.hand_over(new_param);
             }
         }
+        let dispatch = |primitive| Tensor::<1>::from_primitive::<Cube>(primitive).into_dispatch();
         updated
+            .into_iter()
+            .map(|(param, moment_1, moment_2)| {
+                [dispatch(param), dispatch(moment_1), dispatch(moment_2)]
+            })
+            .collect()
     }
 }
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    use super::super::buffers::key_of;
+    use super::super::copy_op::key_of;
     use super::super::dense::test_support::*;
     use super::*;
-    use crate::FusedAdamConfig;
 
     /// The update of `param` (in place or not) in one batch with a dense parameter, step 2.
     fn update(param: &CubeTensor, in_place: bool) -> Vec<(CubeTensor, CubeTensor, CubeTensor)> {
@@ -441,7 +427,13 @@ mod tests {
             in_place,
             factors: 0,
         };
-        let adam = FusedAdamConfig::new().build();
+        let adam = AdamHyper {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-5,
+            penalty: None,
+            fusable: true,
+        };
         update_all(
             vec![
                 resolved(param.clone(), in_place),

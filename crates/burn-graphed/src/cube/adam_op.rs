@@ -2,7 +2,7 @@
 //! two moments, updates the moments in their own buffers (the optimizer state moved in, so
 //! nothing else holds them; copies where something does) and writes the new parameter either
 //! to a new buffer or into the parameter's own buffer (a graph's static parameter buffer, see
-//! `crate::optim`). Burn's `Adam` computes the same with about fifteen tensor operations per
+//! `param_claim`). Burn's `Adam` computes the same with about fifteen tensor operations per
 //! parameter, each registered with fusion on the host; this is one registration and one launch.
 //!
 //! The arithmetic is burn-optim 0.22's, operation for operation (`decay.rs`, `adam.rs`):
@@ -27,7 +27,8 @@ use cubecl::prelude::*;
 
 use super::buffers::FusedTensor;
 use super::dense::{Dense, Target};
-use crate::optim::FusedAdam;
+use super::param_claim;
+use super::values::{AdamHyper, Unfused};
 
 /// Threads per cube of the update kernel.
 const CUBE_THREADS: u32 = 256;
@@ -310,7 +311,7 @@ pub(crate) fn fused_adam(
 
 /// The factors of step `time` (counted from 1), as burn-optim's `AdaptiveMomentum` computes
 /// them.
-pub(crate) fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factors {
+pub(crate) fn factors(adam: &AdamHyper, lr: LearningRate, time: usize) -> Factors {
     let time = time as i32;
     let bias_correction2_sqrt = (1.0 - adam.beta_2.powi(time)).sqrt();
     Factors {
@@ -325,12 +326,9 @@ pub(crate) fn factors(adam: &FusedAdam, lr: LearningRate, time: usize) -> Factor
     }
 }
 
-/// What [`step`] hands back when it cannot fuse: the arguments, untouched.
-pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);
-
 /// A parameter's step, ready for a fused kernel: its tensors as fusion tensors of burn's cubecl
 /// backend, and the step number.
-pub(crate) struct Prepared {
+pub(crate) struct AdamOperands {
     /// The parameter.
     pub param: FusedTensor,
     /// Its gradient.
@@ -346,11 +344,11 @@ pub(crate) struct Prepared {
 /// `f32`, `f16` and `bf16`), gradient or moments in another dtype than the parameter, AMSGrad,
 /// or shapes that differ.
 pub(crate) fn prepare<const D: usize>(
-    adam: &FusedAdam,
+    adam: &AdamHyper,
     tensor: Tensor<D>,
     grad: Tensor<D>,
     state: Option<AdamState<D>>,
-) -> Result<Prepared, Box<Unfused<D>>> {
+) -> Result<AdamOperands, Box<Unfused<D>>> {
     use burn::backend::Cube;
 
     let (shape, dtype) = (tensor.shape(), tensor.dtype());
@@ -364,7 +362,7 @@ pub(crate) fn prepare<const D: usize>(
     });
     let fusable = adam.fusable
         && moments_fit
-        && super::capture::supports_capture(&tensor.device())
+        && super::lifecycle::supports_capture(&tensor.device())
         && kernel_elem(dtype).is_some()
         && grad.dtype() == dtype
         && grad.shape() == shape
@@ -394,7 +392,7 @@ pub(crate) fn prepare<const D: usize>(
         return Err(Box::new((tensor, grad, state)));
     };
     drop((tensor, grad, state));
-    Ok(Prepared {
+    Ok(AdamOperands {
         param,
         grad: grad_primitive,
         moments: (moment_1, moment_2),
@@ -403,9 +401,10 @@ pub(crate) fn prepare<const D: usize>(
 }
 
 /// One fused Adam step of one parameter, or the arguments back (`Err`) where the step cannot be
-/// fused (see [`prepare`]).
+/// fused (see [`prepare`]). The update goes into the graph buffer that holds the parameter's
+/// values where [`param_claim::claim`] allows.
 pub(crate) fn step<const D: usize>(
-    adam: &FusedAdam,
+    adam: &AdamHyper,
     lr: LearningRate,
     tensor: Tensor<D>,
     grad: Tensor<D>,
@@ -413,30 +412,20 @@ pub(crate) fn step<const D: usize>(
 ) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
     use burn::backend::Cube;
 
-    let Prepared {
+    let AdamOperands {
         param,
         grad,
         moments,
         time,
     } = prepare(adam, tensor, grad, state)?;
     let factors = factors(adam, lr, time);
+    let claim = param_claim::claim(param, &[]);
+    let in_place = claim.in_place.is_some();
     let (new_param, new_moment_1, new_moment_2) =
-        match super::session::param_buffer_holding(param.id) {
-            Some((session, index)) => {
-                let buffer = &session.params[index];
-                // The buffer holds the parameter's values; the parameter tensor itself is
-                // dropped first, so that it no longer counts as a holder of a tensor over
-                // the buffer.
-                drop(param);
-                let in_place = buffer.release_alias();
-                let updated = fused_adam(&buffer.fused, grad, moments, &factors, in_place);
-                if in_place {
-                    buffer.hand_over(&updated.0);
-                }
-                updated
-            }
-            None => fused_adam(&param, grad, moments, &factors, false),
-        };
+        fused_adam(&claim.values, grad, moments, &factors, in_place);
+    if let Some(slot) = &claim.in_place {
+        slot.hand_over(&new_param);
+    }
     let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
     let momentum = AdaptiveMomentumState::new(time, wrap(new_moment_1), wrap(new_moment_2));
     Ok((wrap(new_param), Some(AdamState::new(momentum))))
@@ -444,7 +433,7 @@ pub(crate) fn step<const D: usize>(
 
 #[cfg(all(test, feature = "wgpu"))]
 mod tests {
-    use super::super::buffers::key_of;
+    use super::super::copy_op::key_of;
     use super::super::dense::test_support::*;
     use super::*;
 

@@ -6,23 +6,33 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::ir::TensorId;
-use burn::backend::{BackendTypes, Cube};
+use burn::backend::{BackendTypes, Cube, DispatchTensor};
+use burn::tensor::Tensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::copy_op::StaticCopyOps;
+use super::copy_op::{BufferKey, StaticCopyOps, key_of};
+use crate::error::{CapturePhase, GraphedError};
 
 /// A tensor of burn's cubecl backend as user code holds it (a fusion handle).
 pub(crate) type FusedTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 
-/// Identity of a device buffer: allocation id and byte range. Two tensors with the same key
-/// are the same memory (PyTorch's `data_ptr` comparison).
-pub(crate) type BufferKey = (usize, u64, u64);
+/// The fusion handle of a tensor of burn's cubecl backend, without its autodiff node.
+pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
+    let inner = Tensor::<1>::from_dispatch(tensor.clone()).inner();
+    inner.try_into_primitive::<Cube>().ok()
+}
 
-/// The identity of the buffer behind a cube tensor.
-pub(crate) fn key_of(tensor: &CubeTensor) -> BufferKey {
-    let (id, start, end) = tensor.handle.clone().binding().claim_key();
-    (id.value, start, end)
+/// [`fused`], or the capture error of `phase` saying that a static tensor is not on burn's
+/// cubecl backend.
+pub(crate) fn static_fused(
+    tensor: &DispatchTensor,
+    phase: CapturePhase,
+) -> Result<FusedTensor, GraphedError> {
+    fused(tensor).ok_or_else(|| GraphedError::Capture {
+        phase,
+        reason: "a static tensor is not on burn's cubecl backend".into(),
+    })
 }
 
 /// The buffers that the last work writing them outside the graphs left unwritten, with the
@@ -40,7 +50,7 @@ static UNWRITTEN: Mutex<Option<HashMap<BufferKey, String>>> = Mutex::new(None);
 /// Records cubecl's answer for the buffer `key`: `Err` with the backend's reason when the
 /// buffer holds no values.
 pub(crate) fn note_checked(key: BufferKey, outcome: Result<(), String>) {
-    let mut unwritten = crate::lock(&UNWRITTEN);
+    let mut unwritten = crate::sync::lock(&UNWRITTEN);
     match outcome {
         Ok(()) => {
             if let Some(map) = unwritten.as_mut() {
@@ -58,7 +68,7 @@ pub(crate) fn note_checked(key: BufferKey, outcome: Result<(), String>) {
 /// Whether some buffer is recorded as unwritten: one lock, so that a replay with nothing
 /// recorded asks no buffer.
 pub(crate) fn any_unwritten() -> bool {
-    crate::lock(&UNWRITTEN)
+    crate::sync::lock(&UNWRITTEN)
         .as_ref()
         .is_some_and(|map| !map.is_empty())
 }
@@ -98,7 +108,7 @@ pub(crate) struct StaticBuffer {
 impl Drop for StaticBuffer {
     /// Forgets what [`UNWRITTEN`] holds for this buffer: its memory goes back to the pool.
     fn drop(&mut self) {
-        if let Some(map) = crate::lock(&UNWRITTEN).as_mut() {
+        if let Some(map) = crate::sync::lock(&UNWRITTEN).as_mut() {
             map.remove(&self.key);
         }
     }
@@ -127,7 +137,7 @@ impl StaticBuffer {
     }
 
     fn contents(&self) -> std::sync::MutexGuard<'_, Option<TensorId>> {
-        crate::lock(&self.contents)
+        crate::sync::lock(&self.contents)
     }
 
     /// Bytes of the tensor's elements (the pool may pad the allocation; that is not counted,
@@ -171,7 +181,7 @@ impl StaticBuffer {
     /// succeeds: passing the same unwritten tensor again copies nothing (the buffer is noted
     /// to hold it) and is refused again.
     pub fn unwritten_reason(&self) -> Option<String> {
-        crate::lock(&UNWRITTEN)
+        crate::sync::lock(&UNWRITTEN)
             .as_ref()
             .and_then(|map| map.get(&self.key).cloned())
     }
@@ -186,7 +196,7 @@ impl StaticBuffer {
     /// it.
     pub fn release_alias(&self) -> bool {
         use burn::backend::TensorMetadata;
-        let mut handed_out = crate::lock(&self.handed_out);
+        let mut handed_out = crate::sync::lock(&self.handed_out);
         match &*handed_out {
             None => true,
             // Fusion's own test for an in-place write: nobody else holds the tensor.
@@ -203,7 +213,7 @@ impl StaticBuffer {
     /// holds it ([`release_alias`](Self::release_alias)).
     pub fn hand_over(&self, tensor: &FusedTensor) {
         *self.contents() = Some(tensor.id);
-        *crate::lock(&self.handed_out) = Some(tensor.clone());
+        *crate::sync::lock(&self.handed_out) = Some(tensor.clone());
         self.updated_in_place.store(true, Ordering::Relaxed);
     }
 

@@ -6,9 +6,8 @@
 //! alignment, so the rows of a `[37, 11]` `bf16` tensor start 16 elements apart, those of a
 //! `[32, 10]` `f32` weight 16 apart and those of a `[16, 3, 3, 3]` convolution kernel 4 apart.
 //! wgpu allocates rows densely. A kernel that binds a buffer as a slice of `shape.product()`
-//! elements reads and writes a pitched buffer's padding in place of its last rows' elements
-//! (measured on an H100: a `[37, 11]` parameter updated through such a slice came back with
-//! infinities from element 11 on). So those kernels bind [`Dense`] tensors only, and a
+//! elements reads and writes a pitched buffer's padding in place of its last rows' elements.
+//! So those kernels bind [`Dense`] tensors only, and a
 //! [`Dense`] is made only from a tensor that is dense or by a copy into a dense allocation.
 
 use burn_cubecl::tensor::CubeTensor;

@@ -1,13 +1,60 @@
-//! The capture and replay machinery on burn's cubecl backend (CUDA graphs, or wgpu's software
-//! graphs). Everything that touches device buffers or graphs is in here.
+//! The engine: capture and replay on burn's cubecl backend (CUDA graphs, or wgpu's software
+//! graphs), the device buffers graphs read and write, and the kernels that write them outside
+//! the graphs (copies, fused Adam, random draws). The only code of the crate that names cubecl,
+//! fusion or the cubecl backend.
+//!
+//! This file is the front door: code above the engine uses the names below and nothing else.
+//! Plain values go down, results come back as return values. Without the `cube` feature a
+//! stand-in with the same names answers "unsupported": nothing captures, every fused step is
+//! handed back, every generator keeps its counter on the host.
 
-pub(crate) mod adam_multi_op;
-pub(crate) mod adam_op;
-pub(crate) mod buffers;
-pub(crate) mod capture;
-pub(crate) mod copy_op;
-pub(crate) mod dense;
-pub(crate) mod node;
-pub(crate) mod random_op;
-pub(crate) mod session;
-pub(crate) mod write_check;
+mod values;
+
+pub(crate) use values::{AdamHyper, Replayed, Unfused};
+
+/// What a successful capture of a group hands up.
+pub(crate) type CapturedGroup = values::CapturedGroup<Graphs>;
+
+#[cfg(feature = "cube")]
+mod adam_multi_op;
+#[cfg(feature = "cube")]
+mod adam_op;
+#[cfg(feature = "cube")]
+mod buffers;
+#[cfg(feature = "cube")]
+mod capture;
+#[cfg(feature = "cube")]
+mod copy_op;
+#[cfg(feature = "cube")]
+mod dense;
+#[cfg(feature = "cube")]
+mod graphs;
+#[cfg(feature = "cube")]
+mod lifecycle;
+#[cfg(feature = "cube")]
+mod node;
+#[cfg(feature = "cube")]
+mod param_claim;
+#[cfg(feature = "cube")]
+mod random_op;
+#[cfg(feature = "cube")]
+mod random_state;
+#[cfg(feature = "cube")]
+mod session;
+#[cfg(feature = "cube")]
+mod validate;
+#[cfg(feature = "cube")]
+mod write_check;
+
+#[cfg(feature = "cube")]
+pub(crate) use self::{
+    adam_multi_op::Batch as AdamBatch, adam_op::step as adam_step, capture::capture_group,
+    lifecycle::supports_capture, graphs::Graphs, random_state::RandomState,
+};
+
+#[cfg(not(feature = "cube"))]
+mod stand_in;
+#[cfg(not(feature = "cube"))]
+pub(crate) use stand_in::{
+    AdamBatch, Graphs, RandomState, adam_step, capture_group, supports_capture,
+};

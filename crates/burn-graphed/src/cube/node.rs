@@ -72,16 +72,23 @@ impl<B: Backend> ExtensionType<B> for Parents<B> {
 #[derive(Debug, Clone)]
 pub(crate) struct SessionHandle(pub Arc<Session>);
 
+/// The outputs of the forward replay, as handed out (on the device without autodiff), passed
+/// through burn's dispatch as an ordinary argument.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplayedOutputs(pub Vec<FusedTensor>);
+
 /// The dispatch entry point of a graphed call.
 #[backend_extension(Cube, Autodiff)]
 pub(crate) trait GraphedOps: Backend {
-    /// Returns the outputs of the forward replay that `session` just ran, as tensors whose
-    /// gradient flows to `parents` (the call's inputs, then the module's parameters) through
-    /// the backward graph. `route` is one of the parents that is on an autodiff device: burn's
-    /// dispatch selects the backend from a plain tensor argument, not from a vector.
+    /// Returns `outputs`, the outputs of the forward replay that `session` just ran, as
+    /// tensors whose gradient flows to `parents` (the call's inputs, then the module's
+    /// parameters) through the backward graph. `route` is one of the parents that is on an
+    /// autodiff device: burn's dispatch selects the backend from a plain tensor argument, not
+    /// from a vector.
     fn graphed_outputs(
         route: FloatTensor<Self>,
         #[extension_type] parents: Parents<Self>,
+        outputs: ReplayedOutputs,
         session: SessionHandle,
     ) -> Vec<FloatTensor<Self>>;
 }
@@ -91,9 +98,10 @@ impl GraphedOps for Cube {
     fn graphed_outputs(
         _route: FusedTensor,
         _parents: Parents<Self>,
-        session: SessionHandle,
+        outputs: ReplayedOutputs,
+        _session: SessionHandle,
     ) -> Vec<FusedTensor> {
-        session.0.take_outputs()
+        outputs.0
     }
 }
 
@@ -101,9 +109,10 @@ impl<C: CheckpointStrategy> GraphedOps for Autodiff<Cube, C> {
     fn graphed_outputs(
         _route: AutodiffTensor,
         parents: Parents<Self>,
+        outputs: ReplayedOutputs,
         session: SessionHandle,
     ) -> Vec<AutodiffTensor> {
-        let outputs = session.0.take_outputs();
+        let outputs = outputs.0;
         let mut guards = Vec::with_capacity(parents.tensors.len());
         let mut first = None;
         for parent in parents.tensors {
@@ -240,15 +249,18 @@ fn bucketed_node<C: CheckpointStrategy>(
 /// The most parents (inputs plus parameters) one graphed call can have.
 pub(crate) const MAX_PARENTS: usize = 4096;
 
-/// Runs the dispatch entry point.
+/// Links the replayed `outputs` into autodiff through the dispatch entry point: returns them
+/// as tensors of `route`'s device whose gradients flow to `parents`.
 pub(crate) fn link(
     route: burn::backend::DispatchTensor,
     parents: Vec<burn::backend::DispatchTensor>,
+    outputs: Vec<FusedTensor>,
     session: &Arc<Session>,
 ) -> Vec<burn::backend::DispatchTensor> {
     <burn::backend::Dispatch as GraphedOps>::graphed_outputs(
         route,
         Parents { tensors: parents },
+        ReplayedOutputs(outputs),
         SessionHandle(session.clone()),
     )
 }

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 use std::f32::consts::PI;
 
 use super::dense::Dense;
-use crate::rng::Draw;
+use crate::counter_rng::Draw;
 
 impl Draw {
     /// The kind as fusion's first scalar of the operation.

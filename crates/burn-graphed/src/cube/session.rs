@@ -6,9 +6,11 @@ use burn::backend::{Cube, DispatchGraph};
 
 use super::buffers::{FusedTensor, StaticBuffer};
 use super::write_check;
-use crate::config::{FaultInjection, OutputPolicy};
+use crate::config::OutputPolicy;
 use crate::error::GraphedError;
+use crate::faults::FaultInjection;
 use crate::stats::GraphStats;
+use crate::sync::lock;
 
 /// The graphs of one captured callable and their static buffers.
 ///
@@ -44,36 +46,6 @@ pub(crate) struct Session {
     pub state: Mutex<SessionState>,
 }
 
-/// Every live session, for [`param_buffer_holding`]: the fused optimizer looks up the static
-/// parameter buffer that holds a parameter's values, to update it in place.
-static LIVE: Mutex<Vec<Weak<Session>>> = Mutex::new(Vec::new());
-
-/// Makes `session`'s parameter buffers findable by [`param_buffer_holding`].
-pub(crate) fn register(session: &Arc<Session>) {
-    let mut live = crate::lock(&LIVE);
-    live.retain(|weak| weak.strong_count() > 0);
-    live.push(Arc::downgrade(session));
-}
-
-/// The session and parameter slot whose static buffer holds the values of the tensor `id`,
-/// where the buffer may be updated in place now: captured on this thread (its graphs replay on
-/// this thread's stream) and with no backward pending (a pending backward graph still reads the
-/// parameter's current values).
-pub(crate) fn param_buffer_holding(
-    id: burn::backend::ir::TensorId,
-) -> Option<(Arc<Session>, usize)> {
-    // Called once per parameter per optimizer step: searched under the lock, no allocation.
-    // Nothing locks `LIVE` while holding a session's or a buffer's lock.
-    crate::lock(&LIVE)
-        .iter()
-        .filter_map(Weak::upgrade)
-        .find_map(|session| {
-            let index = session.params.iter().position(|b| b.holds(id))?;
-            (session.thread == std::thread::current().id() && !session.backward_pending())
-                .then_some((session, index))
-        })
-}
-
 /// What the callables of one group know of each other: which ones share buffers, and which
 /// ones wait for their backward.
 #[derive(Debug)]
@@ -94,7 +66,7 @@ impl GroupLinks {
     }
 
     fn pending(&self) -> MutexGuard<'_, Vec<Weak<PendingBackward>>> {
-        crate::lock(&self.pending)
+        lock(&self.pending)
     }
 
     fn is_pending(&self, member: usize) -> bool {
@@ -108,8 +80,6 @@ impl GroupLinks {
 #[derive(Debug, Default)]
 pub(crate) struct SessionState {
     pub stats: GraphStats,
-    /// Outputs of the last forward replay, taken by the autodiff node.
-    pub fresh_outputs: Vec<FusedTensor>,
     /// Which outputs received a gradient for the pending backward.
     pub received: Vec<bool>,
     /// Queued gradient copies, held until the backward replay drained the stream.
@@ -123,7 +93,7 @@ pub(crate) struct PendingBackward;
 
 impl Session {
     pub fn lock(&self) -> MutexGuard<'_, SessionState> {
-        crate::lock(&self.state)
+        lock(&self.state)
     }
 
     /// Whether a previous forward still waits for its backward.
@@ -207,12 +177,13 @@ impl Session {
     }
 
     /// Copies the call's inputs and parameters into the static buffers where they are not
-    /// there already, replays the forward graph and keeps its outputs for the autodiff node.
+    /// there already, replays the forward graph and returns its outputs as handed out under
+    /// the output policy.
     pub fn replay_forward(
         &self,
         inputs: &[FusedTensor],
         params: &[FusedTensor],
-    ) -> Result<(), GraphedError> {
+    ) -> Result<Vec<FusedTensor>, GraphedError> {
         // Queued copies; held until the replay below drained the stream.
         let mut queued = Vec::new();
         // The buffers written outside the graph since the last replay: asked about below.
@@ -261,9 +232,8 @@ impl Session {
         state.stats.forward_replays += 1;
         state.stats.input_copies += input_copies;
         state.stats.param_copies += param_copies;
-        state.fresh_outputs = outputs;
         state.received = vec![false; self.outputs.len()];
-        Ok(())
+        Ok(outputs)
     }
 
     /// Before a forward replay, once cubecl answered for the buffers just written: the error
@@ -294,11 +264,6 @@ impl Session {
             *slot = Arc::downgrade(&token);
         }
         token
-    }
-
-    /// Takes the outputs of the last forward replay.
-    pub fn take_outputs(&self) -> Vec<FusedTensor> {
-        std::mem::take(&mut self.lock().fresh_outputs)
     }
 
     /// Stores the gradient of output `index` for the coming backward replay.

@@ -12,16 +12,9 @@
 //! order), after fusion drained the caller's stream: the work asked about is queued before the
 //! task, and the question costs no round trip of its own, since the replay makes one anyway.
 //!
-//! Rejected, with measurements (BENCHMARKS.md, "With the check of written buffers"):
-//! - asking from a fusion operation queued before the replay (the previous design): a blocking
-//!   round trip from fusion's server thread that waited for the device thread's whole queue,
-//!   about 45 us per replay inside a training step (95 us, 12%, per step of the MLP on the
-//!   H200) against 7 us on an idle device;
-//! - asking once per copy and per optimizer update (the first design): 18 round trips per step
-//!   of the 16-parameter MLP with `FusedAdam`;
-//! - asking after the replay: cubecl settles the graph's write set on replay, and counts a
-//!   binding without read/write attributes as written, so an input's mark could be cleared
-//!   before it is asked.
+//! Not after the replay: cubecl settles the graph's write set on replay, and counts a binding
+//! without read/write attributes as written, so an input's mark could be cleared before it is
+//! asked. The designs rejected for cost, with their measurements: docs/decisions.md.
 
 use burn::backend::Backend;
 use burn_cubecl::CubeBackend;

@@ -1,0 +1,111 @@
+//! [`Graphs`]: the handle the features floor holds to one captured callable, and a call's way
+//! through it: admit (or say why the call runs eagerly), copy in, replay, link into autodiff.
+
+use std::sync::Arc;
+
+use burn::backend::TensorMetadata;
+use burn::tensor::Tensor;
+
+use super::values::Replayed;
+use super::buffers::fused;
+use super::node;
+use super::session::Session;
+use crate::error::GraphedError;
+use crate::stats::{FallbackReason, GraphStats};
+use crate::tensors::FlatTensor;
+
+/// The forward and backward graphs of one captured callable, with their static buffers.
+/// Clones share them.
+#[derive(Clone, Debug)]
+pub(crate) struct Graphs(Arc<Session>);
+
+impl Graphs {
+    pub(super) fn new(session: Arc<Session>) -> Self {
+        Self(session)
+    }
+
+    /// Whether a forward replay still waits for its backward.
+    pub(crate) fn backward_pending(&self) -> bool {
+        self.0.backward_pending()
+    }
+
+    /// Replays, copies and gradient copies of these graphs so far.
+    pub(crate) fn stats(&self) -> GraphStats {
+        self.0.lock().stats.clone()
+    }
+
+    /// A call with `inputs` (flattened, matching the capture's signature) on a module whose
+    /// float parameters are `params` (visiting order): replays the forward graph and returns
+    /// its outputs linked into autodiff (their backward replays the backward graph), or gives
+    /// the inputs back with the reason the call must run eagerly. Nothing runs in that case.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InputNotWritten`], [`GraphedError::ParameterNotWritten`] and
+    /// [`GraphedError::Replay`] from the forward replay.
+    pub(crate) fn replay(
+        &self,
+        inputs: Vec<FlatTensor>,
+        params: Vec<FlatTensor>,
+    ) -> Result<Replayed, GraphedError> {
+        let session = &self.0;
+        let eager = |reason, inputs| Ok(Replayed::Eager(reason, inputs));
+        if session.backward_pending() {
+            return eager(FallbackReason::BackwardPending, inputs);
+        }
+        let Some(fused_inputs) = inputs
+            .iter()
+            .map(|t| fused(&t.tensor))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return eager(FallbackReason::Unsupported, inputs);
+        };
+        if session.shared_buffer_busy(&fused_inputs) {
+            return eager(FallbackReason::SharedBufferBusy, inputs);
+        }
+        let Some(fused_params) = params
+            .iter()
+            .map(|p| fused(&p.tensor))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return eager(FallbackReason::Unsupported, inputs);
+        };
+        if session.hand_outs_held() {
+            return eager(FallbackReason::OutputStillHeld, inputs);
+        }
+        if !session.params_writable(&fused_params) {
+            return eager(FallbackReason::ParamBufferAliased, inputs);
+        }
+        let Some(route) = inputs
+            .iter()
+            .chain(&params)
+            .map(|t| &t.tensor)
+            .find(|t| burn::backend::Dispatch::is_tracked(t))
+            .cloned()
+        else {
+            // Nothing requires grad: there is no backward to graph.
+            return eager(FallbackReason::ModeChanged, inputs);
+        };
+        let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
+        let metadata: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.shape().to_vec(), o.dtype()))
+            .collect();
+        let parents = inputs.into_iter().chain(params).map(|t| t.tensor).collect();
+        let linked = node::link(route, parents, outputs, session);
+        Ok(Replayed::Outputs(
+            linked
+                .into_iter()
+                .zip(metadata)
+                .map(|(tensor, (shape, dtype))| FlatTensor {
+                    device: Tensor::<1>::from_dispatch(tensor.clone()).device(),
+                    shape,
+                    dtype,
+                    // A replayed output is not a leaf; autodiff tracks it.
+                    require_grad: false,
+                    tensor,
+                })
+                .collect(),
+        ))
+    }
+}

@@ -1,0 +1,110 @@
+//! The engine's front door without the `cube` feature: no backend can capture, so nothing here
+//! is ever reached but the answers that say so.
+
+use std::sync::Arc;
+
+use burn::backend::DispatchTensor;
+use burn::optim::{AdamState, LearningRate};
+use burn::tensor::{Device, Tensor};
+
+use super::values::{AdamHyper, CapturedGroup, Replayed, Unfused};
+use crate::callable::Member;
+use crate::config::GraphedConfig;
+use crate::counter_rng::Draw;
+use crate::error::GraphedError;
+use crate::stats::{FallbackReason, GraphStats};
+use crate::tensors::FlatTensor;
+
+/// No backend captures graphs without the `cube` feature.
+pub(crate) fn supports_capture(_device: &Device) -> bool {
+    false
+}
+
+/// Refuses: see [`supports_capture`].
+pub(crate) fn capture_group(
+    members: &[Member<'_>],
+    _config: &GraphedConfig,
+) -> Result<CapturedGroup<Graphs>, GraphedError> {
+    let device = members
+        .first()
+        .and_then(|m| m.sample.as_ref())
+        .and_then(|s| s.first())
+        .map(|t| format!("{:?}", t.device))
+        .unwrap_or_default();
+    Err(GraphedError::Unsupported { device })
+}
+
+/// Graphs are never made here ([`capture_group`] refuses); were one asked, it would answer as
+/// a backend without graphs does.
+#[derive(Clone, Debug)]
+#[allow(dead_code)] // never constructed without the `cube` feature
+pub(crate) struct Graphs(());
+
+impl Graphs {
+    pub(crate) fn backward_pending(&self) -> bool {
+        false
+    }
+
+    pub(crate) fn stats(&self) -> GraphStats {
+        GraphStats::default()
+    }
+
+    pub(crate) fn replay(
+        &self,
+        inputs: Vec<FlatTensor>,
+        _params: Vec<FlatTensor>,
+    ) -> Result<Replayed, GraphedError> {
+        Ok(Replayed::Eager(FallbackReason::Unsupported, inputs))
+    }
+}
+
+/// Device generator states never exist here: generators count on the host.
+pub(crate) enum RandomState {}
+
+impl RandomState {
+    pub(crate) fn new(_seed: u64, _device: &Device) -> Option<Arc<Self>> {
+        None
+    }
+
+    pub(crate) fn draw<const D: usize>(
+        self: &Arc<Self>,
+        _like: Tensor<D>,
+        _draw: Draw,
+        _a: f32,
+        _b: f32,
+    ) -> Tensor<D> {
+        match **self {}
+    }
+}
+
+/// Never fuses: the step is handed back.
+pub(crate) fn adam_step<const D: usize>(
+    _adam: &AdamHyper,
+    _lr: LearningRate,
+    tensor: Tensor<D>,
+    grad: Tensor<D>,
+    state: Option<AdamState<D>>,
+) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
+    Err(Box::new((tensor, grad, state)))
+}
+
+/// Never gathers: every step is handed back.
+#[derive(Default)]
+pub(crate) struct AdamBatch;
+
+impl AdamBatch {
+    pub(crate) fn gather<const D: usize>(
+        &mut self,
+        _adam: &AdamHyper,
+        _lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<AdamState<D>>,
+    ) -> Result<(Tensor<D>, usize), Box<Unfused<D>>> {
+        Err(Box::new((tensor, grad, state)))
+    }
+
+    pub(crate) fn finish(self) -> Vec<[DispatchTensor; 3]> {
+        Vec::new()
+    }
+}

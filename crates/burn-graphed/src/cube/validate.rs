@@ -1,0 +1,114 @@
+//! Replay validation: right after a forward graph is recorded, it is replayed on new input
+//! values and compared with an eager run on the same values, so that a callable whose work a
+//! graph cannot repeat (a mask drawn on the host, a value read on the host) is refused.
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor};
+use burn::tensor::Tensor;
+
+use super::buffers::static_fused;
+use super::copy_op::StaticCopyOps;
+use super::lifecycle::{announce, capture_error, materialize};
+use super::random_state;
+use crate::error::{CapturePhase, GraphedError};
+use crate::tensors::FlatTensor;
+
+/// Replays `graph`, the forward graph of callable `index` whose static inputs are
+/// `static_inputs` and whose outputs are `outputs`, on new input values (the static inputs scaled by 1.5 and
+/// shifted by 0.25) and compares its outputs with `eager`, an eager run on the same values.
+///
+/// Same inputs and parameters, same kernels: the two agree up to rounding (fusion may order
+/// a reduction differently), so the tolerance is loose (1% of each value plus 0.1% of the
+/// output's largest magnitude). What a graph freezes differs by far more: a dropout mask
+/// drawn on the host, or a scalar read on the host from the sample's values.
+///
+/// # Errors
+///
+/// [`GraphedError::ReplayDiffers`] for the first output that differs, and
+/// [`GraphedError::Capture`] when the device fails.
+pub(super) fn validate_forward(
+    index: usize,
+    static_inputs: &[DispatchTensor],
+    outputs: &[FlatTensor],
+    graph: &DispatchGraph,
+    dispatch: &DispatchDevice,
+    eager: impl FnOnce() -> Result<Vec<FlatTensor>, GraphedError>,
+) -> Result<(), GraphedError> {
+    let phase = CapturePhase::Validation;
+    announce(phase);
+    let mut queued = Vec::with_capacity(static_inputs.len());
+    for input in static_inputs {
+        let shifted = Dispatch::float_add_scalar(
+            Dispatch::float_mul_scalar(input.clone(), 1.5f32.into()),
+            0.25f32.into(),
+        );
+        queued.push(<Cube as StaticCopyOps>::copy_into_buffer(
+            &static_fused(input, phase)?,
+            &static_fused(&shifted, phase)?,
+        ));
+    }
+    Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+    drop(queued);
+    // The replay and the eager run must draw the same numbers from device generators.
+    let generators = random_state::save();
+    materialize(dispatch, graph, phase)?;
+    let read = |tensor: &DispatchTensor| -> Result<Vec<f32>, GraphedError> {
+        let reason = |error: String| GraphedError::Capture {
+            phase,
+            reason: format!("reading an output back: {error}"),
+        };
+        Tensor::<1>::from_dispatch(tensor.clone())
+            .inner()
+            .try_into_data()
+            .map_err(|error| reason(error.to_string()))?
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|error| reason(format!("{error:?}")))
+    };
+    let replayed = outputs
+        .iter()
+        .map(|o| read(&o.tensor))
+        .collect::<Result<Vec<_>, _>>()?;
+    random_state::restore(&generators).map_err(capture_error(phase))?;
+    let eager = eager()?;
+    for (output, (replayed, eager)) in replayed.iter().zip(&eager).enumerate() {
+        let eager = read(&eager.tensor)?;
+        if let Some(detail) = first_difference(replayed, &eager) {
+            return Err(GraphedError::ReplayDiffers {
+                callable: index,
+                output,
+                detail,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Where `replayed` differs from `eager` beyond the validation tolerance (see
+/// [`validate_forward`]), if anywhere.
+fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {
+    let scale = eager
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    let differing: Vec<usize> = replayed
+        .iter()
+        .zip(eager)
+        .enumerate()
+        .filter(|(_, (r, e))| {
+            let both_nan = r.is_nan() && e.is_nan();
+            let close = (*r - *e).abs() <= 1e-2 * e.abs() + 1e-3 * scale + 1e-6;
+            // A NaN on one side only is a difference (`close` is false for it).
+            !both_nan && !close
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let first = *differing.first()?;
+    Some(format!(
+        "{} of {} elements differ, first at {first}: replayed {}, eager {}",
+        differing.len(),
+        eager.len(),
+        replayed[first],
+        eager[first]
+    ))
+}

@@ -1,0 +1,54 @@
+//! The plain values that cross the engine's front door, with or without the `cube` feature.
+
+use burn::optim::AdamState;
+use burn::tensor::Tensor;
+
+use crate::stats::FallbackReason;
+use crate::tensors::{FlatTensor, TensorSpec};
+
+/// What a successful capture of a group hands up (`G`: the engine's [`Graphs`](super::Graphs)).
+pub(crate) struct CapturedGroup<G> {
+    /// One per member, in execution order.
+    pub members: Vec<CapturedMember<G>>,
+    /// Growth of the device's reserved pool bytes over the whole capture (warm-ups included):
+    /// an upper bound on the memory that the graphs pin.
+    pub pool_growth_bytes: u64,
+    /// Reserved bytes that the capture's memory cleanup returned to the device.
+    pub released_bytes: u64,
+}
+
+/// One captured member of a group.
+pub(crate) struct CapturedMember<G> {
+    pub graphs: G,
+    /// The inputs as captured (for a chained member: the previous member's outputs).
+    pub inputs: Vec<TensorSpec>,
+    /// How many outputs the callable returns.
+    pub outputs: usize,
+    /// Bytes of the static buffers the member owns (see `CaptureSummary::static_bytes`).
+    pub static_bytes: u64,
+}
+
+/// What [`Graphs::replay`] did with a call.
+#[cfg_attr(not(feature = "cube"), allow(dead_code))] // no outputs without the `cube` feature
+pub(crate) enum Replayed {
+    /// The forward graph replayed: its outputs, linked into autodiff.
+    Outputs(Vec<FlatTensor>),
+    /// Nothing ran: the call runs eagerly, for this reason; its inputs, given back.
+    Eager(FallbackReason, Vec<FlatTensor>),
+}
+
+/// Adam's hyper-parameters as the fused kernels take them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct AdamHyper {
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub epsilon: f32,
+    /// L2 penalty of weight decay.
+    pub penalty: Option<f32>,
+    /// Whether the update may be fused at all (not with AMSGrad).
+    pub fusable: bool,
+}
+
+/// What a fused Adam step hands back when it cannot fuse: the parameter, its gradient and its
+/// state, untouched.
+pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);

@@ -1,0 +1,53 @@
+//! Deliberate faults that make graphed results wrong, so that tests can show the equivalence
+//! harness fails on them, and the bench can time what a check costs. Public only with the
+//! `testing` feature ([`crate::testing`]); never set outside tests and benches.
+
+use std::cell::Cell;
+
+/// A fault that captures made on this thread while it is injected build into their graphs
+/// ([`inject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultInjection {
+    /// Correct behaviour.
+    #[default]
+    None,
+    /// Never copy updated parameters into the graphs' buffers (stale parameters).
+    SkipParamCopy,
+    /// Never copy new inputs into the static input buffers (stale inputs).
+    SkipInputCopy,
+    /// Never ask cubecl whether the buffers written outside the graphs hold values
+    /// (`cube/write_check.rs`): a replay over an unwritten input or parameter runs on stale
+    /// values. Results are right whenever every tensor was written, so the bench times the
+    /// check with it.
+    SkipWriteCheck,
+}
+
+thread_local! {
+    static INJECTED: Cell<FaultInjection> = const { Cell::new(FaultInjection::None) };
+}
+
+/// While the guard lives, every capture made on this thread (by `Graphed::new`,
+/// `make_graphed_callables`, `Graphed::prepare`, or a call that captures a new signature)
+/// builds `fault` into its graphs; they keep it for their life.
+#[must_use = "the fault is injected only while the guard lives"]
+pub fn inject(fault: FaultInjection) -> FaultGuard {
+    let previous = INJECTED.with(|injected| injected.replace(fault));
+    FaultGuard { previous }
+}
+
+/// Restores the fault injected before [`inject`] when dropped.
+#[derive(Debug)]
+pub struct FaultGuard {
+    previous: FaultInjection,
+}
+
+impl Drop for FaultGuard {
+    fn drop(&mut self) {
+        INJECTED.with(|injected| injected.set(self.previous));
+    }
+}
+
+/// The fault a capture on this thread builds in now.
+pub(crate) fn injected() -> FaultInjection {
+    INJECTED.with(Cell::get)
+}

@@ -1,0 +1,117 @@
+//! The library's three floors, checked (a test of this crate): the vocabulary imports only the
+//! vocabulary, the engine (`cube/`) only itself and the vocabulary, and no `cfg(feature =
+//! "cube")` gate stands outside the engine. ARCHITECTURE.md, "Three floors". Compiled for
+//! tests only.
+
+/// The vocabulary: modules that name no backend type.
+const VOCABULARY: &[&str] = &[
+    "callable",
+    "config",
+    "counter_rng",
+    "error",
+    "faults",
+    "params",
+    "shape_cache",
+    "stats",
+    "sync",
+    "tensors",
+];
+
+/// The features: everything above the engine's front door.
+const FEATURES: &[&str] = &[
+    "build",
+    "graphed",
+    "group",
+    "multi_adam",
+    "optim",
+    "rng",
+    "train",
+];
+
+/// The first module of each `crate::` path in `source`'s code (doc comments and comments left
+/// out), with the line it stands on.
+fn crate_imports(source: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (number, line) in source.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.push((number + 1, name));
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("readable source folder") {
+            let path = entry.expect("readable entry").path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_crate_paths_outside_comments() {
+        let source = "use crate::error::GraphedError;\n/// [`x`](crate::graphed::Graphed)\nlet a = crate::sync::lock(&m); // crate::rng\n";
+        let names: Vec<_> = crate_imports(source).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(names, ["error", "sync"]);
+    }
+
+    /// Every `crate::` path of the library names a module of an allowed floor, and the engine
+    /// is the only place that asks for the `cube` feature.
+    #[test]
+    fn library_floors_import_downward() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/burn-graphed/src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let mut wrong = Vec::new();
+        for file in &files {
+            let relative = file.strip_prefix(&src).expect("under src");
+            let source = std::fs::read_to_string(file).expect("readable source");
+            let in_engine = relative.starts_with("cube");
+            let module = relative
+                .with_extension("")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let vocabulary = VOCABULARY.contains(&module.as_str());
+            assert!(
+                in_engine || vocabulary || FEATURES.contains(&module.as_str()) || module == "lib",
+                "{module} is on no floor: add it to VOCABULARY or FEATURES"
+            );
+            for (line, name) in crate_imports(&source) {
+                let allowed = if vocabulary {
+                    VOCABULARY.contains(&name.as_str())
+                } else if in_engine {
+                    VOCABULARY.contains(&name.as_str())
+                } else {
+                    // Features may use the engine and each other, never the crate root's
+                    // re-exports (the root imports every module).
+                    name.chars().next().is_some_and(char::is_lowercase)
+                };
+                if !allowed {
+                    wrong.push(format!("{module}.rs:{line} uses crate::{name}"));
+                }
+            }
+            if !in_engine && source.contains("cfg(feature = \"cube\")") {
+                wrong.push(format!("{module}.rs gates code on the `cube` feature"));
+            }
+        }
+        assert!(files.len() > 20, "found the library's sources");
+        assert!(wrong.is_empty(), "imports against the floors:\n{}", wrong.join("\n"));
+    }
+}
