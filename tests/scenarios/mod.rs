@@ -647,7 +647,6 @@ pub fn assert_params_unchanged<M: Module>(
     }
 }
 
-/// `model` graphed with `mlp_forward` and the default configuration, captured on `sample`.
 /// The configuration of the scenarios that keep outputs or gradients of one call alive across
 /// the next (to compare them later, or because an optimizer keeps a gradient as its state, as
 /// SGD's momentum does at its first step): hand-outs are copies, so no call runs eagerly for
@@ -657,6 +656,8 @@ pub fn copy_config() -> GraphedConfig {
     GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Copy)
 }
 
+/// `model` graphed with `mlp_forward` and the default configuration (`Guarded` hand-outs),
+/// captured on `sample`.
 pub fn capture_mlp(model: Mlp, sample: Tensor<2>) -> Graphed<Mlp, Tensor<2>, Tensor<2>> {
     Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture")
 }

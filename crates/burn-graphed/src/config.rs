@@ -51,7 +51,7 @@ pub struct GraphedConfig {
     pub warmup_iters: usize,
     /// Eager iterations before each capture, at most: past `warmup_iters`, warm-up goes on
     /// until one iteration leaves the device's live allocations as the previous one did (no
-    /// new cached kernel metadata, which a recording must not create; see ARCHITECTURE.md).
+    /// new cached kernel metadata, which a recording must not create; see docs/decisions.md).
     #[config(default = 12)]
     pub max_warmup_iters: usize,
     /// What a call that does not match the capture does.

@@ -122,7 +122,7 @@ fn reference(draw: Draw, seed: u64, counter: u64, elements: usize, a: f32, b: f3
 }
 
 /// The mask that draw number `counter` of a generator seeded with `seed` gives for `elements`
-/// elements ([`DeviceRng::dropout_mask`]), computed on the host: the reference that tests
+/// elements ([`DeviceRng::dropout_mask`](crate::DeviceRng::dropout_mask)), computed on the host: the reference that tests
 /// compare the device kernel with (bit for bit).
 #[cfg(feature = "testing")]
 pub fn reference_mask(seed: u64, counter: u64, elements: usize, keep: f32, scale: f32) -> Vec<f32> {
@@ -130,7 +130,7 @@ pub fn reference_mask(seed: u64, counter: u64, elements: usize, keep: f32, scale
 }
 
 /// The values that draw number `counter` of a generator seeded with `seed` gives for `elements`
-/// elements with [`DeviceRng::uniform`], computed on the host: equal to the device's bit for
+/// elements with [`DeviceRng::uniform`](crate::DeviceRng::uniform), computed on the host: equal to the device's bit for
 /// bit (the device computes the same operations, each exact or rounded alike everywhere:
 /// see `uniform_between`).
 #[cfg(feature = "testing")]
@@ -145,7 +145,7 @@ pub fn reference_uniform(
 }
 
 /// The values that draw number `counter` of a generator seeded with `seed` gives for `elements`
-/// elements with [`DeviceRng::normal`], computed on the host. Equal to the device's only
+/// elements with [`DeviceRng::normal`](crate::DeviceRng::normal), computed on the host. Equal to the device's only
 /// within a small tolerance, not bit for bit: the uniform numbers are the same, but GPU `ln`,
 /// `cos` and `sqrt` are not rounded like the host's.
 #[cfg(feature = "testing")]

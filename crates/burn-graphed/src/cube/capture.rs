@@ -8,7 +8,7 @@ use burn::backend::{
     AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor,
     TensorMetadata,
 };
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
 
 use super::buffers::{StaticBuffer, static_fused};
 use super::graphs::Graphs;

@@ -81,6 +81,9 @@ pub(crate) fn claim(param: FusedTensor, taken: &[Option<ParamSlot>]) -> Claim {
         };
     };
     drop(param);
+    // `values` is one more holder of the buffer's own handle until the update is queued;
+    // nothing asks `can_mut` of a parameter buffer's own handle (`release_alias` asks it of the
+    // tensor handed out over it).
     let values = slot.buffer().clone();
     let writable = slot.session.params[slot.index].release_alias();
     Claim {

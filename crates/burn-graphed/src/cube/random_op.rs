@@ -3,7 +3,7 @@
 //! device and a second kernel advances the counter there, so a captured graph that replays
 //! the two kernels draws new numbers on every replay, in the same sequence as eager calls.
 //! One kernel serves every kind of draw (mask, uniform, normal: a compile-time parameter); the
-//! host reference (`crate::rng::draw_value`) computes the same, operation for operation.
+//! host reference (`crate::counter_rng::draw_value`) computes the same, operation for operation.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, backend_extension};
@@ -69,7 +69,7 @@ fn draw_kernel(state: &[u32], out: &mut [f32], a: f32, b: f32, #[comptime] draw:
                 }
             }
             Draw::Uniform => {
-                // As `crate::rng::uniform_between`: four exact products of 12-bit halves, so
+                // As `crate::counter_rng::uniform_between`: four exact products of 12-bit halves, so
                 // that fusing a multiply and an add (NVRTC does) changes nothing.
                 let bits = bits24(key, call, index);
                 let range = b - a;
@@ -85,7 +85,7 @@ fn draw_kernel(state: &[u32], out: &mut [f32], a: f32, b: f32, #[comptime] draw:
                 }
             }
             Draw::Normal => {
-                // As `crate::rng::box_muller`: u1 in (0, 1], so ln never sees 0; the angle in
+                // As `crate::counter_rng::box_muller`: u1 in (0, 1], so ln never sees 0; the angle in
                 // [-pi, pi), where GPU cosines are accurate.
                 let u1 = 1.0f32 - unit(key, call, index * 2u32);
                 let u2 = unit(key, call, index * 2u32 + 1u32);

@@ -28,7 +28,7 @@ pub(crate) struct CapturedMember<G> {
     pub static_bytes: u64,
 }
 
-/// What [`Graphs::replay`] did with a call.
+/// What [`Graphs::replay`](super::Graphs::replay) did with a call.
 #[cfg_attr(not(feature = "cube"), allow(dead_code))] // no outputs without the `cube` feature
 pub(crate) enum Replayed {
     /// The forward graph replayed: its outputs, linked into autodiff.
