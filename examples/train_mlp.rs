@@ -4,7 +4,8 @@
 //! the largest parameter difference.
 //!
 //! `cargo xtask demo` runs it (it picks the device and installs what wgpu needs), or
-//! `cargo run --release [--features cuda] --example train_mlp -- [width] [depth] [batch] [steps]`.
+//! `cargo run --release --features cuda --example train_mlp -- [width] [depth] [batch] [steps]`
+//! (`cargo run --example train_mlp` for wgpu).
 //!
 //! On CUDA the graphs are CUDA graphs; without an NVIDIA GPU (or without the `cuda` feature)
 //! the demo runs on burn's wgpu backend, whose graphs are software graphs (on Mesa's lavapipe,

@@ -58,7 +58,8 @@ on_devices! {
     replay_validation_refuses_frozen_values => scenarios::robust::replay_validation_refuses_frozen_values;
     capture_failures_are_recovered => |d| scenarios::recovery::capture_failures_are_recovered(d, false);
     unwritten_tensors_fail_capture => scenarios::recovery::unwritten_tensors_fail_capture;
-    unwritten_input_call_recovers => scenarios::recovery::unwritten_input_call_recovers;
+    unwritten_input_call_recovers => |d| scenarios::recovery::unwritten_input_call_recovers(d, scenarios::copy_config());
+    unwritten_input_call_recovers_guarded => |d| scenarios::recovery::unwritten_input_call_recovers(d, burn_graphed::GraphedConfig::new());
     backward_twice_matches_eager => scenarios::recovery::backward_twice_matches_eager;
     dropping_the_model_before_backward => scenarios::recovery::dropping_the_model_before_backward;
     fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;

@@ -217,7 +217,13 @@ fn unwritten_tensors_fail_capture() {
 
 #[test]
 fn unwritten_input_call_recovers() {
-    scenarios::recovery::unwritten_input_call_recovers(&cuda());
+    scenarios::recovery::unwritten_input_call_recovers(&cuda(), scenarios::copy_config());
+}
+
+/// The same under the default hand-outs (`Guarded`).
+#[test]
+fn unwritten_input_call_recovers_guarded() {
+    scenarios::recovery::unwritten_input_call_recovers(&cuda(), burn_graphed::GraphedConfig::new());
 }
 
 #[test]

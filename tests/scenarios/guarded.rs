@@ -32,7 +32,11 @@ pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tenso
 /// with burn's `Adam`.
 pub fn default_loop_replays_every_step(device: &Device, steps: usize) {
     let config = GraphedConfig::new();
-    assert_eq!(config.outputs, OutputPolicy::Guarded, "the default hand-out");
+    assert_eq!(
+        config.outputs,
+        OutputPolicy::Guarded,
+        "the default hand-out"
+    );
     let device = device.clone().autodiff();
     let report = burn_graphed_testkit::compare_training_with_optimizer(
         TrainingComparison {

@@ -230,15 +230,17 @@ pub fn unwritten_tensors_fail_capture(device: &Device) {
 /// when the same tensor is passed again: it is not taken as already copied), and the backward
 /// stops with the reason (a backward cannot return an error). The steps after them, given
 /// written tensors, replay and equal eager steps: the buffers the failed copies left unwritten
-/// are written again.
-pub fn unwritten_input_call_recovers(device: &Device) {
+/// are written again. `config`: the graphed model's (the suites run `copy_config()` and the
+/// default).
+pub fn unwritten_input_call_recovers(device: &Device, config: GraphedConfig) {
     let device = device.clone().autodiff();
     if !supports_graphs(&device) {
         return;
     }
     let model = Mlp::new(16, 2, 4, &device);
     let eager = deep_copy(&model);
-    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let graphed =
+        Graphed::new(model, mlp_forward, batch([8, 16], 0, &device), &config).expect("capture");
     // What eager code does with unwritten tensors is shown on a copy of its own, never on the
     // reference of the steps below: on CUDA, cubecl autotunes a kernel the first time it meets
     // its shapes, and met on unwritten operands the tune can leave the weights it read

@@ -112,6 +112,10 @@ mod tests {
             }
         }
         assert!(files.len() > 20, "found the library's sources");
-        assert!(wrong.is_empty(), "imports against the floors:\n{}", wrong.join("\n"));
+        assert!(
+            wrong.is_empty(),
+            "imports against the floors:\n{}",
+            wrong.join("\n")
+        );
     }
 }

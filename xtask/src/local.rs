@@ -24,15 +24,16 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
     run(command, "the test suite")
 }
 
-/// `cargo xtask demo [ARGS...]`: the demo on CUDA where an NVIDIA GPU answers, otherwise on
-/// wgpu's software graphs (after installing Mesa's software Vulkan where it is missing).
-/// `ARGS` go to the demo.
+/// `cargo xtask demo [ARGS...]`: the demo on CUDA where an NVIDIA GPU answers (a release
+/// build: its timings are the point), otherwise on wgpu's software graphs (a debug build, the
+/// one the tests share: on a CPU Vulkan the timings are not a GPU's anyway), after installing
+/// Mesa's software Vulkan where it is missing. `ARGS` go to the demo.
 pub fn demo(args: &[String], root: &Path) -> Result<(), String> {
     let mut command = cargo();
-    command.args(["run", "--release", "--locked", "--example", "train_mlp"]);
+    command.args(["run", "--locked", "--example", "train_mlp"]);
     if nvidia_gpu() {
         println!("xtask: an NVIDIA GPU answers: the demo runs on CUDA");
-        command.args(["--features", "cuda"]);
+        command.args(["--release", "--features", "cuda"]);
     } else {
         println!(
             "xtask: no NVIDIA GPU answers (nvidia-smi): the demo runs on wgpu's software graphs"

@@ -29,7 +29,6 @@ type CubeDevice = <Cube as burn::backend::BackendTypes>::Device;
 /// CUDA captures in global mode: one capture at a time in the whole process.
 static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
 
-
 /// A copy of `tensor` in a buffer of its own, on the device without autodiff.
 fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
     // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.

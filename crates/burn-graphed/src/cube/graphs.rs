@@ -6,10 +6,10 @@ use std::sync::Arc;
 use burn::backend::TensorMetadata;
 use burn::tensor::Tensor;
 
-use super::values::Replayed;
 use super::buffers::fused;
 use super::node;
 use super::session::Session;
+use super::values::Replayed;
 use crate::error::GraphedError;
 use crate::stats::{FallbackReason, GraphStats};
 use crate::tensors::FlatTensor;

@@ -10,10 +10,7 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Replayed, Unfused};
-
-/// What a successful capture of a group hands up.
-pub(crate) type CapturedGroup = values::CapturedGroup<Graphs>;
+pub(crate) use values::{AdamHyper, Replayed};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
@@ -49,7 +46,7 @@ mod write_check;
 #[cfg(feature = "cube")]
 pub(crate) use self::{
     adam_multi_op::Batch as AdamBatch, adam_op::step as adam_step, capture::capture_group,
-    lifecycle::supports_capture, graphs::Graphs, random_state::RandomState,
+    graphs::Graphs, lifecycle::supports_capture, random_state::RandomState,
 };
 
 #[cfg(not(feature = "cube"))]

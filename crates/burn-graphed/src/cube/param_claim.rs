@@ -74,7 +74,8 @@ pub(crate) fn claim(param: FusedTensor, taken: &[Option<ParamSlot>]) -> Claim {
     };
     // A buffer already claimed by the same step is not written twice: the update then reads
     // the parameter tensor and goes to a new buffer.
-    let Some(slot) = holder.filter(|slot| !taken.iter().flatten().any(|other| other.is(slot))) else {
+    let Some(slot) = holder.filter(|slot| !taken.iter().flatten().any(|other| other.is(slot)))
+    else {
         return Claim {
             values: param,
             in_place: None,
