@@ -88,9 +88,10 @@ pub(crate) fn adam_step<const D: usize>(
     Err(Box::new((tensor, grad, state)))
 }
 
-/// Never gathers: every step is handed back.
+/// Never gathers: every step is handed back. (A field, so that callers build it with
+/// `default()` as they build the engine's.)
 #[derive(Default)]
-pub(crate) struct AdamBatch;
+pub(crate) struct AdamBatch(());
 
 impl AdamBatch {
     pub(crate) fn gather<const D: usize>(
