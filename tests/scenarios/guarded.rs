@@ -37,30 +37,7 @@ pub fn default_loop_replays_every_step(device: &Device, steps: usize) {
         OutputPolicy::Guarded,
         "the default hand-out"
     );
-    let device = device.clone().autodiff();
-    let report = burn_graphed_testkit::compare_training_with_optimizer(
-        TrainingComparison {
-            model: Mlp::new(32, 3, 8, &device),
-            call: |m: &Mlp, x: Tensor<2>| square_mean(m.forward(x)),
-            optimizer: adam_config().init(),
-            learning_rate: 1e-2,
-            batch: &mut |step| batch([16, 32], step, &device),
-            loss: |loss| loss,
-            steps,
-            graphed: config,
-            tolerance: tolerance_for(&device),
-        },
-        fused_adam_config().init_multi_tensor(),
-    )
-    .expect("comparison runs");
-    assert!(report.passed(), "{report}");
-    if report.summary.graphed {
-        let stats = &report.stats;
-        assert_eq!(stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(stats.backward_replays, steps as u64, "{report}");
-        assert_eq!(stats.total_fallbacks(), 0, "{report}");
-        assert_eq!(stats.param_copies, report.summary.params as u64, "{report}");
-    }
+    loss_inside_training_matches_eager(device, steps, config);
 }
 
 /// An output kept across a step, then a gradient kept across a step: each keeps its value,

@@ -192,6 +192,17 @@ pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
 /// configuration that queues the fewest operations outside the graphs. Equals eager training
 /// with burn's `Adam`.
 pub fn loss_inside_callable_matches_eager(device: &Device, steps: usize) {
+    loss_inside_training_matches_eager(
+        device,
+        steps,
+        GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Static),
+    );
+}
+
+/// [`loss_inside_callable_matches_eager`] with the graphed model's configuration `graphed`:
+/// every step replays both graphs, no call runs eagerly, only the first call copies
+/// parameters, and training equals eager training with burn's `Adam`.
+pub fn loss_inside_training_matches_eager(device: &Device, steps: usize, graphed: GraphedConfig) {
     let device = device.clone().autodiff();
     let report = burn_graphed_testkit::compare_training_with_optimizer(
         TrainingComparison {
@@ -202,7 +213,7 @@ pub fn loss_inside_callable_matches_eager(device: &Device, steps: usize) {
             batch: &mut |step| batch([16, 32], step, &device),
             loss: |loss| loss,
             steps,
-            graphed: GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Static),
+            graphed,
             tolerance: tolerance_for(&device),
         },
         fused_adam_config().init_multi_tensor(),
