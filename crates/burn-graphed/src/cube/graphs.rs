@@ -6,7 +6,7 @@ use std::sync::Arc;
 use burn::backend::TensorMetadata;
 use burn::tensor::Tensor;
 
-use super::buffers::fused;
+use super::buffers::{FusedTensor, fused};
 use super::node;
 use super::session::Session;
 use super::values::Replayed;
@@ -53,21 +53,13 @@ impl Graphs {
         if session.backward_pending() {
             return eager(FallbackReason::BackwardPending, inputs);
         }
-        let Some(fused_inputs) = inputs
-            .iter()
-            .map(|t| fused(&t.tensor))
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(fused_inputs) = all_fused(&inputs) else {
             return eager(FallbackReason::Unsupported, inputs);
         };
         if session.shared_buffer_busy(&fused_inputs) {
             return eager(FallbackReason::SharedBufferBusy, inputs);
         }
-        let Some(fused_params) = params
-            .iter()
-            .map(|p| fused(&p.tensor))
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(fused_params) = all_fused(&params) else {
             return eager(FallbackReason::Unsupported, inputs);
         };
         if session.hand_outs_held() {
@@ -108,4 +100,9 @@ impl Graphs {
                 .collect(),
         ))
     }
+}
+
+/// The fusion handles of `tensors`, or `None` when one is not on burn's cubecl backend.
+fn all_fused(tensors: &[FlatTensor]) -> Option<Vec<FusedTensor>> {
+    tensors.iter().map(|t| fused(&t.tensor)).collect()
 }
