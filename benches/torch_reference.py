@@ -1,16 +1,32 @@
 """PyTorch side of the train-step benchmark: the same models, math, dtype, optimizer (Adam),
-input rotation and timing method as benches/train_step.rs, eager and with
-torch.cuda.make_graphed_callables. Prints one JSON line per row (same fields as the Rust side).
+input rotation and timing method as benches/train_step.rs, eager, with
+torch.cuda.make_graphed_callables, and as one captured graph of the whole step. Prints one JSON
+line per row (same fields as the Rust side).
 
     python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
                                        [--modes eager,graphed,eager_fused_adam,graphed_fused_adam,
-                                                graphed_loss_fused_adam]
+                                                graphed_loss_fused_adam,whole_step,
+                                                whole_step_fused_adam,whole_step_floor,
+                                                whole_step_floor_fused_adam,first_step,
+                                                first_step_graphed]
 
 A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`:
 the loss inside the graphed callable), a new input batch every step
 (rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
 reported: the median over reps of rep time / steps, with the 10th and 90th percentiles.
+
+`whole_step*`: PyTorch's whole-network capture (docs, notes/cuda.rst, "Whole-network
+capture"): forward, loss, backward and a capturable Adam step (learning rate a device scalar)
+in one CUDA graph; a step copies the input into the graph's static input, writes the learning
+rate (as a schedule would) and replays the graph. `*_fused_adam`: `Adam(fused=True)` (a row
+PyTorch refuses is skipped with a `#` line on stderr). `whole_step_floor*`: the same graph
+replayed with no input copy and no learning-rate write, the device's floor of the step.
+`first_step` / `first_step_graphed`: one measurement per process (cold unless
+`--in-process`), from model creation to the end of the first trained step, setup included:
+`whole_step`'s warm-up and capture, or `graphed_loss_fused_adam`'s make_graphed_callables; its
+row has `median_us` = `p10_us` = `p90_us` = that time and `"single": true`.
+
 Memory: torch.cuda.memory_reserved() after the run, relative to before the model was made
 (the caching allocator's pools, comparable to burn's reserved bytes), after freeing the
 previous run's graphs and cached blocks; also the peak of allocated bytes during the run
@@ -27,6 +43,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -66,11 +83,29 @@ class WithLoss(nn.Module):
         self.model = model
 
     def forward(self, x):
-        y = self.model(x)
-        return (y * y).mean()
+        return mean_square(self.model(x))
 
 
-MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam")
+def mean_square(y):
+    """The step's loss, mean(y^2)."""
+    return (y * y).mean()
+
+
+LR = 1e-4
+
+MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam",
+         "whole_step", "whole_step_fused_adam", "whole_step_floor", "whole_step_floor_fused_adam",
+         "first_step", "first_step_graphed")
+
+# Modes whose setup PyTorch may refuse (fused Adam, capturable, learning rate a device
+# tensor): such a run prints a `#` line and no row instead of failing.
+REFUSABLE = ("whole_step_fused_adam", "whole_step_floor_fused_adam")
+
+# The mode whose setup and first step each `first_step*` mode times.
+FIRST_STEP_OF = {"first_step": "whole_step", "first_step_graphed": "graphed_loss_fused_adam"}
+
+# Full steps before the capture, as in the docs' example (and make_graphed_callables' default).
+WARMUP_STEPS = 3
 
 MODELS = {
     "mlp": ("mlp 8x256 b32", mlp, (32, 256)),
@@ -100,18 +135,9 @@ def time_steps(step, steps, reps):
     return at(0.5), at(0.1), at(0.9)
 
 
-def run(key, mode, dtype, steps, reps):
-    name, make, shape = MODELS[key]
-    torch.cuda.synchronize()
-    # Free the previous run's graphs (their private pools) and cached blocks, so that this
-    # run's reserved memory is its own, not a reuse of the last run's pools.
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_reserved()
-    before_allocated = torch.cuda.memory_allocated()
-    model = make().cuda().to(dtype)
-    inputs = [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
+def adam_step(mode, model, inputs):
+    """The step of the eager and `graphed*` modes: Python drives forward, loss, backward and
+    Adam each step; `graphed*` through make_graphed_callables' graphs of the model."""
     # `graphed_loss_*`: the loss inside the graphed callable (the forward graph ends in the
     # loss, the backward graph starts from it), as Burn's `graphed_loss_*` modes.
     with_loss = mode.startswith("graphed_loss")
@@ -122,19 +148,146 @@ def run(key, mode, dtype, steps, reps):
     # `*_fused_adam`: PyTorch's fused Adam (one kernel launch for all parameters), the
     # counterpart of burn_graphed::FusedAdam; otherwise the default (foreach) Adam.
     fused = mode.endswith("fused_adam")
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused or None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, fused=fused or None)
 
     def step(i):
         if with_loss:
             loss = model(inputs[i % 4])
         else:
-            y = model(inputs[i % 4])
-            loss = (y * y).mean()
+            loss = mean_square(model(inputs[i % 4]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
-    median, p10, p90 = time_steps(step, steps, reps)
+    return step
+
+
+def capturable_adam(model, lr, fused):
+    """Adam whose step can be captured in a CUDA graph (`capturable=True`: step count and
+    bias corrections on the device), reading its learning rate from the device scalar `lr` at
+    every replay. `fused`: `Adam(fused=True)`, else the default (foreach) implementation."""
+    if not fused:
+        return torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+    try:
+        return torch.optim.Adam(model.parameters(), lr=lr, fused=True, capturable=True)
+    except (RuntimeError, ValueError, TypeError) as refusal:
+        # A PyTorch without tensor learning rates for fused Adam: a float one, which the
+        # capture bakes into the graph, so the step's `lr` write still costs its launch but
+        # the graph no longer reads it.
+        print(f"# fused Adam refused a tensor lr ({refusal}); float lr, the graph ignores "
+              "the lr writes", file=sys.stderr)
+        return torch.optim.Adam(model.parameters(), lr=lr.item(), fused=True, capturable=True)
+
+
+class WholeStep(NamedTuple):
+    """A captured train step. Replaying `graph` trains one step on `static_x` at learning rate
+    `lr` (a device scalar) and leaves the loss in `static_loss`. `optimizer` holds the Adam
+    state the graph reads and writes: it must live as long as the graph."""
+    graph: torch.cuda.CUDAGraph
+    static_x: torch.Tensor
+    lr: torch.Tensor
+    static_loss: torch.Tensor
+    optimizer: torch.optim.Optimizer
+
+
+def whole_step_setup(model, inputs, fused):
+    """Whole-network capture as PyTorch documents it (notes/cuda.rst, "Whole-network
+    capture"): full steps on a side stream, then forward, loss, backward and the optimizer
+    step captured in one graph over a static input."""
+    lr = torch.tensor(LR, device="cuda")
+    optimizer = capturable_adam(model, lr, fused)
+    static_x = inputs[0].clone()
+    # Warm-up on the real batches, on a side stream (the docs' recipe). These steps advanced
+    # the parameters and the optimizer state (moments, step count); a user who needs the
+    # graph's first replay to be step 1 resets that state by hand. Not done here: the rows
+    # time steps, they do not check values.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(WARMUP_STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            mean_square(model(inputs[i % 4])).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    # Gradients set to None before the capture, so that backward allocates them from the
+    # graph's private pool (the docs' recipe); replays then overwrite them in place.
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = mean_square(model(static_x))
+        static_loss.backward()
+        optimizer.step()
+    return WholeStep(graph, static_x, lr, static_loss, optimizer)
+
+
+def whole_step(mode, model, inputs):
+    """The step of the `whole_step*` modes: one replay of the captured step, after copying
+    the input and writing the learning rate; `whole_step_floor*`: the replay alone."""
+    captured = whole_step_setup(model, inputs, fused=mode.endswith("fused_adam"))
+
+    if mode.startswith("whole_step_floor"):
+        def step(i):
+            captured.graph.replay()
+    else:
+        def step(i):
+            captured.static_x.copy_(inputs[i % 4])
+            # A host write of the device learning rate every step, as a schedule makes.
+            captured.lr.fill_(LR)
+            captured.graph.replay()
+
+    return step
+
+
+def build_step(mode, model, inputs):
+    """`step(i)`, one train step of `mode` on `inputs[i % 4]`, after the mode's setup. The
+    closure holds the model, optimizer and graphs."""
+    if mode.startswith("whole_step"):
+        return whole_step(mode, model, inputs)
+    return adam_step(mode, model, inputs)
+
+
+def first_step(mode, new_model, new_inputs):
+    """Microseconds from model creation to the end of the first trained step of
+    FIRST_STEP_OF[mode], its setup (warm-up, capture) included, and that mode's step (which
+    holds the model and graphs until the memory reading)."""
+    start = time.perf_counter()
+    step = build_step(FIRST_STEP_OF[mode], new_model(), new_inputs())
+    step(0)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6, step
+
+
+def run(key, mode, dtype, steps, reps):
+    name, make, shape = MODELS[key]
+    torch.cuda.synchronize()
+    # Free the previous run's graphs (their private pools) and cached blocks, so that this
+    # run's reserved memory is its own, not a reuse of the last run's pools.
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved()
+    before_allocated = torch.cuda.memory_allocated()
+    new_model = lambda: make().cuda().to(dtype)
+    new_inputs = lambda: [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
+    extra = {}
+    if mode in FIRST_STEP_OF:
+        first, step = first_step(mode, new_model, new_inputs)
+        median = p10 = p90 = first
+        extra["single"] = True
+    else:
+        # The model before the inputs: the seeded generator's draws in that order.
+        model = new_model()
+        inputs = new_inputs()
+        try:
+            step = build_step(mode, model, inputs)
+        except (RuntimeError, ValueError, TypeError) as refusal:
+            if mode not in REFUSABLE:
+                raise
+            print(f"# {name} {mode}: skipped, PyTorch refused the setup: {refusal}",
+                  file=sys.stderr)
+            return
+        del model, inputs
+        median, p10, p90 = time_steps(step, steps, reps)
     reserved = (torch.cuda.memory_reserved() - before) / 2**20
     peak_allocated = (torch.cuda.max_memory_allocated() - before_allocated) / 2**20
     print(json.dumps({
@@ -142,8 +295,8 @@ def run(key, mode, dtype, steps, reps):
         "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
         "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
         "reserved_mib": round(reserved, 1),
-        "peak_allocated_mib": round(peak_allocated, 1)}), flush=True)
-    del model, optimizer, inputs
+        "peak_allocated_mib": round(peak_allocated, 1), **extra}), flush=True)
+    del step
 
 
 def main():

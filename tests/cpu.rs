@@ -78,6 +78,15 @@ on_devices! {
     guarded_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, false);
     guarded_multi_tensor_training_matches_eager => |d| scenarios::guarded::guarded_training_matches_eager(d, 4, true);
     guarded_hand_outs_keep_their_values => scenarios::guarded::guarded_hand_outs_keep_their_values;
+    whole_step_adam_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adam(), None, 1, &[4], 4);
+    whole_step_adamw_clipped_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adamw(), Some(burn_graphed::Clipping::Norm(0.05)), 1, &[4], 4);
+    whole_step_sgd_accumulated_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::sgd_momentum(), Some(burn_graphed::Clipping::Value(0.02)), 2, &[4], 4);
+    whole_step_global_norm_batch_sizes_match_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adam(), Some(burn_graphed::Clipping::GlobalNorm(0.1)), 1, &[4, 3], 4);
+    whole_step_negative_controls => scenarios::whole_step::whole_step_negative_controls;
+    whole_step_capture_changes_nothing => scenarios::whole_step::whole_step_capture_changes_nothing;
+    whole_step_dropout_matches_eager => |d| scenarios::whole_step::whole_step_dropout_matches_eager(d, 4);
+    whole_step_bad_input => scenarios::whole_step::whole_step_bad_input;
+    whole_step_host_read_is_refused => scenarios::whole_step::whole_step_host_read_is_refused;
     default_loop_replays_every_step => |d| scenarios::guarded::default_loop_replays_every_step(d, 4);
     /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
     #[cfg(feature = "train")]

@@ -15,6 +15,7 @@ pub mod random;
 pub mod reads;
 pub mod recovery;
 pub mod robust;
+pub mod whole_step;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};

@@ -13,6 +13,7 @@ const VOCABULARY: &[&str] = &[
     "params",
     "shape_cache",
     "stats",
+    "step_optim",
     "sync",
     "tensors",
 ];
@@ -25,6 +26,7 @@ const FEATURES: &[&str] = &[
     "multi_adam",
     "optim",
     "rng",
+    "step",
     "train",
 ];
 

@@ -41,7 +41,9 @@
 use std::fmt;
 
 mod step_check;
+mod whole_step;
 pub use step_check::StepCheck;
+pub use whole_step::{WholeStepComparison, WholeStepReport, compare_whole_step};
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -428,7 +430,10 @@ pub fn cast_params<M: Module>(module: &M, dtype: burn::tensor::FloatDType) -> M 
     module.clone().map(&mut Caster(dtype))
 }
 
-fn read<const D: usize>(tensor: Tensor<D>, what: &str) -> Result<TensorData, HarnessError> {
+pub(crate) fn read<const D: usize>(
+    tensor: Tensor<D>,
+    what: &str,
+) -> Result<TensorData, HarnessError> {
     let data = tensor.try_into_data().map_err(|error| HarnessError::Read {
         what: what.to_string(),
         reason: error.to_string(),
@@ -547,7 +552,7 @@ pub fn grad_values<M: Module>(
 }
 
 /// A comparison that fails: something present on one side only.
-fn failed(name: String) -> TensorComparison {
+pub(crate) fn failed(name: String) -> TensorComparison {
     TensorComparison {
         name,
         len: 0,

@@ -45,6 +45,17 @@ impl<M, I, O> Callable<M, I, O> {
 /// Runs a callable on flattened inputs; `None` when they do not fit its input type.
 pub(crate) type Runner<'a> = Box<dyn Fn(Vec<FlatTensor>) -> Option<Vec<FlatTensor>> + 'a>;
 
+/// A whole step's loss function with its types erased: runs the model, with its float
+/// parameters replaced by the given tensors (visiting order), on flattened inputs; `None` when
+/// they do not fit its input type.
+pub(crate) type StepRunner<'a> = Box<
+    dyn Fn(
+            &[burn::backend::DispatchTensor],
+            Vec<FlatTensor>,
+        ) -> Option<burn::backend::DispatchTensor>
+        + 'a,
+>;
+
 /// A callable with its types erased, as the capture sees it.
 pub(crate) struct Member<'a> {
     /// Flattened sample inputs; `None`: the previous member's outputs.

@@ -19,6 +19,10 @@ pub enum CapturePhase {
     Backward,
     /// Checking the forward graph against eager execution on new input values.
     Validation,
+    /// Eager runs of a whole training step before its capture.
+    StepWarmup,
+    /// Recording a whole training step (forward, loss, backward, optimizer update).
+    Step,
 }
 
 impl fmt::Display for CapturePhase {
@@ -30,6 +34,8 @@ impl fmt::Display for CapturePhase {
             CapturePhase::BackwardWarmup => "backward warm-up",
             CapturePhase::Backward => "backward capture",
             CapturePhase::Validation => "replay validation",
+            CapturePhase::StepWarmup => "whole-step warm-up",
+            CapturePhase::Step => "whole-step capture",
         })
     }
 }
@@ -222,6 +228,14 @@ pub enum GraphedError {
         which: &'static str,
         /// What the backend reported.
         reason: String,
+    },
+    /// An argument of a whole-step call or constructor is not what it must be.
+    #[error("argument `{argument}`: {detail}")]
+    InvalidArgument {
+        /// The argument.
+        argument: &'static str,
+        /// What was given and what was expected.
+        detail: String,
     },
     /// A call does not match the capture and the policy is to refuse rather than run eagerly.
     #[error("call does not match the capture and on_mismatch = Error: {reason}")]

@@ -20,6 +20,10 @@ pub enum FaultInjection {
     /// values. Results are right whenever every tensor was written, so the bench times the
     /// check with it.
     SkipWriteCheck,
+    /// Whole steps: record no optimizer update (the parameters never change).
+    SkipUpdate,
+    /// Whole steps: write only the first learning rate into the schedule (a frozen rate).
+    FreezeLr,
 }
 
 thread_local! {

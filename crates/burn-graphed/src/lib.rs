@@ -100,6 +100,7 @@ mod faults;
 mod params;
 mod shape_cache;
 mod stats;
+mod step_optim;
 mod sync;
 mod tensors;
 
@@ -113,6 +114,7 @@ mod group;
 mod multi_adam;
 mod optim;
 mod rng;
+mod step;
 #[cfg(feature = "train")]
 mod train;
 
@@ -125,7 +127,9 @@ pub use multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
 pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
-pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
+pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared, StepStats};
+pub use step::GraphedStep;
+pub use step_optim::{Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer};
 pub use tensors::{FlatTensor, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;

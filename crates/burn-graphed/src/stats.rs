@@ -191,3 +191,23 @@ impl GraphMemory {
         self.static_bytes.max(self.capture_pool_growth_bytes)
     }
 }
+
+/// What a [`GraphedStep`](crate::GraphedStep) has done so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Steps that replayed a whole-step graph.
+    pub replays: u64,
+    /// Steps that ran eagerly, by reason.
+    pub eager: BTreeMap<FallbackReason, u64>,
+    /// Input tensors copied into static buffers (an input already there is not).
+    pub input_copies: u64,
+    /// The shape cache of the step's graphs.
+    pub shape_cache: crate::ShapeCacheStats,
+}
+
+impl StepStats {
+    /// Total eager steps.
+    pub fn total_eager(&self) -> u64 {
+        self.eager.values().sum()
+    }
+}

@@ -27,10 +27,10 @@ use crate::tensors::FlatTensor;
 type CubeDevice = <Cube as burn::backend::BackendTypes>::Device;
 
 /// CUDA captures in global mode: one capture at a time in the whole process.
-static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
+pub(super) static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
 
 /// A copy of `tensor` in a buffer of its own, on the device without autodiff.
-fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
+pub(super) fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
     // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.
     let inner = Tensor::<1>::from_dispatch(tensor.clone())
         .inner()
@@ -42,14 +42,14 @@ fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
 /// autodiff: a graph's parameter buffer. The Adam kernels bind dense buffers only, so a pitched
 /// parameter buffer (cubecl's layout of new tensors on CUDA) would cost every in-place update a
 /// dense copy and a copy back (`dense::Target`). Errors like [`static_fused`].
-fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
+pub(super) fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
     let fused = static_fused(tensor, CapturePhase::StaticBuffers)?;
     let copy = <Cube as super::copy_op::StaticCopyOps>::copy_to_new_dense_buffer(&fused);
     Ok(Tensor::<1>::from_primitive::<Cube>(copy).into_dispatch())
 }
 
 /// The message of a caught panic, when it carries one.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()
@@ -162,7 +162,7 @@ impl Recorded<'_> {
 
 /// An autodiff view of `tensor` (on the device without autodiff), a leaf that requires grad
 /// when `require_grad`.
-fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor {
+pub(super) fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor {
     let leaf = Dispatch::from_inner(tensor.clone());
     if require_grad {
         Dispatch::float_set_require_grad(leaf, true)
@@ -172,7 +172,7 @@ fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor 
 }
 
 /// Reserved bytes of the device's pools (call after a sync).
-fn reserved_bytes(dispatch: &DispatchDevice) -> u64 {
+pub(super) fn reserved_bytes(dispatch: &DispatchDevice) -> u64 {
     Dispatch::memory_pool_usage(dispatch).map_or(0, |usage| usage.bytes_reserved)
 }
 

@@ -39,19 +39,29 @@ mod random_state;
 #[cfg(feature = "cube")]
 mod session;
 #[cfg(feature = "cube")]
+mod step_graph;
+#[cfg(feature = "cube")]
+mod step_update_op;
+#[cfg(feature = "cube")]
 mod validate;
 #[cfg(feature = "cube")]
 mod write_check;
 
 #[cfg(feature = "cube")]
 pub(crate) use self::{
-    adam_multi_op::Batch as AdamBatch, adam_op::step as adam_step, capture::capture_group,
-    graphs::Graphs, lifecycle::supports_capture, random_state::RandomState,
+    adam_multi_op::Batch as AdamBatch,
+    adam_op::step as adam_step,
+    capture::capture_group,
+    graphs::Graphs,
+    lifecycle::supports_capture,
+    random_state::RandomState,
+    step_graph::{StepGraph, StepState, capture_step},
 };
 
 #[cfg(not(feature = "cube"))]
 mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
-    AdamBatch, Graphs, RandomState, adam_step, capture_group, supports_capture,
+    AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group, capture_step,
+    supports_capture,
 };

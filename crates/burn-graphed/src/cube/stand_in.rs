@@ -109,3 +109,82 @@ impl AdamBatch {
         Vec::new()
     }
 }
+
+/// Whole-step state never exists here: burn's optimizer runs every step.
+pub(crate) enum StepState {}
+
+impl StepState {
+    pub(crate) fn new(
+        _params: &[crate::params::ParamEntry],
+        _optimizer: crate::step_optim::StepOptimizer,
+        _clipping: Option<crate::step_optim::Clipping>,
+    ) -> Result<Option<Arc<Self>>, GraphedError> {
+        Ok(None)
+    }
+
+    pub(crate) fn runs(
+        &self,
+        _optimizer: &crate::step_optim::StepOptimizer,
+        _clipping: Option<crate::step_optim::Clipping>,
+    ) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn steps(&self) -> u64 {
+        match *self {}
+    }
+
+    pub(crate) fn on_capture_thread(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn set_lr(&self, _lr: f64) -> Result<(), GraphedError> {
+        match *self {}
+    }
+
+    pub(crate) fn param_values(&self) -> Vec<DispatchTensor> {
+        match *self {}
+    }
+
+    pub(crate) fn state_values(&self) -> Vec<Vec<DispatchTensor>> {
+        match *self {}
+    }
+
+    pub(crate) fn load_params(&self, _values: &[DispatchTensor]) -> Result<(), GraphedError> {
+        match *self {}
+    }
+
+    pub(crate) fn eager_step(
+        &self,
+        _run: &crate::callable::StepRunner<'_>,
+        _micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<Vec<DispatchTensor>, GraphedError> {
+        match *self {}
+    }
+}
+
+/// Whole-step graphs are never made here.
+pub(crate) enum StepGraph {}
+
+impl StepGraph {
+    pub(crate) fn held_bytes(&self) -> u64 {
+        match *self {}
+    }
+
+    pub(crate) fn replay(
+        &self,
+        _micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(Vec<DispatchTensor>, u64), GraphedError> {
+        match *self {}
+    }
+}
+
+/// Never reached: [`StepState::new`] makes no state here.
+pub(crate) fn capture_step(
+    state: &Arc<StepState>,
+    _run: &crate::callable::StepRunner<'_>,
+    _sample: &[Vec<FlatTensor>],
+    _config: &GraphedConfig,
+) -> Result<StepGraph, GraphedError> {
+    match **state {}
+}

@@ -86,7 +86,7 @@ pub(super) fn validate_forward(
 
 /// Where `replayed` differs from `eager` beyond the validation tolerance (see
 /// [`validate_forward`]), if anywhere.
-fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {
+pub(super) fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {
     let scale = eager
         .iter()
         .filter(|v| v.is_finite())

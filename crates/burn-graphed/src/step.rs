@@ -1,0 +1,566 @@
+//! [`GraphedStep`]: one graph per training step (forward, loss, backward, gradient clipping and
+//! the optimizer update), replayed with nothing around it but the input copies.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{AutodiffBackend, Dispatch};
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::Tensor;
+
+use crate::callable::StepRunner;
+use crate::config::{GraphedConfig, MismatchPolicy};
+use crate::cube::{self, StepGraph, StepState};
+use crate::error::GraphedError;
+use crate::params::{self, ModuleMode};
+use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
+use crate::stats::{FallbackReason, StepStats};
+use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
+use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
+
+/// A training step captured whole: the model's forward and loss, the autodiff backward, the
+/// gradient clipping and the optimizer update, replayed as **one** graph per step (PyTorch's
+/// "whole-network capture" with a `capturable` optimizer).
+///
+/// A step copies the batch into the graph's input buffers (unless it is already there), writes
+/// the learning rate into a device buffer when it changed, and replays. The optimizer updates
+/// the graph's parameter and state buffers in place; its step count lives on the device. The
+/// loss comes back as a tensor (a device copy); nothing is read to the host unless you read it.
+///
+/// The optimizer is one of burn's ([`StepOptimizer`]: Adam, AdamW, SGD), with burn's
+/// arithmetic, so that training with a `GraphedStep` gives what eager training with burn's own
+/// optimizer gives, to rounding. The learning rate is data, so schedules need no new capture.
+///
+/// ```no_run
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::optim::AdamConfig;
+/// use burn::prelude::*;
+/// use burn_graphed::{GraphedConfig, GraphedStep};
+///
+/// #[derive(Module, Debug)]
+/// struct Net {
+///     layer: Linear,
+/// }
+///
+/// fn mse(net: &Net, (x, y): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+///     (net.layer.forward(x) - y).powi_scalar(2).mean()
+/// }
+///
+/// # fn main() -> Result<(), burn_graphed::GraphedError> {
+/// let device = Device::default().autodiff();
+/// let net = Net { layer: LinearConfig::new(64, 8).init(&device) };
+/// let sample = (Tensor::zeros([32, 64], &device), Tensor::zeros([32, 8], &device));
+/// let mut step = GraphedStep::new(net, mse, &AdamConfig::new(), sample, &GraphedConfig::new())?;
+/// for i in 0..100 {
+///     let batch = (Tensor::ones([32, 64], &device), Tensor::zeros([32, 8], &device));
+///     let lr = 1e-3 * 0.99f64.powi(i); // a schedule: no new capture
+///     let loss = step.run(batch, lr)?; // one replay
+/// #   let _ = loss;
+/// }
+/// let net = step.module(); // the current parameters
+/// # let _ = net;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Where the backend cannot capture (Flex), or a parameter's dtype is one the update kernels do
+/// not take, every step runs eagerly with burn's optimizer. Where a batch's shapes have no graph
+/// and the shape cache is full (or their capture failed), the step runs eagerly with the same
+/// update kernels as the graphs; [`GraphedStep::stats`] counts both.
+pub struct GraphedStep<M, I> {
+    /// The model as given; with whole-step graphs its parameters are the template of the
+    /// graphs' buffers, which hold the current values ([`GraphedStep::module`]).
+    model: M,
+    loss: fn(&M, I) -> Tensor<1>,
+    optimizer: StepOptimizer,
+    clipping: Option<Clipping>,
+    micro_batches: usize,
+    config: GraphedConfig,
+    mode: ModuleMode,
+    engine: Option<Engine>,
+    /// burn's optimizer, for steps without whole-step graphs.
+    eager: Option<ModuleOptimizer>,
+    stats: StepStats,
+    _inputs: PhantomData<fn(I)>,
+}
+
+/// The device side: the shared buffers and the graphs per input signature.
+struct Engine {
+    state: Arc<StepState>,
+    graphs: Option<ShapeCache<StepGraph>>,
+}
+
+impl<M, I> GraphedStep<M, I>
+where
+    M: Module,
+    I: TensorGroup,
+{
+    /// Captures one training step of `model` with the loss function `loss` and `optimizer`
+    /// (burn's `&AdamConfig`, `&AdamWConfig`, `&SgdConfig`, or a [`StepOptimizer`]), on
+    /// `sample` (the shapes and dtypes of real batches; the values do not matter).
+    ///
+    /// The model and the optimizer state are left as they were: the capture's warm-ups run on
+    /// the graph's own buffers and are undone, and it consumes no [`DeviceRng`](crate::DeviceRng)
+    /// draws. The optimizer state starts empty, as a new burn optimizer's.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `optimizer` for what whole steps do not run
+    /// (AMSGrad, cautious weight decay) or `clipping` for global-norm clipping where graphs
+    /// cannot be used, [`GraphedError::Capture`] or [`GraphedError::ReplayDiffers`] when the
+    /// step cannot be captured (the device is left usable), [`GraphedError::Unsupported`] when
+    /// [`GraphedConfig::require_graphs`] is set and the backend cannot capture.
+    pub fn new(
+        model: M,
+        loss: fn(&M, I) -> Tensor<1>,
+        optimizer: impl IntoStepOptimizer,
+        sample: I,
+        config: &GraphedConfig,
+    ) -> Result<Self, GraphedError> {
+        Self::accumulating(model, loss, optimizer, vec![sample], config)
+    }
+
+    /// As [`new`](Self::new), for steps that accumulate gradients over `samples.len()`
+    /// micro-batches before one update (burn's `GradientsAccumulator`: the gradients are
+    /// summed; scale the loss inside `loss` for a mean). Steps then go through
+    /// [`run_accumulated`](Self::run_accumulated).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), and [`GraphedError::InvalidArgument`] naming `samples` when it is
+    /// empty.
+    pub fn accumulating(
+        model: M,
+        loss: fn(&M, I) -> Tensor<1>,
+        optimizer: impl IntoStepOptimizer,
+        samples: Vec<I>,
+        config: &GraphedConfig,
+    ) -> Result<Self, GraphedError> {
+        if samples.is_empty() {
+            return Err(GraphedError::InvalidArgument {
+                argument: "samples",
+                detail: "got no micro-batch, expected at least one".into(),
+            });
+        }
+        let (optimizer, clipping) = optimizer.into_step_optimizer()?;
+        let (param_entries, mode) = params::collect(&model);
+        if let Some(device) = params::device_of(&param_entries)
+            && !device.is_autodiff()
+        {
+            return Err(GraphedError::NotAutodiff {
+                what: "the model",
+                device: format!("{device:?}"),
+            });
+        }
+        let state = StepState::new(&param_entries, optimizer, clipping)?;
+        let mut step = Self {
+            micro_batches: samples.len(),
+            eager: state.is_none().then(|| optimizer.to_burn(clipping)),
+            engine: state.map(|state| Engine {
+                state,
+                graphs: None,
+            }),
+            model,
+            loss,
+            optimizer,
+            clipping,
+            config: config.clone(),
+            mode,
+            stats: StepStats::default(),
+            _inputs: PhantomData,
+        };
+        if step.engine.is_none() {
+            if config.require_graphs {
+                return Err(GraphedError::Unsupported {
+                    device: format!("{:?}", param_entries.first().map(|p| &p.tensor.device)),
+                });
+            }
+            return Ok(step);
+        }
+        let flat: Vec<Vec<FlatTensor>> = samples.into_iter().map(TensorGroup::flatten).collect();
+        let key = signature(&flat);
+        let graph = step.capture(&flat)?;
+        let bytes = graph.held_bytes();
+        if let Some(engine) = step.engine.as_mut() {
+            engine.graphs = Some(ShapeCache::new(
+                CacheLimits {
+                    max_graphs: config.max_graphs,
+                    max_bytes: config.max_graph_bytes,
+                },
+                key,
+                graph,
+                bytes,
+            ));
+        }
+        Ok(step)
+    }
+
+    /// One training step on `batch` at learning rate `lr`: one replay where a graph serves the
+    /// batch's shapes. Returns the loss (shape `[1]` for a loss function returning a mean),
+    /// without autodiff.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `batch` when the step accumulates several
+    /// micro-batches, or `lr` when it is not finite; [`GraphedError::Mismatch`] when the step
+    /// cannot replay and [`GraphedConfig::on_mismatch`] is [`MismatchPolicy::Error`];
+    /// [`GraphedError::InputNotWritten`] when an input holds no values; [`GraphedError::Replay`]
+    /// when the device refuses the replay.
+    pub fn run(&mut self, batch: I, lr: f64) -> Result<Tensor<1>, GraphedError> {
+        if self.micro_batches != 1 {
+            return Err(GraphedError::InvalidArgument {
+                argument: "batch",
+                detail: format!(
+                    "this step accumulates {} micro-batches: call run_accumulated",
+                    self.micro_batches
+                ),
+            });
+        }
+        self.run_accumulated(vec![batch], lr)
+    }
+
+    /// One training step over the micro-batches `batches` (as many as the capture's samples):
+    /// their gradients summed, then one update. Returns the micro-batches' losses, in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run); [`GraphedError::InvalidArgument`] naming `batches` for another
+    /// number of micro-batches than the capture's.
+    pub fn run_accumulated(&mut self, batches: Vec<I>, lr: f64) -> Result<Tensor<1>, GraphedError> {
+        if batches.len() != self.micro_batches {
+            return Err(GraphedError::InvalidArgument {
+                argument: "batches",
+                detail: format!(
+                    "got {} micro-batches, expected {} (the capture's)",
+                    batches.len(),
+                    self.micro_batches
+                ),
+            });
+        }
+        if !lr.is_finite() {
+            return Err(GraphedError::InvalidArgument {
+                argument: "lr",
+                detail: format!("got {lr}, expected a finite learning rate"),
+            });
+        }
+        let Some(engine) = self.engine.as_ref() else {
+            return self.burn_step(batches, lr, FallbackReason::Unsupported);
+        };
+        let state = engine.state.clone();
+        let flat: Vec<Vec<FlatTensor>> = batches.into_iter().map(TensorGroup::flatten).collect();
+        let mode = params::collect(&self.model).1;
+        let graph = if !state.on_capture_thread() {
+            Err(FallbackReason::OtherThread)
+        } else if mode.difference(&self.mode).is_some() {
+            Err(FallbackReason::ModeChanged)
+        } else {
+            self.graph_for(&flat)?
+        };
+        state.set_lr(lr)?;
+        let losses = match graph {
+            Ok(()) => {
+                let key = signature(&flat);
+                let cache = self.engine.as_mut().and_then(|e| e.graphs.as_mut());
+                let graph =
+                    cache
+                        .and_then(|cache| cache.get(&key))
+                        .ok_or(GraphedError::Replay {
+                            which: "whole step",
+                            reason: "the graph for this signature left the cache".into(),
+                        })?;
+                let (losses, copies) = graph.replay(&flat)?;
+                self.stats.replays += 1;
+                self.stats.input_copies += copies;
+                losses
+            }
+            Err(reason) => {
+                if self.config.on_mismatch == MismatchPolicy::Error {
+                    return Err(GraphedError::Mismatch { reason });
+                }
+                *self.stats.eager.entry(reason).or_default() += 1;
+                state.eager_step(&self.runner(), &flat)?
+            }
+        };
+        Ok(concat(losses))
+    }
+
+    /// The graph for `flat`'s signature: cached, or captured now where the shape cache admits
+    /// it; or why the step runs eagerly.
+    fn graph_for(
+        &mut self,
+        flat: &[Vec<FlatTensor>],
+    ) -> Result<Result<(), FallbackReason>, GraphedError> {
+        let key = signature(flat);
+        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
+            return Ok(Err(FallbackReason::Unsupported));
+        };
+        if cache.get(&key).is_some() {
+            return Ok(Ok(()));
+        }
+        match cache.admit(&key, |_| false) {
+            Admission::Capture => {}
+            Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
+            Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
+        }
+        let captured = self.capture(flat);
+        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
+            return Ok(Err(FallbackReason::Unsupported));
+        };
+        match captured {
+            Ok(graph) => {
+                let bytes = graph.held_bytes();
+                match cache.insert(key, graph, bytes, |_| false) {
+                    Ok(_evicted) => Ok(Ok(())),
+                    Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
+                }
+            }
+            Err(error) if self.config.require_graphs => Err(error),
+            Err(error) => {
+                cache.record_failure(key, error.to_string());
+                Ok(Err(FallbackReason::CaptureFailed))
+            }
+        }
+    }
+
+    fn capture(&self, flat: &[Vec<FlatTensor>]) -> Result<StepGraph, GraphedError> {
+        let engine = self.engine.as_ref().ok_or(GraphedError::Unsupported {
+            device: "(no whole-step state)".into(),
+        })?;
+        cube::capture_step(&engine.state, &self.runner(), flat, &self.config)
+    }
+
+    /// The loss function on the model with its parameters replaced, type-erased.
+    fn runner(&self) -> StepRunner<'_> {
+        let model = &self.model;
+        let loss = self.loss;
+        Box::new(move |params, inputs| {
+            let mut params = params.iter();
+            let copy = params::replace(model.clone(), |_, flat| FlatTensor {
+                tensor: params.next().cloned().unwrap_or(flat.tensor.clone()),
+                ..flat
+            });
+            I::unflatten(inputs).map(|inputs| loss(&copy, inputs).into_dispatch())
+        })
+    }
+
+    /// A step with burn's optimizer, where no whole-step state exists.
+    fn burn_step(
+        &mut self,
+        batches: Vec<I>,
+        lr: f64,
+        reason: FallbackReason,
+    ) -> Result<Tensor<1>, GraphedError> {
+        if self.config.on_mismatch == MismatchPolicy::Error && reason != FallbackReason::Unsupported
+        {
+            return Err(GraphedError::Mismatch { reason });
+        }
+        let Some(optimizer) = self.eager.as_mut() else {
+            return Err(GraphedError::Unsupported {
+                device: "(no eager optimizer)".into(),
+            });
+        };
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        let mut losses = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let loss = (self.loss)(&self.model, batch);
+            let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+            accumulator.accumulate(&self.model, grads);
+            losses.push(loss.inner().into_dispatch());
+        }
+        let mut grads = accumulator.grads();
+        if let Some(Clipping::GlobalNorm(max)) = self.clipping {
+            grads = clip_global_norm(&self.model, grads, max);
+        }
+        self.model = optimizer.step(lr, self.model.clone(), grads);
+        *self.stats.eager.entry(reason).or_default() += 1;
+        Ok(concat(losses))
+    }
+
+    /// The model with the current parameters: copies of the graphs' buffers (later steps do
+    /// not change it), with the `require_grad` of the model given.
+    pub fn module(&self) -> M {
+        let Some(engine) = self.engine.as_ref() else {
+            return self.model.clone();
+        };
+        let values = engine.state.param_values();
+        with_values(self.model.clone(), values)
+    }
+
+    /// The model with the current parameters, ending the step.
+    pub fn into_module(self) -> M {
+        self.module()
+    }
+
+    /// Makes `model`'s parameters the current ones (a checkpoint loaded, a model assigned
+    /// back); the optimizer state is kept.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ParametersChanged`] when `model`'s parameters differ in number, id or
+    /// shape from the step's model (nothing is written then).
+    pub fn load_module(&mut self, model: M) -> Result<(), GraphedError> {
+        let (entries, mode) = params::collect(&model);
+        if let Some(detail) = mode.structural_difference(&self.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        if let Some(engine) = self.engine.as_ref() {
+            let values: Vec<_> = entries.into_iter().map(|e| e.tensor.tensor).collect();
+            engine.state.load_params(&values)?;
+        }
+        self.model = model;
+        Ok(())
+    }
+
+    /// The optimizer state, per float parameter in visiting order: the two moments for Adam
+    /// and AdamW, the velocity for SGD with momentum, nothing for plain SGD (copies, without
+    /// autodiff). Empty where steps run with burn's optimizer (see its records instead).
+    pub fn optimizer_state(&self) -> Vec<Vec<FlatTensor>> {
+        let Some(engine) = self.engine.as_ref() else {
+            return Vec::new();
+        };
+        engine
+            .state
+            .state_values()
+            .into_iter()
+            .map(|states| {
+                states
+                    .into_iter()
+                    .map(|tensor| FlatTensor::from_tensor(Tensor::<1>::from_dispatch(tensor)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Optimizer updates done.
+    pub fn steps(&self) -> u64 {
+        match self.engine.as_ref() {
+            Some(engine) => engine.state.steps(),
+            None => self.stats.total_eager(),
+        }
+    }
+
+    /// Whether steps can replay whole-step graphs (burn's cubecl backend, parameters in a
+    /// dtype the update kernels take).
+    pub fn is_graphed(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    /// Asks the step to run `optimizer` from now on. Its constants are compiled into the
+    /// graphs, so only the same optimizer is accepted (a no-op); the learning rate, the one
+    /// value meant to change, is an argument of every step.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `optimizer` when it differs from the step's
+    /// (nothing changes): build a new step from [`module`](Self::module) instead.
+    pub fn set_optimizer(&mut self, optimizer: impl IntoStepOptimizer) -> Result<(), GraphedError> {
+        let (optimizer, clipping) = optimizer.into_step_optimizer()?;
+        let same = match self.engine.as_ref() {
+            Some(engine) => engine.state.runs(&optimizer, clipping),
+            None => self.optimizer == optimizer && self.clipping == clipping,
+        };
+        if same {
+            return Ok(());
+        }
+        Err(GraphedError::InvalidArgument {
+            argument: "optimizer",
+            detail: format!(
+                "got {optimizer:?} with clipping {clipping:?}, but the step's graphs were                  captured for {:?} with clipping {:?} (constants of the update kernels); build a                  new GraphedStep from module()",
+                self.optimizer, self.clipping
+            ),
+        })
+    }
+
+    /// The optimizer and clipping the step runs.
+    pub fn optimizer(&self) -> (StepOptimizer, Option<Clipping>) {
+        (self.optimizer, self.clipping)
+    }
+
+    /// Counters: replays, eager steps by reason, input copies, the shape cache.
+    pub fn stats(&self) -> StepStats {
+        let mut stats = self.stats.clone();
+        if let Some(cache) = self.engine.as_ref().and_then(|e| e.graphs.as_ref()) {
+            stats.shape_cache = cache.stats().clone();
+        }
+        stats
+    }
+}
+
+/// `model` with its float parameters replaced by `values` (visiting order), each with the
+/// `require_grad` it had.
+fn with_values<M: Module>(model: M, values: Vec<burn::backend::DispatchTensor>) -> M {
+    let mut values = values.into_iter();
+    params::replace(model, |_, flat| {
+        let Some(value) = values.next() else {
+            return flat;
+        };
+        let tensor = Dispatch::from_inner(value);
+        FlatTensor {
+            tensor: if flat.require_grad {
+                Dispatch::float_set_require_grad(tensor, true)
+            } else {
+                tensor
+            },
+            ..flat
+        }
+    })
+}
+
+/// `grads` scaled by PyTorch's `clip_grad_norm_` factor, `max / (norm + 1e-6)` clamped to 1,
+/// the norm over every gradient of `model` (tensor operations: nothing read on the host).
+fn clip_global_norm<M: Module>(model: &M, grads: GradientsParams, max: f32) -> GradientsParams {
+    use burn::module::{ModuleVisitor, Param};
+    struct Norm<'a>(&'a GradientsParams, Option<Tensor<1>>);
+    impl ModuleVisitor for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = self.0.get::<D>(param.id) {
+                let n = grad.shape().num_elements();
+                let sum = grad.reshape([n]).square().sum();
+                self.1 = Some(match self.1.take() {
+                    Some(total) => total + sum,
+                    None => sum,
+                });
+            }
+        }
+    }
+    struct Scale(GradientsParams, Tensor<1>);
+    impl ModuleVisitor for Scale {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = self.0.remove::<D>(param.id) {
+                let factor = self.1.clone().reshape([1; D]);
+                self.0.register(param.id, grad * factor);
+            }
+        }
+    }
+    let mut norm = Norm(&grads, None);
+    model.visit(&mut norm);
+    let Some(total) = norm.1 else {
+        return grads;
+    };
+    let factor = (max / total.sqrt().add_scalar(1e-6)).clamp_max(1.0);
+    let mut scale = Scale(grads, factor);
+    model.visit(&mut scale);
+    scale.0
+}
+
+/// The signature of a step's micro-batches: every flattened input's shape and dtype.
+fn signature(flat: &[Vec<FlatTensor>]) -> Vec<TensorSpec> {
+    flat.iter()
+        .flatten()
+        .map(|t| TensorSpec {
+            require_grad: false,
+            ..t.spec()
+        })
+        .collect()
+}
+
+/// The micro-batches' losses as one tensor.
+fn concat(losses: Vec<burn::backend::DispatchTensor>) -> Tensor<1> {
+    let mut losses: Vec<Tensor<1>> = losses.into_iter().map(Tensor::from_dispatch).collect();
+    if losses.len() == 1 {
+        return losses.remove(0);
+    }
+    Tensor::cat(losses, 0)
+}

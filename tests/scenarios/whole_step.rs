@@ -1,0 +1,352 @@
+//! Whole-step graphs (`GraphedStep`): forward, loss, backward, clipping and the optimizer
+//! update in one replay, against eager training with burn's own optimizer.
+
+use burn::optim::AdamConfig;
+use burn::prelude::*;
+use burn_graphed::testing::{FaultInjection, inject};
+use burn_graphed::{
+    Clipping, DeviceRng, FallbackReason, GraphDropout, GraphedConfig, GraphedError, GraphedStep,
+    SgdMomentum, StepOptimizer,
+};
+use burn_graphed_testkit::{Tolerance, WholeStepComparison, compare_whole_step};
+
+use super::{Mlp, supports_graphs, tolerance_for};
+
+/// The model of these scenarios: a small MLP and a mean squared error to a target.
+fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+    (model.forward(x) - target).powi_scalar(2).mean()
+}
+
+/// The MLP with dropout from a device generator between its layers.
+#[derive(Module, Debug)]
+pub struct DropoutMlp {
+    pub mlp: Mlp,
+    pub dropout: GraphDropout,
+}
+
+fn dropout_mse(model: &DropoutMlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+    let hidden = model.dropout.forward(model.mlp.forward(x));
+    (hidden - target).powi_scalar(2).mean()
+}
+
+fn batch(device: &Device, rows: usize, step: usize) -> (Tensor<2>, Tensor<2>) {
+    let x = Tensor::<2>::from_data(
+        TensorData::new(
+            (0..rows * 8)
+                .map(|i| ((i * 7 + step * 13) % 17) as f32 / 17.0 - 0.5)
+                .collect::<Vec<_>>(),
+            [rows, 8],
+        ),
+        device,
+    );
+    let target = Tensor::<2>::from_data(
+        TensorData::new(
+            (0..rows * 4)
+                .map(|i| ((i * 5 + step * 3) % 11) as f32 / 11.0)
+                .collect::<Vec<_>>(),
+            [rows, 4],
+        ),
+        device,
+    );
+    (x, target)
+}
+
+pub fn adam() -> StepOptimizer {
+    StepOptimizer::Adam {
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-3,
+        weight_decay: Some(1e-2),
+    }
+}
+
+pub fn adamw() -> StepOptimizer {
+    StepOptimizer::AdamW {
+        beta_1: 0.8,
+        beta_2: 0.99,
+        epsilon: 1e-3,
+        weight_decay: 5e-2,
+    }
+}
+
+pub fn sgd_momentum() -> StepOptimizer {
+    StepOptimizer::Sgd {
+        momentum: Some(SgdMomentum {
+            momentum: 0.9,
+            dampening: 0.1,
+            nesterov: true,
+        }),
+        weight_decay: Some(1e-2),
+    }
+}
+
+/// The tolerance of the whole-step comparisons: the update kernels compute each element in
+/// one expression (a compiler may contract a multiply and an add), burn's optimizer in
+/// separate operations.
+fn tolerance(device: &Device) -> Tolerance {
+    let base = tolerance_for(device);
+    Tolerance {
+        rel: base.rel.max(1e-4),
+        abs: base.abs.max(1e-6),
+        ..base
+    }
+}
+
+/// `steps` whole steps of the MLP with `optimizer` and `clipping`, `micro` micro-batches each,
+/// a decaying learning rate and (with `batch_sizes`) a batch size that changes every step,
+/// against burn's optimizer: every loss, parameter and optimizer state agree, and every step
+/// replays where graphs exist.
+pub fn whole_step_matches_eager(
+    device: &Device,
+    optimizer: StepOptimizer,
+    clipping: Option<Clipping>,
+    micro: usize,
+    batch_sizes: &[usize],
+    steps: usize,
+) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(8, 2, 4, &device);
+    let sizes = batch_sizes.to_vec();
+    let report = compare_whole_step(WholeStepComparison {
+        model,
+        twin: None,
+        loss: mse,
+        optimizer,
+        clipping,
+        batches: &mut |step| {
+            let rows = sizes[step % sizes.len()];
+            (0..micro)
+                .map(|m| batch(&device, rows, step * micro + m))
+                .collect()
+        },
+        learning_rate: &|step| 2e-2 * 0.8f64.powi(step as i32),
+        steps,
+        graphed: GraphedConfig::new(),
+        tolerance: tolerance(&device),
+    })
+    .expect("whole step");
+    assert!(report.report.passed(), "{}", report.report);
+    if supports_graphs(&device) {
+        assert_eq!(
+            report.stats.total_eager(),
+            0,
+            "every step replays: {:?}",
+            report.stats
+        );
+        assert_eq!(report.stats.replays, steps as u64);
+        assert_eq!(
+            report.stats.shape_cache.graphs,
+            batch_sizes.len().min(steps),
+            "one graph per batch size"
+        );
+    } else {
+        assert_eq!(
+            report.stats.eager.get(&FallbackReason::Unsupported),
+            Some(&(steps as u64))
+        );
+    }
+}
+
+/// The comparison must fail when the graph records no update, or when the learning rate is
+/// frozen at the first step's while the schedule changes it: the harness catches both.
+pub fn whole_step_negative_controls(device: &Device) {
+    if !supports_graphs(device) {
+        return;
+    }
+    let device = device.clone().autodiff();
+    for fault in [FaultInjection::SkipUpdate, FaultInjection::FreezeLr] {
+        let _guard = inject(fault);
+        let report = compare_whole_step(WholeStepComparison {
+            model: Mlp::new(8, 1, 4, &device),
+            twin: None,
+            loss: mse,
+            optimizer: adam(),
+            clipping: None,
+            batches: &mut |step| vec![batch(&device, 4, step)],
+            learning_rate: &|step| 5e-2 / (1 + step) as f64,
+            steps: 3,
+            graphed: GraphedConfig::new(),
+            tolerance: tolerance(&device),
+        })
+        .expect("whole step");
+        assert!(
+            !report.report.passed(),
+            "{fault:?} must fail the comparison: {}",
+            report.report
+        );
+    }
+}
+
+/// A whole step leaves the model as it was until it runs: capturing (warm-ups, the first run
+/// of the recording) changes no parameter and no optimizer state, and the first step then
+/// equals burn's first step.
+pub fn whole_step_capture_changes_nothing(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(8, 1, 4, &device);
+    let before = burn_graphed_testkit::param_values(&model).expect("read");
+    let step = GraphedStep::new(
+        model,
+        mse,
+        &AdamConfig::new(),
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let after = burn_graphed_testkit::param_values(&step.module()).expect("read");
+    for ((_, a), (_, b)) in before.iter().zip(&after) {
+        a.assert_eq(b, true);
+    }
+    assert_eq!(step.steps(), 0);
+    for states in step.optimizer_state() {
+        for state in states {
+            let data = Tensor::<1>::from_dispatch(state.tensor().clone()).into_data();
+            assert!(
+                data.try_to_vec::<f32>().unwrap().iter().all(|v| *v == 0.0),
+                "moments untouched by the capture"
+            );
+        }
+    }
+}
+
+/// Dropout from a `DeviceRng` inside the model: every replay draws a new mask, in the same
+/// sequence as eager steps from a generator seeded alike, and the capture draws nothing.
+pub fn whole_step_dropout_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let mlp = Mlp::new(8, 1, 4, &device);
+    let make = |mlp: Mlp| DropoutMlp {
+        mlp,
+        dropout: GraphDropout::new(0.3, DeviceRng::new(7, &device)).expect("dropout"),
+    };
+    let twin = make(burn_graphed_testkit::deep_copy(&mlp));
+    let report = compare_whole_step(WholeStepComparison {
+        model: make(mlp),
+        twin: Some(twin),
+        loss: dropout_mse,
+        optimizer: adam(),
+        clipping: None,
+        batches: &mut |step| vec![batch(&device, 4, step)],
+        learning_rate: &|_| 1e-2,
+        steps,
+        graphed: GraphedConfig::new(),
+        tolerance: tolerance(&device),
+    })
+    .expect("whole step");
+    assert!(report.report.passed(), "{}", report.report);
+}
+
+/// Bad input gets typed errors naming the argument, and nothing changes.
+pub fn whole_step_bad_input(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(8, 1, 4, &device);
+    let error = GraphedStep::new(
+        model.clone(),
+        mse,
+        &AdamConfig::new().with_amsgrad(true),
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .err()
+    .expect("AMSGrad refused");
+    assert!(
+        matches!(
+            error,
+            GraphedError::InvalidArgument {
+                argument: "optimizer",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let mut step = GraphedStep::new(
+        model,
+        mse,
+        &AdamConfig::new(),
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let before = burn_graphed_testkit::param_values(&step.module()).expect("read");
+    let error = step.run(batch(&device, 4, 1), f64::NAN).unwrap_err();
+    assert!(
+        matches!(error, GraphedError::InvalidArgument { argument: "lr", .. }),
+        "{error}"
+    );
+    let error = step
+        .run_accumulated(vec![batch(&device, 4, 1), batch(&device, 4, 2)], 1e-3)
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            GraphedError::InvalidArgument {
+                argument: "batches",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let error = step.set_optimizer(sgd_momentum()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            GraphedError::InvalidArgument {
+                argument: "optimizer",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let after = burn_graphed_testkit::param_values(&step.module()).expect("read");
+    for ((_, a), (_, b)) in before.iter().zip(&after) {
+        a.assert_eq(b, true);
+    }
+    assert_eq!(step.steps(), 0);
+}
+
+/// A loss that reads a value on the host cannot be captured where the device refuses reads in
+/// a recording; where it does not (wgpu's software graphs), validation catches the frozen
+/// value. Either way the model is untouched and eager training goes on.
+pub fn whole_step_host_read_is_refused(device: &Device) {
+    if !supports_graphs(device) {
+        return;
+    }
+    fn reading_mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+        let scale: f32 = target.clone().abs().max().into_scalar();
+        (model.forward(x) - target / (scale + 1.0))
+            .powi_scalar(2)
+            .mean()
+    }
+    let device = device.clone().autodiff();
+    let model = Mlp::new(8, 1, 4, &device);
+    let before = burn_graphed_testkit::param_values(&model).expect("read");
+    let result = GraphedStep::new(
+        model.clone(),
+        reading_mse,
+        &AdamConfig::new(),
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    );
+    if let Err(error) = &result {
+        assert!(
+            matches!(
+                error,
+                GraphedError::Capture { .. } | GraphedError::ReplayDiffers { .. }
+            ),
+            "{error}"
+        );
+    }
+    let after = burn_graphed_testkit::param_values(&model).expect("read");
+    for ((_, a), (_, b)) in before.iter().zip(&after) {
+        a.assert_eq(b, true);
+    }
+    // The device is usable: a correct step captures and trains.
+    let mut step = GraphedStep::new(
+        model,
+        mse,
+        &AdamConfig::new(),
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture after a failed one");
+    step.run(batch(&device, 4, 1), 1e-3).expect("step");
+    assert_eq!(step.stats().replays, 1);
+}
