@@ -1,21 +1,44 @@
 """Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
 into BENCHMARKS.md's tables and a PNG plot.
 
-The first table compares burn and torch with plain Adam (eager, graphed, copy costs, memory).
-When the results hold `*_fused_adam` modes, a second table ("Fused Adam:") follows it: burn
-graphed with Adam / FusedAdam / FusedAdam + OutputPolicy::Static against torch graphed with
-Adam / Adam(fused=True), the best burn graphed FusedAdam over torch graphed, and the eager
-numbers; the plot adds those graphed fused-Adam series. With `*_multi_adam` modes a third table
-("Multi-tensor Adam:") compares burn graphed static with FusedAdam per parameter and with
-MultiTensorAdam against torch graphed, and the plot adds the MultiTensorAdam series.
+Tables, in order (one whose modes no row has is left out):
 
-The "Goal" table comes first: per model and dtype, the best graphed Burn (static hand-outs with
-MultiTensorAdam, else the fastest graphed mode) against graphed PyTorch with fused Adam (else its
-default Adam), each framework's graphed/eager speedup, the memory that graphed runs reserve
-beyond eager ones, and the value check of that Burn row (`check_passed`, see train_step.rs;
-with the number of autotune keys cubecl decided unmeasured, `autotune_unmeasured`, of that
-row and of Burn's eager row, if any: their kernels are cubecl's first candidates, not
-measured winners, so their times are not what autotuning would give).
+"Whole step", the headline: per model and dtype with a Burn `whole_step` row, one graph per
+training step (forward, loss, backward, update) on both sides: Burn's `whole_step` and
+`whole_step_floor` (the same graph replayed with no input copy: the device's floor) and their
+ratio, against PyTorch's make_graphed_callables with the loss inside and fused Adam
+(`graphed_loss_fused_adam`), its whole-network capture with capturable foreach Adam
+(`whole_step`) and fused Adam (`whole_step_fused_adam`) and the fused one's floor
+(`whole_step_floor_fused_adam`), and the ratios of Burn's whole step to make_graphed_callables
+and to the faster of the two PyTorch whole steps.
+
+"Time to the first trained step": rows of mode `first_step` (PyTorch: whole-network capture;
+Burn, if any: its whole step) and `first_step_graphed` (PyTorch: make_graphed_callables),
+marked `"single"`: one measurement each, in seconds, from model creation to the end of the
+first trained step, setup and capture included. Single rows enter no other table nor the plot.
+
+"Goal": per model and dtype, the best graphed Burn (static hand-outs with MultiTensorAdam, else
+the fastest graphed mode) against graphed PyTorch with fused Adam (else its default Adam), each
+framework's graphed/eager speedup, the memory that graphed runs reserve beyond eager ones, and
+the value check of that Burn row (`check_passed`, see train_step.rs; with the number of
+autotune keys cubecl decided unmeasured, `autotune_unmeasured`, of that row and of Burn's eager
+row, if any: their kernels are cubecl's first candidates, not measured winners, so their times
+are not what autotuning would give).
+
+"Adam, with the copy costs": burn and torch with plain Adam (eager, graphed, copy costs, memory).
+
+"Fused Adam", when the results hold `*_fused_adam` modes of the step-by-step runs (not those of
+whole steps nor of the loss inside the graphs, which have tables of their own): burn graphed
+with Adam / FusedAdam / FusedAdam + OutputPolicy::Static against torch graphed with Adam /
+Adam(fused=True), the best burn graphed FusedAdam over torch graphed, and the eager numbers;
+the plot adds those graphed fused-Adam series.
+
+"Multi-tensor Adam", with `*_multi_adam` modes (again not the loss-inside one): burn graphed
+static with FusedAdam per parameter and with MultiTensorAdam against torch graphed; the plot
+adds the MultiTensorAdam series.
+
+"Loss inside the graphs", then the A/B tables of `AB_PARTS`.
+
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
 Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
@@ -137,6 +160,69 @@ def header(text):
     return [text, "|" + " --- |" * (text.count("|") - 1)]
 
 
+def whole_step_table(rows):
+    # One graph per training step on both sides: Burn's whole step and its floor against
+    # PyTorch's make_graphed_callables (loss inside, fused Adam) and whole-network capture
+    # (capturable foreach and fused Adam), as ratios of medians (of round medians when merged).
+    by = group(rows)
+    out = header(
+        "| model | dtype | burn whole step | burn floor | burn / own floor "
+        "| torch make_graphed_callables (fused) | torch whole step (foreach) "
+        "| torch whole step (fused) | torch floor (fused) | burn / torch mgc "
+        "| burn / best torch whole step |"
+    )
+    for (model, dtype), r in by.items():
+        if ("burn", "whole_step") not in r:
+            continue
+        us, cell = medians(r), cells(r)
+        bw = us("burn", "whole_step")
+        # The faster of torch's two whole steps; NaN only if both are missing (min() with a
+        # NaN would depend on argument order, so drop NaNs first).
+        torch_whole = [v for v in (us("torch", "whole_step"), us("torch", "whole_step_fused_adam"))
+                       if v == v]
+        best = min(torch_whole) if torch_whole else float("nan")
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'whole_step')} | {cell('burn', 'whole_step_floor')} "
+            f"| {num(bw / us('burn', 'whole_step_floor'), '.2f')} "
+            f"| {cell('torch', TORCH_LOSS)} | {cell('torch', 'whole_step')} "
+            f"| {cell('torch', 'whole_step_fused_adam')} "
+            f"| {cell('torch', 'whole_step_floor_fused_adam')} "
+            f"| {num(bw / us('torch', TORCH_LOSS), '.2f')} | {num(bw / best, '.2f')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def has_whole_step(rows):
+    return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
+
+
+FIRST_STEP_MODES = ("first_step", "first_step_graphed")
+
+
+def first_step_table(rows):
+    # Model creation to the end of the first trained step (setup and capture included), one
+    # measurement per row ("single"), in seconds.
+    by = group(rows)
+    out = header(
+        "| model | dtype | burn first step | torch whole step first step "
+        "| torch make_graphed_callables first step |"
+    )
+
+    def seconds(r, framework, mode):
+        row = r.get((framework, mode))
+        return num(row["median_us"] / 1e6, ".1f", " s") if row else "n/a"
+
+    for (model, dtype), r in by.items():
+        if not any((f, m) in r for f in ("burn", "torch") for m in FIRST_STEP_MODES):
+            continue
+        out.append(
+            f"| {model} | {dtype} | {seconds(r, 'burn', 'first_step')} "
+            f"| {seconds(r, 'torch', 'first_step')} "
+            f"| {seconds(r, 'torch', 'first_step_graphed')} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def table(rows):
     by = group(rows)
     out = header(
@@ -170,6 +256,10 @@ def table(rows):
 # Burn's graphed modes, best first: the goal table takes the first one a model has.
 BURN_GRAPHED_BEST = ["graphed_static_multi_adam", "graphed_static_fused_adam",
                      "graphed_fused_adam", "graphed"]
+
+
+GOAL_MODES = {"eager", "graphed", "graphed_fused_adam", *BURN_GRAPHED_BEST}
+ADAM_MODES = {"eager", "graphed", "graphed_no_input_copy", "graphed_no_param_copy"}
 
 
 def goal_table(rows):
@@ -221,8 +311,20 @@ def extra_mib(r, framework, mode):
     return f"{g['reserved_mib'] - e['reserved_mib']:.0f}" if g and e else "n/a"
 
 
+def own_table(mode):
+    """Whether `mode` is one of the modes with tables of their own (whole steps, the loss inside
+    the graphs, first steps), which the fused- and multi-tensor-Adam tables do not show even
+    where the name ends in `fused_adam` or `multi_adam`."""
+    return mode.startswith(("whole_step", "graphed_loss", "first_step"))
+
+
+def has_modes(rows, modes):
+    """Whether any row has one of `modes` (a table with none of them is left out)."""
+    return any(row["mode"] in modes for row in rows)
+
+
 def has_fused(rows):
-    return any(row["mode"].endswith("fused_adam") for row in rows)
+    return any(row["mode"].endswith("fused_adam") and not own_table(row["mode"]) for row in rows)
 
 
 def fused_table(rows):
@@ -257,7 +359,7 @@ def fused_table(rows):
 
 
 def has_multi(rows):
-    return any(row["mode"].endswith("multi_adam") for row in rows)
+    return any(row["mode"].endswith("multi_adam") and not own_table(row["mode"]) for row in rows)
 
 
 def multi_table(rows):
@@ -369,7 +471,10 @@ def plot(rows, device, path):
                          (("burn", "graphed_static_multi_adam"), "#ffca3a"),
                          (("torch", "graphed_fused_adam"), "#2b2d42"),
                          (("burn", BURN_LOSS), "#c1121f"),
-                         (("torch", TORCH_LOSS), "#52a675")]:
+                         (("torch", TORCH_LOSS), "#52a675"),
+                         (("burn", "whole_step"), "#7b2cbf"),
+                         (("torch", "whole_step"), "#90be6d"),
+                         (("torch", "whole_step_fused_adam"), "#277da1")]:
         if extra in present:
             series.append(extra)
             colors.append(color)
@@ -410,8 +515,20 @@ def main():
     parser.add_argument("--plot")
     args = parser.parse_args()
     rows, device = load(args.results)
-    text = f"Device: {device}\n\nGoal:\n\n" + goal_table(rows)
-    text += "\nAdam, with the copy costs:\n\n" + table(rows)
+    # One-off measurements (first steps, `"single"`; a first-step mode counts as one even
+    # without the flag): their own table only, not the per-step tables nor the plot.
+    is_single = lambda r: r.get("single") or r["mode"] in FIRST_STEP_MODES
+    singles = [r for r in rows if is_single(r)]
+    rows = [r for r in rows if not is_single(r)]
+    text = f"Device: {device}\n"
+    if has_whole_step(rows):
+        text += "\nWhole step:\n\n" + whole_step_table(rows)
+    if has_modes(singles, FIRST_STEP_MODES):
+        text += "\nTime to the first trained step:\n\n" + first_step_table(singles)
+    if has_modes(rows, GOAL_MODES):
+        text += "\nGoal:\n\n" + goal_table(rows)
+    if has_modes(rows, ADAM_MODES):
+        text += "\nAdam, with the copy costs:\n\n" + table(rows)
     if has_fused(rows):
         text += "\nFused Adam:\n\n" + fused_table(rows)
     if has_multi(rows):

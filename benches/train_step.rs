@@ -88,7 +88,8 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, FloatDType};
 use burn_graphed::testing::FaultInjection;
 use burn_graphed::{
-    FusedAdamConfig, Graphed, GraphedConfig, MultiTensorAdam, OutputPolicy, TensorGroup,
+    FusedAdamConfig, Graphed, GraphedConfig, GraphedStep, MultiTensorAdam, OutputPolicy,
+    TensorGroup,
 };
 use burn_graphed_testkit::{StepCheck, deep_copy, param_values, require_finite};
 
@@ -151,6 +152,8 @@ struct Row {
     /// first met inside a recording, where profiling is refused, gets its first candidate
     /// that launches, unmeasured, for the rest of the process.
     autotune_unmeasured: usize,
+    /// A one-off measurement (`first_step`): median, p10 and p90 are the one value.
+    single: bool,
 }
 
 impl Row {
@@ -174,8 +177,13 @@ impl Row {
         } else {
             format!(", \"fusion_removed\": \"{}\"", self.fusion_removed)
         };
+        let single = if self.single {
+            ", \"single\": true"
+        } else {
+            ""
+        };
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -305,7 +313,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 15] = [
+const MODES: [Mode; 18] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -321,11 +329,19 @@ const MODES: [Mode; 15] = [
     Mode::GraphedLoss(Optim::MultiAdam),
     Mode::Graphed(FaultInjection::SkipWriteCheck, Optim::MultiAdam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::MultiAdam),
+    Mode::WholeStep(false),
+    Mode::WholeStep(true),
+    Mode::FirstStep,
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
 /// each side runs the modes it has.
-const TORCH_ONLY_MODES: [&str; 1] = ["graphed_loss_fused_adam"];
+const TORCH_ONLY_MODES: [&str; 4] = [
+    "graphed_loss_fused_adam",
+    "whole_step_fused_adam",
+    "whole_step_floor_fused_adam",
+    "first_step_graphed",
+];
 
 /// The optimizer of a run: burn's `Adam`, `burn_graphed::FusedAdam` (one kernel per
 /// parameter, updating the graphs' parameter buffers in place), or
@@ -366,6 +382,15 @@ enum Mode {
     /// ([`Case::call_loss`]): the forward graph ends in the loss, and the backward graph starts
     /// from it. PyTorch's counterpart is `graphed_loss_fused_adam`.
     GraphedLoss(Optim),
+    /// `GraphedStep` with burn's Adam: forward, loss, backward and update in one graph, the
+    /// learning rate written before every replay (a schedule); `true`: the device floor, the
+    /// same graph replayed with no input copy (wrong values, timing only) and one learning
+    /// rate. PyTorch's counterparts: `whole_step` and `whole_step_floor`.
+    WholeStep(bool),
+    /// Time from making the model to the end of its first whole step (capture included), once
+    /// per process: cold or warm as cubecl's persistent cache is (`BURN_GRAPHED_CUBECL_ENV`).
+    /// PyTorch's counterpart: `first_step`.
+    FirstStep,
 }
 
 impl Mode {
@@ -394,6 +419,13 @@ impl Mode {
             Mode::GraphedLoss(Adam) => "graphed_loss_static",
             Mode::GraphedLoss(FusedAdam) => "graphed_loss_static_fused_adam",
             Mode::GraphedLoss(MultiAdam) => "graphed_loss_static_multi_adam",
+            // Faults of whole steps: no `Graphed` mode injects them.
+            Mode::Graphed(FaultInjection::SkipUpdate | FaultInjection::FreezeLr, _) => {
+                "graphed_whole_step_fault"
+            }
+            Mode::WholeStep(false) => "whole_step",
+            Mode::WholeStep(true) => "whole_step_floor",
+            Mode::FirstStep => "first_step",
         }
     }
 
@@ -401,6 +433,7 @@ impl Mode {
     fn fault(self) -> FaultInjection {
         match self {
             Mode::Graphed(fault, _) => fault,
+            Mode::WholeStep(true) => FaultInjection::SkipInputCopy,
             _ => FaultInjection::None,
         }
     }
@@ -422,7 +455,7 @@ impl Mode {
             Mode::Graphed(
                 FaultInjection::SkipInputCopy | FaultInjection::SkipParamCopy,
                 _
-            )
+            ) | Mode::WholeStep(true)
         )
     }
 
@@ -433,6 +466,7 @@ impl Mode {
             | Mode::GraphedStatic(optim)
             | Mode::GraphedGuarded(optim)
             | Mode::GraphedLoss(optim) => optim,
+            Mode::WholeStep(_) | Mode::FirstStep => Optim::Adam,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -459,6 +493,9 @@ where
         .kernel_trace
         .as_deref()
         .map(|file| kernel_trace::Trace::start(file, &label));
+    if mode == Mode::FirstStep {
+        return first_step(case, &label, device, options, before);
+    }
     let model = (case.make)(device);
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device)).collect();
     let mut optimizer = mode.optimizer();
@@ -493,6 +530,16 @@ where
             device,
             options,
         ),
+        Mode::FirstStep => unreachable!("measured above"),
+        Mode::WholeStep(floor) => timed_whole_step(
+            model,
+            case.call_loss,
+            floor,
+            &inputs,
+            &label,
+            device,
+            options,
+        ),
         Mode::Graphed(..) | Mode::GraphedStatic(_) | Mode::GraphedGuarded(_) => timed_graphed(
             model,
             case.call,
@@ -515,8 +562,14 @@ where
     }
     // After the timed run and its memory reading: the check's models and pools are not in them.
     trace_phase("check");
-    let check = (options.check && !matches!(mode, Mode::Eager(_)))
-        .then(|| check(case, mode, &inputs, device, options));
+    // Not for the floor: it trains on the capture's batch only, which a check of these models
+    // cannot tell from the rotating batches (their losses agree within the check's noise).
+    let check = (options.check
+        && !matches!(
+            mode,
+            Mode::Eager(_) | Mode::WholeStep(true) | Mode::FirstStep
+        ))
+    .then(|| check(case, mode, &inputs, device, options));
     if let Some(check) = &check {
         eprintln!("# {label}: value check {check}");
         if mode.injects_fault() {
@@ -543,6 +596,7 @@ where
         fusion_removed: options.fusion_removed.clone(),
         check,
         autotune_unmeasured,
+        single: matches!(mode, Mode::FirstStep),
     }
 }
 
@@ -583,6 +637,146 @@ where
         assert_ran(model, label);
     }
     per_step
+}
+
+/// The timed steps of a whole-step `mode` (`floor`: no input copy, one learning rate): one
+/// `GraphedStep::run` per step; prints its counters.
+fn timed_whole_step<M, I>(
+    model: M,
+    loss: fn(&M, I) -> Tensor<1>,
+    floor: bool,
+    inputs: &[I],
+    label: &str,
+    device: &Device,
+    options: &Options,
+) -> Vec<f64>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+{
+    trace_phase("capture");
+    let started = Instant::now();
+    let fault = burn_graphed::testing::inject(Mode::WholeStep(floor).fault());
+    let mut step = GraphedStep::new(
+        model,
+        loss,
+        &AdamConfig::new(),
+        inputs[0].clone(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    drop(fault);
+    eprintln!(
+        "# {label}: capture {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let mut host = std::time::Duration::ZERO;
+    let mut count = 0u32;
+    let mut run = |i: usize| {
+        // A schedule changes the rate every step (a write before each replay); the floor
+        // keeps one rate.
+        let lr = if floor {
+            1e-4
+        } else {
+            1e-4 * (1.0 - 1e-7 * i as f64)
+        };
+        let clock = Instant::now();
+        let loss = step
+            .run(inputs[i % inputs.len()].clone(), lr)
+            .expect("whole step");
+        host += clock.elapsed();
+        count += 1;
+        drop(loss);
+    };
+    let per_step = time(device, options, label, &mut run);
+    eprintln!(
+        "# {label}: host {:.1} us per step (queueing: copy, lr write, replay, loss copy)",
+        host.as_secs_f64() * 1e6 / f64::from(count.max(1))
+    );
+    let stats = step.stats();
+    assert_eq!(stats.total_eager(), 0, "{stats:?}");
+    eprintln!("# {label}: {stats:?}");
+    assert_ran(&step.module(), label);
+    per_step
+}
+
+/// The time from making `case`'s model to the end of its first whole step (model, inputs,
+/// capture, one step, a device sync), as a one-off row.
+fn first_step<M, I, O>(
+    case: &Case<M, I, O>,
+    label: &str,
+    device: &Device,
+    options: &Options,
+    before: u64,
+) -> Row
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let started = Instant::now();
+    let model = (case.make)(device);
+    let input = (case.input)(device);
+    let mut step = GraphedStep::new(
+        model,
+        case.call_loss,
+        &AdamConfig::new(),
+        input.clone(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let loss = step.run(input, 1e-4).expect("whole step");
+    device.sync().expect("sync");
+    let elapsed = started.elapsed().as_secs_f64() * 1e6;
+    drop(loss);
+    eprintln!("# {label}: first step {:.2} s", elapsed / 1e6);
+    Row {
+        framework: "burn",
+        model: case.name.clone(),
+        dtype: options.dtype.clone(),
+        mode: Mode::FirstStep.label(),
+        median_us: elapsed,
+        p10_us: elapsed,
+        p90_us: elapsed,
+        reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
+        fusion_removed: options.fusion_removed.clone(),
+        check: None,
+        autotune_unmeasured: 0,
+        single: true,
+    }
+}
+
+/// [`check_steps`]'s counterpart for a whole-step `mode`: the same steps through a
+/// `GraphedStep` with burn's Adam.
+fn whole_step_check_steps<M, I>(
+    model: M,
+    loss: fn(&M, I) -> Tensor<1>,
+    inputs: &[I],
+    mode: Mode,
+) -> (Vec<f64>, Vec<(ParamId, TensorData)>)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+{
+    let fault = burn_graphed::testing::inject(mode.fault());
+    let mut step = GraphedStep::new(
+        model,
+        loss,
+        &AdamConfig::new(),
+        inputs[0].clone(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    drop(fault);
+    let losses = (0..CHECK_STEPS)
+        .map(|i| {
+            let loss = step
+                .run(inputs[i % inputs.len()].clone(), CHECK_LR)
+                .expect("whole step");
+            loss.into_data().iter::<f64>().next().expect("a loss")
+        })
+        .collect();
+    (losses, param_values(&step.module()).expect("read back"))
 }
 
 /// Panics unless the timed steps' trained parameters read back, all finite: a row whose steps
@@ -643,6 +837,9 @@ where
         mode.optimizer(),
     );
     let (graphed_losses, graphed) = match mode {
+        Mode::WholeStep(_) => {
+            whole_step_check_steps(deep_copy(&initial), case.call_loss, inputs, mode)
+        }
         Mode::GraphedLoss(_) => graphed_check_steps(
             deep_copy(&initial),
             case.call_loss,

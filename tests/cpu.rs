@@ -87,6 +87,8 @@ on_devices! {
     whole_step_dropout_matches_eager => |d| scenarios::whole_step::whole_step_dropout_matches_eager(d, 4);
     whole_step_bad_input => scenarios::whole_step::whole_step_bad_input;
     whole_step_host_read_is_refused => scenarios::whole_step::whole_step_host_read_is_refused;
+    whole_step_adam_records_round_trip => |d| scenarios::whole_step::whole_step_records_round_trip(d, scenarios::whole_step::adam());
+    whole_step_sgd_records_round_trip => |d| scenarios::whole_step::whole_step_records_round_trip(d, scenarios::whole_step::sgd_momentum());
     default_loop_replays_every_step => |d| scenarios::guarded::default_loop_replays_every_step(d, 4);
     /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
     #[cfg(feature = "train")]
@@ -98,6 +100,12 @@ on_devices! {
 #[test]
 fn wgpu_graphed_training_equals_eager() {
     scenarios::prop::graphed_training_equals_eager(&wgpu(), 4);
+}
+
+/// The whole-step property on wgpu (few cases, as above).
+#[test]
+fn wgpu_whole_step_equals_eager() {
+    scenarios::prop::whole_step_equals_eager(&wgpu(), 3);
 }
 
 /// Graphs on wgpu, an input on Flex (and the other way round): a typed error, nothing runs.

@@ -366,6 +366,12 @@ fn graphed_training_equals_eager() {
     scenarios::prop::graphed_training_equals_eager(&cuda(), 12);
 }
 
+/// The whole-step property: 8 cases by default, 256 with `--long`.
+#[test]
+fn whole_step_equals_eager() {
+    scenarios::prop::whole_step_equals_eager(&cuda(), 8);
+}
+
 #[test]
 fn same_shape_heads_match_eager() {
     scenarios::prop::same_shape_heads_match_eager(&cuda());
@@ -434,4 +440,62 @@ fn graphed_multi_tensor_adam_pitched() {
 #[test]
 fn learner_trains_graphed_like_eager() {
     scenarios::learner::learner_trains_graphed_like_eager(&cuda());
+}
+
+mod whole_step {
+    use super::{cuda, scenarios};
+    use burn_graphed::Clipping;
+    use scenarios::whole_step::*;
+
+    #[test]
+    fn adam_matches_eager() {
+        whole_step_matches_eager(&cuda(), adam(), None, 1, &[4], 10);
+    }
+
+    #[test]
+    fn adamw_clipped_matches_eager() {
+        whole_step_matches_eager(&cuda(), adamw(), Some(Clipping::Norm(0.05)), 1, &[4], 10);
+    }
+
+    #[test]
+    fn sgd_accumulated_matches_eager() {
+        let clipping = Some(Clipping::Value(0.02));
+        whole_step_matches_eager(&cuda(), sgd_momentum(), clipping, 2, &[4], 10);
+    }
+
+    #[test]
+    fn global_norm_batch_sizes_match_eager() {
+        let clipping = Some(Clipping::GlobalNorm(0.1));
+        whole_step_matches_eager(&cuda(), adam(), clipping, 1, &[4, 3, 7], 9);
+    }
+
+    #[test]
+    fn negative_controls() {
+        whole_step_negative_controls(&cuda());
+    }
+
+    #[test]
+    fn capture_changes_nothing() {
+        whole_step_capture_changes_nothing(&cuda());
+    }
+
+    #[test]
+    fn dropout_matches_eager() {
+        whole_step_dropout_matches_eager(&cuda(), 8);
+    }
+
+    #[test]
+    fn bad_input() {
+        whole_step_bad_input(&cuda());
+    }
+
+    #[test]
+    fn host_read_is_refused() {
+        whole_step_host_read_is_refused(&cuda());
+    }
+
+    #[test]
+    fn adamw_records_round_trip() {
+        whole_step_records_round_trip(&cuda(), adamw());
+    }
 }

@@ -357,3 +357,100 @@ pub fn same_shape_heads_match_eager(device: &Device) {
         "graphed differs from eager: {failures:?}"
     );
 }
+
+/// The generated model's forward and loss in one function: a whole step's loss function.
+fn prop_forward_loss(net: &PropNet, inputs: Vec<Tensor<2>>) -> Tensor<1> {
+    prop_loss(net.forward(inputs))
+}
+
+/// The whole-step optimizer of `arch` (burn's, as [`optimizer`] picks it) and a clipping picked
+/// from its seed.
+fn step_optimizer(arch: &Arch) -> (burn_graphed::StepOptimizer, Option<burn_graphed::Clipping>) {
+    use burn_graphed::{Clipping, SgdMomentum, StepOptimizer};
+    let optimizer = match arch.optimizer {
+        0 => StepOptimizer::Adam {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: ADAM_EPSILON,
+            weight_decay: None,
+        },
+        1 => StepOptimizer::AdamW {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: ADAM_EPSILON,
+            weight_decay: 0.01,
+        },
+        _ => StepOptimizer::Sgd {
+            momentum: Some(SgdMomentum {
+                momentum: 0.9,
+                dampening: 0.0,
+                nesterov: false,
+            }),
+            weight_decay: None,
+        },
+    };
+    let clipping = match arch.seed % 4 {
+        0 => Some(Clipping::Norm(0.5)),
+        1 => Some(Clipping::GlobalNorm(0.5)),
+        _ => None,
+    };
+    (optimizer, clipping)
+}
+
+/// The property for whole steps: a `GraphedStep` trains the generated models as burn's
+/// optimizer does (losses, parameters and optimizer state after every step), one micro-batch or
+/// two (from the seed), and replays every step where graphs exist.
+pub fn whole_step_equals_eager(device: &Device, default_cases: u32) {
+    let device = device.clone().autodiff();
+    let cases = cases(default_cases);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        max_shrink_iters: 32,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/whole_step_equals_eager.txt",
+        ))),
+        ..Config::default()
+    });
+    let ran = Cell::new(0u32);
+    let result = runner.run(&arch(), |arch| {
+        let (optimizer, clipping) = step_optimizer(&arch);
+        let micro = 1 + (arch.seed >> 8) as usize % 2;
+        let report =
+            burn_graphed_testkit::compare_whole_step(burn_graphed_testkit::WholeStepComparison {
+                model: PropNet::new(&arch, &device),
+                twin: None,
+                loss: prop_forward_loss,
+                optimizer,
+                clipping,
+                batches: &mut |step| {
+                    (0..micro)
+                        .map(|m| inputs_of(&arch, step * micro + m, &device))
+                        .collect()
+                },
+                learning_rate: &|step| arch.learning_rate / (1 + step) as f64,
+                steps: arch.steps,
+                graphed: GraphedConfig::new(),
+                tolerance: super::tolerance_for(&device),
+            })
+            .map_err(|error| TestCaseError::fail(format!("harness error: {error}")))?;
+        prop_assert!(report.report.passed(), "{arch:?}\n{}", report.report);
+        if report.report.summary.graphed {
+            prop_assert_eq!(
+                report.stats.replays,
+                arch.steps as u64,
+                "{:?}",
+                report.stats
+            );
+            prop_assert_eq!(report.stats.total_eager(), 0, "{:?}", report.stats);
+        }
+        ran.set(ran.get() + 1);
+        Ok(())
+    });
+    if let Err(error) = result {
+        panic!("whole steps differ from eager: {error}");
+    }
+    println!(
+        "proptest whole_step_equals_eager: {} cases passed ({cases} asked)",
+        ran.get()
+    );
+}

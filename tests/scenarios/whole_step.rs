@@ -350,3 +350,66 @@ pub fn whole_step_host_read_is_refused(device: &Device) {
     step.run(batch(&device, 4, 1), 1e-3).expect("step");
     assert_eq!(step.stats().replays, 1);
 }
+
+/// The optimizer state moves between a whole step and eager burn as burn's `OptimizerRecord`,
+/// both ways: after three whole steps, eager burn loaded with the step's record and a new
+/// whole step loaded with it go on exactly as the first step goes on.
+pub fn whole_step_records_round_trip(device: &Device, optimizer: StepOptimizer) {
+    use burn::optim::GradientsParams;
+    use burn_graphed_testkit::{deep_copy, param_values};
+    let device = device.clone().autodiff();
+    let mut step = GraphedStep::new(
+        Mlp::new(8, 1, 4, &device),
+        mse,
+        optimizer,
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    for i in 0..3 {
+        step.run(batch(&device, 4, i), 2e-2).expect("step");
+    }
+    // Through burn's serialized form (burnpack bytes), as a checkpoint would go.
+    let bytes = step.optimizer_record().into_bytes().expect("serialize");
+    let record = || burn::optim::OptimizerRecord::from_bytes(bytes.clone()).expect("deserialize");
+    let at_three = deep_copy(&step.module());
+    // Eager burn from the record.
+    let mut eager = optimizer.to_burn(None).load_record(record());
+    let mut eager_model = deep_copy(&at_three);
+    // A new whole step from the record.
+    let mut reloaded = GraphedStep::new(
+        deep_copy(&at_three),
+        mse,
+        optimizer,
+        batch(&device, 4, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    reloaded.load_optimizer_record(record()).expect("load");
+    // Adam's and AdamW's states carry their step count (SGD's has none).
+    if reloaded.is_graphed() && !matches!(optimizer, StepOptimizer::Sgd { .. }) {
+        assert_eq!(
+            reloaded.steps(),
+            step.steps(),
+            "the step count comes with the record"
+        );
+    }
+    for i in 3..5 {
+        let loss = mse(&eager_model, batch(&device, 4, i));
+        let grads = GradientsParams::from_grads(loss.backward(), &eager_model);
+        eager_model = eager.step(2e-2, eager_model, grads);
+        step.run(batch(&device, 4, i), 2e-2).expect("step");
+        reloaded.run(batch(&device, 4, i), 2e-2).expect("step");
+    }
+    let tolerance = tolerance(&device);
+    let expected = param_values(&eager_model).expect("read");
+    for (what, model) in [
+        ("continued", step.module()),
+        ("reloaded", reloaded.module()),
+    ] {
+        for ((_, e), (_, g)) in expected.iter().zip(param_values(&model).expect("read")) {
+            let comparison = burn_graphed_testkit::TensorComparison::new(what, e, &g, tolerance);
+            assert!(comparison.passed(), "{comparison}");
+        }
+    }
+}

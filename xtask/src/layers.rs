@@ -27,6 +27,7 @@ const FEATURES: &[&str] = &[
     "optim",
     "rng",
     "step",
+    "step_record",
     "train",
 ];
 

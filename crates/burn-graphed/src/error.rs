@@ -237,6 +237,13 @@ pub enum GraphedError {
         /// What was given and what was expected.
         detail: String,
     },
+    /// cubecl's persistent kernel cache was asked for after cubecl's configuration was loaded.
+    #[error(
+        "the kernel cache must be turned on before the first tensor operation: cubecl's \
+         configuration is already loaded (turn it on first thing in main, or put \
+         `[compilation] cache = true` in a cubecl.toml next to the program)"
+    )]
+    KernelCacheTooLate,
     /// A call does not match the capture and the policy is to refuse rather than run eagerly.
     #[error("call does not match the capture and on_mismatch = Error: {reason}")]
     Mismatch {

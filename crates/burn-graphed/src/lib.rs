@@ -115,6 +115,7 @@ mod multi_adam;
 mod optim;
 mod rng;
 mod step;
+mod step_record;
 #[cfg(feature = "train")]
 mod train;
 
@@ -133,6 +134,24 @@ pub use step_optim::{Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer};
 pub use tensors::{FlatTensor, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;
+
+/// Turns on cubecl's persistent cache of compiled kernels and autotune results, under `dir`
+/// (or, with `None`, where cubecl's configuration puts it: the project's `target/` by
+/// default), so that a later process captures without compiling again: the first whole step
+/// of a small model then takes well under a second instead of seconds (BENCHMARKS.md, "Time to
+/// the first step"). Call it first thing in `main`, before any tensor operation.
+///
+/// # Errors
+///
+/// [`GraphedError::KernelCacheTooLate`] when cubecl's configuration is already loaded
+/// (nothing changes; a `cubecl.toml` with `[compilation] cache = true` does the same).
+pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), GraphedError> {
+    if cube::enable_kernel_cache(dir) {
+        Ok(())
+    } else {
+        Err(GraphedError::KernelCacheTooLate)
+    }
+}
 
 /// Hooks for tests and benchmarks (the `testing` feature): deliberate faults that prove the
 /// equivalence checks catch them, and the host reference of [`DeviceRng`]'s draws.

@@ -18,6 +18,7 @@ use crate::params::{self, ModuleMode};
 use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
 use crate::stats::{FallbackReason, StepStats};
 use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
+use crate::step_record::{self, StateParts};
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// A training step captured whole: the model's forward and loss, the autodiff backward, the
@@ -431,6 +432,96 @@ where
                     .collect()
             })
             .collect()
+    }
+
+    /// The optimizer state as burn's [`OptimizerRecord`](burn::optim::OptimizerRecord): the
+    /// record that burn's own optimizer of the same kind (`AdamConfig::new().init()`, ...) writes
+    /// after the same steps, so that eager burn can load it (`load_record`) and go on.
+    pub fn optimizer_record(&self) -> burn::optim::OptimizerRecord {
+        let Some(engine) = self.engine.as_ref() else {
+            return self
+                .eager
+                .as_ref()
+                .map(ModuleOptimizer::to_record)
+                .unwrap_or_default();
+        };
+        let steps = engine.state.steps();
+        let states = if steps == 0 {
+            Vec::new()
+        } else {
+            let (entries, _) = params::collect(&self.model);
+            engine
+                .state
+                .state_values()
+                .into_iter()
+                .zip(entries)
+                .filter(|(_, entry)| entry.tensor.require_grad)
+                .map(|(tensors, _)| StateParts {
+                    tensors,
+                    time: steps as usize,
+                })
+                .collect()
+        };
+        step_record::export(&self.model, &self.optimizer, states)
+    }
+
+    /// Loads an optimizer state saved by burn's optimizer of the same kind (or by
+    /// [`optimizer_record`](Self::optimizer_record)); the next step goes on from it. Adam's and
+    /// AdamW's states carry their step count; SGD's does not, so a record with velocities counts
+    /// as one update done (what SGD's arithmetic distinguishes).
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `record` when its states are at different steps,
+    /// cover only some of the parameters that train, or do not fit a parameter's shape (nothing
+    /// is loaded then).
+    pub fn load_optimizer_record(
+        &mut self,
+        record: burn::optim::OptimizerRecord,
+    ) -> Result<(), GraphedError> {
+        let Some(engine) = self.engine.as_ref() else {
+            if let Some(eager) = self.eager.take() {
+                self.eager = Some(eager.load_record(record));
+            }
+            return Ok(());
+        };
+        let imported = step_record::import(&self.model, &self.optimizer, record)?;
+        let (entries, _) = params::collect(&self.model);
+        let mut imported = imported.into_iter();
+        let mut states = Vec::with_capacity(entries.len());
+        let mut steps = 0;
+        for (index, entry) in entries.iter().enumerate() {
+            if !entry.tensor.require_grad {
+                states.push(None);
+                continue;
+            }
+            let Some(state) = imported.next().flatten() else {
+                states.push(None);
+                continue;
+            };
+            steps = state.time as u64;
+            let device = entry.tensor.device.clone().inner();
+            let mut tensors = Vec::with_capacity(state.tensors.len());
+            for data in state.tensors {
+                if data.shape().as_slice() != entry.tensor.shape.as_slice() {
+                    return Err(GraphedError::InvalidArgument {
+                        argument: "record",
+                        detail: format!(
+                            "parameter {index} has shape {:?}, its state in the record {:?}",
+                            entry.tensor.shape,
+                            data.shape()
+                        ),
+                    });
+                }
+                let data = data.convert_dtype(entry.tensor.dtype);
+                tensors.push(Dispatch::float_from_data(
+                    data,
+                    &device.as_dispatch().clone(),
+                ));
+            }
+            states.push(Some(tensors));
+        }
+        engine.state.load_states(&states, steps)
     }
 
     /// Optimizer updates done.

@@ -27,6 +27,8 @@ mod dense;
 #[cfg(feature = "cube")]
 mod graphs;
 #[cfg(feature = "cube")]
+mod kernel_cache;
+#[cfg(feature = "cube")]
 mod lifecycle;
 #[cfg(feature = "cube")]
 mod node;
@@ -53,6 +55,7 @@ pub(crate) use self::{
     adam_op::step as adam_step,
     capture::capture_group,
     graphs::Graphs,
+    kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_capture,
     random_state::RandomState,
     step_graph::{StepGraph, StepState, capture_step},
@@ -63,5 +66,5 @@ mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group, capture_step,
-    supports_capture,
+    enable_kernel_cache, supports_capture,
 };

@@ -227,6 +227,41 @@ impl StepState {
         self.hold(queued)
     }
 
+    /// Writes a loaded optimizer state: per parameter (visiting order), its state tensors (on
+    /// the device, shapes and dtypes checked by the caller) or `None` for zeros, and the
+    /// updates done.
+    pub(crate) fn load_states(
+        &self,
+        states: &[Option<Vec<DispatchTensor>>],
+        steps: u64,
+    ) -> Result<(), GraphedError> {
+        if steps >= MAX_STEPS {
+            return Err(GraphedError::InvalidArgument {
+                argument: "record",
+                detail: format!("holds step {steps}; a whole step counts at most {MAX_STEPS}"),
+            });
+        }
+        let phase = CapturePhase::StaticBuffers;
+        let mut queued = Vec::new();
+        for (index, buffers) in self.states.iter().enumerate() {
+            let given = states.get(index).and_then(Option::as_ref);
+            for (slot, buffer) in buffers.iter().enumerate() {
+                let source = match given.and_then(|tensors| tensors.get(slot)) {
+                    Some(tensor) => Tensor::<1>::from_dispatch(tensor.clone()).inner(),
+                    None => Tensor::<1>::from_dispatch(fused_dispatch(&buffer.fused)).zeros_like(),
+                };
+                queued.push(buffer.overwrite_from(&static_fused(&source.into_dispatch(), phase)?));
+            }
+        }
+        queued.push(step_update_op::write_count(
+            &self.schedule.fused,
+            steps as f32,
+        ));
+        self.hold(queued)?;
+        lock(&self.host).steps = steps;
+        Ok(())
+    }
+
     /// The step body on `params` (autodiff leaves over the static buffers or over copies) for
     /// each micro-batch of `micro_inputs`: forward and loss, backward, gradients summed over the
     /// micro-batches, clipped, then the update queued in place. Returns the losses (without

@@ -281,6 +281,15 @@ fn advance_kernel(schedule: &mut [f32]) {
     }
 }
 
+/// Writes the step count (word 1), where a loaded optimizer state says how many updates were
+/// done.
+#[cube(launch_unchecked)]
+fn count_kernel(schedule: &mut [f32], count: f32) {
+    if ABSOLUTE_POS == 0 {
+        schedule[1] = count;
+    }
+}
+
 /// Writes the learning-rate words of the schedule (0 and 2).
 #[cube(launch_unchecked)]
 fn write_kernel(schedule: &mut [f32], lr: f32, keep: f32) {
@@ -301,6 +310,10 @@ pub(crate) trait ScheduleOps: Backend {
     /// Writes the learning rate and AdamW's decay factor; returns `schedule`.
     #[fusion(dtype = schedule, shape = schedule)]
     fn write_schedule(schedule: &FloatTensor<Self>, lr: f32, keep: f32) -> FloatTensor<Self>;
+
+    /// Writes the step count; returns `schedule`.
+    #[fusion(dtype = schedule, shape = schedule)]
+    fn write_count(schedule: &FloatTensor<Self>, count: f32) -> FloatTensor<Self>;
 }
 
 /// The schedule's buffer as a kernel argument, after checking its layout (an invariant of the
@@ -347,6 +360,25 @@ impl ScheduleOps for CubeBackend {
         }
         schedule.clone()
     }
+
+    fn write_count(schedule: &CubeTensor, count: f32) -> CubeTensor {
+        // SAFETY: one thread writes word 1 (`schedule_arg` checked the size).
+        unsafe {
+            count_kernel::launch_unchecked(
+                &schedule.client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_1d(1),
+                schedule_arg(schedule),
+                count,
+            );
+        }
+        schedule.clone()
+    }
+}
+
+/// Queues a write of the step count; hold the result as for [`write_schedule`].
+pub(crate) fn write_count(schedule: &FusedTensor, count: f32) -> FusedTensor {
+    <burn::backend::Cube as ScheduleOps>::write_count(schedule, count)
 }
 
 /// Queues a write of the learning-rate words; the returned tensor must be held until the stream
