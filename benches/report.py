@@ -78,6 +78,9 @@ def load(paths):
                     # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
                     # neither replaces nor merges with the stock rows.
                     row["mode"] += f" without {row['fusion_removed']}"
+                if row.get("cache"):
+                    # A first step with cubecl's kernel cache cold or warm: one mode each.
+                    row["mode"] += f"_{row['cache']}"
                 rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"]), []).append(row)
         for k, rows in rounds.items():
             by[k] = merge_rounds(rows)
@@ -196,7 +199,7 @@ def has_whole_step(rows):
     return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
 
 
-FIRST_STEP_MODES = ("first_step", "first_step_graphed")
+FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_cold", "first_step_warm")
 
 
 def first_step_table(rows):
@@ -204,19 +207,20 @@ def first_step_table(rows):
     # measurement per row ("single"), in seconds.
     by = group(rows)
     out = header(
-        "| model | dtype | burn first step | torch whole step first step "
-        "| torch make_graphed_callables first step |"
+        "| model | dtype | burn first step, kernel cache cold | burn, cache warm "
+        "| torch whole step first step | torch make_graphed_callables first step |"
     )
 
     def seconds(r, framework, mode):
         row = r.get((framework, mode))
-        return num(row["median_us"] / 1e6, ".1f", " s") if row else "n/a"
+        return num(row["median_us"] / 1e6, ".2f", " s") if row else "n/a"
 
     for (model, dtype), r in by.items():
         if not any((f, m) in r for f in ("burn", "torch") for m in FIRST_STEP_MODES):
             continue
         out.append(
-            f"| {model} | {dtype} | {seconds(r, 'burn', 'first_step')} "
+            f"| {model} | {dtype} | {seconds(r, 'burn', 'first_step_cold')} "
+            f"| {seconds(r, 'burn', 'first_step_warm')} "
             f"| {seconds(r, 'torch', 'first_step')} "
             f"| {seconds(r, 'torch', 'first_step_graphed')} |"
         )

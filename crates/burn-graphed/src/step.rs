@@ -251,13 +251,12 @@ where
         };
         let state = engine.state.clone();
         let flat: Vec<Vec<FlatTensor>> = batches.into_iter().map(TensorGroup::flatten).collect();
-        let mode = params::collect(&self.model).1;
-        let graph = if !state.on_capture_thread() {
-            Err(FallbackReason::OtherThread)
-        } else if mode.difference(&self.mode).is_some() {
-            Err(FallbackReason::ModeChanged)
-        } else {
+        // The model is the step's own (only `load_module` replaces it, checking its
+        // structure), so its train/eval mode is the capture's: nothing to compare per step.
+        let graph = if state.on_capture_thread() {
             self.graph_for(&flat)?
+        } else {
+            Err(FallbackReason::OtherThread)
         };
         state.set_lr(lr)?;
         let losses = match graph {
@@ -399,11 +398,12 @@ where
     ///
     /// # Errors
     ///
-    /// [`GraphedError::ParametersChanged`] when `model`'s parameters differ in number, id or
-    /// shape from the step's model (nothing is written then).
+    /// [`GraphedError::ParametersChanged`] when `model`'s parameters differ in number, id,
+    /// shape or `require_grad`, or its train/eval flags, from the step's model (nothing is
+    /// written then).
     pub fn load_module(&mut self, model: M) -> Result<(), GraphedError> {
         let (entries, mode) = params::collect(&model);
-        if let Some(detail) = mode.structural_difference(&self.mode) {
+        if let Some(detail) = mode.difference(&self.mode) {
             return Err(GraphedError::ParametersChanged { detail });
         }
         if let Some(engine) = self.engine.as_ref() {

@@ -221,7 +221,7 @@ fn update_kernel<F: Float>(
                     let p = f32::cast_from(param[i]);
                     let mut g = f32::cast_from(grad[i]);
                     if rule.l2 {
-                        g = p * hyper.penalty + g;
+                        g += p * hyper.penalty;
                     }
                     let m = f32::cast_from(moment_1[i]) * hyper.beta_1 + g * hyper.one_minus_beta_1;
                     let v = f32::cast_from(moment_2[i]) * hyper.beta_2
@@ -242,7 +242,7 @@ fn update_kernel<F: Float>(
                     let p = f32::cast_from(param[i]);
                     let mut g = f32::cast_from(grad[i]);
                     if rule.l2 {
-                        g = p * hyper.penalty + g;
+                        g += p * hyper.penalty;
                     }
                     let mut v = g;
                     if time > 1u32 {
@@ -251,7 +251,7 @@ fn update_kernel<F: Float>(
                     }
                     velocity[i] = F::cast_from(v);
                     if rule.nesterov {
-                        g = v * hyper.momentum + g;
+                        g += v * hyper.momentum;
                     } else {
                         g = v;
                     }
@@ -263,7 +263,7 @@ fn update_kernel<F: Float>(
                     let p = f32::cast_from(param[i]);
                     let mut g = f32::cast_from(grad[i]);
                     if rule.l2 {
-                        g = p * hyper.penalty + g;
+                        g += p * hyper.penalty;
                     }
                     param[i] = F::cast_from(p - g * lr);
                     i += stride;
