@@ -656,16 +656,7 @@ where
 {
     trace_phase("capture");
     let started = Instant::now();
-    let fault = burn_graphed::testing::inject(Mode::WholeStep(floor).fault());
-    let mut step = GraphedStep::new(
-        model,
-        loss,
-        &AdamConfig::new(),
-        inputs[0].clone(),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
-    drop(fault);
+    let mut step = whole_step(model, loss, &inputs[0], Mode::WholeStep(floor));
     eprintln!(
         "# {label}: capture {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3
@@ -746,6 +737,28 @@ where
     }
 }
 
+/// A `GraphedStep` of `model` with burn's Adam, captured on `sample` with `mode`'s fault.
+fn whole_step<M, I>(
+    model: M,
+    loss: fn(&M, I) -> Tensor<1>,
+    sample: &I,
+    mode: Mode,
+) -> GraphedStep<M, I>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+{
+    let _fault = burn_graphed::testing::inject(mode.fault());
+    GraphedStep::new(
+        model,
+        loss,
+        &AdamConfig::new(),
+        sample.clone(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture")
+}
+
 /// [`check_steps`]'s counterpart for a whole-step `mode`: the same steps through a
 /// `GraphedStep` with burn's Adam.
 fn whole_step_check_steps<M, I>(
@@ -758,16 +771,7 @@ where
     M: Module,
     I: TensorGroup + Clone,
 {
-    let fault = burn_graphed::testing::inject(mode.fault());
-    let mut step = GraphedStep::new(
-        model,
-        loss,
-        &AdamConfig::new(),
-        inputs[0].clone(),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
-    drop(fault);
+    let mut step = whole_step(model, loss, &inputs[0], mode);
     let losses = (0..CHECK_STEPS)
         .map(|i| {
             let loss = step

@@ -51,6 +51,20 @@ fn batch(device: &Device, rows: usize, step: usize) -> (Tensor<2>, Tensor<2>) {
     (x, target)
 }
 
+/// `model` in a whole step with burn's default Adam, captured on a batch of 4.
+fn adam_step(
+    model: Mlp,
+    device: &Device,
+) -> Result<GraphedStep<Mlp, (Tensor<2>, Tensor<2>)>, GraphedError> {
+    GraphedStep::new(
+        model,
+        mse,
+        &AdamConfig::new(),
+        batch(device, 4, 0),
+        &GraphedConfig::new(),
+    )
+}
+
 pub fn adam() -> StepOptimizer {
     StepOptimizer::Adam {
         beta_1: 0.9,
@@ -184,14 +198,7 @@ pub fn whole_step_capture_changes_nothing(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(8, 1, 4, &device);
     let before = burn_graphed_testkit::param_values(&model).expect("read");
-    let step = GraphedStep::new(
-        model,
-        mse,
-        &AdamConfig::new(),
-        batch(&device, 4, 0),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let step = adam_step(model, &device).expect("capture");
     let after = burn_graphed_testkit::param_values(&step.module()).expect("read");
     for ((_, a), (_, b)) in before.iter().zip(&after) {
         a.assert_eq(b, true);
@@ -257,14 +264,7 @@ pub fn whole_step_bad_input(device: &Device) {
         ),
         "{error}"
     );
-    let mut step = GraphedStep::new(
-        model,
-        mse,
-        &AdamConfig::new(),
-        batch(&device, 4, 0),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let mut step = adam_step(model, &device).expect("capture");
     let before = burn_graphed_testkit::param_values(&step.module()).expect("read");
     let error = step.run(batch(&device, 4, 1), f64::NAN).unwrap_err();
     assert!(
@@ -339,14 +339,7 @@ pub fn whole_step_host_read_is_refused(device: &Device) {
         a.assert_eq(b, true);
     }
     // The device is usable: a correct step captures and trains.
-    let mut step = GraphedStep::new(
-        model,
-        mse,
-        &AdamConfig::new(),
-        batch(&device, 4, 0),
-        &GraphedConfig::new(),
-    )
-    .expect("capture after a failed one");
+    let mut step = adam_step(model, &device).expect("capture after a failed one");
     step.run(batch(&device, 4, 1), 1e-3).expect("step");
     assert_eq!(step.stats().replays, 1);
 }

@@ -8,11 +8,12 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::{
-    Adam, AdamConfig, AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer,
-    RecordState, Sgd, SgdConfig, StateSink, decay::WeightDecayConfig, momentum::MomentumConfig,
+    Adam, AdamW, GradientsAccumulator, GradientsParams, Optimizer, RecordState, Sgd, StateSink,
 };
 use burn::tensor::{Tensor, TensorData};
-use burn_graphed::{Clipping, GraphedConfig, GraphedStep, StepOptimizer, StepStats, TensorGroup};
+use burn_graphed::{
+    BurnConfig, Clipping, GraphedConfig, GraphedStep, StepOptimizer, StepStats, TensorGroup,
+};
 
 use crate::{EquivalenceReport, HarnessError, TensorComparison, Tolerance, failed, read};
 
@@ -171,47 +172,10 @@ enum BurnOptimizer {
 
 impl BurnOptimizer {
     fn new(optimizer: StepOptimizer) -> Self {
-        match optimizer {
-            StepOptimizer::Adam {
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-            } => Self::Adam(
-                AdamConfig::new()
-                    .with_beta_1(beta_1)
-                    .with_beta_2(beta_2)
-                    .with_epsilon(epsilon)
-                    .with_weight_decay(weight_decay.map(WeightDecayConfig::new))
-                    .build(),
-            ),
-            StepOptimizer::AdamW {
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-            } => Self::AdamW(
-                AdamWConfig::new()
-                    .with_beta_1(beta_1)
-                    .with_beta_2(beta_2)
-                    .with_epsilon(epsilon)
-                    .with_weight_decay(weight_decay)
-                    .build(),
-            ),
-            StepOptimizer::Sgd {
-                momentum,
-                weight_decay,
-            } => Self::Sgd(
-                SgdConfig::new()
-                    .with_momentum(momentum.map(|m| {
-                        MomentumConfig::new()
-                            .with_momentum(f64::from(m.momentum))
-                            .with_dampening(m.dampening)
-                            .with_nesterov(m.nesterov)
-                    }))
-                    .with_weight_decay(weight_decay.map(WeightDecayConfig::new))
-                    .build(),
-            ),
+        match optimizer.burn_config() {
+            BurnConfig::Adam(config) => Self::Adam(config.build()),
+            BurnConfig::AdamW(config) => Self::AdamW(config.build()),
+            BurnConfig::Sgd(config) => Self::Sgd(config.build()),
         }
     }
 }
@@ -253,15 +217,13 @@ impl<M: Module> Reference<M> {
             losses.push(value.inner());
         }
         let mut grads = accumulator.grads();
-        let factor = match self.clipping {
-            Some(Clipping::GlobalNorm(max)) => Some(global_factor(&self.model, &grads, max)),
-            _ => None,
-        };
+        if let Some(Clipping::GlobalNorm(max)) = self.clipping {
+            grads = burn_graphed::clip_grad_norm(&self.model, grads, max);
+        }
         let mut mapper = Stepper {
             grads: &mut grads,
             optimizer: &self.optimizer,
             clipping: self.clipping,
-            factor,
             lr,
             states: &mut self.states,
             error: None,
@@ -285,34 +247,11 @@ impl<M: Module> Reference<M> {
     }
 }
 
-/// PyTorch's `clip_grad_norm_` factor: `max / (norm + 1e-6)` clamped to 1, the norm over every
-/// gradient of `model` in `grads`.
-fn global_factor<M: Module>(model: &M, grads: &GradientsParams, max: f32) -> Tensor<1> {
-    struct Norm<'a>(&'a GradientsParams, Option<Tensor<1>>);
-    impl burn::module::ModuleVisitor for Norm<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(grad) = self.0.get::<D>(param.id) {
-                let n = grad.shape().num_elements();
-                let sum = grad.reshape([n]).square().sum();
-                self.1 = Some(match self.1.take() {
-                    Some(total) => total + sum,
-                    None => sum,
-                });
-            }
-        }
-    }
-    let mut norm = Norm(grads, None);
-    model.visit(&mut norm);
-    let total = norm.1.expect("a gradient to clip");
-    (max / total.sqrt().add_scalar(1e-6)).clamp_max(1.0)
-}
-
 /// burn's `ModuleOptimizer` step, per parameter, keeping each state where it can be read.
 struct Stepper<'a> {
     grads: &'a mut GradientsParams,
     optimizer: &'a BurnOptimizer,
     clipping: Option<Clipping>,
-    factor: Option<Tensor<1>>,
     lr: f64,
     states: &'a mut HashMap<ParamId, (Box<dyn Any>, Vec<TensorData>)>,
     error: Option<HarnessError>,
@@ -357,15 +296,9 @@ impl ModuleMapper for Stepper<'_> {
         let Some(grad) = self.grads.remove::<D>(id) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
-        let grad = match self.clipping {
-            Some(Clipping::GlobalNorm(_)) => {
-                let factor = self.factor.clone().expect("computed with the clipping");
-                grad * factor.reshape([1; D])
-            }
-            Some(clipping) => match clipping.to_burn() {
-                Some(burn_clipping) => burn_clipping.clip_gradient(grad),
-                None => grad,
-            },
+        // Global-norm clipping was applied to every gradient before (`clip_grad_norm`).
+        let grad = match self.clipping.and_then(Clipping::to_burn) {
+            Some(clipping) => clipping.clip_gradient(grad),
             None => grad,
         };
         let require_grad = tensor.is_require_grad();

@@ -130,7 +130,9 @@ pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared, StepStats};
 pub use step::GraphedStep;
-pub use step_optim::{Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer};
+pub use step_optim::{
+    BurnConfig, Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer, clip_grad_norm,
+};
 pub use tensors::{FlatTensor, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;

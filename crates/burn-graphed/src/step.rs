@@ -371,7 +371,7 @@ where
         }
         let mut grads = accumulator.grads();
         if let Some(Clipping::GlobalNorm(max)) = self.clipping {
-            grads = clip_global_norm(&self.model, grads, max);
+            grads = crate::step_optim::clip_grad_norm(&self.model, grads, max);
         }
         self.model = optimizer.step(lr, self.model.clone(), grads);
         *self.stats.eager.entry(reason).or_default() += 1;
@@ -597,43 +597,6 @@ fn with_values<M: Module>(model: M, values: Vec<burn::backend::DispatchTensor>) 
             ..flat
         }
     })
-}
-
-/// `grads` scaled by PyTorch's `clip_grad_norm_` factor, `max / (norm + 1e-6)` clamped to 1,
-/// the norm over every gradient of `model` (tensor operations: nothing read on the host).
-fn clip_global_norm<M: Module>(model: &M, grads: GradientsParams, max: f32) -> GradientsParams {
-    use burn::module::{ModuleVisitor, Param};
-    struct Norm<'a>(&'a GradientsParams, Option<Tensor<1>>);
-    impl ModuleVisitor for Norm<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(grad) = self.0.get::<D>(param.id) {
-                let n = grad.shape().num_elements();
-                let sum = grad.reshape([n]).square().sum();
-                self.1 = Some(match self.1.take() {
-                    Some(total) => total + sum,
-                    None => sum,
-                });
-            }
-        }
-    }
-    struct Scale(GradientsParams, Tensor<1>);
-    impl ModuleVisitor for Scale {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            if let Some(grad) = self.0.remove::<D>(param.id) {
-                let factor = self.1.clone().reshape([1; D]);
-                self.0.register(param.id, grad * factor);
-            }
-        }
-    }
-    let mut norm = Norm(&grads, None);
-    model.visit(&mut norm);
-    let Some(total) = norm.1 else {
-        return grads;
-    };
-    let factor = (max / total.sqrt().add_scalar(1e-6)).clamp_max(1.0);
-    let mut scale = Scale(grads, factor);
-    model.visit(&mut scale);
-    scale.0
 }
 
 /// The signature of a step's micro-batches: every flattened input's shape and dtype.

@@ -3,9 +3,12 @@
 //! learning rate.
 
 use burn::config::Config;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
 use burn::optim::grad_clipping::{GradientClipping, GradientClippingConfig};
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig, decay::WeightDecayConfig};
+use burn::tensor::Tensor;
 
 use crate::error::GraphedError;
 
@@ -58,6 +61,17 @@ pub enum StepOptimizer {
     },
 }
 
+/// burn's configuration of a [`StepOptimizer`] ([`StepOptimizer::burn_config`]).
+#[derive(Debug, Clone)]
+pub enum BurnConfig {
+    /// burn's Adam.
+    Adam(AdamConfig),
+    /// burn's AdamW.
+    AdamW(AdamWConfig),
+    /// burn's SGD.
+    Sgd(SgdConfig),
+}
+
 /// Gradient clipping of a whole step, computed on the device (no host synchronization).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Clipping {
@@ -91,44 +105,56 @@ impl Clipping {
 }
 
 impl StepOptimizer {
-    /// burn's optimizer with the same constants (and `clipping`, where burn has it), for eager
-    /// steps where graphs cannot run, and as the reference of the equivalence tests.
-    pub fn to_burn(&self, clipping: Option<Clipping>) -> ModuleOptimizer {
-        let optimizer = match *self {
+    /// burn's configuration of the same optimizer with the same constants.
+    pub fn burn_config(&self) -> BurnConfig {
+        match *self {
             StepOptimizer::Adam {
                 beta_1,
                 beta_2,
                 epsilon,
                 weight_decay,
-            } => AdamConfig::new()
-                .with_beta_1(beta_1)
-                .with_beta_2(beta_2)
-                .with_epsilon(epsilon)
-                .with_weight_decay(weight_decay.map(WeightDecayConfig::new))
-                .init(),
+            } => BurnConfig::Adam(
+                AdamConfig::new()
+                    .with_beta_1(beta_1)
+                    .with_beta_2(beta_2)
+                    .with_epsilon(epsilon)
+                    .with_weight_decay(weight_decay.map(WeightDecayConfig::new)),
+            ),
             StepOptimizer::AdamW {
                 beta_1,
                 beta_2,
                 epsilon,
                 weight_decay,
-            } => AdamWConfig::new()
-                .with_beta_1(beta_1)
-                .with_beta_2(beta_2)
-                .with_epsilon(epsilon)
-                .with_weight_decay(weight_decay)
-                .init(),
+            } => BurnConfig::AdamW(
+                AdamWConfig::new()
+                    .with_beta_1(beta_1)
+                    .with_beta_2(beta_2)
+                    .with_epsilon(epsilon)
+                    .with_weight_decay(weight_decay),
+            ),
             StepOptimizer::Sgd {
                 momentum,
                 weight_decay,
-            } => SgdConfig::new()
-                .with_momentum(momentum.map(|m| {
-                    MomentumConfig::new()
-                        .with_momentum(f64::from(m.momentum))
-                        .with_dampening(m.dampening)
-                        .with_nesterov(m.nesterov)
-                }))
-                .with_weight_decay(weight_decay.map(WeightDecayConfig::new))
-                .init(),
+            } => BurnConfig::Sgd(
+                SgdConfig::new()
+                    .with_momentum(momentum.map(|m| {
+                        MomentumConfig::new()
+                            .with_momentum(f64::from(m.momentum))
+                            .with_dampening(m.dampening)
+                            .with_nesterov(m.nesterov)
+                    }))
+                    .with_weight_decay(weight_decay.map(WeightDecayConfig::new)),
+            ),
+        }
+    }
+
+    /// burn's optimizer with the same constants (and `clipping`, where burn has it), for eager
+    /// steps where graphs cannot run, and as the reference of the equivalence tests.
+    pub fn to_burn(&self, clipping: Option<Clipping>) -> ModuleOptimizer {
+        let optimizer = match self.burn_config() {
+            BurnConfig::Adam(config) => config.init(),
+            BurnConfig::AdamW(config) => config.init(),
+            BurnConfig::Sgd(config) => config.init(),
         };
         match clipping.and_then(Clipping::to_burn) {
             Some(clipping) => optimizer.with_grad_clipping(clipping),
@@ -148,6 +174,47 @@ impl StepOptimizer {
         };
         (lr as f32, keep)
     }
+}
+
+/// `grads` scaled by PyTorch's `clip_grad_norm_` factor, `max_norm / (norm + 1e-6)` clamped to
+/// 1, the norm over every gradient of `model`'s float parameters: [`Clipping::GlobalNorm`] for
+/// steps outside graphs. Tensor operations only: nothing is read on the host.
+pub fn clip_grad_norm<M: Module>(
+    model: &M,
+    grads: GradientsParams,
+    max_norm: f32,
+) -> GradientsParams {
+    struct Norm<'a>(&'a GradientsParams, Option<Tensor<1>>);
+    impl ModuleVisitor for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = self.0.get::<D>(param.id) {
+                let n = grad.shape().num_elements();
+                let sum = grad.reshape([n]).square().sum();
+                self.1 = Some(match self.1.take() {
+                    Some(total) => total + sum,
+                    None => sum,
+                });
+            }
+        }
+    }
+    struct Scale(GradientsParams, Tensor<1>);
+    impl ModuleVisitor for Scale {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = self.0.remove::<D>(param.id) {
+                let factor = self.1.clone().reshape([1; D]);
+                self.0.register(param.id, grad * factor);
+            }
+        }
+    }
+    let mut norm = Norm(&grads, None);
+    model.visit(&mut norm);
+    let Some(total) = norm.1 else {
+        return grads;
+    };
+    let factor = (max_norm / total.sqrt().add_scalar(1e-6)).clamp_max(1.0);
+    let mut scale = Scale(grads, factor);
+    model.visit(&mut scale);
+    scale.0
 }
 
 /// A field of a burn optimizer config, read through its serialized form (burn's configs keep

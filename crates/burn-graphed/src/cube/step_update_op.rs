@@ -91,15 +91,22 @@ impl Rule {
 
 /// The kernel's rule and constants for `optimizer`.
 pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
-    let zero = Hyper {
-        beta_1: 0.0,
-        one_minus_beta_1: 0.0,
-        beta_2: 0.0,
-        one_minus_beta_2: 0.0,
-        epsilon: 0.0,
-        penalty: 0.0,
+    let adam = |beta_1: f32, beta_2: f32, epsilon: f32, penalty: f32| Hyper {
+        beta_1,
+        one_minus_beta_1: 1.0 - beta_1,
+        beta_2,
+        one_minus_beta_2: 1.0 - beta_2,
+        epsilon,
+        penalty,
         momentum: 0.0,
         one_minus_dampening: 0.0,
+    };
+    let rule = Rule {
+        adam: true,
+        decoupled: false,
+        l2: false,
+        momentum: false,
+        nesterov: false,
     };
     match *optimizer {
         StepOptimizer::Adam {
@@ -109,21 +116,10 @@ pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
             weight_decay,
         } => (
             Rule {
-                adam: true,
-                decoupled: false,
                 l2: weight_decay.is_some(),
-                momentum: false,
-                nesterov: false,
+                ..rule
             },
-            Hyper {
-                beta_1,
-                one_minus_beta_1: 1.0 - beta_1,
-                beta_2,
-                one_minus_beta_2: 1.0 - beta_2,
-                epsilon,
-                penalty: weight_decay.unwrap_or(0.0),
-                ..zero
-            },
+            adam(beta_1, beta_2, epsilon, weight_decay.unwrap_or(0.0)),
         ),
         StepOptimizer::AdamW {
             beta_1,
@@ -132,20 +128,10 @@ pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
             weight_decay,
         } => (
             Rule {
-                adam: true,
                 decoupled: weight_decay != 0.0,
-                l2: false,
-                momentum: false,
-                nesterov: false,
+                ..rule
             },
-            Hyper {
-                beta_1,
-                one_minus_beta_1: 1.0 - beta_1,
-                beta_2,
-                one_minus_beta_2: 1.0 - beta_2,
-                epsilon,
-                ..zero
-            },
+            adam(beta_1, beta_2, epsilon, 0.0),
         ),
         StepOptimizer::Sgd {
             momentum,
@@ -153,16 +139,15 @@ pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
         } => (
             Rule {
                 adam: false,
-                decoupled: false,
                 l2: weight_decay.is_some(),
                 momentum: momentum.is_some(),
                 nesterov: momentum.is_some_and(|m| m.nesterov),
+                ..rule
             },
             Hyper {
-                penalty: weight_decay.unwrap_or(0.0),
                 momentum: momentum.map_or(0.0, |m| m.momentum),
                 one_minus_dampening: momentum.map_or(1.0, |m| (1.0 - m.dampening) as f32),
-                ..zero
+                ..adam(0.0, 0.0, 0.0, weight_decay.unwrap_or(0.0))
             },
         ),
     }
