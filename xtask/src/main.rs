@@ -54,8 +54,13 @@ fn main() -> ExitCode {
 }
 
 fn root() -> PathBuf {
-    // xtask lives one level below the workspace root.
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // xtask lives one level below the workspace root. `cargo run` (the `xtask` alias) sets
+    // CARGO_MANIFEST_DIR at run time; the compile-time value is a fallback only, since a
+    // binary reused from a shared target directory may have been built in another checkout.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    Path::new(&manifest_dir)
         .parent()
         .expect("xtask has a parent directory")
         .to_path_buf()
