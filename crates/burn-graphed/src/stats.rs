@@ -202,7 +202,7 @@ pub struct StepStats {
     /// Input tensors copied into static buffers (an input already there is not).
     pub input_copies: u64,
     /// The shape cache of the step's graphs.
-    pub shape_cache: crate::ShapeCacheStats,
+    pub shape_cache: crate::shape_cache::ShapeCacheStats,
 }
 
 impl StepStats {
