@@ -31,12 +31,12 @@ use super::dense::{Dense, Target};
 use super::param_claim::{self, ParamSlot};
 use super::values::{AdamHyper, Unfused};
 
-/// Threads per cube of the update kernel.
-const CUBE_THREADS: u32 = 256;
+/// Threads per cube of the multi-tensor update kernels (this one and `step_update_op`'s).
+pub(super) const CUBE_THREADS: u32 = 256;
 
-/// Most parameters one launch updates: four bindings each (parameter, gradient, two moments).
-/// Bounds the kernel's argument size on CUDA and stays under the binding limit of the
-/// backends that have one (checked against the device's own limit too).
+/// Most parameters one launch updates (up to four bindings each: parameter, gradient, two
+/// moments). Bounds the kernel's argument size on CUDA and stays under the binding limit of
+/// the backends that have one (checked against the device's own limit too).
 const MAX_PARAMS_PER_LAUNCH: usize = 24;
 
 /// Most cubes along x per parameter: larger parameters are covered by a grid-stride loop.
@@ -246,7 +246,7 @@ fn update_all(
                     update.4 == index && kernel_elem(update.0.dense().tensor().dtype) == Some(elem)
                 })
                 .collect();
-            for part in chunk.chunks(max_params_per_launch(launched[0].0.dense().tensor())) {
+            for part in chunk.chunks(params_per_launch(launched[0].0.dense().tensor(), 4, 0)) {
                 launch(part, factors, decay, elem);
             }
         }
@@ -263,11 +263,22 @@ fn update_all(
         .collect()
 }
 
-/// Parameters per launch on `tensor`'s device: [`MAX_PARAMS_PER_LAUNCH`], fewer where the
-/// device binds fewer buffers per kernel.
-fn max_params_per_launch(tensor: &CubeTensor) -> usize {
+/// Parameters per launch of a multi-tensor update on `tensor`'s device, each binding
+/// `per_param` buffers besides `shared` ones: [`MAX_PARAMS_PER_LAUNCH`], fewer where the device
+/// binds fewer buffers per kernel.
+pub(super) fn params_per_launch(tensor: &CubeTensor, per_param: usize, shared: usize) -> usize {
     let bindings = tensor.client.properties().hardware.max_bindings as usize;
-    MAX_PARAMS_PER_LAUNCH.min(bindings / 4).max(1)
+    MAX_PARAMS_PER_LAUNCH
+        .min(bindings.saturating_sub(shared) / per_param)
+        .max(1)
+}
+
+/// Cubes along x of a multi-tensor launch whose largest parameter has `largest` elements (a
+/// grid-stride loop covers the rest).
+pub(super) fn cubes_along_x(largest: usize) -> u32 {
+    (largest as u32)
+        .div_ceil(CUBE_THREADS)
+        .clamp(1, MAX_CUBES_PER_PARAM)
 }
 
 /// One parameter's buffers in a launch: target (updated in place), gradient, first and second
@@ -282,9 +293,7 @@ fn launch(part: &[&Launched], factors: &Factors, decay: bool, elem: ElemType) {
         .map(|update| update.0.dense().len())
         .max()
         .unwrap_or(1);
-    let cubes_x = (largest as u32)
-        .div_ceil(CUBE_THREADS)
-        .clamp(1, MAX_CUBES_PER_PARAM);
+    let cubes_x = cubes_along_x(largest);
     let buffers = |select: fn(&Launched) -> &Dense| {
         part.iter()
             .map(|update| {

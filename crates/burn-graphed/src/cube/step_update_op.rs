@@ -29,19 +29,11 @@ use burn_fusion::custom::{
 use burn_fusion::{FusionBackend, FusionRuntime};
 use cubecl::prelude::*;
 
+use super::adam_multi_op::{CUBE_THREADS, cubes_along_x, params_per_launch};
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::{Dense, Target};
 use crate::step_optim::StepOptimizer;
-
-/// Threads per cube of the update kernel.
-const CUBE_THREADS: u32 = 256;
-
-/// Most parameters one launch updates (each binds up to four buffers).
-const MAX_PARAMS_PER_LAUNCH: usize = 24;
-
-/// Most cubes along x per parameter: larger parameters are covered by a grid-stride loop.
-const MAX_CUBES_PER_PARAM: u32 = 1024;
 
 /// Words of the schedule buffer.
 pub(crate) const SCHEDULE_WORDS: usize = 3;
@@ -499,7 +491,8 @@ fn update_all(
             .iter()
             .filter(|update| kernel_elem(update.0.dense().tensor().dtype) == Some(elem))
             .collect();
-        let per_launch = max_params_per_launch(launched[0].0.dense().tensor(), rule);
+        // Parameter, gradient and states per parameter; the schedule once.
+        let per_launch = params_per_launch(launched[0].0.dense().tensor(), 2 + rule.states(), 1);
         for part in chunk.chunks(per_launch) {
             launch(part, schedule, rule, hyper, elem);
         }
@@ -515,16 +508,6 @@ fn update_all(
         .collect()
 }
 
-/// Parameters per launch on `tensor`'s device: [`MAX_PARAMS_PER_LAUNCH`], fewer where the
-/// device binds fewer buffers per kernel.
-fn max_params_per_launch(tensor: &CubeTensor, rule: Rule) -> usize {
-    let bindings = tensor.client.properties().hardware.max_bindings as usize;
-    let per_param = 2 + rule.states();
-    MAX_PARAMS_PER_LAUNCH
-        .min(bindings.saturating_sub(1) / per_param)
-        .max(1)
-}
-
 /// One kernel launch for `part`, whose tensors are all of element type `elem`.
 fn launch(part: &[&Launched], schedule: &CubeTensor, rule: Rule, hyper: &Hyper, elem: ElemType) {
     let client = part[0].0.dense().tensor().client.clone();
@@ -533,9 +516,7 @@ fn launch(part: &[&Launched], schedule: &CubeTensor, rule: Rule, hyper: &Hyper, 
         .map(|update| update.0.dense().len())
         .max()
         .unwrap_or(1);
-    let cubes_x = (largest as u32)
-        .div_ceil(CUBE_THREADS)
-        .clamp(1, MAX_CUBES_PER_PARAM);
+    let cubes_x = cubes_along_x(largest);
     // SAFETY (of each `arg` below): the kernel is instantiated for `elem`, the dtype of every
     // parameter, gradient and state of this chunk (the caller checked one dtype per parameter;
     // the chunk holds only parameters of `elem`), and reads each slice below its length only.
