@@ -231,20 +231,24 @@ pub fn cases(default: u32) -> u32 {
     default
 }
 
+/// The runner of a property: `cases` cases, failing seeds kept in `regressions` (committed,
+/// replayed first).
+fn runner(cases: u32, regressions: &'static str) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        // Every shrink step trains two models; a few dozen find a small case.
+        max_shrink_iters: 32,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),
+        ..Config::default()
+    })
+}
+
 /// Checks the property for `cases(default_cases)` generated cases on `device`; panics with the
 /// minimal failing architecture and the harness report otherwise.
 pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
     let device = device.clone().autodiff();
     let cases = cases(default_cases);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        // Every shrink step trains two models; a few dozen find a small case.
-        max_shrink_iters: 32,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "proptest-regressions/graphed_equals_eager.txt",
-        ))),
-        ..Config::default()
-    });
+    let mut runner = runner(cases, "proptest-regressions/graphed_equals_eager.txt");
     let ran = Cell::new(0u32);
     let bitwise = Cell::new(0u32);
     let max_ulps = Cell::new(0u64);
@@ -403,14 +407,7 @@ fn step_optimizer(arch: &Arch) -> (burn_graphed::StepOptimizer, Option<burn_grap
 pub fn whole_step_equals_eager(device: &Device, default_cases: u32) {
     let device = device.clone().autodiff();
     let cases = cases(default_cases);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        max_shrink_iters: 32,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "proptest-regressions/whole_step_equals_eager.txt",
-        ))),
-        ..Config::default()
-    });
+    let mut runner = runner(cases, "proptest-regressions/whole_step_equals_eager.txt");
     let ran = Cell::new(0u32);
     let result = runner.run(&arch(), |arch| {
         let (optimizer, clipping) = step_optimizer(&arch);
