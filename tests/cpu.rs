@@ -83,6 +83,9 @@ on_devices! {
     whole_step_sgd_accumulated_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::sgd_momentum(), Some(burn_graphed::Clipping::Value(0.02)), 2, &[4], 4);
     whole_step_global_norm_batch_sizes_match_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adam(), Some(burn_graphed::Clipping::GlobalNorm(0.1)), 1, &[4, 3], 4);
     whole_step_negative_controls => scenarios::whole_step::whole_step_negative_controls;
+    token_model_matches_eager => |d| scenarios::tokens::token_model_matches_eager(d, 20);
+    token_whole_step_matches_eager => |d| scenarios::tokens::token_whole_step_matches_eager(d, 6);
+    token_facts => scenarios::tokens::token_facts;
     whole_step_capture_changes_nothing => scenarios::whole_step::whole_step_capture_changes_nothing;
     whole_step_dropout_matches_eager => |d| scenarios::whole_step::whole_step_dropout_matches_eager(d, 4);
     whole_step_bad_input => scenarios::whole_step::whole_step_bad_input;

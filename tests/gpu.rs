@@ -354,6 +354,24 @@ fn soak() {
     println!("soak figures: {figures:?}");
 }
 
+/// The token-id language model (int ids, bool mask, int targets in; loss and int predictions
+/// out), graphed against eager for 24 steps.
+#[test]
+fn token_model_matches_eager() {
+    scenarios::tokens::token_model_matches_eager(&cuda(), 24);
+}
+
+/// The token-id model in whole steps, two sequence lengths through the shape cache.
+#[test]
+fn token_whole_step_matches_eager() {
+    scenarios::tokens::token_whole_step_matches_eager(&cuda(), 9);
+}
+
+#[test]
+fn token_facts() {
+    scenarios::tokens::token_facts(&cuda());
+}
+
 #[test]
 fn structural_facts() {
     scenarios::facts::structural_facts(&cuda());

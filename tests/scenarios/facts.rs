@@ -17,7 +17,7 @@ use super::prop::{Arch, PropNet};
 use super::recovery::unwritten;
 use super::{Mlp, TwoHeads, batch, mlp_forward, square_mean, two_heads_forward, two_heads_loss};
 
-fn snapshot(name: &str, facts: &str) {
+pub fn snapshot(name: &str, facts: &str) {
     let mut settings = insta::Settings::clone_current();
     settings.set_prepend_module_to_snapshot(false);
     settings.set_snapshot_path("snapshots");

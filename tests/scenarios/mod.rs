@@ -15,6 +15,7 @@ pub mod random;
 pub mod reads;
 pub mod recovery;
 pub mod robust;
+pub mod tokens;
 pub mod whole_step;
 
 use burn::module::Module;
@@ -515,7 +516,8 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
     assert_eq!(
         error,
         GraphedError::Mismatch {
-            reason: FallbackReason::Shape { index: 0 }
+            reason: FallbackReason::Shape { index: 0 },
+            detail: "input 0: given Float F32 [4, 16], captured Float F32 [8, 16]".into(),
         }
     );
 }

@@ -700,14 +700,8 @@ where
         let eager_out = call(&eager, input.clone()).flatten();
         let graphed_out = graphed.forward(input)?.flatten();
         for (index, (e, g)) in eager_out.iter().zip(&graphed_out).enumerate() {
-            let e = read(
-                Tensor::<1>::from_dispatch(e_tensor(e)).inner(),
-                "eager output",
-            )?;
-            let g = read(
-                Tensor::<1>::from_dispatch(e_tensor(g)).inner(),
-                "graphed output",
-            )?;
+            let e = read_flat(e, "eager output")?;
+            let g = read_flat(g, "graphed output")?;
             tensors.push(TensorComparison::new(
                 format!("step {step} output {index}"),
                 &e,
@@ -748,8 +742,19 @@ where
     })
 }
 
-fn e_tensor(flat: &burn_graphed::FlatTensor) -> burn::backend::DispatchTensor {
-    flat.tensor().clone()
+/// The values of a flattened output of any kind, as floats (int and bool outputs compare
+/// exactly under any tolerance: their values are whole numbers).
+fn read_flat(flat: &burn_graphed::FlatTensor, what: &str) -> Result<TensorData, HarnessError> {
+    use burn::tensor::{Bool, Int};
+    let tensor = flat.tensor().clone();
+    let values = match flat.kind() {
+        burn_graphed::ElementKind::Float => Tensor::<1>::from_dispatch(tensor).inner(),
+        burn_graphed::ElementKind::Int => Tensor::<1, Int>::from_dispatch(tensor).inner().float(),
+        burn_graphed::ElementKind::Bool => Tensor::<1, Bool>::from_dispatch(tensor)
+            .inner()
+            .float(),
+    };
+    read(values, what)
 }
 
 #[cfg(test)]

@@ -146,13 +146,7 @@ fn summary_of(
 /// input or parameter (members in order, inputs before parameters) that does not read back.
 /// Asked only after a capture failed, so a capture that succeeds reads nothing.
 fn unwritten_source(members: &[Member<'_>]) -> Option<GraphedError> {
-    let unreadable = |flat: &FlatTensor| {
-        burn::Tensor::<1>::from_dispatch(flat.tensor.clone())
-            .inner()
-            .try_into_data()
-            .err()
-            .map(|error| error.to_string())
-    };
+    let unreadable = FlatTensor::read_back_error;
     let alone = members.len() == 1;
     members.iter().enumerate().find_map(|(callable, member)| {
         let input = member

@@ -160,6 +160,15 @@ pub enum GraphedError {
     /// The callable returned no tensor.
     #[error("the callable returned no output tensor")]
     NoOutputs,
+    /// The callable returned only int and bool tensors: nothing a gradient can flow back through.
+    #[error(
+        "the callable returned no float tensor (outputs: {outputs}); a graphed training call \
+         needs at least one float output to carry the gradient back"
+    )]
+    NoFloatOutput {
+        /// The outputs' kinds and shapes, e.g. `Int [4, 16]`.
+        outputs: String,
+    },
     /// The device's backend cannot record graphs and `require_graphs` was set.
     #[error(
         "the backend of device {device} cannot capture graphs (needs burn's cubecl backend: cuda or wgpu)"
@@ -245,9 +254,12 @@ pub enum GraphedError {
     )]
     KernelCacheTooLate,
     /// A call does not match the capture and the policy is to refuse rather than run eagerly.
-    #[error("call does not match the capture and on_mismatch = Error: {reason}")]
+    #[error("call does not match the capture and on_mismatch = Error: {reason} ({detail})")]
     Mismatch {
         /// Why the call does not match.
         reason: FallbackReason,
+        /// The input concerned, what was given and what the capture took (or, for a reason
+        /// that names no input, the call's input signature).
+        detail: String,
     },
 }

@@ -133,7 +133,7 @@ pub use step::GraphedStep;
 pub use step_optim::{
     BurnConfig, Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer, clip_grad_norm,
 };
-pub use tensors::{FlatTensor, TensorGroup};
+pub use tensors::{ElementKind, FlatTensor, GraphKind, TensorGroup};
 #[cfg(feature = "train")]
 pub use train::GraphedTrainStep;
 

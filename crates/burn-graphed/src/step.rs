@@ -19,7 +19,7 @@ use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
 use crate::stats::{FallbackReason, StepStats};
 use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
 use crate::step_record::{self, StateParts};
-use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
+use crate::tensors::{FlatTensor, TensorGroup, TensorSpec, mismatch_detail};
 
 /// A training step captured whole: the model's forward and loss, the autodiff backward, the
 /// gradient clipping and the optimizer update, replayed as **one** graph per step (PyTorch's
@@ -277,7 +277,8 @@ where
             }
             Err(reason) => {
                 if self.config.on_mismatch == MismatchPolicy::Error {
-                    return Err(GraphedError::Mismatch { reason });
+                    let detail = mismatch_detail(&reason, &flat.concat(), &[]);
+                    return Err(GraphedError::Mismatch { reason, detail });
                 }
                 *self.stats.eager.entry(reason).or_default() += 1;
                 state.eager_step(&self.runner(), &flat)?
@@ -354,7 +355,9 @@ where
     ) -> Result<Tensor<1>, GraphedError> {
         if self.config.on_mismatch == MismatchPolicy::Error && reason != FallbackReason::Unsupported
         {
-            return Err(GraphedError::Mismatch { reason });
+            let flat: Vec<FlatTensor> = batches.into_iter().flat_map(I::flatten).collect();
+            let detail = mismatch_detail(&reason, &flat, &[]);
+            return Err(GraphedError::Mismatch { reason, detail });
         }
         let Some(optimizer) = self.eager.as_mut() else {
             return Err(GraphedError::Unsupported {

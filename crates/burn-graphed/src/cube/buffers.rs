@@ -6,21 +6,44 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::ir::TensorId;
-use burn::backend::{BackendTypes, Cube, DispatchTensor};
+use burn::backend::{BackendTypes, Cube, DispatchTensor, TensorMetadata};
 use burn::tensor::Tensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::copy_op::{BufferKey, StaticCopyOps, key_of};
+use super::copy_op::{BufferKey, copy_into, key_of};
 use crate::error::{CapturePhase, GraphedError};
+use crate::tensors::with_kind;
 
 /// A tensor of burn's cubecl backend as user code holds it (a fusion handle).
 pub(crate) type FusedTensor = <Cube as BackendTypes>::FloatTensorPrimitive;
 
-/// The fusion handle of a tensor of burn's cubecl backend, without its autodiff node.
+/// The fusion handle of a tensor of burn's cubecl backend (float, int or bool: fusion's handles
+/// are one type for all three), without its autodiff node.
 pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
-    let inner = Tensor::<1>::from_dispatch(tensor.clone()).inner();
-    inner.try_into_primitive::<Cube>().ok()
+    with_kind!(tensor.dtype(), K => Tensor::<1, K>::from_dispatch(tensor.clone())
+        .inner()
+        .try_into_primitive::<Cube>()
+        .ok())
+}
+
+/// `fused` as a dispatch tensor of its elements' kind, on the device without autodiff.
+pub(crate) fn dispatch_of(fused: FusedTensor) -> DispatchTensor {
+    with_kind!(fused.dtype(), K => Tensor::<1, K>::from_primitive::<Cube>(fused).into_dispatch())
+}
+
+/// `tensor` (of any kind) without its autodiff association.
+pub(crate) fn without_autodiff(tensor: &DispatchTensor) -> DispatchTensor {
+    with_kind!(tensor.dtype(), K => Tensor::<1, K>::from_dispatch(tensor.clone())
+        .inner()
+        .into_dispatch())
+}
+
+/// `tensor` (of any kind) with autodiff enabled; a float tensor is not made to require grad.
+pub(crate) fn with_autodiff(tensor: &DispatchTensor) -> DispatchTensor {
+    with_kind!(tensor.dtype(), K => Tensor::<1, K>::from_dispatch(tensor.clone())
+        .autodiff()
+        .into_dispatch())
 }
 
 /// [`fused`], or the capture error of `phase` saying that a static tensor is not on burn's
@@ -143,7 +166,6 @@ impl StaticBuffer {
     /// Bytes of the tensor's elements (the pool may pad the allocation; that is not counted,
     /// so the figure is the same on every backend).
     pub fn bytes(&self) -> u64 {
-        use burn::backend::TensorMetadata;
         let elements: usize = self.fused.shape().iter().product();
         (elements * self.fused.dtype().size()) as u64
     }
@@ -162,16 +184,13 @@ impl StaticBuffer {
             return None;
         }
         *self.contents() = Some(source.id);
-        Some(<Cube as StaticCopyOps>::copy_into_buffer(
-            &self.fused,
-            source,
-        ))
+        Some(copy_into(&self.fused, source))
     }
 
     /// Queues a copy of `source` into this buffer, which then holds no known source tensor.
     pub fn overwrite_from(&self, source: &FusedTensor) -> FusedTensor {
         *self.contents() = None;
-        <Cube as StaticCopyOps>::copy_into_buffer(&self.fused, source)
+        copy_into(&self.fused, source)
     }
 
     /// The backend's reason when the last copy into this buffer, or the last in-place optimizer
@@ -195,7 +214,6 @@ impl StaticBuffer {
     /// the handed-out tensor (see [`hand_over`](Self::hand_over)) once only this record holds
     /// it.
     pub fn release_alias(&self) -> bool {
-        use burn::backend::TensorMetadata;
         let mut handed_out = crate::sync::lock(&self.handed_out);
         match &*handed_out {
             None => true,

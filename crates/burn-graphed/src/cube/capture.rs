@@ -10,7 +10,7 @@ use burn::backend::{
 };
 use burn::tensor::Tensor;
 
-use super::buffers::{StaticBuffer, static_fused};
+use super::buffers::{StaticBuffer, dispatch_of, static_fused, with_autodiff, without_autodiff};
 use super::graphs::Graphs;
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
 use super::session::{GroupLinks, Session, SessionState};
@@ -21,7 +21,7 @@ use crate::callable::{Member, Runner, first_chained, in_group, misfit};
 use crate::config::GraphedConfig;
 use crate::error::{CapturePhase, GraphedError};
 use crate::sync::lock;
-use crate::tensors::FlatTensor;
+use crate::tensors::{ElementKind, FlatTensor};
 
 /// The device of burn's cubecl backend, without autodiff.
 type CubeDevice = <Cube as burn::backend::BackendTypes>::Device;
@@ -29,13 +29,21 @@ type CubeDevice = <Cube as burn::backend::BackendTypes>::Device;
 /// CUDA captures in global mode: one capture at a time in the whole process.
 pub(super) static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
 
-/// A copy of `tensor` in a buffer of its own, on the device without autodiff.
-pub(super) fn fresh_copy(tensor: &DispatchTensor) -> DispatchTensor {
-    // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.
-    let inner = Tensor::<1>::from_dispatch(tensor.clone())
-        .inner()
-        .into_dispatch();
-    Dispatch::float_mul_scalar(inner, 1.0f32.into())
+/// A copy of `tensor` (of any kind) in a buffer of its own, on the device without autodiff.
+/// Errors like [`static_fused`] for an int or bool tensor that is not on burn's cubecl backend.
+pub(super) fn fresh_copy(
+    tensor: &DispatchTensor,
+    phase: CapturePhase,
+) -> Result<DispatchTensor, GraphedError> {
+    if ElementKind::of(tensor.dtype()) == ElementKind::Float {
+        // `Tensor::inner` is idempotent; `Dispatch::inner` panics on a tensor without autodiff.
+        let inner = Tensor::<1>::from_dispatch(tensor.clone())
+            .inner()
+            .into_dispatch();
+        return Ok(Dispatch::float_mul_scalar(inner, 1.0f32.into()));
+    }
+    let source = static_fused(tensor, phase)?;
+    Ok(dispatch_of(super::copy_op::copy_to_new(&source)))
 }
 
 /// A copy of a parameter in a dense buffer of its own (rows not pitched), on the device without
@@ -59,9 +67,10 @@ pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// One eager forward and backward with gradient `grad_outputs` on the outputs, returning the
 /// outputs (kept alive by the caller until the device synchronized).
+/// `grad_outputs` has one gradient per float output; int and bool outputs carry none.
 fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Tensor<1> {
     let mut total: Option<DispatchTensor> = None;
-    for (output, grad) in outputs.iter().zip(grad_outputs) {
+    for (output, grad) in outputs.iter().filter(|o| o.is_float()).zip(grad_outputs) {
         let product =
             Dispatch::float_mul(output.tensor.clone(), Dispatch::from_inner(grad.clone()));
         let flat =
@@ -72,7 +81,7 @@ fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Te
             None => term,
         });
     }
-    Tensor::<1>::from_dispatch(total.expect("at least one output"))
+    Tensor::<1>::from_dispatch(total.expect("`Recorded::run` refuses outputs without a float"))
 }
 
 /// A member of the group on its way through the capture.
@@ -106,6 +115,14 @@ impl Recorded<'_> {
         if outputs.is_empty() {
             return Err(GraphedError::NoOutputs);
         }
+        if !outputs.iter().any(FlatTensor::is_float) {
+            let outputs = outputs
+                .iter()
+                .map(|o| format!("{:?} {:?}", o.kind(), o.shape))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(GraphedError::NoFloatOutput { outputs });
+        }
         Ok(outputs)
     }
 
@@ -137,6 +154,7 @@ impl Recorded<'_> {
             if self.grad_outputs.is_empty() {
                 self.grad_outputs = outputs
                     .iter()
+                    .filter(|o| o.is_float())
                     .map(|o| {
                         Dispatch::float_zeros(o.shape.clone().into(), dispatch, o.dtype.into())
                     })
@@ -161,8 +179,11 @@ impl Recorded<'_> {
 }
 
 /// An autodiff view of `tensor` (on the device without autodiff), a leaf that requires grad
-/// when `require_grad`.
+/// when `require_grad` (float tensors only: int and bool tensors never do).
 pub(super) fn autodiff_leaf(tensor: &DispatchTensor, require_grad: bool) -> DispatchTensor {
+    if ElementKind::of(tensor.dtype()) != ElementKind::Float {
+        return with_autodiff(tensor);
+    }
     let leaf = Dispatch::from_inner(tensor.clone());
     if require_grad {
         Dispatch::float_set_require_grad(leaf, true)
@@ -295,18 +316,17 @@ fn record_forward<'a>(
         match (&member.sample, previous) {
             (Some(sample), _) => (
                 sample,
-                sample.iter().map(|t| fresh_copy(&t.tensor)).collect(),
+                sample
+                    .iter()
+                    .map(|t| fresh_copy(&t.tensor, CapturePhase::StaticBuffers))
+                    .collect::<Result<_, _>>()?,
             ),
             (None, Some(previous)) => (
                 &previous.outputs,
                 previous
                     .outputs
                     .iter()
-                    .map(|o| {
-                        Tensor::<1>::from_dispatch(o.tensor.clone())
-                            .inner()
-                            .into_dispatch()
-                    })
+                    .map(|o| without_autodiff(&o.tensor))
                     .collect(),
             ),
             (None, None) => return Err(first_chained()),
@@ -319,7 +339,8 @@ fn record_forward<'a>(
             ..tensor.clone()
         })
         .collect();
-    let parents = autodiff_inputs.len() + member.params.len();
+    // Parents: the float inputs (int and bool inputs carry no gradient), then the parameters.
+    let parents = autodiff_inputs.iter().filter(|i| i.is_float()).count() + member.params.len();
     if parents > super::node::MAX_PARENTS {
         return Err(GraphedError::TooManyParents {
             parents,
@@ -414,27 +435,35 @@ fn record_backward(
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::BackwardWarmup))?;
     let recording = prepared.record(CapturePhase::Backward)?;
     let grads = loss.backward();
+    // One slot per parent: the float inputs (by their position among all inputs), then the
+    // parameters.
     let parents = member_state
         .autodiff_inputs
         .iter()
-        .map(|input| &input.tensor)
-        .chain(&member_state.autodiff_params);
+        .enumerate()
+        .filter(|(_, input)| input.is_float())
+        .map(|(position, input)| (Some(position), &input.tensor))
+        .chain(member_state.autodiff_params.iter().map(|p| (None, p)));
     let mut grads_of_member = Vec::new();
-    for (slot, parent) in parents.enumerate() {
+    for (input, parent) in parents {
         let requires = Dispatch::float_is_require_grad(parent);
         let grad = requires
             .then(|| Tensor::<1>::from_dispatch(parent.clone()).grad(&grads))
             .flatten()
             .map(|grad| grad.into_dispatch());
-        let is_input = slot < member_state.autodiff_inputs.len();
         // An unused input of a chained member only means that the previous member's output
         // gets a zero gradient.
-        if requires && grad.is_none() && is_input && !chained && !config.allow_unused_input {
+        if let Some(position) = input
+            && requires
+            && grad.is_none()
+            && !chained
+            && !config.allow_unused_input
+        {
             drop(recording);
             return Err(in_group(
                 alone,
                 index,
-                GraphedError::UnusedInput { index: slot },
+                GraphedError::UnusedInput { index: position },
             ));
         }
         grads_of_member.push(grad);

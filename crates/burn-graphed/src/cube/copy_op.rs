@@ -2,12 +2,13 @@
 //! caller's stream like any burn op and runs when the stream drains (at the latest, right
 //! before the next graph replay), so refreshing inputs and parameters costs no host round trip.
 
-use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, backend_extension};
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+use burn::backend::{Backend, Cube, TensorMetadata, backend_extension};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::dense::{Dense, copy_values};
+use crate::tensors::ElementKind;
 
 /// Identity of a device buffer: allocation id and byte range. Two tensors with the same key
 /// are the same memory (PyTorch's `data_ptr` comparison).
@@ -35,6 +36,31 @@ pub(crate) trait StaticCopyOps: Backend {
     /// call when such outputs are dropped unused (docs/decisions.md).
     #[fusion(dtype = source, shape = source)]
     fn copy_to_new_buffer(source: &FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// [`copy_into_buffer`](Self::copy_into_buffer) for int tensors (fusion checks that each
+    /// output is of the kind its signature names). By value: burn's dispatch passes int and
+    /// bool tensors by value only; callers pass clones, so the buffer keeps other holders and
+    /// fusion never reuses it in place.
+    #[fusion(dtype = destination, shape = destination)]
+    fn copy_into_int_buffer(
+        destination: IntTensor<Self>,
+        source: IntTensor<Self>,
+    ) -> IntTensor<Self>;
+
+    /// [`copy_into_buffer`](Self::copy_into_buffer) for bool tensors, by value as above.
+    #[fusion(dtype = destination, shape = destination)]
+    fn copy_into_bool_buffer(
+        destination: BoolTensor<Self>,
+        source: BoolTensor<Self>,
+    ) -> BoolTensor<Self>;
+
+    /// [`copy_to_new_buffer`](Self::copy_to_new_buffer) for int tensors, by value as above.
+    #[fusion(dtype = source, shape = source)]
+    fn copy_to_new_int_buffer(source: IntTensor<Self>) -> IntTensor<Self>;
+
+    /// [`copy_to_new_buffer`](Self::copy_to_new_buffer) for bool tensors, by value as above.
+    #[fusion(dtype = source, shape = source)]
+    fn copy_to_new_bool_buffer(source: BoolTensor<Self>) -> BoolTensor<Self>;
 
     /// A copy of `source` in a new **dense** buffer (rows not pitched, see
     /// [`dense`](super::dense)): a graph's parameter buffer, which `FusedAdam` and
@@ -69,6 +95,48 @@ impl StaticCopyOps for CubeBackend {
 
     fn copy_to_new_dense_buffer(source: &CubeTensor) -> CubeTensor {
         Dense::copy_of(source).into_tensor()
+    }
+
+    fn copy_into_int_buffer(destination: CubeTensor, source: CubeTensor) -> CubeTensor {
+        Self::copy_into_buffer(&destination, &source)
+    }
+
+    fn copy_into_bool_buffer(destination: CubeTensor, source: CubeTensor) -> CubeTensor {
+        Self::copy_into_buffer(&destination, &source)
+    }
+
+    fn copy_to_new_int_buffer(source: CubeTensor) -> CubeTensor {
+        Self::copy_to_new_buffer(&source)
+    }
+
+    fn copy_to_new_bool_buffer(source: CubeTensor) -> CubeTensor {
+        Self::copy_to_new_buffer(&source)
+    }
+}
+
+/// A fusion tensor of burn's cubecl backend (float, int or bool).
+type Fused = FloatTensor<Cube>;
+
+/// Queues a copy of `source`'s values into `destination`'s buffer (same shape and dtype, of any
+/// kind) and returns the queued operation's output, `destination`'s buffer.
+pub(crate) fn copy_into(destination: &Fused, source: &Fused) -> Fused {
+    match ElementKind::of(destination.dtype()) {
+        ElementKind::Float => <Cube as StaticCopyOps>::copy_into_buffer(destination, source),
+        ElementKind::Int => {
+            <Cube as StaticCopyOps>::copy_into_int_buffer(destination.clone(), source.clone())
+        }
+        ElementKind::Bool => {
+            <Cube as StaticCopyOps>::copy_into_bool_buffer(destination.clone(), source.clone())
+        }
+    }
+}
+
+/// Queues a copy of `source` (of any kind) in a new buffer of the device's usual layout.
+pub(crate) fn copy_to_new(source: &Fused) -> Fused {
+    match ElementKind::of(source.dtype()) {
+        ElementKind::Float => <Cube as StaticCopyOps>::copy_to_new_buffer(source),
+        ElementKind::Int => <Cube as StaticCopyOps>::copy_to_new_int_buffer(source.clone()),
+        ElementKind::Bool => <Cube as StaticCopyOps>::copy_to_new_bool_buffer(source.clone()),
     }
 }
 

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use burn::backend::TensorMetadata;
 use burn::tensor::Tensor;
 
-use super::buffers::{FusedTensor, fused};
+use super::buffers::{FusedTensor, dispatch_of, fused, with_autodiff};
 use super::node;
 use super::session::Session;
 use super::values::Replayed;
 use crate::error::GraphedError;
 use crate::stats::{FallbackReason, GraphStats};
-use crate::tensors::FlatTensor;
+use crate::tensors::{ElementKind, FlatTensor, with_kind};
 
 /// The forward and backward graphs of one captured callable, with their static buffers.
 /// Clones share them.
@@ -70,6 +70,7 @@ impl Graphs {
         }
         let Some(route) = inputs
             .iter()
+            .filter(|t| t.is_float())
             .chain(&params)
             .map(|t| &t.tensor)
             .find(|t| burn::backend::Dispatch::is_tracked(t))
@@ -78,24 +79,53 @@ impl Graphs {
             // Nothing requires grad: there is no backward to graph.
             return eager(FallbackReason::ModeChanged, inputs);
         };
+        // The parents, as the capture numbered them: the float inputs (int and bool inputs
+        // carry no gradient), then the parameters.
+        let parents: Vec<_> = inputs
+            .into_iter()
+            .filter(FlatTensor::is_float)
+            .chain(params)
+            .map(|t| t.tensor)
+            .collect();
         let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
         let metadata: Vec<_> = outputs
             .iter()
             .map(|o| (o.shape().to_vec(), o.dtype()))
             .collect();
-        let parents = inputs.into_iter().chain(params).map(|t| t.tensor).collect();
-        let linked = node::link(route, parents, outputs, session);
+        // Float outputs are linked into autodiff (their backward replays the backward graph);
+        // int and bool outputs go out as they are, on the call's autodiff device.
+        let (floats, others): (Vec<_>, Vec<_>) = outputs
+            .into_iter()
+            .enumerate()
+            .partition(|(_, o)| ElementKind::of(o.dtype()) == ElementKind::Float);
+        let linked = node::link(
+            route,
+            parents,
+            floats.iter().map(|(_, o)| o.clone()).collect(),
+            session,
+        );
+        let mut tensors: Vec<Option<_>> = vec![None; metadata.len()];
+        for ((position, _), tensor) in floats.into_iter().zip(linked) {
+            tensors[position] = Some(tensor);
+        }
+        for (position, output) in others {
+            tensors[position] = Some(with_autodiff(&dispatch_of(output)));
+        }
         Ok(Replayed::Outputs(
-            linked
+            tensors
                 .into_iter()
                 .zip(metadata)
-                .map(|(tensor, (shape, dtype))| FlatTensor {
-                    device: Tensor::<1>::from_dispatch(tensor.clone()).device(),
-                    shape,
-                    dtype,
-                    // A replayed output is not a leaf; autodiff tracks it.
-                    require_grad: false,
-                    tensor,
+                .map(|(tensor, (shape, dtype))| {
+                    let tensor = tensor.expect("every output position is filled above");
+                    FlatTensor {
+                        device: with_kind!(dtype, K => Tensor::<1, K>::from_dispatch(tensor.clone())
+                            .device()),
+                        shape,
+                        dtype,
+                        // A replayed output is not a leaf; autodiff tracks a float one.
+                        require_grad: false,
+                        tensor,
+                    }
                 })
                 .collect(),
         ))

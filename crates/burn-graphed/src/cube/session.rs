@@ -28,13 +28,14 @@ pub(crate) struct Session {
     pub params: Vec<StaticBuffer>,
     /// One per output; written by the forward graph.
     pub outputs: Vec<Arc<StaticBuffer>>,
-    /// One per output; read by the backward graph. Where the next callable of the group is
-    /// chained to this one, its input gradients, written by its backward graph.
+    /// One per float output (int and bool outputs carry no gradient), in output order; read by
+    /// the backward graph. Where the next callable of the group is chained to this one, its
+    /// input gradients, written by its backward graph.
     pub grad_outputs: Vec<Arc<StaticBuffer>>,
-    /// Zeros shaped like each output, for outputs that receive no gradient.
+    /// Zeros shaped like each float output, for outputs that receive no gradient.
     pub zeros: Vec<StaticBuffer>,
-    /// One per parent slot (inputs, then parameters): the gradient the backward graph writes,
-    /// `None` where the slot needs none (no require_grad, or unused).
+    /// One per parent slot (float inputs, then parameters): the gradient the backward graph
+    /// writes, `None` where the slot needs none (no require_grad, or unused).
     pub grad_parents: Vec<Option<Arc<StaticBuffer>>>,
     pub output_policy: OutputPolicy,
     pub fault: FaultInjection,
@@ -232,7 +233,7 @@ impl Session {
         state.stats.forward_replays += 1;
         state.stats.input_copies += input_copies;
         state.stats.param_copies += param_copies;
-        state.received = vec![false; self.outputs.len()];
+        state.received = vec![false; self.grad_outputs.len()];
         Ok(outputs)
     }
 
@@ -338,7 +339,7 @@ impl Session {
             // A queued copy kernel: fusion runs it before the next replay overwrites the buffer
             // (it drains the stream first).
             OutputPolicy::Copy => {
-                <Cube as super::copy_op::StaticCopyOps>::copy_to_new_buffer(&buffer.fused)
+                super::copy_op::copy_to_new(&buffer.fused)
             }
             OutputPolicy::Static | OutputPolicy::Guarded => buffer.fused.clone(),
         };

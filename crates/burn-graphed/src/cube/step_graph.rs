@@ -18,11 +18,11 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor};
 use burn::tensor::{DType, Tensor};
 
-use super::buffers::{FusedTensor, StaticBuffer, fused, static_fused};
+use super::buffers::{FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
 use super::capture::{
     CAPTURE_LOCK, autodiff_leaf, dense_param_copy, fresh_copy, panic_message, reserved_bytes,
 };
-use super::copy_op::StaticCopyOps;
+use super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
 use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};
 use super::validate::first_difference;
@@ -248,7 +248,7 @@ impl StepState {
             for (slot, buffer) in buffers.iter().enumerate() {
                 let source = match given.and_then(|tensors| tensors.get(slot)) {
                     Some(tensor) => Tensor::<1>::from_dispatch(tensor.clone()).inner(),
-                    None => Tensor::<1>::from_dispatch(fused_dispatch(&buffer.fused)).zeros_like(),
+                    None => Tensor::<1>::from_dispatch(dispatch_of(buffer.fused.clone())).zeros_like(),
                 };
                 queued.push(buffer.overwrite_from(&static_fused(&source.into_dispatch(), phase)?));
             }
@@ -331,7 +331,7 @@ impl StepState {
         self.params
             .iter()
             .zip(&self.require_grad)
-            .map(|(buffer, &grad)| autodiff_leaf(&fused_dispatch(&buffer.fused), grad))
+            .map(|(buffer, &grad)| autodiff_leaf(&dispatch_of(buffer.fused.clone()), grad))
             .collect()
     }
 
@@ -385,7 +385,7 @@ impl StepState {
     ) -> Result<(), GraphedError> {
         let queued: Vec<FusedTensor> = snapshot
             .iter()
-            .map(|(buffer, copy)| <Cube as StaticCopyOps>::copy_into_buffer(buffer, copy))
+            .map(|(buffer, copy)| copy_into(buffer, copy))
             .collect();
         Dispatch::sync(&self.dispatch).map_err(capture_error(phase))?;
         drop(queued);
@@ -395,12 +395,7 @@ impl StepState {
 
 /// A bit-for-bit copy of a static buffer in a new buffer, as a tensor without autodiff.
 fn copy_out(buffer: &StaticBuffer) -> DispatchTensor {
-    fused_dispatch(&<Cube as StaticCopyOps>::copy_to_new_buffer(&buffer.fused))
-}
-
-/// A fusion tensor of burn's cubecl backend as a dispatch tensor (without autodiff).
-fn fused_dispatch(tensor: &FusedTensor) -> DispatchTensor {
-    Tensor::<1>::from_primitive::<Cube>(tensor.clone()).into_dispatch()
+    dispatch_of(copy_to_new(&buffer.fused))
 }
 
 /// `grads` clipped as `clipping` says, with burn's arithmetic for [`Clipping::Value`] and
@@ -619,8 +614,13 @@ fn capture_locked(
     let reserved_before = reserved_bytes(dispatch);
     let static_inputs: Vec<Vec<DispatchTensor>> = sample
         .iter()
-        .map(|inputs| inputs.iter().map(|t| fresh_copy(&t.tensor)).collect())
-        .collect();
+        .map(|inputs| {
+            inputs
+                .iter()
+                .map(|t| fresh_copy(&t.tensor, CapturePhase::StaticBuffers))
+                .collect::<Result<_, _>>()
+        })
+        .collect::<Result<_, _>>()?;
     let autodiff_inputs: Vec<Vec<FlatTensor>> = sample
         .iter()
         .zip(&static_inputs)

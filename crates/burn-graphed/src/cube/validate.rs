@@ -2,20 +2,22 @@
 //! values and compared with an eager run on the same values, so that a callable whose work a
 //! graph cannot repeat (a mask drawn on the host, a value read on the host) is refused.
 
-use burn::backend::ops::FloatTensorOps;
-use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor};
+use burn::backend::ops::{BoolTensorOps, FloatTensorOps, IntTensorOps};
+use burn::backend::{
+    Backend, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor, TensorMetadata,
+};
 use burn::tensor::Tensor;
 
 use super::buffers::static_fused;
-use super::copy_op::StaticCopyOps;
+use super::copy_op::copy_into;
 use super::lifecycle::{announce, capture_error, materialize};
 use super::random_state;
 use crate::error::{CapturePhase, GraphedError};
-use crate::tensors::FlatTensor;
+use crate::tensors::{ElementKind, FlatTensor, with_kind};
 
 /// Replays `graph`, the forward graph of callable `index` whose static inputs are
-/// `static_inputs` and whose outputs are `outputs`, on new input values (the static inputs scaled by 1.5 and
-/// shifted by 0.25) and compares its outputs with `eager`, an eager run on the same values.
+/// `static_inputs` and whose outputs are `outputs`, on new input values ([`new_values`]) and
+/// compares its outputs with `eager`, an eager run on the same values.
 ///
 /// Same inputs and parameters, same kernels: the two agree up to rounding (fusion may order
 /// a reduction differently), so the tolerance is loose (1% of each value plus 0.1% of the
@@ -38,11 +40,8 @@ pub(super) fn validate_forward(
     announce(phase);
     let mut queued = Vec::with_capacity(static_inputs.len());
     for input in static_inputs {
-        let shifted = Dispatch::float_add_scalar(
-            Dispatch::float_mul_scalar(input.clone(), 1.5f32.into()),
-            0.25f32.into(),
-        );
-        queued.push(<Cube as StaticCopyOps>::copy_into_buffer(
+        let shifted = new_values(input);
+        queued.push(copy_into(
             &static_fused(input, phase)?,
             &static_fused(&shifted, phase)?,
         ));
@@ -57,13 +56,13 @@ pub(super) fn validate_forward(
             phase,
             reason: format!("reading an output back: {error}"),
         };
-        Tensor::<1>::from_dispatch(tensor.clone())
+        with_kind!(tensor.dtype(), K => Tensor::<1, K>::from_dispatch(tensor.clone())
             .inner()
-            .try_into_data()
-            .map_err(|error| reason(error.to_string()))?
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .map_err(|error| reason(format!("{error:?}")))
+            .try_into_data())
+        .map_err(|error| reason(error.to_string()))?
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .map_err(|error| reason(format!("{error:?}")))
     };
     let replayed = outputs
         .iter()
@@ -82,6 +81,22 @@ pub(super) fn validate_forward(
         }
     }
     Ok(())
+}
+
+/// Other values for a static input, of its shape and kind: floats scaled by 1.5 and shifted by
+/// 0.25; int and bool tensors reversed along their first axis, so that token ids stay valid
+/// indices and masks stay masks (a tensor whose rows are all alike keeps its values, and the
+/// check then only compares the replay with eager on the sample's values).
+fn new_values(input: &DispatchTensor) -> DispatchTensor {
+    match ElementKind::of(input.dtype()) {
+        ElementKind::Float => Dispatch::float_add_scalar(
+            Dispatch::float_mul_scalar(input.clone(), 1.5f32.into()),
+            0.25f32.into(),
+        ),
+        _ if input.shape().num_dims() == 0 => input.clone(),
+        ElementKind::Int => Dispatch::int_flip(input.clone(), &[0]),
+        ElementKind::Bool => Dispatch::bool_flip(input.clone(), &[0]),
+    }
 }
 
 /// Where `replayed` differs from `eager` beyond the validation tolerance (see
