@@ -3,7 +3,7 @@ input rotation and timing method as benches/train_step.rs, eager, with
 torch.cuda.make_graphed_callables, and as one captured graph of the whole step. Prints one JSON
 line per row (same fields as the Rust side).
 
-    python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16]
+    python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn,lm] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
                                        [--modes eager,graphed,eager_fused_adam,graphed_fused_adam,
                                                 graphed_loss_fused_adam,whole_step,
@@ -11,8 +11,9 @@ line per row (same fields as the Rust side).
                                                 whole_step_floor_fused_adam,first_step,
                                                 first_step_graphed]
 
-A step: forward, loss = mean(y^2), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`:
-the loss inside the graphed callable), a new input batch every step
+A step: forward, loss = mean(y^2) (`lm`: next-token cross-entropy against the batch's integer
+targets), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`: the loss inside the graphed
+callable; `graphed*` of `lm`: graphed from the token ids), a new input batch every step
 (rotating over four, so graphed runs copy each input). A rep: `steps` steps then a device sync;
 reported: the median over reps of rep time / steps, with the 10th and 90th percentiles.
 
@@ -75,20 +76,86 @@ def cnn():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
-class WithLoss(nn.Module):
-    """`mean(model(x)^2)` as one module: the callable of the `graphed_loss_*` mode."""
+class Lm(nn.Module):
+    """The `lm` model (benches/train_step.rs's `Lm`): token and learned position embeddings,
+    pre-norm transformer blocks under a causal mask, a final norm and an output head."""
 
-    def __init__(self, model):
+    VOCAB, LENGTH, BATCH = 512, 128, 8
+
+    def __init__(self):
         super().__init__()
-        self.model = model
+        self.tokens = nn.Embedding(self.VOCAB, 256)
+        self.positions = nn.Embedding(self.LENGTH, 256)
+        layer = nn.TransformerEncoderLayer(
+            d_model=256, nhead=8, dim_feedforward=1024, dropout=0.0,
+            activation="gelu", batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(256)
+        self.head = nn.Linear(256, self.VOCAB)
+        # The causal mask, made once and held by the model (Burn's rows pass one shared mask
+        # tensor, which its graphs copy in once).
+        self.register_buffer(
+            "mask", nn.Transformer.generate_square_subsequent_mask(self.LENGTH),
+            persistent=False)
 
-    def forward(self, x):
-        return mean_square(self.model(x))
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions.weight[: ids.shape[1]]
+        x = self.blocks(x, mask=self.mask, is_causal=True)
+        return self.head(self.norm(x))
 
 
 def mean_square(y):
     """The step's loss, mean(y^2)."""
     return (y * y).mean()
+
+
+class Spec(NamedTuple):
+    """A bench model: its row name, its constructor, a batch maker (a tuple of tensors), which
+    of the batch's tensors the model takes, and the loss of its output on the batch."""
+    name: str
+    make: object
+    batch: object
+    model_args: object
+    loss: object
+
+
+def float_batch(shape):
+    return lambda dtype: (torch.rand(shape, device="cuda", dtype=dtype),)
+
+
+def lm_batch(dtype):
+    ids = lambda *shape: torch.randint(0, Lm.VOCAB, shape, device="cuda")
+    return ids(Lm.BATCH, Lm.LENGTH), ids(Lm.BATCH * Lm.LENGTH)
+
+
+def lm_loss(logits, batch):
+    return nn.functional.cross_entropy(logits.reshape(-1, Lm.VOCAB), batch[1])
+
+
+def whole_batch(batch):
+    return batch
+
+
+def first_of(batch):
+    return batch[:1]
+
+
+def loss_of(spec, model, batch):
+    """The step's loss on `batch`."""
+    return spec.loss(model(*spec.model_args(batch)), batch)
+
+
+class WithLoss(nn.Module):
+    """The model and its loss as one module (takes the whole batch): the callable of the
+    `graphed_loss_*` mode."""
+
+    def __init__(self, model, spec):
+        super().__init__()
+        self.model = model
+        self.spec = spec
+
+    def forward(self, *batch):
+        return loss_of(self.spec, self.model, batch)
 
 
 LR = 1e-4
@@ -107,11 +174,19 @@ FIRST_STEP_OF = {"first_step": "whole_step", "first_step_graphed": "graphed_loss
 # Full steps before the capture, as in the docs' example (and make_graphed_callables' default).
 WARMUP_STEPS = 3
 
+def mean_square_of(y, batch):
+    return mean_square(y)
+
+
 MODELS = {
-    "mlp": ("mlp 8x256 b32", mlp, (32, 256)),
-    "mlp256": ("mlp 8x256 b256", mlp, (256, 256)),
-    "transformer": ("transformer 2x256 s128 b8", Encoder, (8, 128, 256)),
-    "cnn": ("cnn 2conv b32 32x32", cnn, (32, 3, 32, 32)),
+    "mlp": Spec("mlp 8x256 b32", mlp, float_batch((32, 256)), whole_batch, mean_square_of),
+    "mlp256": Spec("mlp 8x256 b256", mlp, float_batch((256, 256)), whole_batch,
+                   mean_square_of),
+    "transformer": Spec("transformer 2x256 s128 b8", Encoder, float_batch((8, 128, 256)),
+                        whole_batch, mean_square_of),
+    "cnn": Spec("cnn 2conv b32 32x32", cnn, float_batch((32, 3, 32, 32)), whole_batch,
+                mean_square_of),
+    "lm": Spec(f"lm 2x256 s{Lm.LENGTH} b{Lm.BATCH} v{Lm.VOCAB}", Lm, lm_batch, first_of, lm_loss),
 }
 
 
@@ -135,16 +210,22 @@ def time_steps(step, steps, reps):
     return at(0.5), at(0.1), at(0.9)
 
 
-def adam_step(mode, model, inputs):
+def clone_batch(batch):
+    return tuple(t.clone() for t in batch)
+
+
+def adam_step(mode, spec, model, inputs):
     """The step of the eager and `graphed*` modes: Python drives forward, loss, backward and
     Adam each step; `graphed*` through make_graphed_callables' graphs of the model."""
     # `graphed_loss_*`: the loss inside the graphed callable (the forward graph ends in the
     # loss, the backward graph starts from it), as Burn's `graphed_loss_*` modes.
     with_loss = mode.startswith("graphed_loss")
     if with_loss:
-        model = torch.cuda.make_graphed_callables(WithLoss(model), (inputs[0].clone(),))
+        model = torch.cuda.make_graphed_callables(
+            WithLoss(model, spec), clone_batch(inputs[0]))
     elif mode.startswith("graphed"):
-        model = torch.cuda.make_graphed_callables(model, (inputs[0].clone(),))
+        model = torch.cuda.make_graphed_callables(
+            model, clone_batch(spec.model_args(inputs[0])))
     # `*_fused_adam`: PyTorch's fused Adam (one kernel launch for all parameters), the
     # counterpart of burn_graphed::FusedAdam; otherwise the default (foreach) Adam.
     fused = mode.endswith("fused_adam")
@@ -152,9 +233,9 @@ def adam_step(mode, model, inputs):
 
     def step(i):
         if with_loss:
-            loss = model(inputs[i % 4])
+            loss = model(*inputs[i % 4])
         else:
-            loss = mean_square(model(inputs[i % 4]))
+            loss = loss_of(spec, model, inputs[i % 4])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -180,23 +261,23 @@ def capturable_adam(model, lr, fused):
 
 
 class WholeStep(NamedTuple):
-    """A captured train step. Replaying `graph` trains one step on `static_x` at learning rate
-    `lr` (a device scalar) and leaves the loss in `static_loss`. `optimizer` holds the Adam
+    """A captured train step. Replaying `graph` trains one step on `static_batch` at learning
+    rate `lr` (a device scalar) and leaves the loss in `static_loss`. `optimizer` holds the Adam
     state the graph reads and writes: it must live as long as the graph."""
     graph: torch.cuda.CUDAGraph
-    static_x: torch.Tensor
+    static_batch: tuple
     lr: torch.Tensor
     static_loss: torch.Tensor
     optimizer: torch.optim.Optimizer
 
 
-def whole_step_setup(model, inputs, fused):
+def whole_step_setup(spec, model, inputs, fused):
     """Whole-network capture as PyTorch documents it (notes/cuda.rst, "Whole-network
     capture"): full steps on a side stream, then forward, loss, backward and the optimizer
     step captured in one graph over a static input."""
     lr = torch.tensor(LR, device="cuda")
     optimizer = capturable_adam(model, lr, fused)
-    static_x = inputs[0].clone()
+    static_batch = clone_batch(inputs[0])
     # Warm-up on the real batches, on a side stream (the docs' recipe). These steps advanced
     # the parameters and the optimizer state (moments, step count); a user who needs the
     # graph's first replay to be step 1 resets that state by hand. Not done here: the rows
@@ -206,7 +287,7 @@ def whole_step_setup(model, inputs, fused):
     with torch.cuda.stream(side):
         for i in range(WARMUP_STEPS):
             optimizer.zero_grad(set_to_none=True)
-            mean_square(model(inputs[i % 4])).backward()
+            loss_of(spec, model, inputs[i % 4]).backward()
             optimizer.step()
     torch.cuda.current_stream().wait_stream(side)
     # Gradients set to None before the capture, so that backward allocates them from the
@@ -214,23 +295,24 @@ def whole_step_setup(model, inputs, fused):
     optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_loss = mean_square(model(static_x))
+        static_loss = loss_of(spec, model, static_batch)
         static_loss.backward()
         optimizer.step()
-    return WholeStep(graph, static_x, lr, static_loss, optimizer)
+    return WholeStep(graph, static_batch, lr, static_loss, optimizer)
 
 
-def whole_step(mode, model, inputs):
+def whole_step(mode, spec, model, inputs):
     """The step of the `whole_step*` modes: one replay of the captured step, after copying
     the input and writing the learning rate; `whole_step_floor*`: the replay alone."""
-    captured = whole_step_setup(model, inputs, fused=mode.endswith("fused_adam"))
+    captured = whole_step_setup(spec, model, inputs, fused=mode.endswith("fused_adam"))
 
     if mode.startswith("whole_step_floor"):
         def step(i):
             captured.graph.replay()
     else:
         def step(i):
-            captured.static_x.copy_(inputs[i % 4])
+            for static, new in zip(captured.static_batch, inputs[i % 4]):
+                static.copy_(new)
             # A host write of the device learning rate every step, as a schedule makes.
             captured.lr.fill_(LR)
             captured.graph.replay()
@@ -238,27 +320,28 @@ def whole_step(mode, model, inputs):
     return step
 
 
-def build_step(mode, model, inputs):
+def build_step(mode, spec, model, inputs):
     """`step(i)`, one train step of `mode` on `inputs[i % 4]`, after the mode's setup. The
     closure holds the model, optimizer and graphs."""
     if mode.startswith("whole_step"):
-        return whole_step(mode, model, inputs)
-    return adam_step(mode, model, inputs)
+        return whole_step(mode, spec, model, inputs)
+    return adam_step(mode, spec, model, inputs)
 
 
-def first_step(mode, new_model, new_inputs):
+def first_step(mode, spec, new_model, new_inputs):
     """Microseconds from model creation to the end of the first trained step of
     FIRST_STEP_OF[mode], its setup (warm-up, capture) included, and that mode's step (which
     holds the model and graphs until the memory reading)."""
     start = time.perf_counter()
-    step = build_step(FIRST_STEP_OF[mode], new_model(), new_inputs())
+    step = build_step(FIRST_STEP_OF[mode], spec, new_model(), new_inputs())
     step(0)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e6, step
 
 
 def run(key, mode, dtype, steps, reps):
-    name, make, shape = MODELS[key]
+    spec = MODELS[key]
+    name = spec.name
     torch.cuda.synchronize()
     # Free the previous run's graphs (their private pools) and cached blocks, so that this
     # run's reserved memory is its own, not a reuse of the last run's pools.
@@ -267,11 +350,11 @@ def run(key, mode, dtype, steps, reps):
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_reserved()
     before_allocated = torch.cuda.memory_allocated()
-    new_model = lambda: make().cuda().to(dtype)
-    new_inputs = lambda: [torch.rand(shape, device="cuda", dtype=dtype) for _ in range(4)]
+    new_model = lambda: spec.make().cuda().to(dtype)
+    new_inputs = lambda: [spec.batch(dtype) for _ in range(4)]
     extra = {}
     if mode in FIRST_STEP_OF:
-        first, step = first_step(mode, new_model, new_inputs)
+        first, step = first_step(mode, spec, new_model, new_inputs)
         median = p10 = p90 = first
         extra["single"] = True
     else:
@@ -279,7 +362,7 @@ def run(key, mode, dtype, steps, reps):
         model = new_model()
         inputs = new_inputs()
         try:
-            step = build_step(mode, model, inputs)
+            step = build_step(mode, spec, model, inputs)
         except (RuntimeError, ValueError, TypeError) as refusal:
             if mode not in REFUSABLE:
                 raise
@@ -301,7 +384,7 @@ def run(key, mode, dtype, steps, reps):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="mlp,mlp256,transformer,cnn")
+    parser.add_argument("--models", default="mlp,mlp256,transformer,cnn,lm")
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)

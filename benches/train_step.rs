@@ -5,7 +5,7 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,transformer,cnn] [--dtype f32|bf16] [--steps 50] [--reps 30]
+//! train_step [--models mlp,mlp256,transformer,cnn,lm] [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
@@ -77,15 +77,20 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::module::ParamId;
+use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
-use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::nn::{
+    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig2d,
+    Relu,
+};
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use burn::tensor::{Distribution, FloatDType};
+use burn::tensor::{Bool, Distribution, FloatDType};
 use burn_graphed::testing::FaultInjection;
 use burn_graphed::{
     FusedAdamConfig, Graphed, GraphedConfig, GraphedStep, MultiTensorAdam, OutputPolicy,
@@ -131,6 +136,83 @@ fn cnn_forward(m: &Cnn, x: Tensor<4>) -> Tensor<2> {
 
 fn mean_square<const D: usize>(y: Tensor<D>) -> Tensor<1> {
     y.powi_scalar(2).mean()
+}
+
+/// The `lm` model: token and learned position embeddings, pre-norm transformer blocks under a
+/// causal mask, a final norm and an output head (`torch_reference.py`'s `Lm`).
+#[derive(Module, Debug)]
+struct Lm {
+    tokens: Embedding,
+    positions: Embedding,
+    blocks: TransformerEncoder,
+    norm: LayerNorm,
+    head: Linear,
+}
+
+const LM_VOCAB: usize = 512;
+const LM_LENGTH: usize = 128;
+const LM_BATCH: usize = 8;
+
+/// Token ids, the causal mask and the next-token targets (flattened).
+type LmBatch = (Tensor<2, Int>, Tensor<3, Bool>, Tensor<1, Int>);
+
+fn make_lm(device: &Device) -> Lm {
+    Lm {
+        tokens: EmbeddingConfig::new(LM_VOCAB, 256).init(device),
+        positions: EmbeddingConfig::new(LM_LENGTH, 256).init(device),
+        blocks: TransformerEncoderConfig::new(256, 1024, 8, 2)
+            .with_norm_first(true)
+            .with_dropout(0.0)
+            .init(device),
+        norm: LayerNormConfig::new(256).init(device),
+        head: LinearConfig::new(256, LM_VOCAB).init(device),
+    }
+}
+
+/// The logits of the ids under the mask (the targets are the loss's).
+fn lm_forward(m: &Lm, (ids, mask, _targets): LmBatch) -> Tensor<3> {
+    let [_, length] = ids.dims();
+    let positions = m.positions.weight.val().slice([0..length, 0..256]);
+    let x = m.tokens.forward(ids) + positions.unsqueeze::<3>();
+    let x = m
+        .blocks
+        .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+    m.head.forward(m.norm.forward(x))
+}
+
+/// Mean next-token cross-entropy of `logits` against the batch's targets.
+fn lm_loss_of(logits: Tensor<3>, batch: &LmBatch) -> Tensor<1> {
+    let [rows, length, vocab] = logits.dims();
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.reshape([rows * length, vocab]), batch.2.clone())
+}
+
+/// A batch of random ids and targets under one causal mask shared by every batch (made once per
+/// process), so that the graphs copy it in once, as PyTorch's model holds its mask.
+fn lm_batch(device: &Device) -> LmBatch {
+    thread_local! {
+        static MASK: std::cell::RefCell<Option<Tensor<3, Bool>>> = const { std::cell::RefCell::new(None) };
+    }
+    let mask = MASK.with(|mask| {
+        mask.borrow_mut()
+            .get_or_insert_with(|| generate_autoregressive_mask(LM_BATCH, LM_LENGTH, device))
+            .clone()
+    });
+    let ids = || {
+        Tensor::<1>::random(
+            [LM_BATCH * LM_LENGTH],
+            Distribution::Uniform(0.0, LM_VOCAB as f64),
+            device,
+        )
+        .int()
+    };
+    (ids().reshape([LM_BATCH, LM_LENGTH]), mask, ids())
+}
+
+/// [`mean_square`] as the loss of a call on a batch that holds no targets.
+fn mean_square_of<const D: usize, I>(y: Tensor<D>, _batch: &I) -> Tensor<1> {
+    mean_square(y)
 }
 
 /// One benchmark row, printed as a JSON line.
@@ -221,7 +303,7 @@ struct Options {
 
 fn options() -> Options {
     let mut options = Options {
-        models: ["mlp", "mlp256", "transformer", "cnn"]
+        models: ["mlp", "mlp256", "transformer", "cnn", "lm"]
             .map(String::from)
             .to_vec(),
         dtype: "f32".into(),
@@ -305,8 +387,10 @@ struct Case<M, I, O> {
     name: String,
     make: fn(&Device) -> M,
     call: fn(&M, I) -> O,
-    loss: fn(O) -> Tensor<1>,
-    /// `loss(call(m, x))` as one function: the callable of the `graphed_loss_*` modes, whose
+    /// The loss of the outputs of a call on a batch (the batch holds the language model's
+    /// targets).
+    loss: fn(O, &I) -> Tensor<1>,
+    /// `loss(call(m, x), x)` as one function: the callable of the `graphed_loss_*` modes, whose
     /// graphs hold the loss too.
     call_loss: fn(&M, I) -> Tensor<1>,
     input: fn(&Device) -> I,
@@ -522,7 +606,7 @@ where
         Mode::GraphedLoss(_) => timed_graphed(
             model,
             case.call_loss,
-            |loss| loss,
+            |loss, _| loss,
             mode,
             &inputs,
             &mut optimizer,
@@ -606,7 +690,7 @@ where
 fn timed_graphed<M, I, O>(
     model: M,
     call: fn(&M, I) -> O,
-    loss: fn(O) -> Tensor<1>,
+    loss: fn(O, &I) -> Tensor<1>,
     mode: Mode,
     inputs: &[I],
     optimizer: &mut Optimizer,
@@ -847,7 +931,7 @@ where
         Mode::GraphedLoss(_) => graphed_check_steps(
             deep_copy(&initial),
             case.call_loss,
-            |loss| loss,
+            |loss, _| loss,
             inputs,
             mode,
         ),
@@ -875,7 +959,7 @@ where
 fn graphed_check_steps<M, I, O>(
     model: M,
     call: fn(&M, I) -> O,
-    loss: fn(O) -> Tensor<1>,
+    loss: fn(O, &I) -> Tensor<1>,
     inputs: &[I],
     mode: Mode,
 ) -> (Vec<f64>, Vec<(ParamId, TensorData)>)
@@ -901,14 +985,15 @@ where
 fn check_steps<M: Module, I: Clone, O>(
     model: M,
     call: impl Fn(&M, I) -> O,
-    loss_of: fn(O) -> Tensor<1>,
+    loss_of: fn(O, &I) -> Tensor<1>,
     inputs: &[I],
     mut optimizer: Optimizer,
 ) -> (Vec<f64>, M) {
     let mut model = model;
     let mut losses = Vec::with_capacity(CHECK_STEPS);
     for i in 0..CHECK_STEPS {
-        let loss = loss_of(call(&model, inputs[i % inputs.len()].clone()));
+        let input = &inputs[i % inputs.len()];
+        let loss = loss_of(call(&model, input.clone()), input);
         losses.push(
             loss.clone()
                 .into_data()
@@ -929,7 +1014,7 @@ fn check_steps<M: Module, I: Clone, O>(
 fn train_steps<M: Module, I: Clone, O>(
     model: M,
     call: impl Fn(&M, I) -> O,
-    loss_of: fn(O) -> Tensor<1>,
+    loss_of: fn(O, &I) -> Tensor<1>,
     inputs: &[I],
     optimizer: &mut Optimizer,
     label: &str,
@@ -941,9 +1026,10 @@ fn train_steps<M: Module, I: Clone, O>(
     let mut step = |i: usize| {
         let Some(current) = model.take() else { return };
         let mut clock = phases.start();
-        let out = call(&current, inputs[i % inputs.len()].clone());
+        let input = &inputs[i % inputs.len()];
+        let out = call(&current, input.clone());
         clock.lap(0);
-        let loss = loss_of(out);
+        let loss = loss_of(out, input);
         clock.lap(1);
         let grads = loss.backward();
         clock.lap(2);
@@ -1217,7 +1303,7 @@ fn main() {
                                 .collect(),
                         },
                         call: mlp_forward,
-                        loss: mean_square,
+                        loss: mean_square_of,
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input,
                     },
@@ -1234,7 +1320,7 @@ fn main() {
                             .init(d),
                     },
                     call: encoder_forward,
-                    loss: mean_square,
+                    loss: mean_square_of,
                     call_loss: |m, x| mean_square(encoder_forward(m, x)),
                     input: |d| Tensor::random([8, 128, 256], Distribution::Default, d),
                 },
@@ -1255,9 +1341,24 @@ fn main() {
                         head: LinearConfig::new(32, 10).init(d),
                     },
                     call: cnn_forward,
-                    loss: mean_square,
+                    loss: mean_square_of,
                     call_loss: |m, x| mean_square(cnn_forward(m, x)),
                     input: |d| Tensor::random([32, 3, 32, 32], Distribution::Default, d),
+                },
+                &device,
+                &options,
+            ),
+            "lm" => bench(
+                Case {
+                    name: format!("lm 2x256 s{LM_LENGTH} b{LM_BATCH} v{LM_VOCAB}"),
+                    make: make_lm,
+                    call: lm_forward,
+                    loss: lm_loss_of,
+                    call_loss: |m, batch| {
+                        let targets = (batch.0.clone(), batch.1.clone(), batch.2.clone());
+                        lm_loss_of(lm_forward(m, batch), &targets)
+                    },
+                    input: lm_batch,
                 },
                 &device,
                 &options,

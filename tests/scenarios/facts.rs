@@ -205,6 +205,8 @@ pub fn structural_facts(device: &Device) {
         learning_rate: 1e-3,
         seed: 0,
         steps: 1,
+        tokens: None,
+        masked: false,
     };
     let vec_inputs = Graphed::new(
         PropNet::new(&arch, &device),

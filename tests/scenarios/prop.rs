@@ -10,9 +10,10 @@ use std::cell::Cell;
 
 use burn::module::Module;
 use burn::nn::activation::{Activation, ActivationConfig};
-use burn::nn::{LeakyReluConfig, Linear, LinearConfig};
+use burn::nn::{Embedding, EmbeddingConfig, LeakyReluConfig, Linear, LinearConfig};
 use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
 use burn::prelude::*;
+use burn::tensor::Bool;
 use burn_graphed::GraphedConfig;
 use burn_graphed_testkit::{TrainingComparison, compare_training};
 use proptest::prelude::*;
@@ -44,6 +45,12 @@ pub struct Arch {
     pub learning_rate: f64,
     pub seed: u64,
     pub steps: usize,
+    /// Vocabulary of a token-id input (`Tensor<2, Int>`, one id per row) embedded and added to
+    /// the first hidden layer; `None`: the ids are passed but unused.
+    pub tokens: Option<usize>,
+    /// Whether the bool mask input (`Tensor<2, Bool>`, one flag per first-layer unit and row,
+    /// zeroing where set) has set flags; all clear otherwise (still an input).
+    pub masked: bool,
 }
 
 fn width() -> impl Strategy<Value = usize> {
@@ -64,7 +71,11 @@ pub fn arch() -> impl Strategy<Value = Arch> {
         prop::sample::select(vec![1usize, 2, 7, 32]),
         0usize..3,
         prop::sample::select(vec![1e-3, 1e-2]),
-        any::<u64>(),
+        (
+            any::<u64>(),
+            prop::option::of(prop::sample::select(vec![1usize, 5, 33])),
+            any::<bool>(),
+        ),
     )
         .prop_map(
             |(
@@ -79,7 +90,7 @@ pub fn arch() -> impl Strategy<Value = Arch> {
                 batch,
                 optimizer,
                 learning_rate,
-                seed,
+                (seed, tokens, masked),
             )| Arch {
                 inputs,
                 unused,
@@ -94,13 +105,17 @@ pub fn arch() -> impl Strategy<Value = Arch> {
                 learning_rate,
                 seed,
                 steps: 3,
+                tokens,
+                masked,
             },
         )
 }
 
-/// Inputs (each embedded to `hidden[0]` and summed), a trunk, and one head per output.
+/// Inputs (each embedded to `hidden[0]` and summed, token ids through an embedding table), a
+/// mask over the first hidden layer, a trunk, and one head per output.
 #[derive(Module, Debug)]
 pub struct PropNet {
+    pub tokens: Option<Embedding>,
     pub embed: Vec<Linear>,
     pub trunk: Vec<Linear>,
     pub heads: Vec<Linear>,
@@ -119,6 +134,9 @@ impl PropNet {
             _ => ActivationConfig::Identity,
         };
         Self {
+            tokens: arch
+                .tokens
+                .map(|vocab| EmbeddingConfig::new(vocab, arch.hidden[0]).init(device)),
             embed: arch
                 .inputs
                 .iter()
@@ -136,6 +154,24 @@ impl PropNet {
 
     /// Uses the first `embed.len()` inputs; the rest are passed but unused.
     pub fn forward(&self, inputs: Vec<Tensor<2>>) -> Vec<Tensor<2>> {
+        self.trunk_and_heads(self.embedded(inputs))
+    }
+
+    /// [`forward`](Self::forward) with token ids (embedded and added where the net has a
+    /// table) and a mask that zeroes first-layer units where set.
+    pub fn forward_tokens(
+        &self,
+        (ids, mask, inputs): (Tensor<2, Int>, Tensor<2, Bool>, Vec<Tensor<2>>),
+    ) -> Vec<Tensor<2>> {
+        let mut hidden = self.embedded(inputs);
+        if let Some(table) = &self.tokens {
+            let [rows, width] = hidden.dims();
+            hidden = hidden + table.forward(ids).reshape([rows, width]);
+        }
+        self.trunk_and_heads(hidden.mask_fill(mask, 0.0))
+    }
+
+    fn embedded(&self, inputs: Vec<Tensor<2>>) -> Tensor<2> {
         let mut hidden: Option<Tensor<2>> = None;
         for (layer, x) in self.embed.iter().zip(inputs) {
             let y = layer.forward(x);
@@ -144,7 +180,11 @@ impl PropNet {
                 None => y,
             });
         }
-        let mut h = self.act.forward(hidden.expect("at least one used input"));
+        hidden.expect("at least one used input")
+    }
+
+    fn trunk_and_heads(&self, hidden: Tensor<2>) -> Vec<Tensor<2>> {
+        let mut h = self.act.forward(hidden);
         for layer in &self.trunk {
             h = self.act.forward(layer.forward(h));
         }
@@ -155,8 +195,11 @@ impl PropNet {
     }
 }
 
-fn prop_forward(net: &PropNet, inputs: Vec<Tensor<2>>) -> Vec<Tensor<2>> {
-    net.forward(inputs)
+/// The inputs of the generated models: token ids, a mask, and the float inputs.
+pub type PropInputs = (Tensor<2, Int>, Tensor<2, Bool>, Vec<Tensor<2>>);
+
+fn prop_forward(net: &PropNet, inputs: PropInputs) -> Vec<Tensor<2>> {
+    net.forward_tokens(inputs)
 }
 
 fn prop_loss(outputs: Vec<Tensor<2>>) -> Tensor<1> {
@@ -182,7 +225,26 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn inputs_of(arch: &Arch, step: usize, device: &Device) -> Vec<Tensor<2>> {
+fn inputs_of(arch: &Arch, step: usize, device: &Device) -> PropInputs {
+    let seed = arch.seed ^ ((step as u64) << 8);
+    let draws = values(arch.batch * (1 + arch.hidden[0]), seed ^ 0xA5);
+    let vocab = arch.tokens.unwrap_or(1);
+    let ids: Vec<i64> = draws[..arch.batch]
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * vocab as f32) as i64 % vocab as i64)
+        .collect();
+    let flags: Vec<bool> = draws[arch.batch..]
+        .iter()
+        .map(|v| arch.masked && *v > 0.5)
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(ids, [arch.batch, 1]), device),
+        Tensor::from_data(TensorData::new(flags, [arch.batch, arch.hidden[0]]), device),
+        float_inputs_of(arch, step, device),
+    )
+}
+
+fn float_inputs_of(arch: &Arch, step: usize, device: &Device) -> Vec<Tensor<2>> {
     let widths = arch
         .inputs
         .iter()
@@ -311,6 +373,8 @@ pub fn same_shape_heads_match_eager(device: &Device) {
             learning_rate: 1e-3,
             seed: 17925489917556972582,
             steps: 3,
+            tokens: None,
+            masked: false,
         },
         Arch {
             inputs: vec![1],
@@ -326,6 +390,8 @@ pub fn same_shape_heads_match_eager(device: &Device) {
             learning_rate: 1e-2,
             seed: 2633312336308841427,
             steps: 3,
+            tokens: None,
+            masked: false,
         },
     ];
     let mut failures = Vec::new();
@@ -363,8 +429,8 @@ pub fn same_shape_heads_match_eager(device: &Device) {
 }
 
 /// The generated model's forward and loss in one function: a whole step's loss function.
-fn prop_forward_loss(net: &PropNet, inputs: Vec<Tensor<2>>) -> Tensor<1> {
-    prop_loss(net.forward(inputs))
+fn prop_forward_loss(net: &PropNet, inputs: PropInputs) -> Tensor<1> {
+    prop_loss(net.forward_tokens(inputs))
 }
 
 /// The whole-step optimizer of `arch` (burn's, as [`optimizer`] picks it) and a clipping picked

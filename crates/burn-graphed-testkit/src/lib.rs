@@ -750,9 +750,7 @@ fn read_flat(flat: &burn_graphed::FlatTensor, what: &str) -> Result<TensorData, 
     let values = match flat.kind() {
         burn_graphed::ElementKind::Float => Tensor::<1>::from_dispatch(tensor).inner(),
         burn_graphed::ElementKind::Int => Tensor::<1, Int>::from_dispatch(tensor).inner().float(),
-        burn_graphed::ElementKind::Bool => Tensor::<1, Bool>::from_dispatch(tensor)
-            .inner()
-            .float(),
+        burn_graphed::ElementKind::Bool => Tensor::<1, Bool>::from_dispatch(tensor).inner().float(),
     };
     read(values, what)
 }

@@ -338,9 +338,7 @@ impl Session {
         let tensor = match self.output_policy {
             // A queued copy kernel: fusion runs it before the next replay overwrites the buffer
             // (it drains the stream first).
-            OutputPolicy::Copy => {
-                super::copy_op::copy_to_new(&buffer.fused)
-            }
+            OutputPolicy::Copy => super::copy_op::copy_to_new(&buffer.fused),
             OutputPolicy::Static | OutputPolicy::Guarded => buffer.fused.clone(),
         };
         buffer.written_by_graph(Some(tensor.id));

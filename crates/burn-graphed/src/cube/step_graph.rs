@@ -248,7 +248,9 @@ impl StepState {
             for (slot, buffer) in buffers.iter().enumerate() {
                 let source = match given.and_then(|tensors| tensors.get(slot)) {
                     Some(tensor) => Tensor::<1>::from_dispatch(tensor.clone()).inner(),
-                    None => Tensor::<1>::from_dispatch(dispatch_of(buffer.fused.clone())).zeros_like(),
+                    None => {
+                        Tensor::<1>::from_dispatch(dispatch_of(buffer.fused.clone())).zeros_like()
+                    }
                 };
                 queued.push(buffer.overwrite_from(&static_fused(&source.into_dispatch(), phase)?));
             }
