@@ -86,6 +86,7 @@ on_devices! {
     token_model_matches_eager => |d| scenarios::tokens::token_model_matches_eager(d, 20);
     token_whole_step_matches_eager => |d| scenarios::tokens::token_whole_step_matches_eager(d, 6);
     token_facts => scenarios::tokens::token_facts;
+    token_group_passes_a_mask_on => scenarios::tokens::token_group_passes_a_mask_on;
     whole_step_capture_changes_nothing => scenarios::whole_step::whole_step_capture_changes_nothing;
     whole_step_dropout_matches_eager => |d| scenarios::whole_step::whole_step_dropout_matches_eager(d, 4);
     whole_step_bad_input => scenarios::whole_step::whole_step_bad_input;

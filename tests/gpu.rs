@@ -367,6 +367,12 @@ fn token_whole_step_matches_eager() {
     scenarios::tokens::token_whole_step_matches_eager(&cuda(), 9);
 }
 
+/// A token group whose first callable passes its bool mask on to the second.
+#[test]
+fn token_group_passes_a_mask_on() {
+    scenarios::tokens::token_group_passes_a_mask_on(&cuda());
+}
+
 #[test]
 fn token_facts() {
     scenarios::tokens::token_facts(&cuda());

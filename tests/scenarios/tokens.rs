@@ -10,6 +10,7 @@ use burn::nn::attention::{
 };
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Bool;
 use burn_graphed::{
@@ -153,6 +154,93 @@ pub fn token_whole_step_matches_eager(device: &Device, steps: usize) {
     }
 }
 
+/// The first callable of a token group: embeds the ids and passes the padding mask on.
+fn embed_and_pass(
+    model: &TinyLm,
+    (ids, mask): (Tensor<2, Int>, Tensor<2, Bool>),
+) -> (Tensor<3>, Tensor<2, Bool>) {
+    (model.embed.forward(ids), mask)
+}
+
+/// The second callable, chained: zeroes the masked positions and returns the mean square of
+/// the head's logits.
+fn masked_head(model: &TinyLm, (hidden, mask): (Tensor<3>, Tensor<2, Bool>)) -> Tensor<1> {
+    let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
+    model.head.forward(hidden * keep).powi_scalar(2).mean()
+}
+
+/// Ids and a padding mask (the last `pad` positions of every row masked).
+fn ids_and_mask(device: &Device, step: usize, pad: usize) -> (Tensor<2, Int>, Tensor<2, Bool>) {
+    let (ids, _, _) = token_batch(device, 3, 6, step);
+    let flags: Vec<bool> = (0..18).map(|i| i % 6 >= 6 - pad).collect();
+    (
+        ids,
+        Tensor::from_data(TensorData::new(flags, [3, 6]), device),
+    )
+}
+
+/// A group whose first callable passes a bool mask on to the second, chained one: the mask
+/// output gets a buffer of its own, every call replays under the default (guarded) hand-outs,
+/// and losses and gradients equal eager's.
+pub fn token_group_passes_a_mask_on(device: &Device) {
+    let device = device.clone().autodiff();
+    let (first, second) = (TinyLm::new(&device), TinyLm::new(&device));
+    let (first_e, second_e) = (
+        burn_graphed_testkit::deep_copy(&first),
+        burn_graphed_testkit::deep_copy(&second),
+    );
+    let (first_g, second_g) = make_graphed_callables(
+        (
+            Callable::new(first, embed_and_pass, ids_and_mask(&device, 0, 1)),
+            Callable::chained(second, masked_head),
+        ),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let tolerance = tolerance_for(&device);
+    for step in 1..5 {
+        let batch = ids_and_mask(&device, step, step % 3);
+        let loss_e = masked_head(&second_e, embed_and_pass(&first_e, batch.clone()));
+        let passed = first_g.forward(batch).expect("first");
+        let loss_g = second_g.forward(passed).expect("second");
+        let read = |loss: &Tensor<1>| loss.clone().inner().into_data();
+        let losses = burn_graphed_testkit::TensorComparison::new(
+            format!("step {step} loss"),
+            &read(&loss_e),
+            &read(&loss_g),
+            tolerance,
+        );
+        assert!(losses.passed(), "{losses}");
+        let (mut ge, mut gg) = (loss_e.backward(), loss_g.backward());
+        let first_grads = (
+            GradientsParams::from_module(&mut ge, &first_e),
+            GradientsParams::from_module(&mut gg, &first_g),
+        );
+        super::assert_grads_close(
+            &format!("step {step} first"),
+            (&first_e, &first_grads.0),
+            (&first_g, &first_grads.1),
+            tolerance,
+        );
+        let second_grads = (
+            GradientsParams::from_module(&mut ge, &second_e),
+            GradientsParams::from_module(&mut gg, &second_g),
+        );
+        super::assert_grads_close(
+            &format!("step {step} second"),
+            (&second_e, &second_grads.0),
+            (&second_g, &second_grads.1),
+            tolerance,
+        );
+    }
+    if supports_graphs(&device) {
+        for (name, stats) in [("first", first_g.stats()), ("second", second_g.stats())] {
+            assert_eq!(stats.forward_replays, 4, "{name}: {stats:?}");
+            assert_eq!(stats.total_fallbacks(), 0, "{name}: {stats:?}");
+        }
+    }
+}
+
 /// A model whose only outputs are ints: nothing carries a gradient back.
 fn predictions_only(model: &TinyLm, batch: TokenBatch) -> Tensor<2, Int> {
     tiny_lm_forward(model, batch).1
@@ -271,7 +359,9 @@ pub fn token_facts(device: &Device) {
     .unwrap();
 
     // A bool's storage is the backend's (u32 on wgpu, u8 on CUDA); the facts are the same.
-    let facts = facts.replace("Bool(U32)", "Bool(..)").replace("Bool(U8)", "Bool(..)");
+    let facts = facts
+        .replace("Bool(U32)", "Bool(..)")
+        .replace("Bool(U8)", "Bool(..)");
     let name = if graphs {
         "token_facts_graphed"
     } else {

@@ -10,7 +10,10 @@ use burn::backend::{
 };
 use burn::tensor::Tensor;
 
-use super::buffers::{StaticBuffer, dispatch_of, static_fused, with_autodiff, without_autodiff};
+use super::buffers::{
+    StaticBuffer, dispatch_of, fused, static_fused, with_autodiff, without_autodiff,
+};
+use super::copy_op::copy_to_new;
 use super::graphs::Graphs;
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
 use super::session::{GroupLinks, Session, SessionState};
@@ -43,7 +46,7 @@ pub(super) fn fresh_copy(
         return Ok(Dispatch::float_mul_scalar(inner, 1.0f32.into()));
     }
     let source = static_fused(tensor, phase)?;
-    Ok(dispatch_of(super::copy_op::copy_to_new(&source)))
+    Ok(dispatch_of(copy_to_new(&source)))
 }
 
 /// A copy of a parameter in a dense buffer of its own (rows not pitched), on the device without
@@ -82,6 +85,37 @@ fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Te
         });
     }
     Tensor::<1>::from_dispatch(total.expect("`Recorded::run` refuses outputs without a float"))
+}
+
+/// `outputs`, where each output that is one of `inputs` or an earlier output returned as it is
+/// (a mask passed on to the next callable) is replaced by a copy of its own, made by the
+/// callable's run and so recorded with it. Every output then has a buffer of its own: one
+/// handed out over an input buffer would change with the next call's input copy, and two
+/// records over one buffer would each keep it from ever looking free to the other. A float
+/// output stays in autodiff (its gradient flows through the copy).
+fn own_buffers(outputs: Vec<FlatTensor>, inputs: &[FlatTensor]) -> Vec<FlatTensor> {
+    let mut seen: Vec<_> = inputs
+        .iter()
+        .filter_map(|input| fused(&input.tensor).map(|f| f.id))
+        .collect();
+    outputs
+        .into_iter()
+        .map(|output| {
+            let Some(buffer) = fused(&output.tensor) else {
+                return output;
+            };
+            if !seen.contains(&buffer.id) {
+                seen.push(buffer.id);
+                return output;
+            }
+            let tensor = if output.is_float() {
+                Dispatch::float_mul_scalar(output.tensor.clone(), 1.0f32.into())
+            } else {
+                with_autodiff(&dispatch_of(copy_to_new(&buffer)))
+            };
+            FlatTensor { tensor, ..output }
+        })
+        .collect()
 }
 
 /// A member of the group on its way through the capture.
@@ -123,7 +157,7 @@ impl Recorded<'_> {
                 .join(", ");
             return Err(GraphedError::NoFloatOutput { outputs });
         }
-        Ok(outputs)
+        Ok(own_buffers(outputs, &self.autodiff_inputs))
     }
 
     /// Eager forward+backward runs, each held until the device synchronized (fusion elides
