@@ -79,7 +79,7 @@ mod tests {
     /// is the only place that asks for the `cube` feature.
     #[test]
     fn library_floors_import_downward() {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/burn-graphed/src");
+        let src = crate::root().join("crates/burn-graphed/src");
         let mut files = Vec::new();
         sources(&src, &mut files);
         let mut wrong = Vec::new();
