@@ -199,13 +199,13 @@ fn lm_batch(device: &Device) -> LmBatch {
             .get_or_insert_with(|| generate_autoregressive_mask(LM_BATCH, LM_LENGTH, device))
             .clone()
     });
+    // Drawn as ints: floats drawn in bf16 and cast would round ids near the top to VOCAB.
     let ids = || {
-        Tensor::<1>::random(
+        Tensor::<1, Int>::random(
             [LM_BATCH * LM_LENGTH],
             Distribution::Uniform(0.0, LM_VOCAB as f64),
             device,
         )
-        .int()
     };
     (ids().reshape([LM_BATCH, LM_LENGTH]), mask, ids())
 }

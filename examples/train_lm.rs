@@ -107,7 +107,8 @@ fn lm_loss(model: &Lm, (ids, mask, targets): Batch) -> Tensor<1> {
         .forward(logits.reshape([batch * length, vocab]), targets)
 }
 
-/// `count` batches of `batch` windows of `length + 1` tokens at pseudo-random offsets.
+/// `count` batches of `batch` windows of `length + 1` tokens at pseudo-random offsets, under
+/// one causal mask (the same tensor in every batch: the graph copies it in once).
 fn batches(
     tokens: &[i64],
     batch: usize,
@@ -115,6 +116,7 @@ fn batches(
     count: usize,
     device: &Device,
 ) -> Vec<Batch> {
+    let mask = generate_autoregressive_mask(batch, length, device);
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = || {
         state ^= state << 13;
@@ -132,7 +134,7 @@ fn batches(
             }
             (
                 Tensor::from_data(TensorData::new(ids, [batch, length]), device),
-                generate_autoregressive_mask(batch, length, device),
+                mask.clone(),
                 Tensor::from_data(TensorData::new(targets, [batch * length]), device),
             )
         })

@@ -154,19 +154,25 @@ pub fn token_whole_step_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-/// The first callable of a token group: embeds the ids and passes the padding mask on.
+/// The first callable of a token group: embeds the ids and passes the padding mask on, as it
+/// is and as a view (`unsqueeze` keeps the buffer).
 fn embed_and_pass(
     model: &TinyLm,
     (ids, mask): (Tensor<2, Int>, Tensor<2, Bool>),
-) -> (Tensor<3>, Tensor<2, Bool>) {
-    (model.embed.forward(ids), mask)
+) -> (Tensor<3>, Tensor<2, Bool>, Tensor<3, Bool>) {
+    let view = mask.clone().unsqueeze_dim::<3>(2);
+    (model.embed.forward(ids), mask, view)
 }
 
-/// The second callable, chained: zeroes the masked positions and returns the mean square of
-/// the head's logits.
-fn masked_head(model: &TinyLm, (hidden, mask): (Tensor<3>, Tensor<2, Bool>)) -> Tensor<1> {
-    let keep = mask.bool_not().float().unsqueeze_dim::<3>(2);
-    model.head.forward(hidden * keep).powi_scalar(2).mean()
+/// The second callable, chained: zeroes the masked positions (through both masks) and returns
+/// the mean square of the head's logits.
+fn masked_head(
+    model: &TinyLm,
+    (hidden, mask, view): (Tensor<3>, Tensor<2, Bool>, Tensor<3, Bool>),
+) -> Tensor<1> {
+    let keep = view.bool_not().float();
+    let hidden = (hidden * keep).mask_fill(mask.unsqueeze_dim::<3>(2), 0.0);
+    model.head.forward(hidden).powi_scalar(2).mean()
 }
 
 /// Ids and a padding mask (the last `pad` positions of every row masked).
@@ -179,9 +185,9 @@ fn ids_and_mask(device: &Device, step: usize, pad: usize) -> (Tensor<2, Int>, Te
     )
 }
 
-/// A group whose first callable passes a bool mask on to the second, chained one: the mask
-/// output gets a buffer of its own, every call replays under the default (guarded) hand-outs,
-/// and losses and gradients equal eager's.
+/// A group whose first callable passes a bool mask on to the second, chained one, as it is and
+/// as a view: each mask output gets a buffer of its own, every call replays under the default
+/// (guarded) hand-outs, and losses and gradients equal eager's.
 pub fn token_group_passes_a_mask_on(device: &Device) {
     let device = device.clone().autodiff();
     let (first, second) = (TinyLm::new(&device), TinyLm::new(&device));

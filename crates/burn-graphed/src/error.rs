@@ -110,15 +110,16 @@ pub enum GraphedError {
         /// What differs.
         detail: String,
     },
-    /// The call has more inputs and parameters than one graphed call takes: its autodiff node
-    /// has one parent per input and parameter, and the node types go up to a fixed count.
+    /// The call has more float inputs and parameters than one graphed call takes: its autodiff
+    /// node has one parent per float input and parameter, and the node types go up to a fixed
+    /// count.
     #[error(
-        "the callable has {parents} inputs and parameters together, more than the {max} one \
-         graphed call supports; graph a smaller part of the model, or group parameters into \
-         fewer tensors"
+        "the callable has {parents} float inputs and parameters together, more than the {max} \
+         one graphed call supports; graph a smaller part of the model, or group parameters \
+         into fewer tensors"
     )]
     TooManyParents {
-        /// Inputs plus parameters of the callable.
+        /// Float inputs plus parameters of the callable.
         parents: usize,
         /// The most one graphed call supports.
         max: usize,

@@ -27,6 +27,21 @@ pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
         .ok())
 }
 
+/// The device memory behind a tensor of burn's cubecl backend, of any kind: its buffer's
+/// identity and byte range. Runs what the tensor's fusion stream has queued (a round trip).
+pub(crate) fn memory_of(tensor: &DispatchTensor) -> Option<BufferKey> {
+    let fused = fused(tensor)?;
+    let cube = fused
+        .client
+        .resolve_tensor_float::<CubeBackend>(fused.clone());
+    Some(key_of(&cube))
+}
+
+/// Whether two buffer ranges share bytes.
+pub(crate) fn overlaps(a: BufferKey, b: BufferKey) -> bool {
+    a.0 == b.0 && a.1 < b.2 && b.1 < a.2
+}
+
 /// `fused` as a dispatch tensor of its elements' kind, on the device without autodiff.
 pub(crate) fn dispatch_of(fused: FusedTensor) -> DispatchTensor {
     with_kind!(fused.dtype(), K => Tensor::<1, K>::from_primitive::<Cube>(fused).into_dispatch())

@@ -11,7 +11,8 @@ use burn::backend::{
 use burn::tensor::Tensor;
 
 use super::buffers::{
-    StaticBuffer, dispatch_of, fused, static_fused, with_autodiff, without_autodiff,
+    StaticBuffer, dispatch_of, fused, memory_of, overlaps, static_fused, with_autodiff,
+    without_autodiff,
 };
 use super::copy_op::copy_to_new;
 use super::graphs::Graphs;
@@ -87,25 +88,27 @@ fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Te
     Tensor::<1>::from_dispatch(total.expect("`Recorded::run` refuses outputs without a float"))
 }
 
-/// `outputs`, where each output that is one of `inputs` or an earlier output returned as it is
-/// (a mask passed on to the next callable) is replaced by a copy of its own, made by the
-/// callable's run and so recorded with it. Every output then has a buffer of its own: one
-/// handed out over an input buffer would change with the next call's input copy, and two
-/// records over one buffer would each keep it from ever looking free to the other. A float
-/// output stays in autodiff (its gradient flows through the copy).
+/// `outputs`, where each output whose memory is that of one of `inputs` or of an earlier
+/// output (a mask passed on to the next callable, as it is or as a view: burn's reshapes and
+/// broadcasts keep the buffer) is replaced by a copy of its own, made by the callable's run and
+/// so recorded with it. Every output then has a buffer of its own: one handed out over an
+/// input buffer would change with the next call's input copy, and two records over one buffer
+/// would each keep it from ever looking free to the other. A float output stays in autodiff
+/// (its gradient flows through the copy).
 fn own_buffers(outputs: Vec<FlatTensor>, inputs: &[FlatTensor]) -> Vec<FlatTensor> {
-    let mut seen: Vec<_> = inputs
+    let mut taken: Vec<_> = inputs
         .iter()
-        .filter_map(|input| fused(&input.tensor).map(|f| f.id))
+        .filter_map(|input| memory_of(&input.tensor))
         .collect();
     outputs
         .into_iter()
         .map(|output| {
-            let Some(buffer) = fused(&output.tensor) else {
+            let (Some(memory), Some(buffer)) = (memory_of(&output.tensor), fused(&output.tensor))
+            else {
                 return output;
             };
-            if !seen.contains(&buffer.id) {
-                seen.push(buffer.id);
+            if !taken.iter().any(|other| overlaps(*other, memory)) {
+                taken.push(memory);
                 return output;
             }
             let tensor = if output.is_float() {
@@ -436,7 +439,7 @@ fn record_forward<'a>(
 /// The backward phase of member `index`: the warm-up and the recording of the backward of its
 /// recorded forward, fed `next_grads` (the next member's input gradients, where it is chained
 /// to this one) or zeros as output gradients. Returns the graph and the gradient of each parent
-/// slot (inputs, then parameters). `(chained, alone)`: whether this member is chained to the
+/// slot (float inputs, then parameters). `(chained, alone)`: whether this member is chained to the
 /// previous one, and whether it is the only member.
 fn record_backward(
     index: usize,

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use burn::backend::TensorMetadata;
+use burn::backend::{DispatchTensor, TensorMetadata};
 use burn::tensor::Tensor;
 
-use super::buffers::{FusedTensor, dispatch_of, fused, with_autodiff};
+use super::buffers::{FusedTensor, dispatch_of, fused};
 use super::node;
 use super::session::Session;
 use super::values::Replayed;
@@ -98,6 +98,9 @@ impl Graphs {
             .into_iter()
             .enumerate()
             .partition(|(_, o)| ElementKind::of(o.dtype()) == ElementKind::Float);
+        // Int and bool outputs go out with the call's autodiff context (its checkpointing
+        // strategy), as the float ones do.
+        let context = route.autodiff;
         let linked = node::link(
             route,
             parents,
@@ -109,7 +112,10 @@ impl Graphs {
             tensors[position] = Some(tensor);
         }
         for (position, output) in others {
-            tensors[position] = Some(with_autodiff(&dispatch_of(output)));
+            tensors[position] = Some(DispatchTensor {
+                autodiff: context,
+                ..dispatch_of(output)
+            });
         }
         Ok(Replayed::Outputs(
             tensors

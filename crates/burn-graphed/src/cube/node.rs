@@ -1,5 +1,6 @@
 //! The autodiff node of a graphed call: a backend extension whose `Autodiff<Cube, C>`
-//! implementation links the replayed outputs to their parents (inputs and parameters) and
+//! implementation links the replayed float outputs to their parents (float inputs and
+//! parameters) and
 //! whose backward replays the backward graph.
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 use super::buffers::FusedTensor;
 use super::session::{PendingBackward, Session};
 
-/// The parents of a graphed call (inputs, then parameters), crossing burn's dispatch boundary
+/// The parents of a graphed call (float inputs, then parameters), crossing burn's dispatch boundary
 /// as one extension value: the derive of `ExtensionType` has no vector fields, so this is the
 /// hand-written equivalent.
 pub(crate) struct Parents<B: Backend> {

@@ -11,6 +11,7 @@ use crate::error::GraphedError;
 use crate::faults::FaultInjection;
 use crate::stats::GraphStats;
 use crate::sync::lock;
+use crate::tensors::ElementKind;
 
 /// The graphs of one captured callable and their static buffers.
 ///
@@ -281,6 +282,7 @@ impl Session {
     /// Zero-fills the gradients of outputs that received none, replays the backward graph and
     /// returns the gradient of each parent slot.
     pub fn replay_backward(&self) -> Result<Vec<Option<FusedTensor>>, GraphedError> {
+        use burn::backend::TensorMetadata;
         let (received, mut queued) = {
             let mut state = self.lock();
             (
@@ -300,7 +302,15 @@ impl Session {
         // An output gradient that carried an earlier device failure was not copied in: refuse
         // rather than replay on the previous gradient and hand out gradients of it.
         let unwritten_gradient = || {
-            let (index, reason) = first_unwritten(grad_outputs.iter().copied().enumerate())?;
+            let (slot, reason) = first_unwritten(grad_outputs.iter().copied().enumerate())?;
+            // Gradient slots number the float outputs; the error names the output's position.
+            let index = self
+                .outputs
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| ElementKind::of(o.fused.dtype()) == ElementKind::Float)
+                .nth(slot)
+                .map_or(slot, |(position, _)| position);
             Some(GraphedError::Replay {
                 which: "backward",
                 reason: format!(
