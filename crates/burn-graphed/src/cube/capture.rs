@@ -160,7 +160,19 @@ impl Recorded<'_> {
                 .join(", ");
             return Err(GraphedError::NoFloatOutput { outputs });
         }
-        Ok(own_buffers(outputs, &self.autodiff_inputs))
+        // Asking where the outputs lie runs the queued work: work that reads a tensor the
+        // device never wrote fails there, and fusion panics with the reason. That is a capture
+        // error (the caller then names the unwritten sample tensor), not a panic.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            own_buffers(outputs, &self.autodiff_inputs)
+        }))
+        .map_err(|panic| GraphedError::Capture {
+            phase,
+            reason: format!(
+                "running the callable's work failed: {}",
+                panic_message(&*panic)
+            ),
+        })
     }
 
     /// Eager forward+backward runs, each held until the device synchronized (fusion elides
