@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::stats::FallbackReason;
+use crate::tensors::{FlatTensor, TensorSpec};
 
 /// Which step of a capture failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,4 +264,37 @@ pub enum GraphedError {
         /// that names no input, the call's input signature).
         detail: String,
     },
+}
+
+impl GraphedError {
+    /// [`GraphedError::Mismatch`] for a call refused for `reason`: for a reason that names an
+    /// input, the detail is that input as `given` and as `captured`; otherwise the call's
+    /// input signature.
+    pub(crate) fn mismatch(
+        reason: FallbackReason,
+        given: &[FlatTensor],
+        captured: &[TensorSpec],
+    ) -> Self {
+        use FallbackReason::{DType, RequireGrad, Shape};
+        let detail = match &reason {
+            Shape { index } | DType { index } | RequireGrad { index }
+                if given.get(*index).is_some() && captured.get(*index).is_some() =>
+            {
+                format!(
+                    "input {index}: given {}, captured {}",
+                    given[*index].spec().describe(),
+                    captured[*index].describe()
+                )
+            }
+            _ => {
+                let inputs: Vec<String> = given
+                    .iter()
+                    .enumerate()
+                    .map(|(index, t)| format!("input {index} {}", t.spec().describe()))
+                    .collect();
+                format!("given {}", inputs.join(", "))
+            }
+        };
+        Self::Mismatch { reason, detail }
+    }
 }

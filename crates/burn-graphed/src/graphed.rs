@@ -18,7 +18,7 @@ use crate::params::{self, ModuleMode};
 use crate::shape_cache::{Admission, CacheLimits, ShapeCache, ShapeCacheStats};
 use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
 use crate::sync::lock;
-use crate::tensors::{FlatTensor, TensorGroup, TensorSpec, mismatch_detail};
+use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
 /// copies): the graphs by input signature, the capture's signature, and the counters.
@@ -335,8 +335,7 @@ where
         if self.shared.config.on_mismatch == MismatchPolicy::Error
             && reason != FallbackReason::Unsupported
         {
-            let detail = mismatch_detail(&reason, &flat, &self.shared.inputs);
-            return Err(GraphedError::Mismatch { reason, detail });
+            return Err(GraphedError::mismatch(reason, &flat, &self.shared.inputs));
         }
         *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
         let input = I::unflatten(flat).ok_or(GraphedError::InputCount {

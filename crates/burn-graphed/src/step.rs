@@ -19,7 +19,7 @@ use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
 use crate::stats::{FallbackReason, StepStats};
 use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
 use crate::step_record::{self, StateParts};
-use crate::tensors::{FlatTensor, TensorGroup, TensorSpec, mismatch_detail};
+use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// A training step captured whole: the model's forward and loss, the autodiff backward, the
 /// gradient clipping and the optimizer update, replayed as **one** graph per step (PyTorch's
@@ -277,8 +277,7 @@ where
             }
             Err(reason) => {
                 if self.config.on_mismatch == MismatchPolicy::Error {
-                    let detail = mismatch_detail(&reason, &flat.concat(), &[]);
-                    return Err(GraphedError::Mismatch { reason, detail });
+                    return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
                 }
                 *self.stats.eager.entry(reason).or_default() += 1;
                 state.eager_step(&self.runner(), &flat)?
@@ -356,8 +355,7 @@ where
         if self.config.on_mismatch == MismatchPolicy::Error && reason != FallbackReason::Unsupported
         {
             let flat: Vec<FlatTensor> = batches.into_iter().flat_map(I::flatten).collect();
-            let detail = mismatch_detail(&reason, &flat, &[]);
-            return Err(GraphedError::Mismatch { reason, detail });
+            return Err(GraphedError::mismatch(reason, &flat, &[]));
         }
         let Some(optimizer) = self.eager.as_mut() else {
             return Err(GraphedError::Unsupported {

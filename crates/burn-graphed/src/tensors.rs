@@ -104,7 +104,7 @@ pub(crate) struct TensorSpec {
 
 impl TensorSpec {
     /// Kind, dtype, shape and `require_grad`, as an error names them.
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "{:?} {:?} {:?}{}",
             ElementKind::of(self.dtype),
@@ -117,32 +117,6 @@ impl TensorSpec {
             }
         )
     }
-}
-
-/// The detail of a refused call ([`GraphedError::Mismatch`](crate::GraphedError::Mismatch)):
-/// for a reason that names an input, that input as given and as captured; otherwise the call's
-/// input signature.
-pub(crate) fn mismatch_detail(
-    reason: &crate::stats::FallbackReason,
-    given: &[FlatTensor],
-    captured: &[TensorSpec],
-) -> String {
-    use crate::stats::FallbackReason::{DType, RequireGrad, Shape};
-    if let Shape { index } | DType { index } | RequireGrad { index } = reason
-        && let (Some(given), Some(captured)) = (given.get(*index), captured.get(*index))
-    {
-        return format!(
-            "input {index}: given {}, captured {}",
-            given.spec().describe(),
-            captured.describe()
-        );
-    }
-    let inputs: Vec<String> = given
-        .iter()
-        .enumerate()
-        .map(|(index, t)| format!("input {index} {}", t.spec().describe()))
-        .collect();
-    format!("given {}", inputs.join(", "))
 }
 
 impl FlatTensor {

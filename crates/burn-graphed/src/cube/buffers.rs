@@ -27,14 +27,18 @@ pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
         .ok())
 }
 
-/// The device memory behind a tensor of burn's cubecl backend, of any kind: its buffer's
-/// identity and byte range. Runs what the tensor's fusion stream has queued (a round trip).
-pub(crate) fn memory_of(tensor: &DispatchTensor) -> Option<BufferKey> {
-    let fused = fused(tensor)?;
-    let cube = fused
+/// The cube tensor behind a fusion handle of any kind: runs what the handle's fusion stream
+/// has queued (a round trip to the fusion server).
+fn resolve(fused: &FusedTensor) -> CubeTensor {
+    fused
         .client
-        .resolve_tensor_float::<CubeBackend>(fused.clone());
-    Some(key_of(&cube))
+        .resolve_tensor_float::<CubeBackend>(fused.clone())
+}
+
+/// The device memory behind a fusion handle of any kind: its buffer's identity and byte range
+/// (see [`resolve`]).
+pub(crate) fn memory_of(fused: &FusedTensor) -> BufferKey {
+    key_of(&resolve(fused))
 }
 
 /// Whether two buffer ranges share bytes.
@@ -156,9 +160,7 @@ impl StaticBuffer {
     /// Wraps `fused` (one round trip to the fusion server, which drains the tensor's stream,
     /// for the buffer's cube tensor and identity).
     pub fn new(fused: FusedTensor) -> Self {
-        let cube = fused
-            .client
-            .resolve_tensor_float::<CubeBackend>(fused.clone());
+        let cube = resolve(&fused);
         Self {
             key: key_of(&cube),
             cube,

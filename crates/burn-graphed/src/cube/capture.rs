@@ -98,15 +98,16 @@ fn surrogate_loss(outputs: &[FlatTensor], grad_outputs: &[DispatchTensor]) -> Te
 fn own_buffers(outputs: Vec<FlatTensor>, inputs: &[FlatTensor]) -> Vec<FlatTensor> {
     let mut taken: Vec<_> = inputs
         .iter()
-        .filter_map(|input| memory_of(&input.tensor))
+        .filter_map(|input| fused(&input.tensor))
+        .map(|buffer| memory_of(&buffer))
         .collect();
     outputs
         .into_iter()
         .map(|output| {
-            let (Some(memory), Some(buffer)) = (memory_of(&output.tensor), fused(&output.tensor))
-            else {
+            let Some(buffer) = fused(&output.tensor) else {
                 return output;
             };
+            let memory = memory_of(&buffer);
             if !taken.iter().any(|other| overlaps(*other, memory)) {
                 taken.push(memory);
                 return output;

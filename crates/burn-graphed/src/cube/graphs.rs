@@ -12,7 +12,7 @@ use super::session::Session;
 use super::values::Replayed;
 use crate::error::GraphedError;
 use crate::stats::{FallbackReason, GraphStats};
-use crate::tensors::{ElementKind, FlatTensor, with_kind};
+use crate::tensors::{ElementKind, FlatTensor};
 
 /// The forward and backward graphs of one captured callable, with their static buffers.
 /// Clones share them.
@@ -88,44 +88,29 @@ impl Graphs {
             .map(|t| t.tensor)
             .collect();
         let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
-        let metadata: Vec<_> = outputs
-            .iter()
-            .map(|o| (o.shape().to_vec(), o.dtype()))
-            .collect();
-        // Float outputs are linked into autodiff (their backward replays the backward graph);
-        // int and bool outputs go out as they are, on the call's autodiff device.
-        let (floats, others): (Vec<_>, Vec<_>) = outputs
-            .into_iter()
-            .enumerate()
-            .partition(|(_, o)| ElementKind::of(o.dtype()) == ElementKind::Float);
-        // Int and bool outputs go out with the call's autodiff context (its checkpointing
-        // strategy), as the float ones do.
+        let is_float = |o: &FusedTensor| ElementKind::of(o.dtype()) == ElementKind::Float;
+        // Every output is on the call's autodiff device, with its autodiff context (its
+        // checkpointing strategy): the float ones linked into autodiff (their backward replays
+        // the backward graph), the int and bool ones as they are.
+        let device = Tensor::<1>::from_dispatch(route.clone()).device();
         let context = route.autodiff;
-        let linked = node::link(
-            route,
-            parents,
-            floats.iter().map(|(_, o)| o.clone()).collect(),
-            session,
-        );
-        let mut tensors: Vec<Option<_>> = vec![None; metadata.len()];
-        for ((position, _), tensor) in floats.into_iter().zip(linked) {
-            tensors[position] = Some(tensor);
-        }
-        for (position, output) in others {
-            tensors[position] = Some(DispatchTensor {
-                autodiff: context,
-                ..dispatch_of(output)
-            });
-        }
+        let floats = outputs.iter().filter(|o| is_float(o)).cloned().collect();
+        let mut linked = node::link(route, parents, floats, session).into_iter();
         Ok(Replayed::Outputs(
-            tensors
+            outputs
                 .into_iter()
-                .zip(metadata)
-                .map(|(tensor, (shape, dtype))| {
-                    let tensor = tensor.expect("every output position is filled above");
+                .map(|output| {
+                    let (shape, dtype) = (output.shape().to_vec(), output.dtype());
+                    let tensor = if is_float(&output) {
+                        linked.next().expect("one linked tensor per float output")
+                    } else {
+                        DispatchTensor {
+                            autodiff: context,
+                            ..dispatch_of(output)
+                        }
+                    };
                     FlatTensor {
-                        device: with_kind!(dtype, K => Tensor::<1, K>::from_dispatch(tensor.clone())
-                            .device()),
+                        device: device.clone(),
                         shape,
                         dtype,
                         // A replayed output is not a leaf; autodiff tracks a float one.

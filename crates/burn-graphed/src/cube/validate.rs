@@ -109,24 +109,8 @@ fn new_values(input: &DispatchTensor) -> DispatchTensor {
 /// argmax over two near-equal values may fall either way when a reduction is ordered
 /// differently; a graph that froze the values differs almost everywhere.
 pub(super) fn first_discrete_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {
-    let differing: Vec<usize> = replayed
-        .iter()
-        .zip(eager)
-        .enumerate()
-        .filter(|(_, (r, e))| r != e)
-        .map(|(i, _)| i)
-        .collect();
-    let allowed = eager.len().div_ceil(100);
-    let first = *differing.first()?;
-    (differing.len() > allowed).then(|| {
-        format!(
-            "{} of {} elements differ, first at {first}: replayed {}, eager {}",
-            differing.len(),
-            eager.len(),
-            replayed[first],
-            eager[first]
-        )
-    })
+    let differing = differing(replayed, eager, |r, e| r == e);
+    (differing.len() > eager.len().div_ceil(100)).then(|| report(&differing, replayed, eager))?
 }
 
 /// Where `replayed` differs from `eager` beyond the validation tolerance (see
@@ -136,18 +120,28 @@ pub(super) fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String
         .iter()
         .filter(|v| v.is_finite())
         .fold(0.0f32, |m, v| m.max(v.abs()));
-    let differing: Vec<usize> = replayed
+    let differing = differing(replayed, eager, |r, e| {
+        let both_nan = r.is_nan() && e.is_nan();
+        let close = (r - e).abs() <= 1e-2 * e.abs() + 1e-3 * scale + 1e-6;
+        // A NaN on one side only is a difference (`close` is false for it).
+        both_nan || close
+    });
+    report(&differing, replayed, eager)
+}
+
+/// The positions where `replayed` and `eager` are not `alike`.
+fn differing(replayed: &[f32], eager: &[f32], alike: impl Fn(f32, f32) -> bool) -> Vec<usize> {
+    replayed
         .iter()
         .zip(eager)
         .enumerate()
-        .filter(|(_, (r, e))| {
-            let both_nan = r.is_nan() && e.is_nan();
-            let close = (*r - *e).abs() <= 1e-2 * e.abs() + 1e-3 * scale + 1e-6;
-            // A NaN on one side only is a difference (`close` is false for it).
-            !both_nan && !close
-        })
+        .filter(|(_, (r, e))| !alike(**r, **e))
         .map(|(i, _)| i)
-        .collect();
+        .collect()
+}
+
+/// How many elements differ and the first of them, or `None` when none does.
+fn report(differing: &[usize], replayed: &[f32], eager: &[f32]) -> Option<String> {
     let first = *differing.first()?;
     Some(format!(
         "{} of {} elements differ, first at {first}: replayed {}, eager {}",
