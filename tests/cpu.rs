@@ -32,7 +32,8 @@ on_devices! {
     input_gradient_matches_eager => scenarios::input_gradient_matches_eager;
     unused_input_is_refused => scenarios::unused_input_is_refused;
     too_many_parents_is_refused => |d| scenarios::too_many_parents_is_refused(d, false);
-    eval_mode_falls_back => scenarios::eval_mode_falls_back;
+    eval_calls_replay_inference_graphs => scenarios::eval_calls_replay_inference_graphs;
+    inference_buckets_replay => scenarios::inference_buckets_replay;
     inner_device_inputs_replay => scenarios::inner_device_inputs_replay;
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;

@@ -112,8 +112,13 @@ fn too_many_parents_is_refused() {
 }
 
 #[test]
-fn eval_mode_falls_back() {
-    scenarios::eval_mode_falls_back(&cuda());
+fn inference_buckets_replay() {
+    scenarios::inference_buckets_replay(&cuda());
+}
+
+#[test]
+fn eval_calls_replay_inference_graphs() {
+    scenarios::eval_calls_replay_inference_graphs(&cuda());
 }
 
 #[test]

@@ -415,31 +415,75 @@ pub fn too_many_parents_is_refused(device: &Device, fit: bool) {
     );
 }
 
-/// After `valid()` the module runs eagerly on the inner device, and training resumes graphed.
-pub fn eval_mode_falls_back(device: &Device) {
+/// After `valid()`, calls (on the device without autodiff) replay forward-only inference
+/// graphs, captured at the first such call, and equal the eager eval outputs, also after
+/// training steps; back in training the training graphs serve again. With
+/// `graph_inference = false` eval calls run eagerly (`NoAutodiff`).
+pub fn eval_calls_replay_inference_graphs(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
-    let sample = batch([8, 16], 0, &device);
-    let graphed = capture_mlp(model, sample);
+    let graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let mut optim = adam_config().init();
+    let mut graphed = graphed;
+    for step in 0..2 {
+        let loss = square_mean(
+            graphed
+                .forward(batch([8, 16], step + 1, &device))
+                .expect("train"),
+        );
+        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+        graphed = optim.step(1e-2, graphed, grads);
+    }
     let valid = graphed.valid();
-    let x = batch([8, 16], 1, &device.clone().inner());
-    let expected = valid.module().forward(x.clone()).into_data();
-    let got = valid.forward(x).expect("eval call").into_data();
-    got.assert_eq(&expected, true);
+    for step in 0..3 {
+        let x = batch([8, 16], 10 + step, &device.clone().inner());
+        let expected = valid.module().forward(x.clone()).into_data();
+        let got = valid.forward(x).expect("eval call").into_data();
+        assert_data_close(&device, &format!("eval call {step}"), &expected, &got);
+    }
     let stats = graphed.stats();
-    let reason = if supports_graphs(&device) {
-        FallbackReason::NoAutodiff
+    if supports_graphs(&device) {
+        assert_eq!(stats.forward_replays, 2 + 3, "{stats:?}");
+        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+        assert_eq!(
+            graphed.shape_cache().graphs,
+            2,
+            "training and inference graphs"
+        );
     } else {
-        FallbackReason::Unsupported
-    };
-    assert_eq!(stats.fallbacks.get(&reason), Some(&1), "{stats:?}");
-    // Back in training mode, the graphs serve again.
+        assert_eq!(
+            stats.fallbacks.get(&FallbackReason::Unsupported),
+            Some(&5),
+            "{stats:?}"
+        );
+    }
+    // Back in training mode, the training graphs serve again.
     let y = graphed
-        .forward(batch([8, 16], 2, &device))
+        .forward(batch([8, 16], 20, &device))
         .expect("train call");
     let _ = y.powi_scalar(2).mean().backward();
     if supports_graphs(&device) {
-        assert_eq!(graphed.stats().forward_replays, 1);
+        assert_eq!(graphed.stats().forward_replays, 6);
+    }
+
+    let eager_eval = Graphed::new(
+        Mlp::new(16, 2, 4, &device),
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new().with_graph_inference(false),
+    )
+    .expect("capture")
+    .valid();
+    let _ = eager_eval
+        .forward(batch([8, 16], 1, &device.clone().inner()))
+        .expect("eval call");
+    if supports_graphs(&device) {
+        let stats = eager_eval.stats();
+        assert_eq!(
+            stats.fallbacks.get(&FallbackReason::NoAutodiff),
+            Some(&1),
+            "{stats:?}"
+        );
     }
 }
 
@@ -729,4 +773,63 @@ pub fn capture_failure_leaves_device_usable(device: &Device, must_fail: bool) {
     assert_params_unchanged(&model, &param_values(&before).expect("read back"));
     // The device still runs eager work and captures correctly.
     mlp_training_matches_eager(&device, 3);
+}
+
+/// Serving: a module without autodiff graphed for inference over shape buckets (batch sizes 1,
+/// 2, 4, 8): every call of a bucket replays its graph and equals the module's eager output; a
+/// held output makes the next call run eagerly under the default guarded hand-outs; a training
+/// module is refused with a typed error.
+pub fn inference_buckets_replay(device: &Device) {
+    let inner = device.clone().inner();
+    let model = Mlp::new(16, 2, 4, &inner);
+    let buckets = [1, 2, 4, 8];
+    let graphed = Graphed::inference(
+        model,
+        mlp_forward,
+        buckets.iter().map(|&b| batch([b, 16], 0, &inner)).collect(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let mut calls = 0;
+    for round in 0..2 {
+        for &rows in &buckets {
+            let x = batch([rows, 16], 100 + round * 10 + rows, &inner);
+            let expected = graphed.module().forward(x.clone()).into_data();
+            let got = graphed.forward(x).expect("call").into_data();
+            assert_data_close(device, &format!("bucket {rows}"), &expected, &got);
+            calls += 1;
+        }
+    }
+    let held = graphed.forward(batch([2, 16], 7, &inner)).expect("call");
+    let _next = graphed.forward(batch([2, 16], 8, &inner)).expect("call");
+    drop(held);
+    let stats = graphed.stats();
+    if supports_graphs(device) {
+        assert_eq!(stats.forward_replays, calls + 1, "{stats:?}");
+        assert_eq!(
+            stats.fallbacks.get(&FallbackReason::OutputStillHeld),
+            Some(&1),
+            "{stats:?}"
+        );
+        assert_eq!(graphed.shape_cache().graphs, buckets.len());
+    } else {
+        assert_eq!(stats.total_fallbacks(), calls + 2, "{stats:?}");
+    }
+    let training = Graphed::inference(
+        Mlp::new(16, 2, 4, &device.clone().autodiff()),
+        mlp_forward,
+        vec![batch([2, 16], 0, &inner)],
+        &GraphedConfig::new(),
+    );
+    assert!(
+        matches!(
+            training,
+            Err(GraphedError::InvalidArgument {
+                argument: "module",
+                ..
+            })
+        ),
+        "{:?}",
+        training.err()
+    );
 }

@@ -214,3 +214,34 @@ fn captured(members: &[Member<'_>], config: &GraphedConfig) -> Result<Vec<Built>
     }
     Ok(built)
 }
+
+/// Captures the forward graph of a call without autodiff (evaluation, serving; see
+/// `cube::capture_inference`): the graphs, the memory they hold and the number of outputs.
+pub(crate) fn build_inference(
+    member: &Member<'_>,
+    config: &GraphedConfig,
+) -> Result<(cube::Graphs, GraphMemory, usize), GraphedError> {
+    let group = cube::capture_inference(member, config).map_err(|error| match error {
+        GraphedError::Capture { .. } => {
+            unwritten_source(std::slice::from_ref(member)).unwrap_or(error)
+        }
+        other => other,
+    })?;
+    let (pool_growth, released) = (group.pool_growth_bytes, group.released_bytes);
+    let captured = group
+        .members
+        .into_iter()
+        .next()
+        .ok_or(GraphedError::NoOutputs)?;
+    let outputs = captured.outputs;
+    Ok((
+        captured.graphs,
+        GraphMemory {
+            static_bytes: captured.static_bytes,
+            group_static_bytes: captured.static_bytes,
+            capture_pool_growth_bytes: pool_growth,
+            capture_released_bytes: released,
+        },
+        outputs,
+    ))
+}

@@ -73,6 +73,11 @@ pub struct GraphedConfig {
     /// How outputs and gradients are handed out.
     #[config(default = "OutputPolicy::Guarded")]
     pub outputs: OutputPolicy,
+    /// Whether calls without autodiff (after `valid()`, or a model built for inference) replay
+    /// forward-only graphs, captured on first use of a signature in the same shape cache as the
+    /// training graphs; `false`: such calls run eagerly (`FallbackReason::NoAutodiff`).
+    #[config(default = true)]
+    pub graph_inference: bool,
     /// Accept inputs that require grad but are not used by the callable (their gradient is then
     /// absent), as PyTorch's `allow_unused_input`.
     #[config(default = false)]

@@ -9,7 +9,7 @@ use burn::module::{
 };
 use burn::tensor::Device;
 
-use crate::build::{Built, build};
+use crate::build::{Built, build, build_inference};
 use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::cube::{Graphs, Replayed};
@@ -23,8 +23,8 @@ use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
 /// copies): the graphs by input signature, the capture's signature, and the counters.
 struct Shared {
-    /// The captured graphs, by input signature; `None` without graphs.
-    graphs: Option<Mutex<ShapeCache<Graphs>>>,
+    /// The captured graphs, training and inference, by signature; `None` without graphs.
+    graphs: Option<Mutex<ShapeCache<Graphs, Signature>>>,
     /// Why there are no graphs, when there are none.
     eager_reason: Option<FallbackReason>,
     /// The signature of the first capture (the sample's).
@@ -49,6 +49,16 @@ impl fmt::Debug for Shared {
             .field("summary", &self.summary)
             .finish_non_exhaustive()
     }
+}
+
+/// What graphs serve: an input signature, for training calls, or for inference calls (calls
+/// without autodiff) of a module with the given train/eval flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Signature {
+    /// The flags of the module, for inference graphs (which hold its eval-time behaviour);
+    /// `None` for training graphs, whose calls are checked against the capture's mode.
+    inference: Option<Vec<bool>>,
+    inputs: Vec<TensorSpec>,
 }
 
 /// What a call that may replay brings along: the module's parameters, and how its inputs differ
@@ -138,6 +148,113 @@ where
         Ok(Self::from_built(callable.module, call, built, config))
     }
 
+    /// Graphs `call(&module, x)` for inference only (serving): `module` on a device without
+    /// autodiff (or after `valid()`), one forward graph per sample, captured now. `samples` are
+    /// the shape buckets a server pads its requests to, e.g. batch sizes 1, 2, 4 and 8 (the
+    /// padding, and slicing the outputs back, are the caller's); a call of another signature
+    /// is captured at first use within [`GraphedConfig::max_graphs`] (at least one per
+    /// sample is kept), or runs eagerly beyond the cache's limits. Calls replay with the same
+    /// input-copy rule and output policy as training calls; under the default
+    /// [`OutputPolicy::Guarded`](crate::OutputPolicy::Guarded) a call replays once the
+    /// previous call's outputs are dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::NoInputs`] without samples, [`GraphedError::NotAutodiff`]'s opposite:
+    /// [`GraphedError::InvalidArgument`] for a module on an autodiff device, and the errors of
+    /// a capture as for [`Graphed::new`]. On a backend that cannot capture every call runs
+    /// eagerly (unless [`GraphedConfig::require_graphs`]).
+    pub fn inference(
+        module: M,
+        call: fn(&M, I) -> O,
+        samples: Vec<I>,
+        config: &GraphedConfig,
+    ) -> Result<Self, GraphedError> {
+        let buckets = samples.len();
+        let mut samples = samples.into_iter();
+        let first = samples.next().ok_or(GraphedError::NoInputs)?;
+        let config = config
+            .clone()
+            .with_graph_inference(true)
+            .with_max_graphs(config.max_graphs.max(buckets));
+        let mut callable = Callable::new(module, call, first);
+        let member = callable.member();
+        let (params, mode) = (member.params.clone(), member.mode.clone());
+        let sample = member.sample.clone().unwrap_or_default();
+        let device = sample
+            .first()
+            .map(|t| t.device.clone())
+            .ok_or(GraphedError::NoInputs)?;
+        if params::device_of(&params).is_some_and(|d| d.is_autodiff()) || device.is_autodiff() {
+            return Err(GraphedError::InvalidArgument {
+                argument: "module",
+                detail: "inference graphs take a module and samples on a device without \
+                         autodiff (`valid()` gives one); a training module is graphed with \
+                         `Graphed::new`"
+                    .into(),
+            });
+        }
+        let inputs: Vec<TensorSpec> = sample.iter().map(FlatTensor::spec).collect();
+        let captured = if crate::cube::supports_capture(&device) {
+            Some(build_inference(&member, &config)?)
+        } else if config.require_graphs {
+            return Err(GraphedError::Unsupported {
+                device: format!("{device:?}"),
+            });
+        } else {
+            None
+        };
+        drop(member);
+        let summary = CaptureSummary {
+            graphed: captured.is_some(),
+            eager_reason: captured
+                .is_none()
+                .then(|| FallbackReason::Unsupported.to_string()),
+            inputs: inputs.len(),
+            inputs_requiring_grad: 0,
+            outputs: captured.as_ref().map_or(0, |(_, _, outputs)| *outputs),
+            params: params.len(),
+            trainable_params: 0,
+            static_bytes: captured.as_ref().map_or(0, |(_, m, _)| m.static_bytes),
+        };
+        let memory = captured.as_ref().map(|(_, m, _)| *m).unwrap_or_default();
+        let graphs = captured.map(|(graphs, memory, _)| {
+            Mutex::new(ShapeCache::new(
+                CacheLimits {
+                    max_graphs: config.max_graphs,
+                    max_bytes: config.max_graph_bytes,
+                },
+                Signature {
+                    inference: Some(mode.flags.clone()),
+                    inputs: inputs.clone(),
+                },
+                graphs,
+                memory.held_bytes(),
+            ))
+        });
+        let graphed = Self {
+            inner: callable.module,
+            call,
+            shared: Arc::new(Shared {
+                eager_reason: graphs.is_none().then_some(FallbackReason::Unsupported),
+                graphs,
+                inputs,
+                mode,
+                device,
+                thread: std::thread::current().id(),
+                config: config.clone(),
+                recapture: true,
+                summary,
+                memory,
+                eager: Mutex::new(GraphStats::default()),
+            }),
+        };
+        for sample in samples {
+            graphed.prepare(sample)?;
+        }
+        Ok(graphed)
+    }
+
     /// Assembles a graphed module from what the capture of its group made.
     pub(crate) fn from_built(
         module: M,
@@ -151,7 +268,10 @@ where
                     max_graphs: config.max_graphs,
                     max_bytes: config.max_graph_bytes,
                 },
-                built.inputs.clone(),
+                Signature {
+                    inference: None,
+                    inputs: built.inputs.clone(),
+                },
                 graphs,
                 built.memory.held_bytes(),
             ))
@@ -200,7 +320,37 @@ where
         let flat = self.flat_inputs(input)?;
         match self.replay_plan(&flat)? {
             Ok((module_params, mismatch)) => self.replay(flat, module_params, mismatch),
+            Err(FallbackReason::NoAutodiff) if self.shared.config.graph_inference => {
+                self.infer(flat)
+            }
             Err(reason) => self.eager(flat, reason),
+        }
+    }
+
+    /// A call without autodiff: the inference graphs of its signature and the module's
+    /// flags (found, or captured now within the shape cache's limits), replayed; or the eager
+    /// call with the reason.
+    ///
+    /// # Errors
+    ///
+    /// As [`forward`](Self::forward).
+    fn infer(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
+        if std::thread::current().id() != self.shared.thread {
+            return self.eager(flat, FallbackReason::OtherThread);
+        }
+        let (module_params, mode) = params::collect(&self.inner);
+        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        let key = inference_key(&flat, mode.flags);
+        let graphs = match self.graphs_for(&flat, key, None, false)? {
+            Ok((graphs, _captured_now)) => graphs,
+            Err(reason) => return self.eager(flat, reason),
+        };
+        let params = module_params.into_iter().map(|p| p.tensor).collect();
+        match graphs.replay_inference(flat, params)? {
+            Replayed::Outputs(outputs) => O::unflatten(outputs).ok_or(GraphedError::NoOutputs),
+            Replayed::Eager(reason, flat) => self.eager(flat, reason),
         }
     }
 
@@ -237,8 +387,28 @@ where
         let flat = self.flat_inputs(sample)?;
         match self.replay_plan(&flat)? {
             Ok((_module_params, mismatch)) => self.prepare_graphs(&flat, mismatch),
+            Err(FallbackReason::NoAutodiff) if self.shared.config.graph_inference => {
+                self.prepare_inference(&flat)
+            }
             Err(reason) => Ok(Prepared::Eager(reason)),
         }
+    }
+
+    /// [`prepare`](Self::prepare) for a call without autodiff: its inference graphs.
+    fn prepare_inference(&self, flat: &[FlatTensor]) -> Result<Prepared, GraphedError> {
+        if std::thread::current().id() != self.shared.thread {
+            return Ok(Prepared::Eager(FallbackReason::OtherThread));
+        }
+        let (_, mode) = params::collect(&self.inner);
+        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        let key = inference_key(flat, mode.flags);
+        Ok(match self.graphs_for(flat, key, None, true)? {
+            Ok((_, true)) => Prepared::Captured,
+            Ok((_, false)) => Prepared::Cached,
+            Err(reason) => Prepared::Eager(reason),
+        })
     }
 
     fn prepare_graphs(
@@ -246,11 +416,13 @@ where
         flat: &[FlatTensor],
         mismatch: Option<FallbackReason>,
     ) -> Result<Prepared, GraphedError> {
-        Ok(match self.graphs_for(flat, mismatch, true)? {
-            Ok((_, true)) => Prepared::Captured,
-            Ok((_, false)) => Prepared::Cached,
-            Err(reason) => Prepared::Eager(reason),
-        })
+        Ok(
+            match self.graphs_for(flat, training_key(flat), mismatch, true)? {
+                Ok((_, true)) => Prepared::Captured,
+                Ok((_, false)) => Prepared::Cached,
+                Err(reason) => Prepared::Eager(reason),
+            },
+        )
     }
 
     /// `input`'s tensors, checked against the capture's count and device.
@@ -356,19 +528,26 @@ where
     fn graphs_for(
         &self,
         flat: &[FlatTensor],
+        key: Signature,
         mismatch: Option<FallbackReason>,
         strict: bool,
     ) -> Result<Result<(Graphs, bool), FallbackReason>, GraphedError> {
         let Some(cache) = self.shared.graphs.as_ref() else {
             return Ok(Err(FallbackReason::Unsupported));
         };
-        let key: Vec<TensorSpec> = flat.iter().map(FlatTensor::spec).collect();
         if let Some(graphs) = lock(cache).get(&key) {
             return Ok(Ok((graphs.clone(), false)));
         }
+        let inference = key.inference.is_some();
         // Only a signature the cache lost can match the sample's.
-        let reason = mismatch.unwrap_or(FallbackReason::ShapeCacheFull);
-        if !self.shared.recapture {
+        let reason = if inference {
+            FallbackReason::ShapeCacheFull
+        } else {
+            mismatch.unwrap_or(FallbackReason::ShapeCacheFull)
+        };
+        // A callable of a group captures inference graphs too (they share nothing); more
+        // training signatures only when captured alone.
+        if !inference && !self.shared.recapture {
             return Ok(Err(reason));
         }
         match lock(cache).admit(&key, Graphs::backward_pending) {
@@ -381,16 +560,12 @@ where
             got: flat.len(),
         })?;
         let mut callable = Callable::new(self.inner.clone(), self.call, sample);
-        let built = build(vec![callable.member()], &self.shared.config).and_then(|built| {
-            let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
-            let memory = built.memory;
-            built
-                .graphs
-                .map(|graphs| (graphs, memory))
-                .ok_or(GraphedError::Unsupported {
-                    device: format!("{:?}", self.shared.device),
-                })
-        });
+        let built = if inference {
+            build_inference(&callable.member(), &self.shared.config)
+                .map(|(graphs, memory, _)| (graphs, memory))
+        } else {
+            self.build_training(&mut callable)
+        };
         let (graphs, memory) = match built {
             Ok(built) => built,
             Err(error) if strict || self.shared.config.require_graphs => return Err(error),
@@ -417,6 +592,23 @@ where
         }
     }
 
+    /// Captures the training graphs of another signature of this callable.
+    fn build_training(
+        &self,
+        callable: &mut Callable<M, I, O>,
+    ) -> Result<(Graphs, GraphMemory), GraphedError> {
+        build(vec![callable.member()], &self.shared.config).and_then(|built| {
+            let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
+            let memory = built.memory;
+            built
+                .graphs
+                .map(|graphs| (graphs, memory))
+                .ok_or(GraphedError::Unsupported {
+                    device: format!("{:?}", self.shared.device),
+                })
+        })
+    }
+
     fn lock_eager(&self) -> std::sync::MutexGuard<'_, GraphStats> {
         lock(&self.shared.eager)
     }
@@ -430,7 +622,7 @@ where
         module_params: Vec<params::ParamEntry>,
         mismatch: Option<FallbackReason>,
     ) -> Result<O, GraphedError> {
-        let graphs = match self.graphs_for(&flat, mismatch, false)? {
+        let graphs = match self.graphs_for(&flat, training_key(&flat), mismatch, false)? {
             Ok((graphs, _captured_now)) => graphs,
             Err(reason) => return self.eager(flat, reason),
         };
@@ -554,5 +746,21 @@ impl<M: Module + ModuleDisplay, I, O> ModuleDisplay for Graphed<M, I, O> {}
 impl<M: Module + ModuleDisplay, I, O> fmt::Display for Graphed<M, I, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&ModuleDisplay::format(self, Default::default()))
+    }
+}
+
+/// The key of a training call's graphs: its input signature.
+fn training_key(flat: &[FlatTensor]) -> Signature {
+    Signature {
+        inference: None,
+        inputs: flat.iter().map(FlatTensor::spec).collect(),
+    }
+}
+
+/// The key of an inference call's graphs: its input signature and the module's flags.
+fn inference_key(flat: &[FlatTensor], flags: Vec<bool>) -> Signature {
+    Signature {
+        inference: Some(flags),
+        inputs: flat.iter().map(FlatTensor::spec).collect(),
     }
 }

@@ -44,8 +44,8 @@ pub(crate) struct CacheLimits {
     pub max_bytes: Option<u64>,
 }
 
-struct Entry<S> {
-    key: Vec<TensorSpec>,
+struct Entry<S, K> {
+    key: K,
     value: S,
     bytes: u64,
     last_used: u64,
@@ -62,11 +62,11 @@ pub(crate) enum Admission {
     Full,
 }
 
-/// The cache (see the module docs).
-pub(crate) struct ShapeCache<S> {
-    entries: Vec<Entry<S>>,
+/// The cache (see the module docs), keyed by `K`: an input signature.
+pub(crate) struct ShapeCache<S, K = Vec<TensorSpec>> {
+    entries: Vec<Entry<S, K>>,
     /// Signatures not to capture again, with what to answer for them.
-    refused: Vec<(Vec<TensorSpec>, Admission)>,
+    refused: Vec<(K, Admission)>,
     limits: CacheLimits,
     clock: u64,
     stats: ShapeCacheStats,
@@ -75,9 +75,9 @@ pub(crate) struct ShapeCache<S> {
 /// Signatures remembered as failed, at most (older ones are forgotten and may be retried).
 const MAX_FAILED: usize = 16;
 
-impl<S> ShapeCache<S> {
+impl<S, K: PartialEq> ShapeCache<S, K> {
     /// A cache holding the first capture's graphs.
-    pub fn new(limits: CacheLimits, key: Vec<TensorSpec>, value: S, bytes: u64) -> Self {
+    pub fn new(limits: CacheLimits, key: K, value: S, bytes: u64) -> Self {
         let mut cache = Self {
             entries: Vec::new(),
             refused: Vec::new(),
@@ -92,7 +92,7 @@ impl<S> ShapeCache<S> {
         cache
     }
 
-    fn push(&mut self, key: Vec<TensorSpec>, value: S, bytes: u64) {
+    fn push(&mut self, key: K, value: S, bytes: u64) {
         self.clock += 1;
         self.entries.push(Entry {
             key,
@@ -109,10 +109,10 @@ impl<S> ShapeCache<S> {
     }
 
     /// The graphs of `key`, marked as used (a hit).
-    pub fn get(&mut self, key: &[TensorSpec]) -> Option<&S> {
+    pub fn get(&mut self, key: &K) -> Option<&S> {
         self.clock += 1;
         let clock = self.clock;
-        let entry = self.entries.iter_mut().find(|e| e.key == key)?;
+        let entry = self.entries.iter_mut().find(|e| e.key == *key)?;
         entry.last_used = clock;
         self.stats.hits += 1;
         Some(&entry.value)
@@ -120,7 +120,7 @@ impl<S> ShapeCache<S> {
 
     /// Whether a signature the cache does not hold may be captured; `busy` says which entries
     /// cannot be evicted now.
-    pub fn admit(&self, key: &[TensorSpec], busy: impl Fn(&S) -> bool) -> Admission {
+    pub fn admit(&self, key: &K, busy: impl Fn(&S) -> bool) -> Admission {
         if let Some((_, answer)) = self.refused.iter().find(|(k, _)| k == key) {
             return *answer;
         }
@@ -139,7 +139,7 @@ impl<S> ShapeCache<S> {
     /// cache is then unchanged, and a signature too large on its own is refused from then on.
     pub fn insert(
         &mut self,
-        key: Vec<TensorSpec>,
+        key: K,
         value: S,
         bytes: u64,
         busy: impl Fn(&S) -> bool,
@@ -184,13 +184,13 @@ impl<S> ShapeCache<S> {
     }
 
     /// Remembers that capturing `key` failed with `error`.
-    pub fn record_failure(&mut self, key: Vec<TensorSpec>, error: String) {
+    pub fn record_failure(&mut self, key: K, error: String) {
         self.refuse(key, Admission::FailedBefore);
         self.stats.failed_captures += 1;
         self.stats.last_capture_error = Some(error);
     }
 
-    fn refuse(&mut self, key: Vec<TensorSpec>, answer: Admission) {
+    fn refuse(&mut self, key: K, answer: Admission) {
         if self.refused.len() == MAX_FAILED {
             self.refused.remove(0);
         }
@@ -199,7 +199,7 @@ impl<S> ShapeCache<S> {
 
     /// The cached values, least recently used first.
     pub fn values(&self) -> impl Iterator<Item = &S> {
-        let mut entries: Vec<&Entry<S>> = self.entries.iter().collect();
+        let mut entries: Vec<&Entry<S, K>> = self.entries.iter().collect();
         entries.sort_by_key(|e| e.last_used);
         entries.into_iter().map(|e| &e.value)
     }

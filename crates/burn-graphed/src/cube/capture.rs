@@ -136,6 +136,9 @@ struct Recorded<'a> {
     grad_outputs: Vec<DispatchTensor>,
     outputs: Vec<FlatTensor>,
     forward: Option<DispatchGraph>,
+    /// Whether the call trains (a backward follows its forward); `false` for an inference
+    /// call, whose outputs need no float among them and whose warm-ups run no backward.
+    training: bool,
 }
 
 impl Recorded<'_> {
@@ -153,7 +156,7 @@ impl Recorded<'_> {
         if outputs.is_empty() {
             return Err(GraphedError::NoOutputs);
         }
-        if !outputs.iter().any(FlatTensor::is_float) {
+        if self.training && !outputs.iter().any(FlatTensor::is_float) {
             let outputs = outputs
                 .iter()
                 .map(|o| format!("{:?} {:?}", o.kind(), o.shape))
@@ -201,6 +204,32 @@ impl Recorded<'_> {
         let sync = || Dispatch::sync(dispatch).map_err(capture_error(phase));
         for iteration in 1..=max_iters.max(min_iters).max(1) {
             let outputs = self.run(index, phase)?;
+            if !self.training {
+                sync()?;
+                drop(outputs);
+            } else {
+                self.train_warm_up_step(outputs, dispatch, phase)?;
+            }
+            sync()?;
+            let allocations =
+                Dispatch::memory_pool_usage(dispatch).map(|usage| usage.number_allocs);
+            if iteration >= min_iters.max(1) && allocations.is_some() && allocations == previous {
+                return Ok(iteration);
+            }
+            previous = allocations;
+        }
+        Ok(max_iters.max(min_iters).max(1))
+    }
+
+    /// The backward half of a training warm-up run, on `outputs` of its forward.
+    fn train_warm_up_step(
+        &mut self,
+        outputs: Vec<FlatTensor>,
+        dispatch: &DispatchDevice,
+        phase: CapturePhase,
+    ) -> Result<(), GraphedError> {
+        let sync = || Dispatch::sync(dispatch).map_err(capture_error(phase));
+        {
             if self.grad_outputs.is_empty() {
                 self.grad_outputs = outputs
                     .iter()
@@ -216,15 +245,8 @@ impl Recorded<'_> {
             let grads = loss.backward();
             sync()?;
             drop((outputs, grads));
-            sync()?;
-            let allocations =
-                Dispatch::memory_pool_usage(dispatch).map(|usage| usage.number_allocs);
-            if iteration >= min_iters.max(1) && allocations.is_some() && allocations == previous {
-                return Ok(iteration);
-            }
-            previous = allocations;
         }
-        Ok(max_iters.max(min_iters).max(1))
+        Ok(())
     }
 }
 
@@ -422,6 +444,7 @@ fn record_forward<'a>(
         grad_outputs: Vec::new(),
         outputs: Vec::new(),
         forward: None,
+        training: true,
     };
     let prepared = Preparation::new(dispatch, CapturePhase::ForwardWarmup)?;
     member_state.warm_up(
@@ -603,7 +626,7 @@ fn assemble(
         })?;
         let session = Arc::new(Session {
             forward,
-            backward,
+            backward: Some(backward),
             device: cube_device.clone(),
             inputs: input_buffers,
             params: member_state
@@ -631,4 +654,159 @@ fn assemble(
         });
     }
     Ok(members)
+}
+
+/// Captures the forward graph alone of `member`, a call without autodiff (evaluation after
+/// `valid()`, serving): static copies of its sample inputs and dense copies of its parameters
+/// on the device without autodiff, the warm-up, the recording, its first run and its
+/// validation, as for a training call. The session has no backward graph, no output gradients
+/// and no parents; its buffers are its own (nothing is shared with the training graphs).
+pub(crate) fn capture_inference(
+    member: &Member<'_>,
+    config: &GraphedConfig,
+) -> Result<CapturedGroup<Graphs>, GraphedError> {
+    let sample = member.sample.as_ref().ok_or(GraphedError::NoInputs)?;
+    let first = sample.first().ok_or(GraphedError::NoInputs)?;
+    let inner = first.device.clone().inner();
+    let dispatch = inner.as_dispatch();
+    let cube_device = match dispatch {
+        DispatchDevice::Cube(device) => device.clone(),
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(GraphedError::Unsupported {
+                device: format!("{other:?}"),
+            });
+        }
+    };
+    let _lock = lock(&CAPTURE_LOCK);
+    let generators = random_state::save();
+    let captured = inference_locked(member, sample, config, dispatch, &cube_device);
+    let restored =
+        random_state::restore(&generators).map_err(capture_error(CapturePhase::StaticBuffers));
+    if captured.is_err() || restored.is_err() {
+        forget_unrun_metadata(dispatch);
+    }
+    let captured = captured?;
+    restored?;
+    Ok(captured)
+}
+
+/// [`capture_inference`] once the capture lock is held.
+fn inference_locked(
+    member: &Member<'_>,
+    sample: &[FlatTensor],
+    config: &GraphedConfig,
+    dispatch: &DispatchDevice,
+    cube_device: &CubeDevice,
+) -> Result<CapturedGroup<Graphs>, GraphedError> {
+    let phase = CapturePhase::StaticBuffers;
+    Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+    let reserved_before = reserved_bytes(dispatch);
+    let static_inputs = sample
+        .iter()
+        .map(|t| fresh_copy(&t.tensor, phase))
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs: Vec<FlatTensor> = sample
+        .iter()
+        .zip(&static_inputs)
+        .map(|(t, tensor)| FlatTensor {
+            tensor: tensor.clone(),
+            require_grad: false,
+            ..t.clone()
+        })
+        .collect();
+    let static_params = member
+        .params
+        .iter()
+        .map(|p| dense_param_copy(&p.tensor.tensor))
+        .collect::<Result<Vec<_>, _>>()?;
+    let replacements = member
+        .params
+        .iter()
+        .zip(&static_params)
+        .map(|(p, tensor)| FlatTensor {
+            tensor: tensor.clone(),
+            require_grad: false,
+            ..p.tensor.clone()
+        })
+        .collect();
+    let mut recorded = Recorded {
+        static_inputs,
+        autodiff_inputs: inputs,
+        static_params,
+        autodiff_params: Vec::new(),
+        run: (member.with_params)(replacements),
+        grad_outputs: Vec::new(),
+        outputs: Vec::new(),
+        forward: None,
+        training: false,
+    };
+    let prepared = Preparation::new(dispatch, CapturePhase::ForwardWarmup)?;
+    recorded.warm_up(
+        0,
+        (config.warmup_iters, config.max_warmup_iters),
+        dispatch,
+        CapturePhase::ForwardWarmup,
+    )?;
+    let recording = prepared.record(CapturePhase::Forward)?;
+    recorded.outputs = recorded.run(0, CapturePhase::Forward)?;
+    let forward = recording.stop(CapturePhase::Forward)?;
+    materialize(dispatch, &forward, CapturePhase::Forward)?;
+    if config.validate_replay {
+        validate_forward(
+            0,
+            &recorded.static_inputs,
+            &recorded.outputs,
+            &forward,
+            dispatch,
+            || recorded.run(0, CapturePhase::Validation),
+        )?;
+    }
+    let to_buffer = |tensor: &DispatchTensor| static_fused(tensor, phase).map(StaticBuffer::new);
+    let shared = |tensor: &DispatchTensor| to_buffer(tensor).map(Arc::new);
+    let session = Arc::new(Session {
+        forward,
+        backward: None,
+        device: cube_device.clone(),
+        inputs: recorded
+            .static_inputs
+            .iter()
+            .map(shared)
+            .collect::<Result<_, _>>()?,
+        params: recorded
+            .static_params
+            .iter()
+            .map(to_buffer)
+            .collect::<Result<_, _>>()?,
+        outputs: recorded
+            .outputs
+            .iter()
+            .map(|o| shared(&o.tensor))
+            .collect::<Result<_, _>>()?,
+        grad_outputs: Vec::new(),
+        zeros: Vec::new(),
+        grad_parents: Vec::new(),
+        output_policy: config.outputs,
+        fault: crate::faults::injected(),
+        group: Arc::new(GroupLinks::new(vec![false])),
+        member: 0,
+        thread: std::thread::current().id(),
+        state: Mutex::new(SessionState::default()),
+    });
+    Dispatch::sync(dispatch).map_err(capture_error(phase))?;
+    let reserved_captured = reserved_bytes(dispatch);
+    if config.release_capture_memory {
+        Dispatch::memory_cleanup(dispatch);
+    }
+    let reserved_after = reserved_bytes(dispatch);
+    Ok(CapturedGroup {
+        members: vec![CapturedMember {
+            inputs: sample.iter().map(FlatTensor::spec).collect(),
+            outputs: session.outputs.len(),
+            static_bytes: session.static_bytes(),
+            graphs: Graphs::new(session),
+        }],
+        pool_growth_bytes: reserved_after.saturating_sub(reserved_before),
+        released_bytes: reserved_captured.saturating_sub(reserved_after),
+    })
 }

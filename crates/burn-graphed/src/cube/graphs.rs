@@ -123,6 +123,53 @@ impl Graphs {
     }
 }
 
+impl Graphs {
+    /// A call without autodiff on inference graphs ([`capture_inference`](super::capture_inference)):
+    /// copies the inputs and parameters in where they are not there already, replays the
+    /// forward graph and returns its outputs as handed out under the output policy (on the
+    /// device without autodiff); or gives the inputs back with the reason the call must run
+    /// eagerly. Nothing runs in that case.
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`](Self::replay).
+    pub(crate) fn replay_inference(
+        &self,
+        inputs: Vec<FlatTensor>,
+        params: Vec<FlatTensor>,
+    ) -> Result<Replayed, GraphedError> {
+        let session = &self.0;
+        let eager = |reason, inputs| Ok(Replayed::Eager(reason, inputs));
+        let (Some(fused_inputs), Some(fused_params)) = (all_fused(&inputs), all_fused(&params))
+        else {
+            return eager(FallbackReason::Unsupported, inputs);
+        };
+        if session.hand_outs_held() {
+            return eager(FallbackReason::OutputStillHeld, inputs);
+        }
+        if !session.params_writable(&fused_params) {
+            return eager(FallbackReason::ParamBufferAliased, inputs);
+        }
+        let device = inputs
+            .first()
+            .map(|t| t.device.clone())
+            .ok_or(GraphedError::NoInputs)?;
+        let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
+        Ok(Replayed::Outputs(
+            outputs
+                .into_iter()
+                .map(|output| FlatTensor {
+                    device: device.clone(),
+                    shape: output.shape().to_vec(),
+                    dtype: output.dtype(),
+                    require_grad: false,
+                    tensor: dispatch_of(output),
+                })
+                .collect(),
+        ))
+    }
+}
+
 /// The fusion handles of `tensors`, or `None` when one is not on burn's cubecl backend.
 fn all_fused(tensors: &[FlatTensor]) -> Option<Vec<FusedTensor>> {
     tensors.iter().map(|t| fused(&t.tensor)).collect()

@@ -20,7 +20,8 @@ use crate::tensors::ElementKind;
 #[derive(Debug)]
 pub(crate) struct Session {
     pub forward: DispatchGraph,
-    pub backward: DispatchGraph,
+    /// `None` for an inference call's graphs (forward only).
+    pub backward: Option<DispatchGraph>,
     /// The device the graphs were captured on (without autodiff).
     pub device: <Cube as burn::backend::BackendTypes>::Device,
     /// One per flattened input. For a chained callable, the previous callable's outputs.
@@ -326,7 +327,10 @@ impl Session {
         unsafe {
             write_check::replay_after_check(
                 "backward",
-                self.cube_graph(&self.backward)?,
+                self.cube_graph(self.backward.as_ref().ok_or_else(|| GraphedError::Replay {
+                    which: "backward",
+                    reason: "inference graphs have no backward graph".into(),
+                })?)?,
                 &self.device,
                 asked,
                 unwritten_gradient,

@@ -34,6 +34,14 @@ pub(crate) fn capture_group(
     Err(GraphedError::Unsupported { device })
 }
 
+/// Refuses as [`capture_group`] does: no graphs without the `cube` feature.
+pub(crate) fn capture_inference(
+    member: &Member<'_>,
+    config: &GraphedConfig,
+) -> Result<CapturedGroup<Graphs>, GraphedError> {
+    capture_group(std::slice::from_ref(member), config)
+}
+
 /// Graphs are never made here ([`capture_group`] refuses); were one asked, it would answer as
 /// a backend without graphs does.
 #[derive(Clone, Debug)]
@@ -50,6 +58,14 @@ impl Graphs {
     }
 
     pub(crate) fn replay(
+        &self,
+        inputs: Vec<FlatTensor>,
+        _params: Vec<FlatTensor>,
+    ) -> Result<Replayed, GraphedError> {
+        Ok(Replayed::Eager(FallbackReason::Unsupported, inputs))
+    }
+
+    pub(crate) fn replay_inference(
         &self,
         inputs: Vec<FlatTensor>,
         _params: Vec<FlatTensor>,
