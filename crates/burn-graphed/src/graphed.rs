@@ -550,7 +550,11 @@ where
         if !inference && !self.shared.recapture {
             return Ok(Err(reason));
         }
-        match lock(cache).admit(&key, Graphs::backward_pending) {
+        // An inference capture never evicts training graphs: an evaluation pass would
+        // otherwise cost the next training step a capture (with `max_graphs = 1`, every epoch).
+        let busy =
+            |graphs: &Graphs| graphs.backward_pending() || (inference && !graphs.is_inference());
+        match lock(cache).admit(&key, busy) {
             Admission::Capture => {}
             Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
             Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
@@ -574,12 +578,7 @@ where
                 return Ok(Err(FallbackReason::CaptureFailed));
             }
         };
-        let inserted = lock(cache).insert(
-            key,
-            graphs.clone(),
-            memory.held_bytes(),
-            Graphs::backward_pending,
-        );
+        let inserted = lock(cache).insert(key, graphs.clone(), memory.held_bytes(), busy);
         match inserted {
             Ok(evicted) => {
                 let mut retired = self.lock_eager();

@@ -29,6 +29,11 @@ impl Graphs {
         self.0.backward_pending()
     }
 
+    /// Whether these are inference graphs (a forward graph alone).
+    pub(crate) fn is_inference(&self) -> bool {
+        self.0.backward.is_none()
+    }
+
     /// Replays, copies and gradient copies of these graphs so far.
     pub(crate) fn stats(&self) -> GraphStats {
         self.0.lock().stats.clone()

@@ -57,6 +57,10 @@ impl Graphs {
         GraphStats::default()
     }
 
+    pub(crate) fn is_inference(&self) -> bool {
+        false
+    }
+
     pub(crate) fn replay(
         &self,
         inputs: Vec<FlatTensor>,
