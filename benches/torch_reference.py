@@ -1,7 +1,8 @@
 """PyTorch side of the train-step benchmark: the same models, math, dtype, optimizer (Adam),
 input rotation and timing method as benches/train_step.rs, eager, with
-torch.cuda.make_graphed_callables, and as one captured graph of the whole step. Prints one JSON
-line per row (same fields as the Rust side).
+torch.cuda.make_graphed_callables, and as one captured graph of the whole step; also the
+models' forward alone (inference), eager and as one captured graph. Prints one JSON line per
+row (same fields as the Rust side).
 
     python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn,lm] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
@@ -9,7 +10,8 @@ line per row (same fields as the Rust side).
                                                 graphed_loss_fused_adam,whole_step,
                                                 whole_step_fused_adam,whole_step_floor,
                                                 whole_step_floor_fused_adam,first_step,
-                                                first_step_graphed]
+                                                first_step_graphed,inference,inference_graphed,
+                                                inference_b1,inference_graphed_b1]
 
 A step: forward, loss = mean(y^2) (`lm`: next-token cross-entropy against the batch's integer
 targets), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`: the loss inside the graphed
@@ -27,6 +29,17 @@ replayed with no input copy and no learning-rate write, the device's floor of th
 `--in-process`), from model creation to the end of the first trained step, setup included:
 `whole_step`'s warm-up and capture, or `graphed_loss_fused_adam`'s make_graphed_callables; its
 row has `median_us` = `p10_us` = `p90_us` = that time and `"single": true`.
+
+`inference*`: the model's forward alone (no loss, no backward, no optimizer), in eval mode
+under `torch.inference_mode()`, on the model arguments of a new batch every call (rotating over
+four made up front, as the steps do), timed as the steps are (a call for a step).
+`inference`: eager, the no-grad context entered per call. `inference_graphed`: the forward
+captured once with `torch.cuda.graph` as the docs show it (warm-up calls on a side stream, then
+the capture over static inputs, both under `inference_mode`); a call copies the batch's model
+arguments into the static inputs and replays the graph, its output the graph's static output
+(not cloned). `inference_b1`, `inference_graphed_b1`: the same at batch size 1 (`lm`: ids
+[1, LENGTH], the model's causal mask broadcasting); the row's `model` names the training batch
+size all the same.
 
 Memory: torch.cuda.memory_reserved() after the run, relative to before the model was made
 (the caching allocator's pools, comparable to burn's reserved bytes), after freeing the
@@ -48,6 +61,11 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+
+# The device every model, batch and device scalar is placed on. The bench is CUDA-only (the
+# timing syncs the CUDA device, the graphed modes capture CUDA graphs); a constant so that a
+# test harness can set it to "cpu" and run the eager paths.
+DEVICE = "cuda"
 
 
 def mlp():
@@ -112,8 +130,9 @@ def mean_square(y):
 
 
 class Spec(NamedTuple):
-    """A bench model: its row name, its constructor, a batch maker (a tuple of tensors), which
-    of the batch's tensors the model takes, and the loss of its output on the batch."""
+    """A bench model: its row name, its constructor, a batch maker (`batch(dtype)`: a tuple of
+    tensors at the training batch size; `batch(dtype, size)`: at batch size `size`), which of
+    the batch's tensors the model takes, and the loss of its output on the batch."""
     name: str
     make: object
     batch: object
@@ -121,13 +140,18 @@ class Spec(NamedTuple):
     loss: object
 
 
-def float_batch(shape):
-    return lambda dtype: (torch.rand(shape, device="cuda", dtype=dtype),)
+def float_batch(size, shape):
+    """The batch maker of a model of one float input [batch size, *shape], `size` (the
+    training batch size) unless the call gives another."""
+    return lambda dtype, size=size: (
+        torch.rand((size, *shape), device=DEVICE, dtype=dtype),)
 
 
-def lm_batch(dtype):
-    ids = lambda *shape: torch.randint(0, Lm.VOCAB, shape, device="cuda")
-    return ids(Lm.BATCH, Lm.LENGTH), ids(Lm.BATCH * Lm.LENGTH)
+def lm_batch(dtype, size=Lm.BATCH):
+    """`lm`'s batch: token ids [size, LENGTH] and the next-token targets [size * LENGTH]
+    (int64 whatever `dtype`)."""
+    ids = lambda *shape: torch.randint(0, Lm.VOCAB, shape, device=DEVICE)
+    return ids(size, Lm.LENGTH), ids(size * Lm.LENGTH)
 
 
 def lm_loss(logits, batch):
@@ -164,7 +188,8 @@ LR = 1e-4
 
 MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam",
          "whole_step", "whole_step_fused_adam", "whole_step_floor", "whole_step_floor_fused_adam",
-         "first_step", "first_step_graphed")
+         "first_step", "first_step_graphed",
+         "inference", "inference_graphed", "inference_b1", "inference_graphed_b1")
 
 # Modes whose setup PyTorch may refuse (fused Adam, capturable, learning rate a device
 # tensor): such a run prints a `#` line and no row instead of failing.
@@ -181,12 +206,12 @@ def mean_square_of(y, batch):
 
 
 MODELS = {
-    "mlp": Spec("mlp 8x256 b32", mlp, float_batch((32, 256)), whole_batch, mean_square_of),
-    "mlp256": Spec("mlp 8x256 b256", mlp, float_batch((256, 256)), whole_batch,
+    "mlp": Spec("mlp 8x256 b32", mlp, float_batch(32, (256,)), whole_batch, mean_square_of),
+    "mlp256": Spec("mlp 8x256 b256", mlp, float_batch(256, (256,)), whole_batch,
                    mean_square_of),
-    "transformer": Spec("transformer 2x256 s128 b8", Encoder, float_batch((8, 128, 256)),
+    "transformer": Spec("transformer 2x256 s128 b8", Encoder, float_batch(8, (128, 256)),
                         whole_batch, mean_square_of),
-    "cnn": Spec("cnn 2conv b32 32x32", cnn, float_batch((32, 3, 32, 32)), whole_batch,
+    "cnn": Spec("cnn 2conv b32 32x32", cnn, float_batch(32, (3, 32, 32)), whole_batch,
                 mean_square_of),
     "lm": Spec(f"lm 2x256 s{Lm.LENGTH} b{Lm.BATCH} v{Lm.VOCAB}", Lm, lm_batch, first_of, lm_loss),
 }
@@ -277,7 +302,7 @@ def whole_step_setup(spec, model, inputs, fused):
     """Whole-network capture as PyTorch documents it (notes/cuda.rst, "Whole-network
     capture"): full steps on a side stream, then forward, loss, backward and the optimizer
     step captured in one graph over a static input."""
-    lr = torch.tensor(LR, device="cuda")
+    lr = torch.tensor(LR, device=DEVICE)
     optimizer = capturable_adam(model, lr, fused)
     static_batch = clone_batch(inputs[0])
     # Warm-up on the real batches, on a side stream (the docs' recipe). These steps advanced
@@ -322,9 +347,70 @@ def whole_step(mode, spec, model, inputs):
     return step
 
 
+class InferenceGraph(NamedTuple):
+    """A captured forward. Replaying `graph` runs the model on `static_args` (its arguments)
+    and leaves its output in `static_out`. `model` holds the parameters the graph reads: it
+    must live as long as the graph."""
+    graph: torch.cuda.CUDAGraph
+    static_args: tuple
+    static_out: torch.Tensor
+    model: nn.Module
+
+
+def inference_capture(model, args):
+    """The forward of `model` (in eval mode) captured as PyTorch documents capture
+    (notes/cuda.rst, "Whole-network capture", here the forward alone): warm-up calls on a side
+    stream, then the capture over static inputs (clones of the first batch's), both under
+    `torch.inference_mode()`. `args`: the model arguments of the rotation's batches."""
+    static_args = clone_batch(args[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode():
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                model(*static_args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = model(*static_args)
+    return InferenceGraph(graph, static_args, static_out, model)
+
+
+def inference_call(mode, spec, model, inputs):
+    """The call of the `inference*` modes, `call(i)`: the model's forward on the model
+    arguments of `inputs[i % 4]`, in eval mode without autograd, returning the output;
+    `inference_graphed*`: the batch's arguments copied into the captured forward's static
+    inputs and one replay, returning the graph's static output (overwritten by the next call)."""
+    model.eval()
+    args = [spec.model_args(batch) for batch in inputs]
+    if not mode.startswith("inference_graphed"):
+        def call(i):
+            with torch.inference_mode():
+                return model(*args[i % 4])
+        return call
+
+    captured = inference_capture(model, args)
+
+    def call(i):
+        for static, new in zip(captured.static_args, args[i % 4]):
+            static.copy_(new)
+        captured.graph.replay()
+        return captured.static_out
+
+    return call
+
+
+def batch_size_of(mode):
+    """The batch size of `mode`'s inputs: 1 for the `*_b1` modes, else None (the model's
+    training batch size)."""
+    return 1 if mode.endswith("_b1") else None
+
+
 def build_step(mode, spec, model, inputs):
-    """`step(i)`, one train step of `mode` on `inputs[i % 4]`, after the mode's setup. The
-    closure holds the model, optimizer and graphs."""
+    """`step(i)`, one train step of `mode` on `inputs[i % 4]` (`inference*`: one forward),
+    after the mode's setup. The closure holds the model, optimizer and graphs."""
+    if mode.startswith("inference"):
+        return inference_call(mode, spec, model, inputs)
     if mode.startswith("whole_step"):
         return whole_step(mode, spec, model, inputs)
     return adam_step(mode, spec, model, inputs)
@@ -352,8 +438,10 @@ def run(key, mode, dtype, steps, reps):
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_reserved()
     before_allocated = torch.cuda.memory_allocated()
-    new_model = lambda: spec.make().cuda().to(dtype)
-    new_inputs = lambda: [spec.batch(dtype) for _ in range(4)]
+    new_model = lambda: spec.make().to(DEVICE).to(dtype)
+    size = batch_size_of(mode)
+    new_inputs = lambda: [spec.batch(dtype) if size is None else spec.batch(dtype, size)
+                          for _ in range(4)]
     extra = {}
     if mode in FIRST_STEP_OF:
         first, step = first_step(mode, spec, new_model, new_inputs)

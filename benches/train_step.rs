@@ -188,26 +188,32 @@ fn lm_loss_of(logits: Tensor<3>, batch: &LmBatch) -> Tensor<1> {
         .forward(logits.reshape([rows * length, vocab]), batch.2.clone())
 }
 
-/// A batch of random ids and targets under one causal mask shared by every batch (made once per
-/// process), so that the graphs copy it in once, as PyTorch's model holds its mask.
-fn lm_batch(device: &Device) -> LmBatch {
+/// A batch of `rows` rows of random ids and targets under one causal mask shared by every batch
+/// of that size and device (made once per process), so that the graphs copy it in once, as
+/// PyTorch's model holds its mask.
+fn lm_batch(device: &Device, rows: usize) -> LmBatch {
+    type Masks = Vec<(usize, Device, Tensor<3, Bool>)>;
     thread_local! {
-        static MASK: std::cell::RefCell<Option<Tensor<3, Bool>>> = const { std::cell::RefCell::new(None) };
+        static MASKS: std::cell::RefCell<Masks> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let mask = MASK.with(|mask| {
-        mask.borrow_mut()
-            .get_or_insert_with(|| generate_autoregressive_mask(LM_BATCH, LM_LENGTH, device))
-            .clone()
+    let mask = MASKS.with(|masks| {
+        let mut masks = masks.borrow_mut();
+        if let Some((.., mask)) = masks.iter().find(|(r, d, _)| *r == rows && d == device) {
+            return mask.clone();
+        }
+        let mask = generate_autoregressive_mask(rows, LM_LENGTH, device);
+        masks.push((rows, device.clone(), mask.clone()));
+        mask
     });
     // Drawn as ints: floats drawn in bf16 and cast would round ids near the top to VOCAB.
     let ids = || {
         Tensor::<1, Int>::random(
-            [LM_BATCH * LM_LENGTH],
+            [rows * LM_LENGTH],
             Distribution::Uniform(0.0, LM_VOCAB as f64),
             device,
         )
     };
-    (ids().reshape([LM_BATCH, LM_LENGTH]), mask, ids())
+    (ids().reshape([rows, LM_LENGTH]), mask, ids())
 }
 
 /// [`mean_square`] as the loss of a call on a batch that holds no targets.
@@ -393,11 +399,14 @@ struct Case<M, I, O> {
     /// `loss(call(m, x), x)` as one function: the callable of the `graphed_loss_*` modes, whose
     /// graphs hold the loss too.
     call_loss: fn(&M, I) -> Tensor<1>,
-    input: fn(&Device) -> I,
+    /// A batch of the given size.
+    input: fn(&Device, usize) -> I,
+    /// The training batch size.
+    batch: usize,
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 18] = [
+const MODES: [Mode; 22] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -416,6 +425,22 @@ const MODES: [Mode; 18] = [
     Mode::WholeStep(false),
     Mode::WholeStep(true),
     Mode::FirstStep,
+    Mode::Inference {
+        graphed: false,
+        one: false,
+    },
+    Mode::Inference {
+        graphed: true,
+        one: false,
+    },
+    Mode::Inference {
+        graphed: false,
+        one: true,
+    },
+    Mode::Inference {
+        graphed: true,
+        one: true,
+    },
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -475,6 +500,14 @@ enum Mode {
     /// per process: cold or warm as cubecl's persistent cache is (`BURN_GRAPHED_CUBECL_ENV`).
     /// PyTorch's counterpart: `first_step`.
     FirstStep,
+    /// Forward calls of the model on the device without autodiff, a new batch each call, no
+    /// loss: eagerly, or replaying `Graphed::inference`'s graph (default output policy,
+    /// `Guarded`); at the training batch size or (`one`) at batch size 1. PyTorch's
+    /// counterparts (eval mode, no grad): `inference*`, graphed with `torch.cuda.graph`.
+    Inference {
+        graphed: bool,
+        one: bool,
+    },
 }
 
 impl Mode {
@@ -510,6 +543,22 @@ impl Mode {
             Mode::WholeStep(false) => "whole_step",
             Mode::WholeStep(true) => "whole_step_floor",
             Mode::FirstStep => "first_step",
+            Mode::Inference {
+                graphed: false,
+                one: false,
+            } => "inference",
+            Mode::Inference {
+                graphed: true,
+                one: false,
+            } => "inference_graphed",
+            Mode::Inference {
+                graphed: false,
+                one: true,
+            } => "inference_b1",
+            Mode::Inference {
+                graphed: true,
+                one: true,
+            } => "inference_graphed_b1",
         }
     }
 
@@ -550,7 +599,7 @@ impl Mode {
             | Mode::GraphedStatic(optim)
             | Mode::GraphedGuarded(optim)
             | Mode::GraphedLoss(optim) => optim,
-            Mode::WholeStep(_) | Mode::FirstStep => Optim::Adam,
+            Mode::WholeStep(_) | Mode::FirstStep | Mode::Inference { .. } => Optim::Adam,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -580,8 +629,21 @@ where
     if mode == Mode::FirstStep {
         return first_step(case, &label, device, options, before);
     }
+    if let Mode::Inference { graphed, one } = mode {
+        let batch = if one { 1 } else { case.batch };
+        let per_step = timed_inference(case, graphed, batch, &label, device, options);
+        return Row::timed(
+            case,
+            mode,
+            per_step,
+            device,
+            before,
+            options,
+            unmeasured_before,
+        );
+    }
     let model = (case.make)(device);
-    let inputs: Vec<I> = (0..4).map(|_| (case.input)(device)).collect();
+    let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
     let mut optimizer = mode.optimizer();
     // The model moves through the optimizer (`model = optim.step(lr, model, grads)`, no
     // clone), as in a training loop: a clone would keep the old parameters alive during the
@@ -614,7 +676,7 @@ where
             device,
             options,
         ),
-        Mode::FirstStep => unreachable!("measured above"),
+        Mode::FirstStep | Mode::Inference { .. } => unreachable!("measured above"),
         Mode::WholeStep(floor) => timed_whole_step(
             model,
             case.call_loss,
@@ -636,14 +698,15 @@ where
             options,
         ),
     };
-    let (median_us, p10_us, p90_us) = spread(per_step);
-    let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
-    let autotune_unmeasured = warn_log::unmeasured() - unmeasured_before;
-    if autotune_unmeasured > 0 {
-        eprintln!(
-            "# {label}: autotune decided {autotune_unmeasured} key(s) unmeasured (warnings above)"
-        );
-    }
+    let mut row = Row::timed(
+        case,
+        mode,
+        per_step,
+        device,
+        before,
+        options,
+        unmeasured_before,
+    );
     // After the timed run and its memory reading: the check's models and pools are not in them.
     trace_phase("check");
     // Not for the floor: it trains on the capture's batch only, which a check of these models
@@ -651,7 +714,7 @@ where
     let check = (options.check
         && !matches!(
             mode,
-            Mode::Eager(_) | Mode::WholeStep(true) | Mode::FirstStep
+            Mode::Eager(_) | Mode::WholeStep(true) | Mode::FirstStep | Mode::Inference { .. }
         ))
     .then(|| check(case, mode, &inputs, device, options));
     if let Some(check) = &check {
@@ -668,20 +731,108 @@ where
             );
         }
     }
-    Row {
-        framework: "burn",
-        model: case.name.clone(),
-        dtype: options.dtype.clone(),
-        mode: mode.label(),
-        median_us,
-        p10_us,
-        p90_us,
-        reserved_mib,
-        fusion_removed: options.fusion_removed.clone(),
-        check,
-        autotune_unmeasured,
-        single: matches!(mode, Mode::FirstStep),
+    row.check = check;
+    row
+}
+
+impl Row {
+    /// The row of a timed run of `case` in `mode` (no value check yet): the spread of
+    /// `per_step`, the memory reserved since `before`, the autotune keys decided unmeasured
+    /// since `unmeasured_before`.
+    fn timed<M, I, O>(
+        case: &Case<M, I, O>,
+        mode: Mode,
+        per_step: Vec<f64>,
+        device: &Device,
+        before: u64,
+        options: &Options,
+        unmeasured_before: usize,
+    ) -> Row {
+        let (median_us, p10_us, p90_us) = spread(per_step);
+        let reserved_mib = reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0);
+        let autotune_unmeasured = warn_log::unmeasured() - unmeasured_before;
+        if autotune_unmeasured > 0 {
+            eprintln!(
+                "# {} {}: autotune decided {autotune_unmeasured} key(s) unmeasured (warnings above)",
+                case.name,
+                mode.label()
+            );
+        }
+        Row {
+            framework: "burn",
+            model: case.name.clone(),
+            dtype: options.dtype.clone(),
+            mode: mode.label(),
+            median_us,
+            p10_us,
+            p90_us,
+            reserved_mib,
+            fusion_removed: options.fusion_removed.clone(),
+            check: None,
+            autotune_unmeasured,
+            single: false,
+        }
     }
+}
+
+/// The timed forward calls of an inference mode at `batch` rows, on the device without
+/// autodiff: eagerly, or (`graphed`) through `Graphed::inference` with its default
+/// configuration, whose outputs are first checked against the eager call's (through the
+/// case's loss, on a batch other than the capture's). Prints the graphed model's counters.
+fn timed_inference<M, I, O>(
+    case: &Case<M, I, O>,
+    graphed: bool,
+    batch: usize,
+    label: &str,
+    device: &Device,
+    options: &Options,
+) -> Vec<f64>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let device = device.clone().inner();
+    let model = (case.make)(&device);
+    let inputs: Vec<I> = (0..4).map(|_| (case.input)(&device, batch)).collect();
+    if !graphed {
+        let mut call = |i: usize| drop((case.call)(&model, inputs[i % inputs.len()].clone()));
+        return time(&device, options, label, &mut call);
+    }
+    trace_phase("capture");
+    let eager = (case.loss)((case.call)(&model, inputs[1].clone()), &inputs[1]);
+    let graphed = Graphed::inference(
+        model,
+        case.call,
+        vec![inputs[0].clone()],
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let replayed = graphed.forward(inputs[1].clone()).expect("graphed call");
+    let replayed = (case.loss)(replayed, &inputs[1]);
+    let [eager, replayed] = [eager, replayed].map(|v| v.into_scalar::<f64>());
+    let off = (replayed - eager).abs() / eager.abs().max(1e-12);
+    let tolerance = if options.dtype == "bf16" { 2e-2 } else { 1e-4 };
+    eprintln!("# {label}: value check: loss of the outputs {replayed:e} vs eager {eager:e}");
+    assert!(
+        off <= tolerance,
+        "{label}: the inference graph's outputs differ from the eager call's ({off:e})"
+    );
+    let mut call = |i: usize| {
+        let output = graphed
+            .forward(inputs[i % inputs.len()].clone())
+            .expect("graphed call");
+        drop(output);
+    };
+    let per_step = time(&device, options, label, &mut call);
+    let stats = graphed.stats();
+    assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    if graphed.summary().graphed {
+        let calls = (WARM_UP + options.reps * options.steps) as u64;
+        assert!(stats.forward_replays >= calls, "{label}: {stats:?}");
+    }
+    eprintln!("# {label}: {stats:?}");
+    per_step
 }
 
 /// The timed steps of a graphed `mode`, `call` graphed: per-step times; prints the graphed
@@ -791,7 +942,7 @@ where
 {
     let started = Instant::now();
     let model = (case.make)(device);
-    let input = (case.input)(device);
+    let input = (case.input)(device, case.batch);
     let mut step = GraphedStep::new(
         model,
         case.call_loss,
@@ -1289,11 +1440,6 @@ fn main() {
         match model.as_str() {
             "mlp" | "mlp256" => {
                 let batch = if model == "mlp" { 32 } else { 256 };
-                let input: fn(&Device) -> Tensor<2> = if batch == 32 {
-                    |d| Tensor::random([32, 256], Distribution::Default, d)
-                } else {
-                    |d| Tensor::random([256, 256], Distribution::Default, d)
-                };
                 bench(
                     Case {
                         name: format!("mlp 8x256 b{batch}"),
@@ -1305,7 +1451,8 @@ fn main() {
                         call: mlp_forward,
                         loss: mean_square_of,
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
-                        input,
+                        input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
+                        batch,
                     },
                     &device,
                     &options,
@@ -1322,7 +1469,8 @@ fn main() {
                     call: encoder_forward,
                     loss: mean_square_of,
                     call_loss: |m, x| mean_square(encoder_forward(m, x)),
-                    input: |d| Tensor::random([8, 128, 256], Distribution::Default, d),
+                    input: |d, rows| Tensor::random([rows, 128, 256], Distribution::Default, d),
+                    batch: 8,
                 },
                 &device,
                 &options,
@@ -1343,7 +1491,8 @@ fn main() {
                     call: cnn_forward,
                     loss: mean_square_of,
                     call_loss: |m, x| mean_square(cnn_forward(m, x)),
-                    input: |d| Tensor::random([32, 3, 32, 32], Distribution::Default, d),
+                    input: |d, rows| Tensor::random([rows, 3, 32, 32], Distribution::Default, d),
+                    batch: 32,
                 },
                 &device,
                 &options,
@@ -1359,6 +1508,7 @@ fn main() {
                         lm_loss_of(lm_forward(m, batch), &targets)
                     },
                     input: lm_batch,
+                    batch: LM_BATCH,
                 },
                 &device,
                 &options,

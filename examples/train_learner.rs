@@ -1,6 +1,7 @@
-//! burn-train's `Learner` training a graphed model: the model implements `GraphedTrainStep`
-//! (its training step, written against the graphed wrapper) beside its own `InferenceStep`, and
-//! `Learner` takes `Graphed<Mlp, _, _>` like any model.
+//! burn-train's `Learner` training a graphed model: the model implements `GraphedTrainStep` and
+//! `GraphedInferenceStep` (its steps, written against the graphed wrapper), and `Learner` takes
+//! `Graphed<Mlp, _, _>` like any model. Training steps replay the training graphs, validation
+//! the inference graphs.
 //!
 //! `cargo run --release --example train_learner` (wgpu, where the machine has one; on a
 //! machine without a GPU, lavapipe: slow, but graphed), or `--features cuda` for CUDA.
@@ -15,10 +16,9 @@ use burn::optim::AdamConfig;
 use burn::optim::lr_scheduler::constant::ConstantLr;
 use burn::prelude::*;
 use burn::train::{
-    InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput,
-    logger::InMemoryMetricLogger,
+    Learner, RegressionOutput, SupervisedTraining, TrainOutput, logger::InMemoryMetricLogger,
 };
-use burn_graphed::{Graphed, GraphedConfig, GraphedTrainStep, OutputPolicy};
+use burn_graphed::{Graphed, GraphedConfig, GraphedInferenceStep, GraphedTrainStep, OutputPolicy};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -89,13 +89,13 @@ impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
     }
 }
 
-/// Validation: the plain model's step (eager, as every call in eval mode).
-impl InferenceStep for Mlp {
+/// The validation step, with `model.forward` (after `valid()`) replaying the inference graphs.
+impl GraphedInferenceStep<Tensor<2>, Tensor<2>> for Mlp {
     type Input = Batch;
     type Output = RegressionOutput;
 
-    fn step(&self, batch: Batch) -> RegressionOutput {
-        let output = self.forward(batch.x);
+    fn step(model: &Graphed<Self, Tensor<2>, Tensor<2>>, batch: Batch) -> RegressionOutput {
+        let output = model.forward(batch.x).expect("graphed forward");
         RegressionOutput::new(mse(output.clone(), batch.y.clone()), output, batch.y)
     }
 }
@@ -122,6 +122,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items = batch_size * 20 + 8;
     let prepared = model.prepare(Tensor::<2>::zeros([8, 64], &device))?;
     println!("last batch: {prepared:?}");
+    // Validation runs `model.valid()` on the device without autodiff: its inference graphs
+    // (batches of 64) are captured now too.
+    let inner = device.clone().inner();
+    let prepared = model
+        .valid()
+        .prepare(Tensor::<2>::zeros([64, 64], &inner))?;
+    println!("validation batch: {prepared:?}");
 
     let loader = |items: usize| -> Arc<dyn DataLoader<Batch>> {
         DataLoaderBuilder::new(Rows)
@@ -140,7 +147,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let model = result.model;
     // 63 steps (21 per epoch, the last of 8 rows): each replayed the forward and the backward
-    // graph of its batch size; no step captured.
+    // graph of its batch size; 3 validation calls replayed the inference graph; nothing
+    // captured during training.
     println!("{:?}", model.stats());
     println!("{:?}", model.shape_cache());
     Ok(())

@@ -34,6 +34,10 @@ on_devices! {
     too_many_parents_is_refused => |d| scenarios::too_many_parents_is_refused(d, false);
     eval_calls_replay_inference_graphs => scenarios::eval_calls_replay_inference_graphs;
     inference_buckets_replay => scenarios::inference_buckets_replay;
+    inference_follows_fused_training_copy => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Copy);
+    inference_follows_fused_training_static => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Static);
+    inference_follows_fused_training_guarded => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Guarded);
+    unwritten_input_inference_call_recovers => scenarios::inference::unwritten_input_inference_call_recovers;
     inner_device_inputs_replay => scenarios::inner_device_inputs_replay;
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;

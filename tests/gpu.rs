@@ -122,6 +122,22 @@ fn eval_calls_replay_inference_graphs() {
 }
 
 #[test]
+fn inference_follows_fused_training() {
+    for policy in [
+        burn_graphed::OutputPolicy::Copy,
+        burn_graphed::OutputPolicy::Static,
+        burn_graphed::OutputPolicy::Guarded,
+    ] {
+        scenarios::inference::inference_follows_fused_training(&cuda(), policy);
+    }
+}
+
+#[test]
+fn unwritten_input_inference_call_recovers() {
+    scenarios::inference::unwritten_input_inference_call_recovers(&cuda());
+}
+
+#[test]
 fn inner_device_inputs_replay() {
     scenarios::inner_device_inputs_replay(&cuda());
 }

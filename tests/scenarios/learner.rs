@@ -11,7 +11,7 @@ use burn::train::{
     InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput, TrainStep,
     logger::InMemoryMetricLogger,
 };
-use burn_graphed::{GraphedTrainStep, OutputPolicy};
+use burn_graphed::{GraphedInferenceStep, GraphedTrainStep, OutputPolicy};
 use std::sync::Arc;
 
 /// Inputs of 32 features, 8 targets.
@@ -81,6 +81,16 @@ impl GraphedTrainStep<Tensor<2>, Tensor<2>> for Mlp {
     }
 }
 
+impl GraphedInferenceStep<Tensor<2>, Tensor<2>> for Mlp {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(model: &Graphed<Self, Tensor<2>, Tensor<2>>, batch: Batch) -> RegressionOutput {
+        let output = model.forward(batch.x).expect("graphed forward");
+        regression(output, batch.y).1
+    }
+}
+
 /// Train and validation loaders over `items` rows, in batches of `batch` (the last one smaller
 /// where `items` is not a multiple), in order.
 fn loaders(items: usize, batch: usize) -> (Arc<dyn DataLoader<Batch>>, Arc<dyn DataLoader<Batch>>) {
@@ -122,9 +132,11 @@ where
 }
 
 /// `Learner` trains the graphed MLP like the plain one: 2 epochs of 5 batches of 16 and a last
-/// batch of 8, burn's `Adam`; the trained parameters agree, and every step of the graphed run
-/// replayed. The last batch's shape is captured before `launch`, as `GraphedTrainStep`'s docs
-/// advise (on CUDA a capture during training may collide with the metrics thread's reads).
+/// batch of 8, burn's `Adam`; the trained parameters agree, every step of the graphed run
+/// replayed its training graphs and every validation call (one batch of 16 per epoch) its
+/// inference graph. The last batch's shape and the validation graphs are captured before
+/// `launch`, as the steps' docs advise (on CUDA a capture during training may collide with the
+/// metrics thread's reads).
 pub fn learner_trains_graphed_like_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(32, 3, 8, &device);
@@ -146,6 +158,11 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
         .forward(last.x)
         .expect("capture of the last batch's shape");
     let _ = primed.powi_scalar(2).mean().backward();
+    let validation = Tensor::<2>::zeros([batch, 32], &device.clone().inner());
+    let prepared = graphed
+        .valid()
+        .prepare(validation)
+        .expect("validation graphs");
     let graphed = fit(
         graphed,
         adam_config().init(),
@@ -167,16 +184,26 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
     println!("learner: {stats:?}; {cache:?}");
     let steps = (epochs * items.div_ceil(batch)) as u64;
     if graphed.summary().graphed {
-        // The priming call and every step replayed, forward and backward; the one capture of
-        // a new shape was the priming call's.
-        assert_eq!(stats.forward_replays, steps + 1, "{stats:?}");
+        // The priming call and every step replayed, forward and backward, and every
+        // validation call its inference graph; the captures of a new shape and of the
+        // validation graphs were before `launch`.
+        assert_eq!(prepared, burn_graphed::Prepared::Captured);
+        assert_eq!(
+            stats.forward_replays,
+            steps + 1 + epochs as u64,
+            "{stats:?}"
+        );
         assert_eq!(stats.backward_replays, steps + 1, "{stats:?}");
         assert!(stats.fallbacks.is_empty(), "{stats:?}");
-        assert_eq!(cache.captures, 1, "{cache:?}");
+        assert_eq!(cache.captures, 2, "{cache:?}");
         // `Learner` steps a clone of the model while holding the original: every step's new
         // parameters are copied into the graphs on the next call.
         assert!(stats.param_copies >= steps, "{stats:?}");
     } else {
+        assert_eq!(
+            prepared,
+            burn_graphed::Prepared::Eager(FallbackReason::Unsupported)
+        );
         assert_eq!(stats.forward_replays, 0, "{stats:?}");
     }
 }

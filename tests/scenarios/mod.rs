@@ -6,6 +6,7 @@
 pub mod facts;
 pub mod group;
 pub mod guarded;
+pub mod inference;
 #[cfg(feature = "train")]
 pub mod learner;
 pub mod low_precision;

@@ -135,7 +135,7 @@ pub use step_optim::{
 };
 pub use tensors::{ElementKind, FlatTensor, GraphKind, TensorGroup};
 #[cfg(feature = "train")]
-pub use train::GraphedTrainStep;
+pub use train::{GraphedInferenceStep, GraphedTrainStep};
 
 /// Turns on cubecl's persistent cache of compiled kernels and autotune results, under `dir`
 /// (or, with `None`, where cubecl's configuration puts it: the project's `target/` by

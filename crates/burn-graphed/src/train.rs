@@ -3,9 +3,9 @@
 //! `Learner` trains any `LearnerModel`: a [`Module`] with burn-train's `TrainStep` and
 //! `InferenceStep`. A model's own `TrainStep` calls its forward directly, and the orphan rule
 //! keeps user code from implementing burn-train's traits for [`Graphed`]; so the model
-//! implements [`GraphedTrainStep`] (its training step written against the graphed wrapper) and
-//! this module implements `TrainStep` for `Graphed` with it. Validation runs the wrapped
-//! model's own `InferenceStep` eagerly, as every call in eval mode does.
+//! implements [`GraphedTrainStep`] and [`GraphedInferenceStep`] (its steps written against the
+//! graphed wrapper) and this module implements `TrainStep` and `InferenceStep` for `Graphed`
+//! with them. Validation calls `model.valid()`'s forward, which replays inference graphs.
 
 use burn::module::Module;
 use burn::train::{InferenceStep, ItemLazy, TrainOutput, TrainStep};
@@ -18,8 +18,8 @@ use crate::tensors::TensorGroup;
 /// Implement it where a plain model implements burn-train's `TrainStep`: `step` receives the
 /// graphed wrapper, calls [`Graphed::forward`] (a graph replay) and computes the loss and its
 /// gradients as the plain step would. `Graphed<Self, I, O>` then implements `TrainStep` with
-/// it, and `InferenceStep` with the model's own, so `Learner::new(graphed, optim, scheduler)`
-/// takes the graphed model. `examples/train_learner.rs` is a complete program.
+/// it, and `InferenceStep` with [`GraphedInferenceStep`], so
+/// `Learner::new(graphed, optim, scheduler)` takes the graphed model. `examples/train_learner.rs` is a complete program.
 ///
 /// What to know about `Learner` and graphs:
 /// - `Learner::optimizer_step` steps a clone of the model while the learner still holds the
@@ -66,17 +66,35 @@ where
     }
 }
 
+/// A validation (or inference) step of a model wrapped in [`Graphed`], for burn-train's
+/// `Learner`.
+///
+/// Implement it where a plain model implements burn-train's `InferenceStep`: `step` receives
+/// the graphed wrapper after `valid()` and calls [`Graphed::forward`], which replays the
+/// forward-only inference graphs of the call's signature (captured at its first use, or before
+/// `launch` with [`Graphed::prepare`] on `graphed.valid()` and a batch on the device without
+/// autodiff, which avoids a capture while the metrics thread reads). To validate eagerly,
+/// call the wrapped model's own step: `model.module().step(batch)`.
+pub trait GraphedInferenceStep<I, O>: Module + Sized {
+    /// The batch of a validation step.
+    type Input: Send + 'static;
+    /// What the step hands to the learner's metrics.
+    type Output: ItemLazy + 'static;
+
+    /// Runs the forward pass through `model` (graphed, in eval mode) and what follows it.
+    fn step(model: &Graphed<Self, I, O>, batch: Self::Input) -> Self::Output;
+}
+
 impl<M, I, O> InferenceStep for Graphed<M, I, O>
 where
-    M: InferenceStep + Module,
+    M: GraphedInferenceStep<I, O>,
     I: TensorGroup,
     O: TensorGroup,
 {
     type Input = M::Input;
     type Output = M::Output;
 
-    /// The wrapped model's own inference step (eager: `Learner` validates `model.valid()`).
     fn step(&self, item: Self::Input) -> Self::Output {
-        self.module().step(item)
+        M::step(self, item)
     }
 }
