@@ -99,8 +99,8 @@ pub struct SoakFigures {
 /// Trains a graphed MLP and an eager copy side by side for `steps` steps. Every `eval_every`
 /// steps, the graphed model is checked against eager execution *on its own parameters*, so
 /// that the check does not depend on how far the two trajectories drifted: the replayed
-/// training forward against an eager forward, and the eval-mode call (which falls back)
-/// against an eager eval forward; both within the device's tolerance. Every
+/// training forward against an eager forward, and the eval-mode call (an inference graph's
+/// replay) against an eager eval forward; both within the device's tolerance. Every
 /// `checkpoint_every` steps the two models' parameters must agree within [`drift_tolerance`]
 /// (rounding differences compound over optimizer steps; measured on an H100, where f32
 /// products may round to TF32 in one path and not the other: eval outputs of the two models
@@ -228,10 +228,13 @@ pub fn soak(
     let stats = graphed.stats();
     figures.replays = stats.forward_replays;
     println!("soak: {figures:?}");
+    // Every training step replays its graphs, and every eval call its inference graph.
     assert_eq!(
-        figures.replays, steps as u64,
-        "every training step replays: {stats:?}"
+        (figures.replays, stats.backward_replays),
+        ((steps + figures.evals) as u64, steps as u64),
+        "every call replays: {stats:?}"
     );
+    assert!(stats.fallbacks.is_empty(), "{stats:?}");
     assert!(
         figures.reserved_peak <= figures.reserved_after_settle,
         "device memory grew after {settle} steps: {figures:?}"
