@@ -39,6 +39,12 @@ adds the MultiTensorAdam series.
 
 "Loss inside the graphs", then the A/B tables of `AB_PARTS`.
 
+"Inference", with `inference*` rows: per model and dtype, the forward alone (no loss, no
+backward) at the training batch (`inference`, `inference_graphed`) and at batch 1
+(`inference_b1`, `inference_graphed_b1`): eager and graphed Burn (`Graphed::inference`) against
+eager and graphed PyTorch (`torch.cuda.graph`, eval mode, no grad), the ratio of the graphed
+calls and each side's graphed/eager speedup. Inference rows enter no other table nor the plot.
+
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
 Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
@@ -458,6 +464,36 @@ def ab_table(rows, with_title, without_title, with_mode, without_mode):
     return "\n".join(out) + "\n"
 
 
+INFERENCE_BATCHES = (("training", "inference", "inference_graphed"),
+                     ("1", "inference_b1", "inference_graphed_b1"))
+
+
+def is_inference(row):
+    return row["mode"].startswith("inference")
+
+
+def inference_table(rows):
+    # Per call of the forward alone, eager and graphed on both sides, at each batch size.
+    by = group(rows)
+    out = header(
+        "| model | dtype | batch | burn eager | burn graphed | torch eager | torch graphed "
+        "| burn graphed / torch graphed | burn speedup | torch speedup |"
+    )
+    for (model, dtype), r in by.items():
+        us, cell = medians(r), cells(r)
+        for batch, eager, graphed in INFERENCE_BATCHES:
+            if not any((f, m) in r for f in ("burn", "torch") for m in (eager, graphed)):
+                continue
+            bg, tg = us("burn", graphed), us("torch", graphed)
+            out.append(
+                f"| {model} | {dtype} | {batch} | {cell('burn', eager)} | {cell('burn', graphed)} "
+                f"| {cell('torch', eager)} | {cell('torch', graphed)} | {num(bg / tg, '.2f')} "
+                f"| {num(us('burn', eager) / bg, '.1f', 'x')} "
+                f"| {num(us('torch', eager) / tg, '.1f', 'x')} |"
+            )
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, device, path):
     import matplotlib
 
@@ -523,7 +559,8 @@ def main():
     # without the flag): their own table only, not the per-step tables nor the plot.
     is_single = lambda r: r.get("single") or r["mode"] in FIRST_STEP_MODES
     singles = [r for r in rows if is_single(r)]
-    rows = [r for r in rows if not is_single(r)]
+    inference = [r for r in rows if is_inference(r) and not is_single(r)]
+    rows = [r for r in rows if not is_single(r) and not is_inference(r)]
     text = f"Device: {device}\n"
     if has_whole_step(rows):
         text += "\nWhole step:\n\n" + whole_step_table(rows)
@@ -542,6 +579,8 @@ def main():
     for title, *columns_and_modes in AB_PARTS:
         if any(r["mode"] == columns_and_modes[-1] for r in rows):
             text += f"\n{title}:\n\n" + ab_table(rows, *columns_and_modes)
+    if inference:
+        text += "\nInference (the forward alone, per call):\n\n" + inference_table(inference)
     if args.table:
         open(args.table, "w").write(text)
     print(text)
