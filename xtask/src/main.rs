@@ -462,6 +462,38 @@ mod tests {
         }
     }
 
+    /// `run.sh nccl` links the NCCL library that `BURN_GRAPHED_NCCL` names (pip's and
+    /// Debian's `libnccl.so.2`) as the `libnccl.so` that cudarc loads, and says so; a path that
+    /// is not a file is an error that names it.
+    #[test]
+    fn run_sh_nccl_links_the_library_it_is_given() {
+        let bundle = FakeBundle::new("nccl", &["a_test"]);
+        let library = bundle.dir.join("libnccl.so.2");
+        write(&library, "not a real library").expect("fake library");
+        let run = |nccl: &Path| {
+            let output = Command::new("bash")
+                .arg(bundle.dir.join("run.sh"))
+                .arg("nccl")
+                .env("BURN_GRAPHED_REPO", &bundle.dir)
+                .env("BURN_GRAPHED_NCCL", nccl)
+                .output()
+                .expect("bash");
+            (
+                output.status.code(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        };
+        let (code, stdout) = run(&library);
+        assert_eq!(code, Some(0), "{stdout}");
+        let linked = format!("-> {}", library.canonicalize().expect("path").display());
+        assert!(stdout.contains(&linked), "{stdout}");
+        let missing = bundle.dir.join("no-such-libnccl.so.2");
+        let (code, stdout) = run(&missing);
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(stdout.contains("is not a file"), "{stdout}");
+        assert!(stdout.contains("no-such-libnccl.so.2"), "{stdout}");
+    }
+
     /// `run.sh tests --from NAME` hands the test binary NAME and the names after it (sorted, as
     /// libtest runs them), exactly; a NAME after every test is an error.
     #[test]

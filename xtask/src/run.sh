@@ -28,6 +28,7 @@
 #                          utilization and SM clock: a median near 100% means that side's step
 #                          is bound by the device (one model per call; rows and busy lines also
 #                          in $OUT/busy.jsonl)
+#   bash run.sh nccl       say which NCCL library runs on several GPUs use (exit 1 when none)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
 #                          runs the ones it knows) in PROFILE_DTYPE (default f32) with
@@ -85,6 +86,36 @@ cubecl_env() {
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+
+# NCCL, for runs on several GPUs: cudarc loads `libnccl.so` at run time, while pip's
+# nvidia-nccl wheel (PyTorch's) and Debian's libnccl2 ship `libnccl.so.2` only. The first NCCL
+# found (BURN_GRAPHED_NCCL=PATH when set; else ldconfig's, the nvidia-nccl wheel's of python3,
+# the usual folders) is linked as `libnccl.so` in a folder of this run on LD_LIBRARY_PATH.
+# Sets nccl_status, and returns 1 when there is none. NVLink multicast stays off unless the
+# caller sets NCCL_NVLS_ENABLE.
+nccl_setup() {
+  local found="" candidate
+  if [ -n "${BURN_GRAPHED_NCCL:-}" ]; then
+    [ -f "$BURN_GRAPHED_NCCL" ] || { nccl_status="BURN_GRAPHED_NCCL=$BURN_GRAPHED_NCCL is not a file"; return 1; }
+    found="$BURN_GRAPHED_NCCL"
+  else
+    for candidate in \
+      $(ldconfig -p 2>/dev/null | awk '/libnccl\.so/ {print $NF}') \
+      $(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) \
+      /usr/lib/x86_64-linux-gnu/libnccl.so.2 /usr/local/cuda/lib64/libnccl.so.2; do
+      [ -f "$candidate" ] && { found="$candidate"; break; }
+    done
+  fi
+  if [ -z "$found" ]; then
+    nccl_status="no NCCL library (libnccl.so or libnccl.so.2) found: pip install nvidia-nccl-cu12, apt install libnccl2, or set BURN_GRAPHED_NCCL=PATH; runs on several GPUs cannot load it"
+    return 1
+  fi
+  mkdir -p "$work/nccl" && ln -sf "$found" "$work/nccl/libnccl.so"
+  export LD_LIBRARY_PATH="$work/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+  nccl_status="NCCL: $found (as $work/nccl/libnccl.so)"
+}
+nccl_setup
 
 repo="${BURN_GRAPHED_REPO:-$(cd "$here/../.." && pwd)}"
 # Snapshot tests (insta) compare, never write, and find their files in the checkout.
@@ -190,6 +221,13 @@ case "$mode" in
     fi
     echo "$passed passed, $failed failed"
     [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
+    ;;
+  nccl)
+    echo "run.sh: $nccl_status"
+    case "$nccl_status" in
+      NCCL:*) echo "run.sh: libnccl.so on LD_LIBRARY_PATH -> $(readlink -f "$work/nccl/libnccl.so")"; exit 0 ;;
+      *) exit 1 ;;
+    esac
     ;;
   demo)
     bin="$(unpack example-train_mlp.xz)" || exit 1
@@ -320,5 +358,5 @@ PY
     ls -la "$dest"
     ;;
   *)
-    echo "usage: run.sh [tests|demo|bench|busy|profile]"; exit 2;;
+    echo "usage: run.sh [tests|demo|bench|busy|nccl|profile]"; exit 2;;
 esac
