@@ -264,6 +264,43 @@ pub enum GraphedError {
         /// that names no input, the call's input signature).
         detail: String,
     },
+    /// A rank of a data-parallel group failed at a step every rank takes together; every rank
+    /// gets this error and stops there (the others would wait in a collective forever).
+    #[error("data-parallel group: rank {rank} failed at `{what}`: {reason}; every rank stops here")]
+    RankFailed {
+        /// The first rank that failed.
+        rank: usize,
+        /// The step the ranks were deciding.
+        what: String,
+        /// That rank's error.
+        reason: String,
+    },
+    /// The ranks of a data-parallel group decided differently at a step that must be the same
+    /// on every rank (replay or eager, what to capture); every rank stops there.
+    #[error(
+        "data-parallel group: the ranks decided differently at `{what}` ({decisions}); a \
+         collective would hang, so every rank stops here"
+    )]
+    RanksDisagree {
+        /// The step the ranks were deciding (rank 0's, if they were deciding different steps).
+        what: String,
+        /// What each rank decided.
+        decisions: String,
+    },
+    /// Ranks of a data-parallel group did not reach a step within the group's timeout; every
+    /// rank that did gets this error instead of waiting forever.
+    #[error(
+        "data-parallel group: ranks {missing:?} did not reach `{what}` within {waited_ms} ms; \
+         every rank stops here"
+    )]
+    RankTimeout {
+        /// The step the waiting ranks had reached.
+        what: String,
+        /// The ranks that had not arrived.
+        missing: Vec<usize>,
+        /// How long the first rank to give up waited.
+        waited_ms: u64,
+    },
 }
 
 impl GraphedError {

@@ -98,6 +98,7 @@ mod error;
 #[cfg_attr(not(all(feature = "testing", feature = "cube")), allow(dead_code))]
 mod faults;
 mod params;
+mod ranks;
 mod shape_cache;
 mod stats;
 mod step_optim;
@@ -126,6 +127,7 @@ pub use graphed::Graphed;
 pub use group::{CallableGroup, make_graphed_callables};
 pub use multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
+pub use ranks::RankGroup;
 pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared, StepStats};
