@@ -110,6 +110,7 @@ mod cube;
 
 // The features.
 mod build;
+mod data_parallel;
 mod graphed;
 mod group;
 mod multi_adam;
@@ -122,6 +123,7 @@ mod train;
 
 pub use callable::Callable;
 pub use config::{GraphedConfig, MismatchPolicy, OutputPolicy};
+pub use data_parallel::{Collective, DataParallel};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
 pub use group::{CallableGroup, make_graphed_callables};

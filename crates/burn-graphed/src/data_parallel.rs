@@ -1,0 +1,222 @@
+//! Data-parallel gradients: every rank's parameter gradients averaged across the group in one
+//! bucket, so that every replica then takes the same optimizer step.
+//!
+//! A step: each rank flattens its gradients, in the module's visiting order, into one 1-D
+//! bucket; the ranks agree on the bucket's layout ([`RankGroup::agree`]: replicas of another
+//! architecture would otherwise reduce misaligned values, or hang in NCCL); the bucket is
+//! averaged by the group's [`Collective`]; each rank splits it back into its gradients. One
+//! collective per step, not one per parameter.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::distributed::ReduceOperation;
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::error::GraphedError;
+use crate::ranks::RankGroup;
+use crate::sync::lock;
+
+/// How a group averages its gradient buckets.
+#[derive(Debug, Clone)]
+pub enum Collective {
+    /// burn's all-reduce (`burn::tensor::distributed::all_reduce`, NCCL on CUDA), over
+    /// `devices`, the group's devices in rank order. burn has it on CUDA only.
+    AllReduce {
+        /// One device per rank, rank `i` on `devices[i]`.
+        devices: Vec<Device>,
+    },
+    /// Through host memory: every rank reads its bucket back, all ranks sum the buckets in rank
+    /// order (so every rank gets the same bits) and write the mean back. For backends without
+    /// collectives and for tests; a device sync per step.
+    Host,
+}
+
+/// One rank's handle on a data-parallel group: [`DataParallel::group`] makes one per rank.
+#[derive(Debug, Clone)]
+pub struct DataParallel {
+    ranks: RankGroup,
+    collective: Collective,
+    /// The buckets of the current step, by rank ([`Collective::Host`]).
+    host: Arc<Mutex<Vec<Vec<f32>>>>,
+}
+
+impl DataParallel {
+    /// The handles of a group of `size` ranks (rank `i` is element `i`), averaging with
+    /// `collective`; a rank that waits longer than `timeout` for the others ends the step with
+    /// [`GraphedError::RankTimeout`] on every rank.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] for `size` 0, a zero `timeout`, or an
+    /// [`Collective::AllReduce`] whose device count is not `size`.
+    pub fn group(
+        size: usize,
+        timeout: Duration,
+        collective: Collective,
+    ) -> Result<Vec<DataParallel>, GraphedError> {
+        if let Collective::AllReduce { devices } = &collective
+            && devices.len() != size
+        {
+            return Err(GraphedError::InvalidArgument {
+                argument: "collective",
+                detail: format!(
+                    "given {} devices for {size} ranks, expected one device per rank",
+                    devices.len()
+                ),
+            });
+        }
+        let host = Arc::new(Mutex::new(vec![Vec::new(); size]));
+        Ok(RankGroup::new(size, timeout)?
+            .into_iter()
+            .map(|ranks| DataParallel {
+                ranks,
+                collective: collective.clone(),
+                host: host.clone(),
+            })
+            .collect())
+    }
+
+    /// This handle's agreement with the other ranks (to agree on other decisions too).
+    pub fn ranks(&self) -> &RankGroup {
+        &self.ranks
+    }
+
+    /// `grads`, the gradients of `module`'s parameters from this rank's batch, averaged over
+    /// the ranks' (each rank calls it with its own, at the same step).
+    ///
+    /// With equal batch shards and a loss that is a mean over the batch, the average is the
+    /// gradient of the whole batch: every replica then takes the step a single device would
+    /// take on the whole batch.
+    ///
+    /// # Errors
+    ///
+    /// On every rank alike: [`GraphedError::RanksDisagree`] when the ranks' buckets differ in
+    /// layout (parameters of other sizes, or a gradient missing on one rank),
+    /// [`GraphedError::RankFailed`] when a rank could not read its bucket back
+    /// ([`Collective::Host`]), [`GraphedError::RankTimeout`] when a rank did not come.
+    pub fn average<M: Module>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+    ) -> Result<GradientsParams, GraphedError> {
+        let mut flatten = Flatten {
+            grads: &mut grads,
+            parts: Vec::new(),
+        };
+        module.visit(&mut flatten);
+        let parts = flatten.parts;
+        let layout: Vec<usize> = parts.iter().map(|(_, numel, _)| *numel).collect();
+        let bucket = match parts.first() {
+            Some(_) => Some(Tensor::cat(
+                parts.iter().map(|(_, _, t)| t.clone()).collect(),
+                0,
+            )),
+            None => None,
+        };
+        self.ranks
+            .agree("the gradient bucket's layout", Ok(&layout))?;
+        let Some(bucket) = bucket else {
+            return Ok(grads);
+        };
+        let averaged = match &self.collective {
+            Collective::AllReduce { devices } => burn::tensor::distributed::all_reduce(
+                bucket,
+                ReduceOperation::Mean,
+                devices.clone(),
+            )
+            .resolve(),
+            Collective::Host => self.host_mean(bucket)?,
+        };
+        let mut split = Split {
+            grads: &mut grads,
+            averaged,
+            offset: 0,
+            ids: parts.iter().map(|(id, _, _)| *id).collect(),
+        };
+        module.visit(&mut split);
+        Ok(grads)
+    }
+
+    /// The mean of every rank's `bucket`, summed on the host in rank order.
+    fn host_mean(&self, bucket: Tensor<1>) -> Result<Tensor<1>, GraphedError> {
+        let (device, dtype) = (bucket.device(), bucket.dtype());
+        let values = bucket
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|error| GraphedError::InvalidArgument {
+                argument: "grads",
+                detail: format!("the gradient bucket did not read back as f32: {error:?}"),
+            });
+        // Every rank learns whether every rank read its bucket (the values themselves differ).
+        self.ranks.agree(
+            "reading the gradient bucket back",
+            values.as_ref().map(Vec::len).map_err(Clone::clone),
+        )?;
+        let values = values?;
+        let len = values.len();
+        lock(&self.host)[self.ranks.rank()] = values;
+        self.ranks.barrier("every rank's bucket on the host")?;
+        let mean = {
+            let buckets = lock(&self.host);
+            let mut sum = vec![0.0f32; len];
+            for bucket in buckets.iter() {
+                for (s, v) in sum.iter_mut().zip(bucket) {
+                    *s += v;
+                }
+            }
+            let size = buckets.len() as f32;
+            sum.into_iter().map(|s| s / size).collect::<Vec<f32>>()
+        };
+        // No rank writes its next bucket before every rank has read this step's.
+        self.ranks.barrier("every rank's mean computed")?;
+        Ok(Tensor::from_data(
+            TensorData::new(mean, [len]).convert_dtype(dtype),
+            &device,
+        ))
+    }
+}
+
+/// Takes each parameter's gradient out of the gradients, flattened.
+struct Flatten<'a> {
+    grads: &'a mut GradientsParams,
+    /// Per parameter with a gradient, in visiting order: its id, element count, flat gradient.
+    parts: Vec<(ParamId, usize, Tensor<1>)>,
+}
+
+impl ModuleVisitor for Flatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(grad) = self.grads.remove::<D>(param.id) {
+            let numel = grad.shape().num_elements();
+            self.parts.push((param.id, numel, grad.reshape([numel])));
+        }
+    }
+}
+
+/// Puts the averaged bucket's slices back as the gradients, in the same order.
+struct Split<'a> {
+    grads: &'a mut GradientsParams,
+    averaged: Tensor<1>,
+    offset: usize,
+    ids: Vec<ParamId>,
+}
+
+impl ModuleVisitor for Split<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !self.ids.contains(&param.id) {
+            return;
+        }
+        let dims: [usize; D] = param.val().dims();
+        let numel: usize = dims.iter().product();
+        let slice = self
+            .averaged
+            .clone()
+            .slice([self.offset..self.offset + numel])
+            .reshape(dims);
+        self.offset += numel;
+        self.grads.register::<D>(param.id, slice);
+    }
+}

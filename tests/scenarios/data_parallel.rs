@@ -1,0 +1,167 @@
+//! Data-parallel training with `DataParallel`: two graphed replicas, each on half of every
+//! batch, their gradients averaged, against one model trained eagerly on the whole batch; and
+//! the failures that must end every rank's step, not hang it.
+
+use std::thread;
+use std::time::Duration;
+
+use burn_graphed::{Collective, DataParallel};
+use burn_graphed_testkit::deep_copy;
+
+use super::*;
+
+const STEPS: usize = 3;
+const RANKS: usize = 2;
+const ROWS: usize = 8;
+
+/// Rank `rank`'s share of step `step`'s batch of [`ROWS`] rows.
+fn shard(step: usize, rank: usize, device: &Device) -> Tensor<2> {
+    let share = ROWS / RANKS;
+    batch([ROWS, 16], step, device).narrow(0, rank * share, share)
+}
+
+/// Trains a graphed replica of `model` per rank, each on its shard, for [`STEPS`] steps with
+/// burn's `Adam`, the gradients averaged by `DataParallel` unless `average` is off; the
+/// replicas, in rank order. Each rank captures its graphs on its own thread, one rank at a
+/// time.
+fn train_replicas(model: &Mlp, device: &Device, average: bool) -> Vec<Mlp> {
+    let group =
+        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
+    let replicas: Vec<Mlp> = (0..RANKS).map(|_| deep_copy(model)).collect();
+    thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .zip(replicas)
+            .map(|(dp, replica)| {
+                let device = device.clone();
+                scope.spawn(move || {
+                    let rank = dp.ranks().rank();
+                    let mut graphed = None;
+                    for turn in 0..RANKS {
+                        if turn == rank {
+                            graphed = Some(capture_mlp(replica.clone(), shard(0, rank, &device)));
+                        }
+                        dp.ranks()
+                            .barrier("capture, one rank at a time")
+                            .expect("barrier");
+                    }
+                    let mut graphed = graphed.expect("captured");
+                    let mut optim = adam_config().init();
+                    for step in 0..STEPS {
+                        let loss =
+                            square_mean(graphed.forward(shard(step, rank, &device)).expect("call"));
+                        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+                        let grads = if average {
+                            dp.average(&graphed, grads).expect("average")
+                        } else {
+                            grads
+                        };
+                        graphed = optim.step(1e-2, graphed, grads);
+                    }
+                    if supports_graphs(&device) {
+                        let stats = graphed.stats();
+                        assert_eq!(
+                            stats.forward_replays, STEPS as u64,
+                            "rank {rank}: {stats:?}"
+                        );
+                        assert!(stats.fallbacks.is_empty(), "rank {rank}: {stats:?}");
+                    }
+                    deep_copy(graphed.module())
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// Two graphed replicas on half batches, gradients averaged: after every step of the run,
+/// each equals one model trained eagerly on the whole batches (within the device's tolerance),
+/// and the two replicas are bitwise identical. Without the averaging (the negative control)
+/// the replicas differ from each other and from the one model.
+pub fn replicas_match_one_model(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut single = deep_copy(&model);
+    let mut optim = adam_config().init();
+    for step in 0..STEPS {
+        let loss = square_mean(single.forward(batch([ROWS, 16], step, &device)));
+        let grads = GradientsParams::from_grads(loss.backward(), &single);
+        single = optim.step(1e-2, single, grads);
+    }
+
+    let replicas = train_replicas(&model, &device, true);
+    for (rank, replica) in replicas.iter().enumerate() {
+        assert_params_close(
+            &format!("rank {rank} against one model"),
+            &single,
+            replica,
+            tolerance_for(&device),
+        );
+    }
+    let first = param_values(&replicas[0]).expect("read back");
+    assert_params_unchanged(&replicas[1], &first);
+
+    let apart = train_replicas(&model, &device, false);
+    let comparisons = burn_graphed_testkit::compare_params(
+        "without averaging",
+        &apart[0],
+        &apart[1],
+        tolerance_for(&device),
+    )
+    .expect("read back");
+    assert!(
+        comparisons.iter().any(|c| !c.passed()),
+        "replicas trained on different shards without averaging agree: the check is blind"
+    );
+}
+
+/// A rank whose module has other parameters (a replica of another architecture) ends the
+/// step on every rank with `RanksDisagree`; a rank that never comes ends it with
+/// `RankTimeout`, within the timeout, not a hang.
+pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
+    let device = device.clone().autodiff();
+    let group =
+        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
+    let results: Vec<_> = thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .map(|dp| {
+                let device = device.clone();
+                scope.spawn(move || {
+                    let depth = 1 + dp.ranks().rank();
+                    let model = Mlp::new(16, depth, 4, &device);
+                    let loss = square_mean(model.forward(batch([4, 16], 0, &device)));
+                    let grads = GradientsParams::from_grads(loss.backward(), &model);
+                    dp.average(&model, grads).map(|_| ())
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|r| r.join().expect("rank thread"))
+            .collect()
+    });
+    for result in results {
+        assert!(
+            matches!(result, Err(GraphedError::RanksDisagree { .. })),
+            "{result:?}"
+        );
+    }
+
+    let group =
+        DataParallel::group(RANKS, Duration::from_millis(500), Collective::Host).expect("group");
+    let started = std::time::Instant::now();
+    let model = Mlp::new(16, 1, 4, &device);
+    let loss = square_mean(model.forward(batch([4, 16], 0, &device)));
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    // Rank 1 never comes.
+    let result = group[0].average(&model, grads);
+    assert!(
+        matches!(&result, Err(GraphedError::RankTimeout { missing, .. }) if missing == &vec![1]),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+}
