@@ -36,6 +36,7 @@ on_devices! {
     inference_buckets_replay => scenarios::inference_buckets_replay;
     data_parallel_replicas_match_one_model => scenarios::data_parallel::replicas_match_one_model;
     data_parallel_mismatched_ranks_fail => scenarios::data_parallel::mismatched_ranks_fail_on_every_rank;
+    data_parallel_failed_capture_fails_every_rank => scenarios::data_parallel::failed_capture_fails_every_rank;
     inference_follows_fused_training_copy => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Copy);
     inference_follows_fused_training_static => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Static);
     inference_follows_fused_training_guarded => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Guarded);

@@ -118,6 +118,51 @@ pub fn replicas_match_one_model(device: &Device) {
     );
 }
 
+/// One rank's capture failing (a sample of the wrong width) is an error on every rank,
+/// naming that rank, after every other rank captured; the failing rank's device then captures
+/// and trains again.
+pub fn failed_capture_fails_every_rank(device: &Device) {
+    let device = device.clone().autodiff();
+    if !supports_graphs(&device) {
+        return;
+    }
+    let group =
+        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
+    let results: Vec<_> = thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .map(|dp| {
+                let device = device.clone();
+                scope.spawn(move || {
+                    let rank = dp.ranks().rank();
+                    let width = if rank == 1 { 15 } else { 16 };
+                    let model = Mlp::new(16, 1, 4, &device);
+                    let result = dp.in_turn("capture", || {
+                        Graphed::new(
+                            model,
+                            mlp_forward,
+                            batch([4, width], 0, &device),
+                            &GraphedConfig::new(),
+                        )
+                    });
+                    result.map(|_| ())
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|r| r.join().expect("rank thread"))
+            .collect()
+    });
+    for result in results {
+        assert!(
+            matches!(&result, Err(GraphedError::RankFailed { rank: 1, what, .. }) if what == "capture"),
+            "{result:?}"
+        );
+    }
+    mlp_training_matches_eager(&device, 2);
+}
+
 /// A rank whose module has other parameters (a replica of another architecture) ends the
 /// step on every rank with `RanksDisagree`; a rank that never comes ends it with
 /// `RankTimeout`, within the timeout, not a hang.

@@ -84,6 +84,35 @@ impl DataParallel {
         &self.ranks
     }
 
+    /// Runs `work` on every rank, one rank at a time in rank order (the others wait at a
+    /// barrier), then agrees on its outcome: for captures, which on CUDA must not overlap
+    /// (cubecl records in CUDA's global capture mode), and which every rank must have made
+    /// before any replays. Returns this rank's value when every rank's `work` succeeded.
+    ///
+    /// # Errors
+    ///
+    /// On every rank alike: [`GraphedError::RankFailed`] naming the first rank whose `work`
+    /// failed (a failed capture leaves its module and device as they were), or the group's
+    /// errors of [`RankGroup::agree`].
+    pub fn in_turn<T>(
+        &self,
+        what: &str,
+        work: impl FnOnce() -> Result<T, GraphedError>,
+    ) -> Result<T, GraphedError> {
+        let mut work = Some(work);
+        let mut mine = None;
+        for turn in 0..self.ranks.size() {
+            if turn == self.ranks.rank() {
+                mine = work.take().map(|work| work());
+            }
+            self.ranks.barrier(what)?;
+        }
+        let mine = mine.unwrap_or(Err(GraphedError::NoInputs));
+        self.ranks
+            .agree(what, mine.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        mine
+    }
+
     /// `grads`, the gradients of `module`'s parameters from this rank's batch, averaged over
     /// the ranks' (each rank calls it with its own, at the same step).
     ///
