@@ -138,13 +138,8 @@ impl DataParallel {
         module.visit(&mut flatten);
         let parts = flatten.parts;
         let layout: Vec<usize> = parts.iter().map(|(_, numel, _)| *numel).collect();
-        let bucket = match parts.first() {
-            Some(_) => Some(Tensor::cat(
-                parts.iter().map(|(_, _, t)| t.clone()).collect(),
-                0,
-            )),
-            None => None,
-        };
+        let bucket = (!parts.is_empty())
+            .then(|| Tensor::cat(parts.iter().map(|(_, _, t)| t.clone()).collect(), 0));
         self.ranks
             .agree("the gradient bucket's layout", Ok(&layout))?;
         let Some(bucket) = bucket else {
@@ -243,7 +238,7 @@ impl ModuleVisitor for Split<'_> {
         let slice = self
             .averaged
             .clone()
-            .slice([self.offset..self.offset + numel])
+            .narrow(0, self.offset, numel)
             .reshape(dims);
         self.offset += numel;
         self.grads.register::<D>(param.id, slice);
