@@ -34,7 +34,7 @@ on_devices! {
     too_many_parents_is_refused => |d| scenarios::too_many_parents_is_refused(d, false);
     eval_calls_replay_inference_graphs => scenarios::eval_calls_replay_inference_graphs;
     inference_buckets_replay => scenarios::inference_buckets_replay;
-    data_parallel_replicas_match_one_model => scenarios::data_parallel::replicas_match_one_model;
+    data_parallel_replicas_match_one_model => |d| scenarios::data_parallel::replicas_match_one_model(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_mismatched_ranks_fail => scenarios::data_parallel::mismatched_ranks_fail_on_every_rank;
     data_parallel_failed_capture_fails_every_rank => scenarios::data_parallel::failed_capture_fails_every_rank;
     inference_follows_fused_training_copy => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Copy);

@@ -544,3 +544,44 @@ mod whole_step {
         whole_step_records_round_trip(&cuda(), adamw());
     }
 }
+
+/// The first `n` CUDA devices, or `None` (with a `skipped:` line) on a machine with fewer
+/// (`nvidia-smi -L` counts them).
+fn gpus(n: usize) -> Option<Vec<Device>> {
+    warnings::install();
+    let listed = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("GPU "))
+                .count()
+        })
+        .unwrap_or(0);
+    if listed < n {
+        println!("skipped: needs {n} GPUs, this machine has {listed}");
+        return None;
+    }
+    Some((0..n).map(Device::cuda).collect())
+}
+
+/// Two graphed replicas on two GPUs, gradients averaged with burn's NCCL all-reduce, equal one
+/// model on the whole batches (skipped on one GPU).
+#[test]
+fn data_parallel_replicas_match_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::replicas_match_one_model(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
+/// The same through the host, on two GPUs (no NCCL): the replicas' graphs on two devices.
+#[test]
+fn data_parallel_host_replicas_match_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::replicas_match_one_model(&devices, burn_graphed::Collective::Host);
+}

@@ -14,38 +14,68 @@ const STEPS: usize = 3;
 const RANKS: usize = 2;
 const ROWS: usize = 8;
 
-/// Rank `rank`'s share of step `step`'s batch of [`ROWS`] rows.
+/// Rank `rank`'s share of step `step`'s batch of [`ROWS`] rows, on `device`.
 fn shard(step: usize, rank: usize, device: &Device) -> Tensor<2> {
     let share = ROWS / RANKS;
     batch([ROWS, 16], step, device).narrow(0, rank * share, share)
 }
 
-/// Trains a graphed replica of `model` per rank, each on its shard, for [`STEPS`] steps with
-/// burn's `Adam`, the gradients averaged by `DataParallel` unless `average` is off; the
-/// replicas, in rank order. Each rank captures its graphs on its own thread, one rank at a
-/// time.
-fn train_replicas(model: &Mlp, device: &Device, average: bool) -> Vec<Mlp> {
+/// A copy of `model` on `device` whose parameters are new leaves (their values read back and
+/// written there), keeping each one's `require_grad`.
+fn replica_on(model: &Mlp, device: &Device) -> Mlp {
+    use burn::module::{ModuleMapper, Param};
+    struct OnDevice<'a>(&'a Device);
+    impl ModuleMapper for OnDevice<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let require_grad = param.is_require_grad();
+            param.map(|tensor| {
+                let copy = Tensor::<D>::from_data(tensor.inner().into_data(), self.0);
+                if require_grad {
+                    copy.require_grad()
+                } else {
+                    copy
+                }
+            })
+        }
+    }
+    model.clone().map(&mut OnDevice(device))
+}
+
+/// Trains a graphed replica of `model` per rank, rank `i` on `devices[i]` and its shard, for
+/// [`STEPS`] steps with burn's `Adam`, the gradients averaged by `DataParallel` with
+/// `collective` unless `average` is off; the replicas, in rank order. Each rank captures its
+/// graphs on its own thread, one rank at a time (`DataParallel::in_turn`).
+fn train_replicas(
+    model: &Mlp,
+    devices: &[Device],
+    collective: &Collective,
+    average: bool,
+) -> Vec<Mlp> {
     let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
-    let replicas: Vec<Mlp> = (0..RANKS).map(|_| deep_copy(model)).collect();
+        DataParallel::group(RANKS, Duration::from_secs(300), collective.clone()).expect("group");
+    let replicas: Vec<Mlp> = devices
+        .iter()
+        .map(|device| replica_on(model, device))
+        .collect();
     thread::scope(|scope| {
         let ranks: Vec<_> = group
             .into_iter()
             .zip(replicas)
-            .map(|(dp, replica)| {
+            .zip(devices)
+            .map(|((dp, replica), device)| {
                 let device = device.clone();
                 scope.spawn(move || {
                     let rank = dp.ranks().rank();
-                    let mut graphed = None;
-                    for turn in 0..RANKS {
-                        if turn == rank {
-                            graphed = Some(capture_mlp(replica.clone(), shard(0, rank, &device)));
-                        }
-                        dp.ranks()
-                            .barrier("capture, one rank at a time")
-                            .expect("barrier");
-                    }
-                    let mut graphed = graphed.expect("captured");
+                    let mut graphed = dp
+                        .in_turn("capture", || {
+                            Graphed::new(
+                                replica,
+                                mlp_forward,
+                                shard(0, rank, &device),
+                                &GraphedConfig::new(),
+                            )
+                        })
+                        .expect("captures");
                     let mut optim = adam_config().init();
                     for step in 0..STEPS {
                         let loss =
@@ -77,12 +107,14 @@ fn train_replicas(model: &Mlp, device: &Device, average: bool) -> Vec<Mlp> {
     })
 }
 
-/// Two graphed replicas on half batches, gradients averaged: after every step of the run,
-/// each equals one model trained eagerly on the whole batches (within the device's tolerance),
-/// and the two replicas are bitwise identical. Without the averaging (the negative control)
-/// the replicas differ from each other and from the one model.
-pub fn replicas_match_one_model(device: &Device) {
-    let device = device.clone().autodiff();
+/// Two graphed replicas, rank `i` on `devices[i]`, on half batches, gradients averaged with
+/// `collective`: after the run each equals one model trained eagerly on the whole batches on
+/// the first device (within its tolerance), and the two replicas are bitwise identical.
+/// Without the averaging (the negative control) the replicas differ.
+pub fn replicas_match_one_model(devices: &[Device], collective: Collective) {
+    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    let device = devices[0].clone();
     let model = Mlp::new(16, 2, 4, &device);
     let mut single = deep_copy(&model);
     let mut optim = adam_config().init();
@@ -92,7 +124,7 @@ pub fn replicas_match_one_model(device: &Device) {
         single = optim.step(1e-2, single, grads);
     }
 
-    let replicas = train_replicas(&model, &device, true);
+    let replicas = train_replicas(&model, &devices, &collective, true);
     for (rank, replica) in replicas.iter().enumerate() {
         assert_params_close(
             &format!("rank {rank} against one model"),
@@ -104,7 +136,7 @@ pub fn replicas_match_one_model(device: &Device) {
     let first = param_values(&replicas[0]).expect("read back");
     assert_params_unchanged(&replicas[1], &first);
 
-    let apart = train_replicas(&model, &device, false);
+    let apart = train_replicas(&model, &devices, &collective, false);
     let comparisons = burn_graphed_testkit::compare_params(
         "without averaging",
         &apart[0],
