@@ -20,6 +20,24 @@ fn shard(step: usize, rank: usize, device: &Device) -> Tensor<2> {
     batch([ROWS, 16], step, device).narrow(0, rank * share, share)
 }
 
+/// Runs `body` on one thread per rank of a fresh group of [`RANKS`] ranks averaging with
+/// `collective`; the results in rank order.
+fn on_ranks<T: Send>(collective: &Collective, body: impl Fn(DataParallel) -> T + Sync) -> Vec<T> {
+    let group =
+        DataParallel::group(RANKS, Duration::from_secs(300), collective.clone()).expect("group");
+    let body = &body;
+    thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .map(|dp| scope.spawn(move || body(dp)))
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("rank thread"))
+            .collect()
+    })
+}
+
 /// A copy of `model` on `device` whose parameters are new leaves (their values read back and
 /// written there), keeping each one's `require_grad`.
 fn replica_on(model: &Mlp, device: &Device) -> Mlp {
@@ -51,59 +69,43 @@ fn train_replicas(
     collective: &Collective,
     average: bool,
 ) -> Vec<Mlp> {
-    let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), collective.clone()).expect("group");
     let replicas: Vec<Mlp> = devices
         .iter()
         .map(|device| replica_on(model, device))
         .collect();
-    thread::scope(|scope| {
-        let ranks: Vec<_> = group
-            .into_iter()
-            .zip(replicas)
-            .zip(devices)
-            .map(|((dp, replica), device)| {
-                let device = device.clone();
-                scope.spawn(move || {
-                    let rank = dp.ranks().rank();
-                    let mut graphed = dp
-                        .in_turn("capture", || {
-                            Graphed::new(
-                                replica,
-                                mlp_forward,
-                                shard(0, rank, &device),
-                                &GraphedConfig::new(),
-                            )
-                        })
-                        .expect("captures");
-                    let mut optim = adam_config().init();
-                    for step in 0..STEPS {
-                        let loss =
-                            square_mean(graphed.forward(shard(step, rank, &device)).expect("call"));
-                        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
-                        let grads = if average {
-                            dp.average(&graphed, grads).expect("average")
-                        } else {
-                            grads
-                        };
-                        graphed = optim.step(1e-2, graphed, grads);
-                    }
-                    if supports_graphs(&device) {
-                        let stats = graphed.stats();
-                        assert_eq!(
-                            stats.forward_replays, STEPS as u64,
-                            "rank {rank}: {stats:?}"
-                        );
-                        assert!(stats.fallbacks.is_empty(), "rank {rank}: {stats:?}");
-                    }
-                    deep_copy(graphed.module())
-                })
+    on_ranks(collective, |dp| {
+        let rank = dp.ranks().rank();
+        let (replica, device) = (replicas[rank].clone(), &devices[rank]);
+        let mut graphed = dp
+            .in_turn("capture", || {
+                Graphed::new(
+                    replica,
+                    mlp_forward,
+                    shard(0, rank, device),
+                    &GraphedConfig::new(),
+                )
             })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|rank| rank.join().expect("rank thread"))
-            .collect()
+            .expect("captures");
+        let mut optim = adam_config().init();
+        for step in 0..STEPS {
+            let loss = square_mean(graphed.forward(shard(step, rank, device)).expect("call"));
+            let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+            let grads = if average {
+                dp.average(&graphed, grads).expect("average")
+            } else {
+                grads
+            };
+            graphed = optim.step(1e-2, graphed, grads);
+        }
+        if supports_graphs(device) {
+            let stats = graphed.stats();
+            assert_eq!(
+                stats.forward_replays, STEPS as u64,
+                "rank {rank}: {stats:?}"
+            );
+            assert!(stats.fallbacks.is_empty(), "rank {rank}: {stats:?}");
+        }
+        deep_copy(graphed.module())
     })
 }
 
@@ -158,33 +160,18 @@ pub fn failed_capture_fails_every_rank(device: &Device) {
     if !supports_graphs(&device) {
         return;
     }
-    let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
-    let results: Vec<_> = thread::scope(|scope| {
-        let ranks: Vec<_> = group
-            .into_iter()
-            .map(|dp| {
-                let device = device.clone();
-                scope.spawn(move || {
-                    let rank = dp.ranks().rank();
-                    let width = if rank == 1 { 15 } else { 16 };
-                    let model = Mlp::new(16, 1, 4, &device);
-                    let result = dp.in_turn("capture", || {
-                        Graphed::new(
-                            model,
-                            mlp_forward,
-                            batch([4, width], 0, &device),
-                            &GraphedConfig::new(),
-                        )
-                    });
-                    result.map(|_| ())
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|r| r.join().expect("rank thread"))
-            .collect()
+    let results = on_ranks(&Collective::Host, |dp| {
+        let width = if dp.ranks().rank() == 1 { 15 } else { 16 };
+        let model = Mlp::new(16, 1, 4, &device);
+        dp.in_turn("capture", || {
+            Graphed::new(
+                model,
+                mlp_forward,
+                batch([4, width], 0, &device),
+                &GraphedConfig::new(),
+            )
+        })
+        .map(|_| ())
     });
     for result in results {
         assert!(
@@ -200,26 +187,12 @@ pub fn failed_capture_fails_every_rank(device: &Device) {
 /// `RankTimeout`, within the timeout, not a hang.
 pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
     let device = device.clone().autodiff();
-    let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
-    let results: Vec<_> = thread::scope(|scope| {
-        let ranks: Vec<_> = group
-            .into_iter()
-            .map(|dp| {
-                let device = device.clone();
-                scope.spawn(move || {
-                    let depth = 1 + dp.ranks().rank();
-                    let model = Mlp::new(16, depth, 4, &device);
-                    let loss = square_mean(model.forward(batch([4, 16], 0, &device)));
-                    let grads = GradientsParams::from_grads(loss.backward(), &model);
-                    dp.average(&model, grads).map(|_| ())
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|r| r.join().expect("rank thread"))
-            .collect()
+    let results = on_ranks(&Collective::Host, |dp| {
+        let depth = 1 + dp.ranks().rank();
+        let model = Mlp::new(16, depth, 4, &device);
+        let loss = square_mean(model.forward(batch([4, 16], 0, &device)));
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        dp.average(&model, grads).map(|_| ())
     });
     for result in results {
         assert!(

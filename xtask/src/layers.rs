@@ -11,6 +11,7 @@ const VOCABULARY: &[&str] = &[
     "error",
     "faults",
     "params",
+    "ranks",
     "shape_cache",
     "stats",
     "step_optim",
@@ -21,6 +22,7 @@ const VOCABULARY: &[&str] = &[
 /// The features: everything above the engine's front door.
 const FEATURES: &[&str] = &[
     "build",
+    "data_parallel",
     "graphed",
     "group",
     "multi_adam",

@@ -23,7 +23,8 @@ use crate::sync::lock;
 #[derive(Debug, Clone)]
 pub enum Collective {
     /// burn's all-reduce (`burn::tensor::distributed::all_reduce`, NCCL on CUDA), over
-    /// `devices`, the group's devices in rank order. burn has it on CUDA only.
+    /// `devices`, the group's devices in rank order. burn has it on CUDA only. Not yet run on
+    /// several GPUs: the CPU suite runs [`Collective::Host`].
     AllReduce {
         /// One device per rank, rank `i` on `devices[i]`.
         devices: Vec<Device>,

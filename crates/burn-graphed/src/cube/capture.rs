@@ -282,6 +282,25 @@ pub(crate) fn capture_group(
         .and_then(|m| m.sample.as_ref())
         .and_then(|s| s.first())
         .ok_or(GraphedError::NoInputs)?;
+    under_capture_lock(first, |dispatch, cube_device| {
+        capture_locked(members, config, dispatch, cube_device)
+    })
+}
+
+/// Runs `capture` on the cubecl device of `first` (a sample input), holding the capture lock,
+/// and gives its result back with the device generators as they were before (warm-ups,
+/// recordings and checks draw from them too: capturing consumes no randomness, so a graphed
+/// model and an eager copy seeded alike draw the same masks). After a failure, the kernel
+/// metadata the failed recording cached and never ran is forgotten.
+///
+/// # Errors
+///
+/// [`GraphedError::Unsupported`] off cubecl; `capture`'s error; a capture error when the
+/// generators could not be put back.
+fn under_capture_lock<T>(
+    first: &FlatTensor,
+    capture: impl FnOnce(&DispatchDevice, &CubeDevice) -> Result<T, GraphedError>,
+) -> Result<T, GraphedError> {
     let inner = first.device.clone().inner();
     let dispatch = inner.as_dispatch();
     let cube_device = match dispatch {
@@ -294,11 +313,8 @@ pub(crate) fn capture_group(
         }
     };
     let _lock = lock(&CAPTURE_LOCK);
-    // Warm-ups, recordings and checks draw from the device generators too: put them back, so
-    // that capturing consumes no randomness (a graphed model and an eager copy seeded alike
-    // then draw the same masks).
     let generators = random_state::save();
-    let captured = capture_locked(members, config, dispatch, &cube_device);
+    let captured = capture(dispatch, &cube_device);
     let restored =
         random_state::restore(&generators).map_err(capture_error(CapturePhase::StaticBuffers));
     if captured.is_err() || restored.is_err() {
@@ -667,28 +683,9 @@ pub(crate) fn capture_inference(
 ) -> Result<CapturedGroup<Graphs>, GraphedError> {
     let sample = member.sample.as_ref().ok_or(GraphedError::NoInputs)?;
     let first = sample.first().ok_or(GraphedError::NoInputs)?;
-    let inner = first.device.clone().inner();
-    let dispatch = inner.as_dispatch();
-    let cube_device = match dispatch {
-        DispatchDevice::Cube(device) => device.clone(),
-        #[allow(unreachable_patterns)]
-        other => {
-            return Err(GraphedError::Unsupported {
-                device: format!("{other:?}"),
-            });
-        }
-    };
-    let _lock = lock(&CAPTURE_LOCK);
-    let generators = random_state::save();
-    let captured = inference_locked(member, sample, config, dispatch, &cube_device);
-    let restored =
-        random_state::restore(&generators).map_err(capture_error(CapturePhase::StaticBuffers));
-    if captured.is_err() || restored.is_err() {
-        forget_unrun_metadata(dispatch);
-    }
-    let captured = captured?;
-    restored?;
-    Ok(captured)
+    under_capture_lock(first, |dispatch, cube_device| {
+        inference_locked(member, sample, config, dispatch, cube_device)
+    })
 }
 
 /// [`capture_inference`] once the capture lock is held.
