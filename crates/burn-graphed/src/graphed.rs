@@ -61,9 +61,16 @@ struct Signature {
     inputs: Vec<TensorSpec>,
 }
 
-/// What a call that may replay brings along: the module's parameters, and how its inputs differ
-/// from the capture's sample (graphs of another signature may still serve it).
-type ReplayPlan = (Vec<params::ParamEntry>, Option<FallbackReason>);
+/// Which graphs may serve a call, and what the call brings along (the module's parameters,
+/// collected once per call).
+enum ReplayPlan {
+    /// Training graphs; with how the inputs differ from the capture's sample (graphs of
+    /// another signature may still serve the call).
+    Training(Vec<params::ParamEntry>, Option<FallbackReason>),
+    /// Inference graphs, for a call without autodiff; with the module's train/eval flags,
+    /// part of their key.
+    Inference(Vec<params::ParamEntry>, Vec<bool>),
+}
 
 /// A module whose forward pass and autodiff backward pass replay captured graphs.
 ///
@@ -319,9 +326,11 @@ where
     pub fn forward(&self, input: I) -> Result<O, GraphedError> {
         let flat = self.flat_inputs(input)?;
         match self.replay_plan(&flat)? {
-            Ok((module_params, mismatch)) => self.replay(flat, module_params, mismatch),
-            Err(FallbackReason::NoAutodiff) if self.shared.config.graph_inference => {
-                self.infer(flat)
+            Ok(ReplayPlan::Training(module_params, mismatch)) => {
+                self.replay(flat, module_params, mismatch)
+            }
+            Ok(ReplayPlan::Inference(module_params, flags)) => {
+                self.infer(flat, module_params, flags)
             }
             Err(reason) => self.eager(flat, reason),
         }
@@ -334,15 +343,13 @@ where
     /// # Errors
     ///
     /// As [`forward`](Self::forward).
-    fn infer(&self, flat: Vec<FlatTensor>) -> Result<O, GraphedError> {
-        if std::thread::current().id() != self.shared.thread {
-            return self.eager(flat, FallbackReason::OtherThread);
-        }
-        let (module_params, mode) = params::collect(&self.inner);
-        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
-            return Err(GraphedError::ParametersChanged { detail });
-        }
-        let key = inference_key(&flat, mode.flags);
+    fn infer(
+        &self,
+        flat: Vec<FlatTensor>,
+        module_params: Vec<params::ParamEntry>,
+        flags: Vec<bool>,
+    ) -> Result<O, GraphedError> {
+        let key = inference_key(&flat, flags);
         let graphs = match self.graphs_for(&flat, key, None, false)? {
             Ok((graphs, _captured_now)) => graphs,
             Err(reason) => return self.eager(flat, reason),
@@ -385,44 +392,16 @@ where
     /// or `prepare` of the same signature tries again.
     pub fn prepare(&self, sample: I) -> Result<Prepared, GraphedError> {
         let flat = self.flat_inputs(sample)?;
-        match self.replay_plan(&flat)? {
-            Ok((_module_params, mismatch)) => self.prepare_graphs(&flat, mismatch),
-            Err(FallbackReason::NoAutodiff) if self.shared.config.graph_inference => {
-                self.prepare_inference(&flat)
-            }
-            Err(reason) => Ok(Prepared::Eager(reason)),
-        }
-    }
-
-    /// [`prepare`](Self::prepare) for a call without autodiff: its inference graphs.
-    fn prepare_inference(&self, flat: &[FlatTensor]) -> Result<Prepared, GraphedError> {
-        if std::thread::current().id() != self.shared.thread {
-            return Ok(Prepared::Eager(FallbackReason::OtherThread));
-        }
-        let (_, mode) = params::collect(&self.inner);
-        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
-            return Err(GraphedError::ParametersChanged { detail });
-        }
-        let key = inference_key(flat, mode.flags);
-        Ok(match self.graphs_for(flat, key, None, true)? {
+        let (key, mismatch) = match self.replay_plan(&flat)? {
+            Ok(ReplayPlan::Training(_, mismatch)) => (training_key(&flat), mismatch),
+            Ok(ReplayPlan::Inference(_, flags)) => (inference_key(&flat, flags), None),
+            Err(reason) => return Ok(Prepared::Eager(reason)),
+        };
+        Ok(match self.graphs_for(&flat, key, mismatch, true)? {
             Ok((_, true)) => Prepared::Captured,
             Ok((_, false)) => Prepared::Cached,
             Err(reason) => Prepared::Eager(reason),
         })
-    }
-
-    fn prepare_graphs(
-        &self,
-        flat: &[FlatTensor],
-        mismatch: Option<FallbackReason>,
-    ) -> Result<Prepared, GraphedError> {
-        Ok(
-            match self.graphs_for(flat, training_key(flat), mismatch, true)? {
-                Ok((_, true)) => Prepared::Captured,
-                Ok((_, false)) => Prepared::Cached,
-                Err(reason) => Prepared::Eager(reason),
-            },
-        )
     }
 
     /// `input`'s tensors, checked against the capture's count and device.
@@ -450,10 +429,10 @@ where
         Ok(flat)
     }
 
-    /// The module's parameters if this call can replay, with how its inputs differ from the
-    /// capture's sample (graphs of another signature may serve it), or why it cannot replay.
-    /// Checks go from the general to the particular, so that an eval call is reported as such
-    /// rather than as the input differences that eval brings along.
+    /// Which graphs may serve this call ([`ReplayPlan`]: training graphs, or for a call
+    /// without autodiff inference graphs unless `graph_inference` is off), or why it cannot
+    /// replay. Checks go from the general to the particular, so that an eval call is reported
+    /// as such rather than as the input differences that eval brings along.
     ///
     /// # Errors
     ///
@@ -476,11 +455,14 @@ where
             .iter()
             .chain(module_params.iter().map(|p| &p.tensor))
             .any(|t| t.device.is_autodiff());
-        if !autodiff {
+        if !autodiff && !self.shared.config.graph_inference {
             return Ok(Err(FallbackReason::NoAutodiff));
         }
         if let Some(detail) = mode.structural_difference(&self.shared.mode) {
             return Err(GraphedError::ParametersChanged { detail });
+        }
+        if !autodiff {
+            return Ok(Ok(ReplayPlan::Inference(module_params, mode.flags)));
         }
         if mode.difference(&self.shared.mode).is_some() {
             return Ok(Err(FallbackReason::ModeChanged));
@@ -500,7 +482,7 @@ where
                         None
                     }
                 });
-        Ok(Ok((module_params, mismatch)))
+        Ok(Ok(ReplayPlan::Training(module_params, mismatch)))
     }
 
     fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {

@@ -67,11 +67,8 @@ impl Graphs {
         let Some(fused_params) = all_fused(&params) else {
             return eager(FallbackReason::Unsupported, inputs);
         };
-        if session.hand_outs_held() {
-            return eager(FallbackReason::OutputStillHeld, inputs);
-        }
-        if !session.params_writable(&fused_params) {
-            return eager(FallbackReason::ParamBufferAliased, inputs);
+        if let Some(reason) = cannot_replay(session, &fused_params) {
+            return eager(reason, inputs);
         }
         let Some(route) = inputs
             .iter()
@@ -149,11 +146,8 @@ impl Graphs {
         else {
             return eager(FallbackReason::Unsupported, inputs);
         };
-        if session.hand_outs_held() {
-            return eager(FallbackReason::OutputStillHeld, inputs);
-        }
-        if !session.params_writable(&fused_params) {
-            return eager(FallbackReason::ParamBufferAliased, inputs);
+        if let Some(reason) = cannot_replay(session, &fused_params) {
+            return eager(reason, inputs);
         }
         let device = inputs
             .first()
@@ -172,6 +166,19 @@ impl Graphs {
                 })
                 .collect(),
         ))
+    }
+}
+
+/// Why `session` cannot replay now over parameters `params`, training or inference alike: a
+/// guarded hand-out of its last replay is still held, or a parameter buffer is aliased by a
+/// tensor user code holds.
+fn cannot_replay(session: &Session, params: &[FusedTensor]) -> Option<FallbackReason> {
+    if session.hand_outs_held() {
+        Some(FallbackReason::OutputStillHeld)
+    } else if !session.params_writable(params) {
+        Some(FallbackReason::ParamBufferAliased)
+    } else {
+        None
     }
 }
 
