@@ -45,6 +45,19 @@ backward) at the training batch (`inference`, `inference_graphed`) and at batch 
 eager and graphed PyTorch (`torch.cuda.graph`, eval mode, no grad), the ratio of the graphed
 calls and each side's graphed/eager speedup. Inference rows enter no other table nor the plot.
 
+"Data parallel", with `ddp_*` rows (`"ranks"`: R GPUs, each on a batch of the model's size):
+per model and dtype, each framework's data-parallel modes (Burn: `ddp_eager`, `ddp_graphed`;
+PyTorch: `ddp_eager`, `ddp_graphed`, `ddp_whole_step`) with the median step, the samples per
+second of all ranks (R * batch * 1e6 / median; the batch is the model name's `bN`) and the
+scaling efficiency: those samples per second over R times the same framework's one-GPU samples
+per second (batch * 1e6 / median) in the mode of `DDP_BASELINES` (Burn: `eager_multi_adam`,
+`graphed_static_multi_adam`; PyTorch: `eager_fused_adam`, `graphed_fused_adam`, and
+`whole_step_fused_adam` for `ddp_whole_step`), "-" where that row is missing. Data-parallel rows enter no other table nor the
+plot.
+
+"Failed runs": rows with an `error` (a run that printed its failure instead of times, e.g. a
+capture PyTorch refused), which enter no table.
+
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
 Burn run with fusion optimizations removed (`fusion_removed`) get the mode "MODE without
@@ -62,14 +75,16 @@ Needs matplotlib for the plot (`pip install matplotlib`); the table needs nothin
 """
 import argparse
 import json
+import re
 from collections import OrderedDict
 
 
 def load(paths):
-    # Rows of all files. Within a file, rows of the same (framework, model, dtype, mode) are
+    # Rows of all files, the devices named, and the failed runs' rows (`error`, no times; the
+    # last one of a key). Within a file, rows of the same (framework, model, dtype, mode) are
     # rounds (`BURN_GRAPHED_ROUNDS`) and are merged by `merge_rounds`; a later file's rows
     # replace an earlier file's of the same key, keeping the first one's place.
-    by, devices = OrderedDict(), []
+    by, devices, failed = OrderedDict(), [], OrderedDict()
     for path in paths:
         rounds = OrderedDict()
         for line in open(path):
@@ -80,6 +95,10 @@ def load(paths):
                     devices.append(device)
             elif line.startswith("{"):
                 row = json.loads(line)
+                if "error" in row or "median_us" not in row:
+                    failed[(row.get("framework"), row.get("model"), row.get("dtype"),
+                            row.get("mode"))] = row
+                    continue
                 if row.get("fusion_removed"):
                     # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
                     # neither replaces nor merges with the stock rows.
@@ -90,7 +109,7 @@ def load(paths):
                 rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"]), []).append(row)
         for k, rows in rounds.items():
             by[k] = merge_rounds(rows)
-    return list(by.values()), "; ".join(devices) or None
+    return list(by.values()), "; ".join(devices) or None, list(failed.values())
 
 
 def merge_rounds(rows):
@@ -494,6 +513,67 @@ def inference_table(rows):
     return "\n".join(out) + "\n"
 
 
+# The one-GPU mode each data-parallel mode's scaling efficiency compares with, per framework.
+DDP_BASELINES = {
+    ("burn", "ddp_eager"): "eager_multi_adam",
+    ("burn", "ddp_graphed"): "graphed_static_multi_adam",
+    ("torch", "ddp_eager"): "eager_fused_adam",
+    ("torch", "ddp_graphed"): "graphed_fused_adam",
+    ("torch", "ddp_whole_step"): "whole_step_fused_adam",
+}
+
+
+def is_ddp(row):
+    return row["mode"].startswith("ddp_")
+
+
+def batch_of(model):
+    """The batch size in a model's name ("mlp 8x256 b32" -> 32), or None."""
+    match = re.search(r"(?:^| )b(\d+)(?: |$)", model)
+    return int(match.group(1)) if match else None
+
+
+def ddp_table(rows):
+    # Per model and dtype, each framework's data-parallel rows: the step, the samples per
+    # second of all ranks, and the scaling efficiency over the framework's one-GPU baseline.
+    by = group(rows)
+    out = header(
+        "| model | dtype | framework | mode | ranks | step | samples/s "
+        "| 1-GPU baseline | baseline samples/s | scaling efficiency |"
+    )
+    for (model, dtype), r in by.items():
+        cell = cells(r)
+        batch = batch_of(model)
+        for (framework, mode), baseline in DDP_BASELINES.items():
+            row = r.get((framework, mode))
+            if row is None:
+                continue
+            ranks = row.get("ranks")
+            if batch and ranks:
+                samples = ranks * batch * 1e6 / row["median_us"]
+            else:
+                samples = row.get("samples_per_s", float("nan"))
+            base = r.get((framework, baseline))
+            base_samples = batch * 1e6 / base["median_us"] if base and batch else float("nan")
+            efficiency = samples / (ranks * base_samples) if ranks else float("nan")
+            out.append(
+                f"| {model} | {dtype} | {framework} | {mode} | {ranks or 'n/a'} "
+                f"| {cell(framework, mode)} | {num(samples, '.0f')} "
+                f"| {baseline} | {num(base_samples, '.0f') if base else '-'} "
+                f"| {num(efficiency, '.2f') if base else '-'} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def failed_table(failed):
+    out = header("| framework | model | dtype | mode | error |")
+    for row in failed:
+        error = str(row.get("error", "no times")).replace("|", "\\|")
+        out.append(f"| {row.get('framework')} | {row.get('model')} | {row.get('dtype')} "
+                   f"| {row.get('mode')} | {error} |")
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, device, path):
     import matplotlib
 
@@ -554,13 +634,16 @@ def main():
     parser.add_argument("--table")
     parser.add_argument("--plot")
     args = parser.parse_args()
-    rows, device = load(args.results)
+    rows, device, failed = load(args.results)
     # One-off measurements (first steps, `"single"`; a first-step mode counts as one even
     # without the flag): their own table only, not the per-step tables nor the plot.
     is_single = lambda r: r.get("single") or r["mode"] in FIRST_STEP_MODES
     singles = [r for r in rows if is_single(r)]
     inference = [r for r in rows if is_inference(r) and not is_single(r)]
-    rows = [r for r in rows if not is_single(r) and not is_inference(r)]
+    # Data-parallel rows: their own table, which also reads the one-GPU rows (its baselines).
+    data_parallel = [r for r in rows if not is_single(r) and not is_inference(r)]
+    has_ddp = any(is_ddp(r) for r in data_parallel)
+    rows = [r for r in rows if not is_single(r) and not is_inference(r) and not is_ddp(r)]
     text = f"Device: {device}\n"
     if has_whole_step(rows):
         text += "\nWhole step:\n\n" + whole_step_table(rows)
@@ -581,6 +664,11 @@ def main():
             text += f"\n{title}:\n\n" + ab_table(rows, *columns_and_modes)
     if inference:
         text += "\nInference (the forward alone, per call):\n\n" + inference_table(inference)
+    if has_ddp:
+        text += ("\nData parallel (each rank a batch of the model's size; efficiency: samples/s "
+                 "over ranks x the 1-GPU baseline's):\n\n" + ddp_table(data_parallel))
+    if failed:
+        text += "\nFailed runs:\n\n" + failed_table(failed)
     if args.table:
         open(args.table, "w").write(text)
     print(text)

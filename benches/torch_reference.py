@@ -11,7 +11,9 @@ row (same fields as the Rust side).
                                                 whole_step_fused_adam,whole_step_floor,
                                                 whole_step_floor_fused_adam,first_step,
                                                 first_step_graphed,inference,inference_graphed,
-                                                inference_b1,inference_graphed_b1]
+                                                inference_b1,inference_graphed_b1,
+                                                ddp_eager,ddp_graphed,ddp_whole_step]
+                                       [--ranks 2] [--ddp-timeout 300]
 
 A step: forward, loss = mean(y^2) (`lm`: next-token cross-entropy against the batch's integer
 targets), backward, Adam step (lr 1e-4) (`graphed_loss_fused_adam`: the loss inside the graphed
@@ -46,20 +48,52 @@ Memory: torch.cuda.memory_reserved() after the run, relative to before the model
 previous run's graphs and cached blocks; also the peak of allocated bytes during the run
 (`peak_allocated_mib`), which no earlier run's pools can hide.
 
+`ddp_*`: data parallel on `--ranks` GPUs (R), one process per rank (spawned, NCCL, rank r on
+`cuda:r`), each rank training a replica on batches of its own at the model's batch size (weak
+scaling: the global batch is R times the model's), the gradients averaged by
+`DistributedDataParallel` (its default buckets; no buffer broadcast before each forward,
+`broadcast_buffers=False` or, in newer PyTorch, `forward_sync_buffers=False`: `lm`'s mask is
+constant) before an `Adam(fused=True)` step. `ddp_eager`: no graphs. `ddp_graphed`: the model
+graphed with make_graphed_callables as in `graphed_fused_adam` (loss outside), then wrapped in
+DDP (the docs' order), so DDP's bucketed all-reduces run eagerly after each replay of the
+backward graph. `ddp_whole_step`: the docs' recipe for DDP with whole-network capture
+(notes/cuda.rst, "Usage with DistributedDataParallel", NCCL >= 2.9.6):
+`NCCL_ASYNC_ERROR_HANDLING=0` (and `TORCH_NCCL_ASYNC_ERROR_HANDLING=0`), DDP constructed in a
+side-stream context, 11 eager DDP steps on that stream, then `whole_step_fused_adam`'s capture
+(fused capturable Adam, learning rate a device scalar) on that stream too, all-reduces
+included, replayed as `whole_step` replays. Every rank makes the model alike (seed 0; DDP also
+broadcasts rank 0's parameters) and draws its batches by rank (CUDA seed r: rank 0 draws the
+one-GPU runs' batches); each rep starts after a barrier of all ranks and a device sync. The row
+is rank 0's (printed by the process that spawned the ranks), with `ranks`, `samples_per_s`
+(R * batch * 1e6 / median_us) and `replicas_equal` (after the timed steps, every rank's
+parameters bitwise equal to rank 0's). Not in the default `--modes` (as on the Burn side): they
+run when named. With fewer than R GPUs a mode prints `# skipped: ...` and no row. A run that
+fails prints a row with `error` (each failed rank's exception) and no times: a rank's failed
+setup ends the other ranks 30 s after it (they may wait in a collective it never joins), a run
+with no result after `--ddp-timeout` seconds is ended too. `NCCL_NVLS_ENABLE=0` unless set.
+
 Each (model, mode) run happens in a process of its own, as on the Burn side (`--in-process`
 turns that off): one-time allocations (cuBLAS workspaces, per stream, so one more for the
 capture stream) then land in every row that needs them instead of only the first row of a
 process, and the two sides' memory columns mean the same thing.
 """
 import argparse
+import datetime
 import gc
+import inspect
 import json
+import os
+import queue
+import socket
 import subprocess
 import sys
 import time
+import traceback
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 
 # The device every model, batch and device scalar is placed on. The bench is CUDA-only (the
@@ -189,7 +223,11 @@ LR = 1e-4
 MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam",
          "whole_step", "whole_step_fused_adam", "whole_step_floor", "whole_step_floor_fused_adam",
          "first_step", "first_step_graphed",
-         "inference", "inference_graphed", "inference_b1", "inference_graphed_b1")
+         "inference", "inference_graphed", "inference_b1", "inference_graphed_b1",
+         "ddp_eager", "ddp_graphed", "ddp_whole_step")
+
+# The data-parallel modes (`run_ddp`), each run on `--ranks` GPUs in processes of its own.
+DDP_MODES = ("ddp_eager", "ddp_graphed", "ddp_whole_step")
 
 # Modes whose setup PyTorch may refuse (fused Adam, capturable, learning rate a device
 # tensor): such a run prints a `#` line and no row instead of failing.
@@ -200,6 +238,11 @@ FIRST_STEP_OF = {"first_step": "whole_step", "first_step_graphed": "graphed_loss
 
 # Full steps before the capture, as in the docs' example (and make_graphed_callables' default).
 WARMUP_STEPS = 3
+
+# Eager DDP steps before a capture of DDP's all-reduces: "at least 11" (notes/cuda.rst, "Usage
+# with DistributedDataParallel"; DDP's first iterations rebuild its buckets and time themselves,
+# which a capture cannot hold).
+DDP_WARMUP_STEPS = 11
 
 def mean_square_of(y, batch):
     return mean_square(y)
@@ -217,21 +260,35 @@ MODELS = {
 }
 
 
-def time_steps(step, steps, reps):
+def synchronize():
+    """Waits for the device's queued work (nothing to wait for where a test harness has set
+    DEVICE to "cpu")."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(step, steps, reps, before_rep=None):
+    """Median, 10th and 90th percentile over `reps` reps of the time per step of a rep of
+    `steps` steps (after 20 warm-up steps), a rep ending with a device sync. `before_rep`:
+    called before each rep's timer starts (the `ddp_*` modes: a barrier of all ranks)."""
     for i in range(20):
         step(i)
-    torch.cuda.synchronize()
+    synchronize()
     per_step = []
     # The timed steps are the CUDA profiler's range (`ncu --profile-from-start off`, as on the
     # Burn side); without a profiler attached this does nothing.
-    torch.cuda.profiler.start()
+    if DEVICE == "cuda":
+        torch.cuda.profiler.start()
     for _ in range(reps):
+        if before_rep is not None:
+            before_rep()
         start = time.perf_counter()
         for i in range(steps):
             step(i)
-        torch.cuda.synchronize()
+        synchronize()
         per_step.append((time.perf_counter() - start) * 1e6 / steps)
-    torch.cuda.profiler.stop()
+    if DEVICE == "cuda":
+        torch.cuda.profiler.stop()
     per_step.sort()
     at = lambda q: per_step[round((len(per_step) - 1) * q)]
     return at(0.5), at(0.1), at(0.9)
@@ -241,9 +298,10 @@ def clone_batch(batch):
     return tuple(t.clone() for t in batch)
 
 
-def adam_step(mode, spec, model, inputs):
+def adam_step(mode, spec, model, inputs, wrap=None):
     """The step of the eager and `graphed*` modes: Python drives forward, loss, backward and
-    Adam each step; `graphed*` through make_graphed_callables' graphs of the model."""
+    Adam each step; `graphed*` through make_graphed_callables' graphs of the model. `wrap`:
+    applied to the (graphed) model before the optimizer is made (the `ddp_*` modes: DDP)."""
     # `graphed_loss_*`: the loss inside the graphed callable (the forward graph ends in the
     # loss, the backward graph starts from it), as Burn's `graphed_loss_*` modes.
     with_loss = mode.startswith("graphed_loss")
@@ -253,6 +311,8 @@ def adam_step(mode, spec, model, inputs):
     elif mode.startswith("graphed"):
         model = torch.cuda.make_graphed_callables(
             model, clone_batch(spec.model_args(inputs[0])))
+    if wrap is not None:
+        model = wrap(model)
     # `*_fused_adam`: PyTorch's fused Adam (one kernel launch for all parameters), the
     # counterpart of burn_graphed::FusedAdam; otherwise the default (foreach) Adam.
     fused = mode.endswith("fused_adam")
@@ -298,10 +358,12 @@ class WholeStep(NamedTuple):
     optimizer: torch.optim.Optimizer
 
 
-def whole_step_setup(spec, model, inputs, fused):
+def whole_step_setup(spec, model, inputs, fused, warmup=WARMUP_STEPS, stream=None):
     """Whole-network capture as PyTorch documents it (notes/cuda.rst, "Whole-network
-    capture"): full steps on a side stream, then forward, loss, backward and the optimizer
-    step captured in one graph over a static input."""
+    capture"): `warmup` full steps on a side stream, then forward, loss, backward and the
+    optimizer step captured in one graph over a static input. `stream`: the side stream of the
+    warm-up, which then also captures (`ddp_whole_step`: the stream DDP was made on); else a
+    new one, and torch.cuda.graph's own capture stream."""
     lr = torch.tensor(LR, device=DEVICE)
     optimizer = capturable_adam(model, lr, fused)
     static_batch = clone_batch(inputs[0])
@@ -309,10 +371,10 @@ def whole_step_setup(spec, model, inputs, fused):
     # the parameters and the optimizer state (moments, step count); a user who needs the
     # graph's first replay to be step 1 resets that state by hand. Not done here: the rows
     # time steps, they do not check values.
-    side = torch.cuda.Stream()
+    side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for i in range(WARMUP_STEPS):
+        for i in range(warmup):
             optimizer.zero_grad(set_to_none=True)
             loss_of(spec, model, inputs[i % 4]).backward()
             optimizer.step()
@@ -321,7 +383,7 @@ def whole_step_setup(spec, model, inputs, fused):
     # graph's private pool (the docs' recipe); replays then overwrite them in place.
     optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         static_loss = loss_of(spec, model, static_batch)
         static_loss.backward()
         optimizer.step()
@@ -336,13 +398,20 @@ def whole_step(mode, spec, model, inputs):
     if mode.startswith("whole_step_floor"):
         def step(i):
             captured.graph.replay()
-    else:
-        def step(i):
-            for static, new in zip(captured.static_batch, inputs[i % 4]):
-                static.copy_(new)
-            # A host write of the device learning rate every step, as a schedule makes.
-            captured.lr.fill_(LR)
-            captured.graph.replay()
+        return step
+    return replay_step(captured, inputs)
+
+
+def replay_step(captured, inputs):
+    """The step of `whole_step` (and `ddp_whole_step`): the batch `inputs[i % 4]` copied into
+    the captured step's static input, the learning rate written, one replay."""
+
+    def step(i):
+        for static, new in zip(captured.static_batch, inputs[i % 4]):
+            static.copy_(new)
+        # A host write of the device learning rate every step, as a schedule makes.
+        captured.lr.fill_(LR)
+        captured.graph.replay()
 
     return step
 
@@ -472,19 +541,289 @@ def run(key, mode, dtype, steps, reps):
     del step
 
 
+def plain_math():
+    """Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def dtype_of(name):
+    return torch.bfloat16 if name == "bf16" else torch.float32
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that no one listens on now (the rendezvous of a `ddp_*` run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def describe(error):
+    """An exception as a row's `error`: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:400]
+
+
+def require_nccl(least):
+    """Raises unless PyTorch's NCCL is at least `least` (a (major, minor, patch) tuple)."""
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):
+        # Older PyTorch: NCCL's version code (major * 10000 + minor * 100 + patch since 2.9).
+        version = (version // 10000, version // 100 % 100, version % 100)
+    if tuple(version) < least:
+        raise RuntimeError(f"NCCL {'.'.join(map(str, version))} cannot capture collectives "
+                           f"(needs {'.'.join(map(str, least))})")
+
+
+def ddp_step(mode, spec, model, inputs, rank):
+    """`step(i)`, one data-parallel train step of `mode` on this rank's `inputs[i % 4]`, after
+    the mode's setup: `model` (graphed first for `ddp_graphed`) wrapped in DDP, `Adam(fused=
+    True)`; `ddp_whole_step`: DDP made on a side stream, 11 eager DDP steps, the whole step
+    captured (all-reduces included) and replayed."""
+    cuda = DEVICE == "cuda"
+    ddp_class = nn.parallel.DistributedDataParallel
+    # No broadcast of the buffers before every forward (`lm`'s mask is the same on every rank;
+    # Burn's rows have no such broadcast), in the keyword this PyTorch has (newer ones renamed
+    # `broadcast_buffers` to `forward_sync_buffers` and warn on the old one).
+    no_sync = ("forward_sync_buffers"
+               if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters
+               else "broadcast_buffers")
+
+    def ddp(module):
+        return ddp_class(module, device_ids=[rank] if cuda else None, **{no_sync: False})
+
+    if mode == "ddp_whole_step":
+        if cuda:
+            require_nccl((2, 9, 6))
+        # The docs' recipe: DDP constructed in a side-stream context, which then runs the
+        # eager warm-up and captures (one stream for all three, as make_graphed_callables now
+        # does): the AccumulateGrad nodes DDP keeps were made on it.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model = ddp(model)
+        torch.cuda.current_stream().wait_stream(side)
+        captured = whole_step_setup(spec, model, inputs, fused=True, warmup=DDP_WARMUP_STEPS,
+                                    stream=side)
+        return replay_step(captured, inputs)
+    # The one-GPU mode of the same step, its model wrapped in DDP after the graphing.
+    single = {"ddp_eager": "eager_fused_adam", "ddp_graphed": "graphed_fused_adam"}[mode]
+    return adam_step(single, spec, model, inputs, wrap=ddp)
+
+
+def replicas_equal(parameters, ranks, agree):
+    """Whether every rank's `parameters` are bitwise equal to rank 0's (DDP's all-reduces keep
+    the replicas equal; a replay that skipped them would not, the ranks' batches differing)."""
+    flat = torch.cat([p.detach().reshape(-1).float() for p in parameters])
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    verdicts = [None] * ranks
+    dist.all_gather_object(verdicts, bool(torch.equal(flat, reference)), group=agree)
+    return all(verdicts)
+
+
+def ddp_run(rank, ranks, key, mode, dtype, steps, reps, agree, report):
+    """One rank's `ddp_*` run: setup, agreement of all ranks on it (`agree`, a gloo group),
+    the timed steps, the replica check. Returns rank 0's row, `{}` on the other ranks,
+    `{"stopped": ...}` where another rank's setup failed, or None where this rank's setup
+    failed: `report` (which tells the parent process) then had its error at once."""
+    spec = MODELS[key]
+    cuda = DEVICE == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_reserved()
+        before_allocated = torch.cuda.memory_allocated()
+    error = step = None
+    try:
+        # The model alike on every rank (seed 0, the CPU generator), the batches by rank (the
+        # device's generator, seed r: rank 0 draws the one-GPU runs' batches).
+        torch.manual_seed(0)
+        model = spec.make().to(DEVICE).to(dtype)
+        if cuda:
+            torch.cuda.manual_seed(rank)
+        else:
+            torch.manual_seed(rank)
+        inputs = [spec.batch(dtype) for _ in range(4)]
+        batch = inputs[0][0].shape[0]
+        parameters = list(model.parameters())
+        step = ddp_step(mode, spec, model, inputs, rank)
+        del model, inputs
+    except Exception as failure:
+        traceback.print_exc()
+        error = describe(failure)
+        # At once: the other ranks may wait in a collective of their setups (DDP's
+        # construction, a warm-up step's all-reduce) that this rank will never join, and
+        # then never reach the agreement below; the parent ends them after a grace period.
+        report({"error": error})
+    # Every rank learns every rank's outcome before any times: a rank that went on alone
+    # would wait in its first all-reduce for ever.
+    errors = [None] * ranks
+    dist.all_gather_object(errors, error, group=agree)
+    if error is not None:
+        return None
+    if any(e is not None for e in errors):
+        return {"stopped": "another rank's setup failed"}
+
+    def before_rep():
+        # Every rank's rep starts together: a barrier of all ranks, then this device idle.
+        if cuda:
+            dist.barrier(device_ids=[rank])
+        else:
+            dist.barrier()
+        synchronize()
+
+    median, p10, p90 = time_steps(step, steps, reps, before_rep)
+    row = {"framework": "torch", "model": spec.name,
+           "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
+           "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1)}
+    if cuda:
+        row["reserved_mib"] = round((torch.cuda.memory_reserved() - before) / 2**20, 1)
+        row["peak_allocated_mib"] = round(
+            (torch.cuda.max_memory_allocated() - before_allocated) / 2**20, 1)
+    equal = replicas_equal(parameters, ranks, agree)
+    if rank != 0:
+        return {}
+    print(f"# {spec.name} {mode}: replicas bitwise equal after the run: {equal}",
+          file=sys.stderr)
+    return {**row, "ranks": ranks, "samples_per_s": round(ranks * batch * 1e6 / median, 1),
+            "replicas_equal": equal}
+
+
+def ddp_rank(rank, ranks, port, key, mode, dtype_name, steps, reps, timeout, device, results):
+    """A spawned rank of a `ddp_*` run: joins the process group (NCCL, rank r on `cuda:r`;
+    gloo where a test harness has set DEVICE to "cpu"), runs `ddp_run` and puts
+    `(rank, outcome)` on `results` (`outcome`: rank 0's row, `{}`, `{"stopped": ...}` or
+    `{"error": ...}`)."""
+    global DEVICE
+    DEVICE = device
+    cuda = device == "cuda"
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if mode == "ddp_whole_step":
+        # The docs' recipe: DDP's asynchronous error handling off (both spellings: PyTorch
+        # renamed the variable), before the process group is made.
+        os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    try:
+        if cuda:
+            torch.cuda.set_device(rank)
+        plain_math()
+        wait = datetime.timedelta(seconds=timeout)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=ranks,
+                                timeout=wait)
+        # The ranks' agreement on their setups, on the host (a rank whose capture failed may
+        # have left its NCCL communicator unusable).
+        agree = dist.new_group(backend="gloo", timeout=wait)
+        outcome = ddp_run(rank, ranks, key, mode, dtype_of(dtype_name), steps, reps, agree,
+                          lambda outcome: results.put((rank, outcome)))
+    except Exception as failure:
+        traceback.print_exc()
+        outcome = {"error": describe(failure)}
+    if outcome is not None:
+        results.put((rank, outcome))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_ddp(key, mode, dtype_name, steps, reps, ranks, timeout):
+    """A `ddp_*` run: `ranks` spawned processes (`ddp_rank`), rank 0's row printed, or a row
+    with `error` where a rank failed, died or ran past `timeout` seconds (its processes then
+    ended); a `# skipped:` line and no row where there are fewer than `ranks` GPUs."""
+    if DEVICE == "cuda":
+        count = torch.cuda.device_count()
+        if count < ranks:
+            print(f"# skipped: {mode} needs {ranks} GPUs, this machine has {count}", flush=True)
+            return
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(
+        target=ddp_rank,
+        args=(rank, ranks, port, key, mode, dtype_name, steps, reps, timeout, DEVICE, results))
+        for rank in range(ranks)]
+    for process in processes:
+        process.start()
+    outcomes = {}
+    deadline = time.monotonic() + timeout
+    # After a first failure, how long the other ranks get to report theirs.
+    grace = 30
+
+    def take(wait):
+        rank, outcome = results.get(timeout=wait)
+        outcomes[rank] = outcome
+        return "error" in outcome
+
+    while len(outcomes) < ranks and time.monotonic() < deadline:
+        try:
+            if take(0.5):
+                deadline = min(deadline, time.monotonic() + grace)
+        except queue.Empty:
+            dead = [rank for rank, process in enumerate(processes)
+                    if rank not in outcomes and process.exitcode is not None]
+            if not dead:
+                continue
+            # A rank that put its outcome just before exiting: it is in the queue by now.
+            try:
+                while True:
+                    take(1)
+            except queue.Empty:
+                pass
+            for rank in dead:
+                if rank not in outcomes:
+                    outcomes[rank] = {"error": f"exited with code {processes[rank].exitcode} "
+                                               "without a result"}
+                    deadline = min(deadline, time.monotonic() + grace)
+    errors = [f"rank {rank}: {outcomes[rank]['error']}" for rank in sorted(outcomes)
+              if "error" in outcomes[rank]]
+    missing = [rank for rank in range(ranks) if rank not in outcomes]
+    if missing:
+        errors.append(f"rank(s) {', '.join(map(str, missing))}: no result "
+                      f"{'after the failure' if errors else f'within {timeout:g} s'}")
+    for process in processes:
+        process.join(timeout=grace if not errors else 5)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    row = outcomes.get(0, {})
+    if errors or "median_us" not in row:
+        row = {"framework": "torch", "model": MODELS[key].name, "dtype": dtype_name,
+               "mode": mode, "ranks": ranks,
+               "error": "; ".join(errors) or "rank 0 gave no row"}
+        print(f"# {MODELS[key].name} {mode}: failed: {row['error']}", file=sys.stderr)
+    print(json.dumps(row), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="mlp,mlp256,transformer,cnn,lm")
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--modes", default=",".join(MODES))
+    # The default: every mode but the data-parallel ones (as on the Burn side), which run when
+    # named.
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m not in DDP_MODES))
     # run.sh passes the same arguments to both sides; the Burn side's value check has no
     # counterpart here, so its switch is accepted and does nothing.
     parser.add_argument("--no-check", action="store_true", help="no effect (Burn side only)")
     parser.add_argument("--in-process", action="store_true",
                         help="every run in this process (default: one process per run)")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="the GPUs (one process each) of the ddp_* modes")
+    parser.add_argument("--ddp-timeout", type=float, default=300,
+                        help="seconds a ddp_* run may take before its ranks are ended")
     args = parser.parse_args()
+    if args.ranks < 1:
+        parser.error("--ranks takes a positive number")
     runs = [(key, mode) for key in args.models.split(",") for mode in MODES
             if mode in args.modes.split(",")]
     if not args.in_process and len(runs) > 1:
@@ -492,18 +831,21 @@ def main():
         for key, mode in runs:
             done = subprocess.run([sys.executable, __file__, "--in-process", "--models", key,
                                    "--modes", mode, "--dtype", args.dtype,
-                                   "--steps", str(args.steps), "--reps", str(args.reps)])
+                                   "--steps", str(args.steps), "--reps", str(args.reps),
+                                   "--ranks", str(args.ranks),
+                                   "--ddp-timeout", str(args.ddp_timeout)])
             if done.returncode != 0:
                 print(f"# {key} {mode}: run failed (exit {done.returncode})", file=sys.stderr)
                 failed = failed or done.returncode
         sys.exit(failed)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    # Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    dtype = dtype_of(args.dtype)
+    plain_math()
     torch.manual_seed(0)
     for key, mode in runs:
-        run(key, mode, dtype, args.steps, args.reps)
+        if mode in DDP_MODES:
+            run_ddp(key, mode, args.dtype, args.steps, args.reps, args.ranks, args.ddp_timeout)
+        else:
+            run(key, mode, dtype, args.steps, args.reps)
 
 
 if __name__ == "__main__":

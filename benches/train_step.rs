@@ -12,7 +12,7 @@
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
 //!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
-//!            [--check-cost]
+//!            [--check-cost] [--ranks 2]
 //! ```
 //!
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
@@ -73,7 +73,7 @@
 //! `check_loss_off` fields record it; a failed check aborts the run, except in the
 //! fault-injection modes, whose check must fail (it shows what the copies they skip protect).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::module::ParamId;
@@ -90,11 +90,11 @@ use burn::nn::{
 };
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
-use burn::tensor::{Bool, Distribution, FloatDType};
+use burn::tensor::{Bool, Distribution, FloatDType, TensorData};
 use burn_graphed::testing::FaultInjection;
 use burn_graphed::{
-    FusedAdamConfig, Graphed, GraphedConfig, GraphedStep, MultiTensorAdam, OutputPolicy,
-    TensorGroup,
+    Collective, DataParallel, FusedAdamConfig, Graphed, GraphedConfig, GraphedStep,
+    MultiTensorAdam, OutputPolicy, TensorGroup, replica_on,
 };
 use burn_graphed_testkit::{StepCheck, deep_copy, param_values, require_finite};
 
@@ -242,6 +242,8 @@ struct Row {
     autotune_unmeasured: usize,
     /// A one-off measurement (`first_step`): median, p10 and p90 are the one value.
     single: bool,
+    /// Data-parallel runs: the number of ranks (the row then has `samples_per_s` too).
+    ranks: Option<(usize, usize)>,
 }
 
 impl Row {
@@ -270,8 +272,14 @@ impl Row {
         } else {
             ""
         };
+        let ranks = self.ranks.map_or_else(String::new, |(ranks, batch)| {
+            format!(
+                ", \"ranks\": {ranks}, \"samples_per_s\": {:.1}",
+                (ranks * batch) as f64 * 1e6 / self.median_us
+            )
+        });
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -305,6 +313,8 @@ struct Options {
     /// (the lookup burn-graphed makes per copy into a graph's buffer and per fused optimizer
     /// step), and print its median.
     check_cost: bool,
+    /// `--ranks N`: the GPUs of the `ddp_*` modes (default 2).
+    ranks: usize,
 }
 
 fn options() -> Options {
@@ -326,6 +336,7 @@ fn options() -> Options {
         in_process: false,
         fusion_removed: std::env::var("BURN_GRAPHED_FUSION_REMOVE").unwrap_or_default(),
         check_cost: false,
+        ranks: 2,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -348,6 +359,10 @@ fn options() -> Options {
             "--dtype" => options.dtype = value,
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
+            "--ranks" => {
+                options.ranks = value.parse().expect("--ranks takes a number");
+                assert!(options.ranks > 0, "--ranks takes a positive number");
+            }
             "--modes" => {
                 options.modes = value.split(',').map(String::from).collect();
                 for mode in &options.modes {
@@ -406,7 +421,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 22] = [
+const MODES: [Mode; 24] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -441,11 +456,14 @@ const MODES: [Mode; 22] = [
         graphed: true,
         one: true,
     },
+    Mode::Ddp { graphed: false },
+    Mode::Ddp { graphed: true },
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
 /// each side runs the modes it has.
-const TORCH_ONLY_MODES: [&str; 4] = [
+const TORCH_ONLY_MODES: [&str; 5] = [
+    "ddp_whole_step",
     "graphed_loss_fused_adam",
     "whole_step_fused_adam",
     "whole_step_floor_fused_adam",
@@ -508,6 +526,16 @@ enum Mode {
         graphed: bool,
         one: bool,
     },
+    /// Data-parallel training on `--ranks` GPUs (one thread per GPU, each on a batch of the
+    /// model's size: the global batch grows with the ranks), the gradients averaged by
+    /// `burn_graphed::DataParallel` (one bucketed NCCL all-reduce per step) before
+    /// `MultiTensorAdam`: eagerly (`ddp_eager`), or graphed with `OutputPolicy::Static`
+    /// (`ddp_graphed`, the captures one rank at a time). Their one-GPU counterparts:
+    /// `eager_multi_adam` and `graphed_static_multi_adam`. PyTorch's: `ddp_eager`,
+    /// `ddp_graphed` (`make_graphed_callables` under DDP) and `ddp_whole_step`.
+    Ddp {
+        graphed: bool,
+    },
 }
 
 impl Mode {
@@ -559,6 +587,8 @@ impl Mode {
                 graphed: true,
                 one: true,
             } => "inference_graphed_b1",
+            Mode::Ddp { graphed: false } => "ddp_eager",
+            Mode::Ddp { graphed: true } => "ddp_graphed",
         }
     }
 
@@ -600,6 +630,7 @@ impl Mode {
             | Mode::GraphedGuarded(optim)
             | Mode::GraphedLoss(optim) => optim,
             Mode::WholeStep(_) | Mode::FirstStep | Mode::Inference { .. } => Optim::Adam,
+            Mode::Ddp { .. } => Optim::MultiAdam,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -628,6 +659,9 @@ where
         .map(|file| kernel_trace::Trace::start(file, &label));
     if mode == Mode::FirstStep {
         return first_step(case, &label, device, options, before);
+    }
+    if let Mode::Ddp { graphed } = mode {
+        return data_parallel(case, graphed, device, options, before, unmeasured_before);
     }
     if let Mode::Inference { graphed, one } = mode {
         let batch = if one { 1 } else { case.batch };
@@ -676,7 +710,9 @@ where
             device,
             options,
         ),
-        Mode::FirstStep | Mode::Inference { .. } => unreachable!("measured above"),
+        Mode::FirstStep | Mode::Inference { .. } | Mode::Ddp { .. } => {
+            unreachable!("measured above")
+        }
         Mode::WholeStep(floor) => timed_whole_step(
             model,
             case.call_loss,
@@ -771,8 +807,179 @@ impl Row {
             check: None,
             autotune_unmeasured,
             single: false,
+            ranks: None,
         }
     }
+}
+
+/// Every parameter's values, by id ([`param_values`]).
+type ParamValues = Vec<(ParamId, TensorData)>;
+
+/// A `ddp_*` run ([`Mode::Ddp`]) of `case` on `options.ranks` GPUs, the first being `device`;
+/// `None` (with a `skipped:` line) where the machine has fewer. Every rank trains a replica of
+/// one model on batches of its own; after the timed steps the replicas must be bitwise equal.
+/// The row is rank 0's step time (every rep starts at a barrier of all ranks), with the ranks
+/// and the samples per second of all of them.
+fn data_parallel<M, I, O>(
+    case: &Case<M, I, O>,
+    graphed: bool,
+    device: &Device,
+    options: &Options,
+    before: u64,
+    unmeasured_before: usize,
+) -> Row
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let mode = Mode::Ddp { graphed };
+    let label = format!("{} {}", case.name, mode.label());
+    let (devices, collective) = ddp_devices(device, options);
+    let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
+        .expect("a data-parallel group");
+    let model = (case.make)(device);
+    let ranks: Vec<(Vec<f64>, ParamValues)> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .zip(&devices)
+            .map(|(dp, device)| {
+                let (model, label) = (model.clone(), &label);
+                scope.spawn(move || {
+                    let replica = replica_on(&model, device);
+                    let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
+                    let (per_step, values) = if graphed {
+                        let config = GraphedConfig::new().with_outputs(OutputPolicy::Static);
+                        let replica = dp
+                            .in_turn("capture", device, || {
+                                Graphed::new(replica, case.call, inputs[0].clone(), &config)
+                            })
+                            .expect("every rank captures");
+                        let call = |model: &Graphed<M, I, O>, input: I| {
+                            model.forward(input).expect("graphed call")
+                        };
+                        let (per_step, replica) =
+                            rank_steps(&dp, replica, call, case.loss, &inputs, device, options);
+                        let stats = replica.stats();
+                        eprintln!("# {label}, rank {}: {stats:?}", dp.ranks().rank());
+                        assert!(
+                            stats.fallbacks.is_empty(),
+                            "{label}: a step ran eagerly: {stats:?}"
+                        );
+                        (per_step, param_values(replica.module()))
+                    } else {
+                        let (per_step, replica) = rank_steps(
+                            &dp, replica, case.call, case.loss, &inputs, device, options,
+                        );
+                        (per_step, param_values(&replica))
+                    };
+                    let values = values.unwrap_or_else(|error| {
+                        panic!("{label}: not a result: parameters do not read back ({error})")
+                    });
+                    require_finite(&values)
+                        .unwrap_or_else(|error| panic!("{label}: not a result: {error}"));
+                    (per_step, values)
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("a rank's thread"))
+            .collect()
+    });
+    let identical = ranks.windows(2).all(|pair| pair[0].1 == pair[1].1);
+    eprintln!("# {label}: replicas bitwise equal after the run: {identical}");
+    assert!(identical, "{label}: the replicas' parameters differ");
+    let per_step = ranks.into_iter().next().map(|(t, _)| t).unwrap_or_default();
+    let mut row = Row::timed(
+        case,
+        mode,
+        per_step,
+        device,
+        before,
+        options,
+        unmeasured_before,
+    );
+    row.ranks = Some((devices.len(), case.batch));
+    row
+}
+
+/// The autodiff devices of a `ddp_*` run, rank 0 being `device`, and their collective: with
+/// `cuda`, the first `options.ranks` GPUs (each in the run's float type) and burn's NCCL
+/// all-reduce; without (a smoke run of the bench), `device` for every rank, averaging through
+/// the host. Exits the process with a `skipped:` line where there are fewer GPUs.
+fn ddp_devices(device: &Device, options: &Options) -> (Vec<Device>, Collective) {
+    #[cfg(feature = "cuda")]
+    {
+        let count = cudarc::driver::result::init()
+            .and_then(|()| cudarc::driver::result::device::get_count())
+            .unwrap_or(0) as usize;
+        if count < options.ranks {
+            println!(
+                "# skipped: the ddp modes need {} GPUs, this machine has {count}",
+                options.ranks
+            );
+            std::process::exit(0);
+        }
+        let inner: Vec<Device> = (0..options.ranks)
+            .map(|rank| {
+                if rank == 0 {
+                    return device.clone().inner();
+                }
+                let mut gpu = Device::cuda(rank);
+                if options.dtype == "bf16" {
+                    gpu.configure(FloatDType::BF16)
+                        .expect("bf16 before any tensor");
+                }
+                gpu
+            })
+            .collect();
+        let devices = inner.iter().map(|d| d.clone().autodiff()).collect();
+        (devices, Collective::AllReduce { devices: inner })
+    }
+    #[cfg(not(feature = "cuda"))]
+    (vec![device.clone(); options.ranks], Collective::Host)
+}
+
+/// One rank's timed steps of a `ddp_*` mode: [`WARM_UP`] steps, then `options.reps` reps of
+/// `options.steps` steps, each rep started at a barrier of all ranks and ended by a sync of this
+/// rank's device. A step: `call`, `loss_of`, `backward()`, the gradients averaged across the
+/// ranks, a `MultiTensorAdam` step.
+fn rank_steps<T: Module, I: Clone, O>(
+    dp: &DataParallel,
+    model: T,
+    call: impl Fn(&T, I) -> O,
+    loss_of: fn(O, &I) -> Tensor<1>,
+    inputs: &[I],
+    device: &Device,
+    options: &Options,
+) -> (Vec<f64>, T) {
+    let mut optimizer = FusedAdamConfig::new().init_multi_tensor();
+    let mut model = Some(model);
+    let mut step = |i: usize| {
+        let current = model.take().expect("the model of the last step");
+        let input = &inputs[i % inputs.len()];
+        let loss = loss_of(call(&current, input.clone()), input);
+        let grads = GradientsParams::from_grads(loss.backward(), &current);
+        let grads = dp
+            .average(&current, grads)
+            .expect("gradients averaged across the ranks");
+        model = Some(optimizer.step(1e-4, current, grads));
+    };
+    (0..WARM_UP).for_each(&mut step);
+    device.sync().expect("sync");
+    let per_step = (0..options.reps)
+        .map(|_| {
+            dp.ranks()
+                .barrier("a rep's start")
+                .expect("every rank starts the rep");
+            let start = Instant::now();
+            (0..options.steps).for_each(&mut step);
+            device.sync().expect("sync");
+            start.elapsed().as_secs_f64() * 1e6 / options.steps as f64
+        })
+        .collect();
+    (per_step, model.expect("the trained model"))
 }
 
 /// The timed forward calls of an inference mode at `batch` rows, on the device without
@@ -969,6 +1176,7 @@ where
         check: None,
         autotune_unmeasured: 0,
         single: true,
+        ranks: None,
     }
 }
 
@@ -1321,6 +1529,7 @@ fn run_isolated(options: &Options) {
             command.args(["--dtype", &options.dtype]);
             command.args(["--steps", &options.steps.to_string()]);
             command.args(["--reps", &options.reps.to_string()]);
+            command.args(["--ranks", &options.ranks.to_string()]);
             if !options.check {
                 command.arg("--no-check");
             }

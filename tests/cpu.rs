@@ -35,8 +35,9 @@ on_devices! {
     eval_calls_replay_inference_graphs => scenarios::eval_calls_replay_inference_graphs;
     inference_buckets_replay => scenarios::inference_buckets_replay;
     data_parallel_replicas_match_one_model => |d| scenarios::data_parallel::replicas_match_one_model(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
+    data_parallel_example_trains => |d| scenarios::data_parallel::example_trains_equal_replicas(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_mismatched_ranks_fail => scenarios::data_parallel::mismatched_ranks_fail_on_every_rank;
-    data_parallel_failed_capture_fails_every_rank => scenarios::data_parallel::failed_capture_fails_every_rank;
+    data_parallel_failed_capture_fails_every_rank => |d| scenarios::data_parallel::failed_capture_fails_every_rank(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     inference_follows_fused_training_copy => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Copy);
     inference_follows_fused_training_static => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Static);
     inference_follows_fused_training_guarded => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Guarded);

@@ -579,6 +579,31 @@ fn data_parallel_replicas_match_one_model() {
     );
 }
 
+/// Rank 1's capture failing on two GPUs is a typed error on both ranks (no hang); both GPUs
+/// then capture and train, averaging with burn's NCCL all-reduce (skipped on one GPU).
+#[test]
+fn data_parallel_failed_capture_fails_every_rank() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::failed_capture_fails_every_rank(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
+/// `examples/train_ddp.rs` on two GPUs with burn's NCCL all-reduce (skipped on one GPU).
+#[test]
+fn data_parallel_example_trains() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::example_trains_equal_replicas(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
 /// The same through the host, on two GPUs (no NCCL): the replicas' graphs on two devices.
 #[test]
 fn data_parallel_host_replicas_match_one_model() {

@@ -5,10 +5,15 @@
 use std::thread;
 use std::time::Duration;
 
-use burn_graphed::{Collective, DataParallel};
+use burn_graphed::{Collective, DataParallel, replica_on};
 use burn_graphed_testkit::deep_copy;
 
 use super::*;
+
+/// `examples/train_ddp.rs`, whose loop runs here on the suite's devices.
+#[path = "../../examples/train_ddp.rs"]
+#[allow(dead_code)]
+mod train_ddp;
 
 const STEPS: usize = 3;
 const RANKS: usize = 2;
@@ -38,27 +43,6 @@ fn on_ranks<T: Send>(collective: &Collective, body: impl Fn(DataParallel) -> T +
     })
 }
 
-/// A copy of `model` on `device` whose parameters are new leaves (their values read back and
-/// written there), keeping each one's `require_grad`.
-fn replica_on(model: &Mlp, device: &Device) -> Mlp {
-    use burn::module::{ModuleMapper, Param};
-    struct OnDevice<'a>(&'a Device);
-    impl ModuleMapper for OnDevice<'_> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let require_grad = param.is_require_grad();
-            param.map(|tensor| {
-                let copy = Tensor::<D>::from_data(tensor.inner().into_data(), self.0);
-                if require_grad {
-                    copy.require_grad()
-                } else {
-                    copy
-                }
-            })
-        }
-    }
-    model.clone().map(&mut OnDevice(device))
-}
-
 /// Trains a graphed replica of `model` per rank, rank `i` on `devices[i]` and its shard, for
 /// [`STEPS`] steps with burn's `Adam`, the gradients averaged by `DataParallel` with
 /// `collective` unless `average` is off; the replicas, in rank order. Each rank captures its
@@ -77,7 +61,7 @@ fn train_replicas(
         let rank = dp.ranks().rank();
         let (replica, device) = (replicas[rank].clone(), &devices[rank]);
         let mut graphed = dp
-            .in_turn("capture", || {
+            .in_turn("capture", device, || {
                 Graphed::new(
                     replica,
                     mlp_forward,
@@ -153,21 +137,26 @@ pub fn replicas_match_one_model(devices: &[Device], collective: Collective) {
 }
 
 /// One rank's capture failing (a sample of the wrong width) is an error on every rank,
-/// naming that rank, after every other rank captured; the failing rank's device then captures
-/// and trains again.
-pub fn failed_capture_fails_every_rank(device: &Device) {
-    let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
+/// naming that rank, after every other rank captured; the failing rank's model is handed back
+/// untouched, and every device then captures and trains again with the group's `collective`
+/// (rank `i` on `devices[i]`).
+pub fn failed_capture_fails_every_rank(devices: &[Device], collective: Collective) {
+    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    if !supports_graphs(&devices[0]) {
         return;
     }
-    let results = on_ranks(&Collective::Host, |dp| {
-        let width = if dp.ranks().rank() == 1 { 15 } else { 16 };
-        let model = Mlp::new(16, 1, 4, &device);
-        dp.in_turn("capture", || {
+    let model = Mlp::new(16, 2, 4, &devices[0]);
+    let before = param_values(&model).expect("read back");
+    let results = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let width = if rank == 1 { 15 } else { 16 };
+        dp.in_turn("capture", device, || {
             Graphed::new(
-                model,
+                replica_on(&model, device),
                 mlp_forward,
-                batch([4, width], 0, &device),
+                batch([4, width], 0, device),
                 &GraphedConfig::new(),
             )
         })
@@ -179,7 +168,11 @@ pub fn failed_capture_fails_every_rank(device: &Device) {
             "{result:?}"
         );
     }
-    mlp_training_matches_eager(&device, 2);
+    assert_params_unchanged(&model, &before);
+    // Every device captures and trains again, averaging through the collective.
+    let replicas = train_replicas(&model, &devices, &collective, true);
+    let first = param_values(&replicas[0]).expect("read back");
+    assert_params_unchanged(&replicas[1], &first);
 }
 
 /// A rank whose module has other parameters (a replica of another architecture) ends the
@@ -214,4 +207,25 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
         "{result:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+}
+
+/// `examples/train_ddp.rs`'s loop on `devices` (rank `i` on `devices[i]`) averaging with
+/// `collective`: every rank captures and replays every step, and the replicas end bitwise
+/// equal, and trained (moved from where they started).
+pub fn example_trains_equal_replicas(devices: &[Device], collective: Collective) {
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    let model = train_ddp::Mlp::new(16, 2, &devices[0]);
+    let before = param_values(&model).expect("read back");
+    let runs = train_ddp::train(&model, &devices, collective, 4, 8).expect("trains");
+    assert_eq!(runs.len(), devices.len());
+    let first = param_values(&runs[0].model).expect("read back");
+    assert_ne!(first, before, "the replicas did not train");
+    for (rank, run) in runs.iter().enumerate() {
+        assert!(
+            run.losses.iter().all(|l| l.is_finite()),
+            "rank {rank}: {:?}",
+            run.losses
+        );
+        assert_params_unchanged(&run.model, &first);
+    }
 }

@@ -7,15 +7,16 @@
 //! averaged by the group's [`Collective`]; each rank splits it back into its gradients. One
 //! collective per step, not one per parameter.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::distributed::ReduceOperation;
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::error::GraphedError;
+use crate::error::{CapturePhase, GraphedError};
 use crate::ranks::RankGroup;
 use crate::sync::lock;
 
@@ -85,21 +86,29 @@ impl DataParallel {
         &self.ranks
     }
 
-    /// Runs `work` on every rank, one rank at a time in rank order (the others wait at a
-    /// barrier), then agrees on its outcome: for captures, which on CUDA must not overlap
-    /// (cubecl records in CUDA's global capture mode), and which every rank must have made
-    /// before any replays. Returns this rank's value when every rank's `work` succeeded.
+    /// Runs `work` on every rank, one rank at a time in rank order, then agrees on its outcome:
+    /// for captures, which on CUDA must not overlap anything else the process runs (cubecl
+    /// records in CUDA's global capture mode), and which every rank must have made before any
+    /// replays. First every rank drains `device`, its own, and waits for the others; then each
+    /// rank's turn comes while the others wait at a barrier. Returns this rank's value when
+    /// every rank's `work` succeeded.
     ///
     /// # Errors
     ///
-    /// On every rank alike: [`GraphedError::RankFailed`] naming the first rank whose `work`
-    /// failed (a failed capture leaves its module and device as they were), or the group's
-    /// errors of [`RankGroup::agree`].
+    /// On every rank alike: [`GraphedError::RankFailed`] naming the first rank whose device did
+    /// not drain or whose `work` failed (a failed capture leaves its module and device as they
+    /// were), or the group's errors of [`RankGroup::agree`].
     pub fn in_turn<T>(
         &self,
         what: &str,
+        device: &Device,
         work: impl FnOnce() -> Result<T, GraphedError>,
     ) -> Result<T, GraphedError> {
+        let drained = device.sync().map_err(|error| GraphedError::Capture {
+            phase: CapturePhase::StaticBuffers,
+            reason: format!("the rank's device did not drain before the captures: {error}"),
+        });
+        self.ranks.agree(what, drained)?;
         let mut work = Some(work);
         let mut mine = None;
         for turn in 0..self.ranks.size() {
@@ -205,6 +214,31 @@ impl DataParallel {
     }
 }
 
+/// A replica of `module` on `device`, for a rank of a data-parallel group: the same parameter
+/// values (and ids, so that [`DataParallel::average`] lines the ranks' gradients up), each
+/// parameter a new autodiff leaf on `device` keeping its `require_grad`. Reads every parameter
+/// back to the host once: for setting a group up, not for every step.
+pub fn replica_on<M: Module>(module: &M, device: &Device) -> M {
+    module.clone().map(&mut OnDevice(device))
+}
+
+/// Moves each parameter to a device through host memory, as a new leaf.
+struct OnDevice<'a>(&'a Device);
+
+impl ModuleMapper for OnDevice<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let require_grad = param.is_require_grad();
+        param.map(|tensor| {
+            let copy = Tensor::<D>::from_data(tensor.inner().into_data(), self.0);
+            if require_grad {
+                copy.require_grad()
+            } else {
+                copy
+            }
+        })
+    }
+}
+
 /// Takes each parameter's gradient out of the gradients, flattened.
 struct Flatten<'a> {
     grads: &'a mut GradientsParams,
@@ -226,7 +260,7 @@ struct Split<'a> {
     grads: &'a mut GradientsParams,
     averaged: Tensor<1>,
     offset: usize,
-    ids: Vec<ParamId>,
+    ids: HashSet<ParamId>,
 }
 
 impl ModuleVisitor for Split<'_> {

@@ -123,7 +123,7 @@ mod train;
 
 pub use callable::Callable;
 pub use config::{GraphedConfig, MismatchPolicy, OutputPolicy};
-pub use data_parallel::{Collective, DataParallel};
+pub use data_parallel::{Collective, DataParallel, replica_on};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
 pub use group::{CallableGroup, make_graphed_callables};

@@ -1,0 +1,188 @@
+//! Data-parallel graphed training: one replica of an MLP per GPU, each on its own share of
+//! every batch, the gradients averaged across the GPUs (one bucketed NCCL all-reduce per step)
+//! before every replica takes the same `MultiTensorAdam` step.
+//!
+//! `cargo run --release --features cuda --example train_ddp -- [gpus] [steps]` (NCCL must be
+//! loadable as `libnccl.so`; the GPU bundle's `run.sh` links the machine's). With fewer than two
+//! GPUs (or without `cuda`) it runs two ranks on one device and averages through the host: the
+//! same loop, not a fast one.
+//!
+//! The loop, per rank (one thread each):
+//! 1. a replica of the model on the rank's device (`replica_on`: same values and parameter ids);
+//! 2. its graphs captured one rank at a time (`DataParallel::in_turn`: CUDA captures of one
+//!    process must not overlap, and a capture failing on one rank is an error on every rank);
+//! 3. per step: the graphed forward on the rank's shard, `backward()`, `DataParallel::average`
+//!    of the gradients, the optimizer step. Every rank then holds the same parameters.
+
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn_graphed::{Collective, DataParallel, FusedAdamConfig, Graphed, GraphedConfig, replica_on};
+
+#[derive(Module, Debug)]
+pub struct Mlp {
+    layers: Vec<Linear>,
+}
+
+impl Mlp {
+    pub fn new(width: usize, depth: usize, device: &Device) -> Self {
+        Self {
+            layers: (0..depth)
+                .map(|_| LinearConfig::new(width, width).init(device))
+                .collect(),
+        }
+    }
+
+    fn forward(&self, mut x: Tensor<2>) -> Tensor<2> {
+        let last = self.layers.len().saturating_sub(1);
+        for (index, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x);
+            if index < last {
+                x = Relu::new().forward(x);
+            }
+        }
+        x
+    }
+}
+
+/// The model and its loss as one callable: its graphs end in the loss.
+fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+    (model.forward(x) - target).powi_scalar(2).mean()
+}
+
+/// What one rank saw: its losses per step, its median step time, its trained replica.
+pub struct RankRun {
+    pub losses: Vec<f32>,
+    pub step_us: f64,
+    pub model: Mlp,
+}
+
+/// Trains `model` data-parallel for `steps` steps on `devices` (autodiff devices, rank `i` on
+/// `devices[i]`), averaging with `collective`; every rank gets `rows` rows of each batch. The
+/// runs in rank order.
+///
+/// # Errors
+///
+/// A capture or an average that failed, on every rank alike (`GraphedError::RankFailed`,
+/// `RanksDisagree`, `RankTimeout`).
+pub fn train(
+    model: &Mlp,
+    devices: &[Device],
+    collective: Collective,
+    steps: usize,
+    rows: usize,
+) -> Result<Vec<RankRun>, burn_graphed::GraphedError> {
+    let group = DataParallel::group(devices.len(), Duration::from_secs(300), collective)?;
+    let width = model.layers[0].weight.dims()[0];
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .zip(devices)
+            .map(|(dp, device)| {
+                scope.spawn(move || {
+                    let rank = dp.ranks().rank();
+                    // The rank's shard of each batch: its own rows (seeded by step and rank).
+                    let shard = |step: usize| {
+                        device.seed((step * devices.len() + rank) as u64);
+                        (
+                            Tensor::random([rows, width], Distribution::Default, device),
+                            Tensor::random([rows, width], Distribution::Default, device),
+                        )
+                    };
+                    let replica = replica_on(model, device);
+                    let sample = shard(0);
+                    let mut graphed = dp.in_turn("capture", device, || {
+                        Graphed::new(replica, mse, sample, &GraphedConfig::new())
+                    })?;
+                    let mut optim = FusedAdamConfig::new().init_multi_tensor();
+                    let (mut losses, mut times) = (Vec::new(), Vec::new());
+                    for step in 0..steps {
+                        let batch = shard(step);
+                        let start = Instant::now();
+                        let loss = graphed.forward(batch)?;
+                        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+                        let grads = dp.average(&graphed, grads)?;
+                        graphed = optim.step(1e-3, graphed, grads);
+                        losses.push(loss.into_scalar::<f32>());
+                        times.push(start.elapsed().as_secs_f64() * 1e6);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    Ok(RankRun {
+                        losses,
+                        step_us: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
+                        model: graphed.into_module(),
+                    })
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("a rank's thread"))
+            .collect()
+    })
+}
+
+fn arg(index: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(index)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The devices and collective of the run: `wanted` GPUs and NCCL where there are that many, else
+/// two ranks on the default device averaging through the host.
+fn pick(wanted: usize) -> (Vec<Device>, Collective, String) {
+    #[cfg(feature = "cuda")]
+    {
+        let count = std::panic::catch_unwind(|| {
+            cudarc::driver::result::init()
+                .and_then(|()| cudarc::driver::result::device::get_count())
+                .unwrap_or(0)
+        })
+        .unwrap_or(0) as usize;
+        if count >= wanted && wanted >= 2 {
+            let gpus: Vec<Device> = (0..wanted).map(Device::cuda).collect();
+            return (
+                gpus.clone(),
+                Collective::AllReduce { devices: gpus },
+                format!("{wanted} GPUs, NCCL all-reduce"),
+            );
+        }
+    }
+    let _ = wanted;
+    let device = Device::default();
+    (
+        vec![device.clone(), device],
+        Collective::Host,
+        "2 ranks on the default device, averaged through the host (fewer GPUs than asked)".into(),
+    )
+}
+
+#[allow(dead_code)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (devices, collective, what) = pick(arg(1, 2));
+    let steps = arg(2, 100);
+    let devices: Vec<Device> = devices.into_iter().map(Device::autodiff).collect();
+    println!("ranks: {what}");
+    devices[0].seed(0);
+    let model = Mlp::new(256, 8, &devices[0]);
+    let runs = train(&model, &devices, collective, steps, 32)?;
+    for (rank, run) in runs.iter().enumerate() {
+        println!(
+            "rank {rank}: loss {:.5} -> {:.5}, median step {:.0} us",
+            run.losses[0],
+            run.losses[steps - 1],
+            run.step_us
+        );
+    }
+    let first = burn_graphed_testkit::param_values(&runs[0].model)?;
+    let same = runs[1..]
+        .iter()
+        .all(|run| burn_graphed_testkit::param_values(&run.model).is_ok_and(|v| v == first));
+    println!("replicas bitwise equal: {same}");
+    Ok(())
+}
