@@ -83,38 +83,41 @@ pub fn train(
             .into_iter()
             .zip(devices)
             .map(|(dp, device)| {
+                // `run`: a rank whose step fails stops the others at once.
                 scope.spawn(move || {
-                    let rank = dp.ranks().rank();
-                    // The rank's shard of each batch: its own rows (seeded by step and rank).
-                    let shard = |step: usize| {
-                        device.seed((step * devices.len() + rank) as u64);
-                        (
-                            Tensor::random([rows, width], Distribution::Default, device),
-                            Tensor::random([rows, width], Distribution::Default, device),
-                        )
-                    };
-                    let replica = replica_on(model, device);
-                    let sample = shard(0);
-                    let mut graphed = dp.in_turn("capture", device, || {
-                        Graphed::new(replica, mse, sample, &GraphedConfig::new())
-                    })?;
-                    let mut optim = FusedAdamConfig::new().init_multi_tensor();
-                    let (mut losses, mut times) = (Vec::new(), Vec::new());
-                    for step in 0..steps {
-                        let batch = shard(step);
-                        let start = Instant::now();
-                        let loss = graphed.forward(batch)?;
-                        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
-                        let grads = dp.average(&graphed, grads)?;
-                        graphed = optim.step(1e-3, graphed, grads);
-                        losses.push(loss.into_scalar::<f32>());
-                        times.push(start.elapsed().as_secs_f64() * 1e6);
-                    }
-                    times.sort_by(f64::total_cmp);
-                    Ok(RankRun {
-                        losses,
-                        step_us: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
-                        model: graphed.into_module(),
+                    dp.run(|dp| {
+                        let rank = dp.ranks().rank();
+                        // The rank's shard of each batch: its own rows (seeded by step and rank).
+                        let shard = |step: usize| {
+                            device.seed((step * devices.len() + rank) as u64);
+                            (
+                                Tensor::random([rows, width], Distribution::Default, device),
+                                Tensor::random([rows, width], Distribution::Default, device),
+                            )
+                        };
+                        let replica = replica_on(model, device);
+                        let sample = shard(0);
+                        let mut graphed = dp.in_turn("capture", device, || {
+                            Graphed::new(replica, mse, sample, &GraphedConfig::new())
+                        })?;
+                        let mut optim = FusedAdamConfig::new().init_multi_tensor();
+                        let (mut losses, mut times) = (Vec::new(), Vec::new());
+                        for step in 0..steps {
+                            let batch = shard(step);
+                            let start = Instant::now();
+                            let loss = graphed.forward(batch)?;
+                            let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+                            let grads = dp.average(&graphed, grads)?;
+                            graphed = optim.step(1e-3, graphed, grads);
+                            losses.push(loss.into_scalar::<f32>());
+                            times.push(start.elapsed().as_secs_f64() * 1e6);
+                        }
+                        times.sort_by(f64::total_cmp);
+                        Ok(RankRun {
+                            losses,
+                            step_us: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
+                            model: graphed.into_module(),
+                        })
                     })
                 })
             })

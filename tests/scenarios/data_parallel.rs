@@ -207,6 +207,27 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
         "{result:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+
+    // A rank whose training fails inside `DataParallel::run` stops the others at their next
+    // step together, well within the group's timeout (300 s), with the failing rank named.
+    let started = std::time::Instant::now();
+    let results = on_ranks(&Collective::Host, |dp| {
+        dp.run(|dp| {
+            if dp.ranks().rank() == 1 {
+                return Err(GraphedError::NoInputs);
+            }
+            let model = Mlp::new(16, 1, 4, &device);
+            let loss = square_mean(model.forward(batch([4, 16], 0, &device)));
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            dp.average(&model, grads).map(|_| ())
+        })
+    });
+    assert!(matches!(results[1], Err(GraphedError::NoInputs)), "{results:?}");
+    assert!(
+        matches!(&results[0], Err(GraphedError::RankFailed { rank: 1, .. })),
+        "{results:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "no hang");
 }
 
 /// `examples/train_ddp.rs`'s loop on `devices` (rank `i` on `devices[i]`) averaging with

@@ -86,6 +86,25 @@ impl DataParallel {
         &self.ranks
     }
 
+    /// Runs this rank's part of the training, `body`: when it fails, the group ends with
+    /// [`GraphedError::RankFailed`] naming this rank, so that every other rank stops at its next
+    /// step taken together ([`in_turn`](Self::in_turn), [`average`](Self::average)) instead of
+    /// waiting there for the timeout. Returns `body`'s result.
+    pub fn run<T>(
+        &self,
+        body: impl FnOnce(&DataParallel) -> Result<T, GraphedError>,
+    ) -> Result<T, GraphedError> {
+        let result = body(self);
+        if let Err(error) = &result {
+            self.ranks.abandon(GraphedError::RankFailed {
+                rank: self.ranks.rank(),
+                what: "its training".into(),
+                reason: error.to_string(),
+            });
+        }
+        result
+    }
+
     /// Runs `work` on every rank, one rank at a time in rank order, then agrees on its outcome:
     /// for captures, which on CUDA must not overlap anything else the process runs (cubecl
     /// records in CUDA's global capture mode), and which every rank must have made before any
