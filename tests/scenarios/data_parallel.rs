@@ -222,7 +222,10 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
             dp.average(&model, grads).map(|_| ())
         })
     });
-    assert!(matches!(results[1], Err(GraphedError::NoInputs)), "{results:?}");
+    assert!(
+        matches!(results[1], Err(GraphedError::NoInputs)),
+        "{results:?}"
+    );
     assert!(
         matches!(&results[0], Err(GraphedError::RankFailed { rank: 1, .. })),
         "{results:?}"
