@@ -496,17 +496,21 @@ def first_step(mode, spec, new_model, new_inputs):
     return (time.perf_counter() - start) * 1e6, step
 
 
-def run(key, mode, dtype, steps, reps):
-    spec = MODELS[key]
-    name = spec.name
+def fresh_memory():
+    """Frees the previous run's graphs (their private pools) and cached blocks, so that this
+    run's reserved memory is its own, not a reuse of the last run's pools; returns the reserved
+    and allocated bytes before the run."""
     torch.cuda.synchronize()
-    # Free the previous run's graphs (their private pools) and cached blocks, so that this
-    # run's reserved memory is its own, not a reuse of the last run's pools.
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_reserved()
-    before_allocated = torch.cuda.memory_allocated()
+    return torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+
+
+def run(key, mode, dtype, steps, reps):
+    spec = MODELS[key]
+    name = spec.name
+    before, before_allocated = fresh_memory()
     new_model = lambda: spec.make().to(DEVICE).to(dtype)
     size = batch_size_of(mode)
     new_inputs = lambda: [spec.batch(dtype) if size is None else spec.batch(dtype, size)
@@ -630,12 +634,7 @@ def ddp_run(rank, ranks, key, mode, dtype, steps, reps, agree, report):
     spec = MODELS[key]
     cuda = DEVICE == "cuda"
     if cuda:
-        torch.cuda.synchronize()
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_reserved()
-        before_allocated = torch.cuda.memory_allocated()
+        before, before_allocated = fresh_memory()
     error = step = None
     try:
         # The model alike on every rank (seed 0, the CPU generator), the batches by rank (the
