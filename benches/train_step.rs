@@ -858,8 +858,15 @@ where
                         let call = |model: &Graphed<M, I, O>, input: I| {
                             model.forward(input).expect("graphed call")
                         };
-                        let (per_step, replica) =
-                            rank_steps(&dp, replica, call, case.loss, &inputs, device, options);
+                        let (per_step, replica) = rank_steps(
+                            label,
+                            &dp,
+                            replica,
+                            (call, case.loss),
+                            &inputs,
+                            device,
+                            options,
+                        );
                         let stats = replica.stats();
                         eprintln!("# {label}, rank {}: {stats:?}", dp.ranks().rank());
                         assert!(
@@ -869,7 +876,13 @@ where
                         (per_step, param_values(replica.module()))
                     } else {
                         let (per_step, replica) = rank_steps(
-                            &dp, replica, case.call, case.loss, &inputs, device, options,
+                            label,
+                            &dp,
+                            replica,
+                            (case.call, case.loss),
+                            &inputs,
+                            device,
+                            options,
                         );
                         (per_step, param_values(&replica))
                     };
@@ -944,27 +957,38 @@ fn ddp_devices(device: &Device, options: &Options) -> (Vec<Device>, Collective) 
 /// One rank's timed steps of a `ddp_*` mode: [`WARM_UP`] steps, then `options.reps` reps of
 /// `options.steps` steps, each rep started at a barrier of all ranks and ended by a sync of this
 /// rank's device. A step: `call`, `loss_of`, `backward()`, the gradients averaged across the
-/// ranks, a `MultiTensorAdam` step.
+/// ranks, a `MultiTensorAdam` step. Prints the host time of each phase, labelled `label`.
 fn rank_steps<T: Module, I: Clone, O>(
+    label: &str,
     dp: &DataParallel,
     model: T,
-    call: impl Fn(&T, I) -> O,
-    loss_of: fn(O, &I) -> Tensor<1>,
+    (call, loss_of): (impl Fn(&T, I) -> O, fn(O, &I) -> Tensor<1>),
     inputs: &[I],
     device: &Device,
     options: &Options,
 ) -> (Vec<f64>, T) {
     let mut optimizer = FusedAdamConfig::new().init_multi_tensor();
     let mut model = Some(model);
+    let mut phases = Phases::new(&DDP_PHASES);
     let mut step = |i: usize| {
         let current = model.take().expect("the model of the last step");
+        let mut clock = phases.start();
         let input = &inputs[i % inputs.len()];
-        let loss = loss_of(call(&current, input.clone()), input);
-        let grads = GradientsParams::from_grads(loss.backward(), &current);
+        let out = call(&current, input.clone());
+        clock.lap(0);
+        let loss = loss_of(out, input);
+        clock.lap(1);
+        let grads = loss.backward();
+        clock.lap(2);
+        let grads = GradientsParams::from_grads(grads, &current);
+        clock.lap(3);
         let grads = dp
             .average(&current, grads)
             .expect("gradients averaged across the ranks");
+        clock.lap(4);
         model = Some(optimizer.step(1e-4, current, grads));
+        clock.lap(5);
+        phases.add(clock);
     };
     (0..WARM_UP).for_each(&mut step);
     device.sync().expect("sync");
@@ -979,6 +1003,7 @@ fn rank_steps<T: Module, I: Clone, O>(
             start.elapsed().as_secs_f64() * 1e6 / options.steps as f64
         })
         .collect();
+    eprintln!("# {label}, rank {}: {phases}", dp.ranks().rank());
     (per_step, model.expect("the trained model"))
 }
 
@@ -1381,7 +1406,7 @@ fn train_steps<M: Module, I: Clone, O>(
     options: &Options,
 ) -> (Vec<f64>, Option<M>) {
     let mut model = Some(model);
-    let mut phases = Phases::default();
+    let mut phases = Phases::new(&STEP_PHASES);
     let mut step = |i: usize| {
         let Some(current) = model.take() else { return };
         let mut clock = phases.start();
@@ -1404,21 +1429,34 @@ fn train_steps<M: Module, I: Clone, O>(
 }
 
 /// Host time spent in each phase of a step (forward call, loss, `backward()`,
-/// `GradientsParams`, optimizer step), averaged over the timed steps: where the host's time goes
-/// when a step is launch-bound. Not synchronized: a phase that waits for the device (a graph
-/// replay drains fusion's queue first) also shows that wait.
-#[derive(Default)]
+/// `GradientsParams`, optimizer step; the `ddp_*` modes add the gradient average), averaged over
+/// the timed steps: where the host's time goes when a step is launch-bound. Not synchronized: a
+/// phase that waits for the device (a graph replay drains fusion's queue first) also shows that
+/// wait.
 struct Phases {
-    total: [std::time::Duration; 5],
+    names: &'static [&'static str],
+    total: Vec<std::time::Duration>,
     /// Steps counted (the warm-up's are not: they include kernel compilation).
     steps: u32,
     seen: usize,
 }
 
+/// The phases of a one-GPU step.
+const STEP_PHASES: [&str; 5] = ["forward", "loss", "backward", "grads", "optimizer"];
+/// The phases of a data-parallel step.
+const DDP_PHASES: [&str; 6] = [
+    "forward",
+    "loss",
+    "backward",
+    "grads",
+    "average",
+    "optimizer",
+];
+
 /// The laps of one step.
 struct Clock {
     last: Instant,
-    laps: [std::time::Duration; 5],
+    laps: Vec<std::time::Duration>,
 }
 
 impl Clock {
@@ -1430,10 +1468,19 @@ impl Clock {
 }
 
 impl Phases {
+    fn new(names: &'static [&'static str]) -> Self {
+        Phases {
+            names,
+            total: vec![std::time::Duration::ZERO; names.len()],
+            steps: 0,
+            seen: 0,
+        }
+    }
+
     fn start(&self) -> Clock {
         Clock {
             last: Instant::now(),
-            laps: Default::default(),
+            laps: vec![std::time::Duration::ZERO; self.names.len()],
         }
     }
 
@@ -1451,9 +1498,8 @@ impl Phases {
 
 impl std::fmt::Display for Phases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names = ["forward", "loss", "backward", "grads", "optimizer"];
         write!(f, "host us per step:")?;
-        for (name, total) in names.iter().zip(self.total) {
+        for (name, total) in self.names.iter().zip(&self.total) {
             let us = total.as_secs_f64() * 1e6 / f64::from(self.steps.max(1));
             write!(f, " {name} {us:.0}")?;
         }
