@@ -236,7 +236,8 @@ impl DataParallel {
 /// A replica of `module` on `device`, for a rank of a data-parallel group: the same parameter
 /// values (and ids, so that [`DataParallel::average`] lines the ranks' gradients up), each
 /// parameter a new autodiff leaf on `device` keeping its `require_grad`. Reads every parameter
-/// back to the host once: for setting a group up, not for every step.
+/// back to the host once: for setting a group up, not for every step. Float parameters only:
+/// int and bool parameters (constants of a module, rare) are shared with `module` as they are.
 pub fn replica_on<M: Module>(module: &M, device: &Device) -> M {
     module.clone().map(&mut OnDevice(device))
 }
