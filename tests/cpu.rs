@@ -197,3 +197,9 @@ fn capture_announces_its_phases() {
     settings.set_omit_expression(true);
     settings.bind(|| insta::assert_snapshot!("capture_phases_wgpu", phases.join("\n")));
 }
+
+/// `replica_on` from wgpu to Flex: every parameter kind lands on the target device.
+#[test]
+fn data_parallel_replica_moves_every_parameter() {
+    scenarios::data_parallel::replica_moves_every_parameter(&wgpu(), &Device::flex());
+}

@@ -253,3 +253,46 @@ pub fn example_trains_equal_replicas(devices: &[Device], collective: Collective)
         assert_params_unchanged(&run.model, &first);
     }
 }
+
+/// `replica_on` copies every parameter to the target device, float, int and bool alike, with
+/// the same values and ids; float parameters become leaves keeping their `require_grad`.
+/// `source` and `target` are devices of two backends, so a parameter left behind shows.
+pub fn replica_moves_every_parameter(source: &Device, target: &Device) {
+    use burn::module::{Param, ParamId};
+    use burn::tensor::{Bool, Int};
+
+    #[derive(Module, Debug)]
+    struct Mixed {
+        weight: Param<Tensor<2>>,
+        frozen: Param<Tensor<1>>,
+        ids: Param<Tensor<1, Int>>,
+        mask: Param<Tensor<1, Bool>>,
+    }
+
+    let (source, target) = (source.clone().autodiff(), target.clone().autodiff());
+    let ids = Tensor::<1, Int>::arange(0..4, &source);
+    let model = Mixed {
+        weight: Param::from_tensor(batch([2, 3], 0, &source)),
+        frozen: Param::from_tensor(batch([1, 3], 1, &source).reshape([3])).set_require_grad(false),
+        mask: Param::initialized(ParamId::new(), ids.clone().equal_elem(2)),
+        ids: Param::initialized(ParamId::new(), ids),
+    };
+    let replica = replica_on(&model, &target);
+    assert_eq!(replica.weight.val().device(), target);
+    assert_eq!(replica.frozen.val().device(), target);
+    assert_eq!(replica.ids.val().device(), target);
+    assert_eq!(replica.mask.val().device(), target);
+    assert!(replica.weight.is_require_grad() && !replica.frozen.is_require_grad());
+    assert_eq!(
+        (replica.weight.id, replica.ids.id, replica.mask.id),
+        (model.weight.id, model.ids.id, model.mask.id)
+    );
+    assert_eq!(
+        replica.weight.val().into_data(),
+        model.weight.val().into_data()
+    );
+    assert_eq!(replica.ids.val().into_data(), model.ids.val().into_data());
+    // A bool's storage differs between backends (u32 on wgpu): compared as ints.
+    let mask = |m: &Mixed| m.mask.val().int().into_data().convert::<i64>();
+    assert_eq!(mask(&replica), mask(&model));
+}

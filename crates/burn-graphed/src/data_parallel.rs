@@ -14,7 +14,7 @@ use std::time::Duration;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::distributed::ReduceOperation;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::error::{CapturePhase, GraphedError};
 use crate::ranks::RankGroup;
@@ -235,9 +235,9 @@ impl DataParallel {
 
 /// A replica of `module` on `device`, for a rank of a data-parallel group: the same parameter
 /// values (and ids, so that [`DataParallel::average`] lines the ranks' gradients up), each
-/// parameter a new autodiff leaf on `device` keeping its `require_grad`. Reads every parameter
-/// back to the host once: for setting a group up, not for every step. Float parameters only:
-/// int and bool parameters (constants of a module, rare) are shared with `module` as they are.
+/// float parameter a new autodiff leaf on `device` keeping its `require_grad`, int and bool
+/// parameters copied there too. Reads every parameter back to the host once: for setting a
+/// group up, not for every step.
 pub fn replica_on<M: Module>(module: &M, device: &Device) -> M {
     module.clone().map(&mut OnDevice(device))
 }
@@ -256,6 +256,17 @@ impl ModuleMapper for OnDevice<'_> {
                 copy
             }
         })
+    }
+
+    fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
+        param.map(|tensor| Tensor::from_data(tensor.into_data(), self.0))
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<D, Bool>>,
+    ) -> Param<Tensor<D, Bool>> {
+        param.map(|tensor| Tensor::from_data(tensor.into_data(), self.0))
     }
 }
 
