@@ -693,6 +693,7 @@ where
                 &label,
                 device,
                 options,
+                None,
             );
             if let Some(model) = &model {
                 assert_ran(model, &label);
@@ -858,15 +859,18 @@ where
                         let call = |model: &Graphed<M, I, O>, input: I| {
                             model.forward(input).expect("graphed call")
                         };
-                        let (per_step, replica) = rank_steps(
-                            label,
-                            &dp,
+                        let (per_step, replica) = train_steps(
                             replica,
-                            (call, case.loss),
+                            call,
+                            case.loss,
                             &inputs,
+                            &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
+                            &format!("{label}, rank {}", dp.ranks().rank()),
                             device,
                             options,
+                            Some(&dp),
                         );
+                        let replica = replica.expect("the trained replica");
                         let stats = replica.stats();
                         eprintln!("# {label}, rank {}: {stats:?}", dp.ranks().rank());
                         assert!(
@@ -875,15 +879,18 @@ where
                         );
                         (per_step, param_values(replica.module()))
                     } else {
-                        let (per_step, replica) = rank_steps(
-                            label,
-                            &dp,
+                        let (per_step, replica) = train_steps(
                             replica,
-                            (case.call, case.loss),
+                            case.call,
+                            case.loss,
                             &inputs,
+                            &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
+                            &format!("{label}, rank {}", dp.ranks().rank()),
                             device,
                             options,
+                            Some(&dp),
                         );
+                        let replica = replica.expect("the trained replica");
                         (per_step, param_values(&replica))
                     };
                     let values = values.unwrap_or_else(|error| {
@@ -952,59 +959,6 @@ fn ddp_devices(device: &Device, options: &Options) -> (Vec<Device>, Collective) 
     }
     #[cfg(not(feature = "cuda"))]
     (vec![device.clone(); options.ranks], Collective::Host)
-}
-
-/// One rank's timed steps of a `ddp_*` mode: [`WARM_UP`] steps, then `options.reps` reps of
-/// `options.steps` steps, each rep started at a barrier of all ranks and ended by a sync of this
-/// rank's device. A step: `call`, `loss_of`, `backward()`, the gradients averaged across the
-/// ranks, a `MultiTensorAdam` step. Prints the host time of each phase, labelled `label`.
-fn rank_steps<T: Module, I: Clone, O>(
-    label: &str,
-    dp: &DataParallel,
-    model: T,
-    (call, loss_of): (impl Fn(&T, I) -> O, fn(O, &I) -> Tensor<1>),
-    inputs: &[I],
-    device: &Device,
-    options: &Options,
-) -> (Vec<f64>, T) {
-    let mut optimizer = FusedAdamConfig::new().init_multi_tensor();
-    let mut model = Some(model);
-    let mut phases = Phases::new(&DDP_PHASES);
-    let mut step = |i: usize| {
-        let current = model.take().expect("the model of the last step");
-        let mut clock = phases.start();
-        let input = &inputs[i % inputs.len()];
-        let out = call(&current, input.clone());
-        clock.lap(0);
-        let loss = loss_of(out, input);
-        clock.lap(1);
-        let grads = loss.backward();
-        clock.lap(2);
-        let grads = GradientsParams::from_grads(grads, &current);
-        clock.lap(3);
-        let grads = dp
-            .average(&current, grads)
-            .expect("gradients averaged across the ranks");
-        clock.lap(4);
-        model = Some(optimizer.step(1e-4, current, grads));
-        clock.lap(5);
-        phases.add(clock);
-    };
-    (0..WARM_UP).for_each(&mut step);
-    device.sync().expect("sync");
-    let per_step = (0..options.reps)
-        .map(|_| {
-            dp.ranks()
-                .barrier("a rep's start")
-                .expect("every rank starts the rep");
-            let start = Instant::now();
-            (0..options.steps).for_each(&mut step);
-            device.sync().expect("sync");
-            start.elapsed().as_secs_f64() * 1e6 / options.steps as f64
-        })
-        .collect();
-    eprintln!("# {label}, rank {}: {phases}", dp.ranks().rank());
-    (per_step, model.expect("the trained model"))
 }
 
 /// The timed forward calls of an inference mode at `batch` rows, on the device without
@@ -1092,7 +1046,7 @@ where
     drop(fault);
     let call = |model: &Graphed<M, I, O>, input: I| model.forward(input).expect("graphed call");
     let (per_step, model) = train_steps(
-        graphed, call, loss, inputs, optimizer, label, device, options,
+        graphed, call, loss, inputs, optimizer, label, device, options, None,
     );
     let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
     assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
@@ -1393,7 +1347,9 @@ fn check_steps<M: Module, I: Clone, O>(
 
 /// Times training steps of `model`, called through `call`: the model moves through the
 /// optimizer (`model = optim.step(lr, model, grads)`, no clone), as in a training loop. Prints
-/// the host time per phase; returns the per-step times and the trained model.
+/// the host time per phase; returns the per-step times and the trained model. With
+/// `data_parallel` (the `ddp_*` modes, one call per rank), the gradients are averaged across
+/// the ranks before the optimizer, and every rep starts at a barrier of all ranks.
 #[allow(clippy::too_many_arguments)]
 fn train_steps<M: Module, I: Clone, O>(
     model: M,
@@ -1404,9 +1360,14 @@ fn train_steps<M: Module, I: Clone, O>(
     label: &str,
     device: &Device,
     options: &Options,
+    data_parallel: Option<&DataParallel>,
 ) -> (Vec<f64>, Option<M>) {
     let mut model = Some(model);
-    let mut phases = Phases::new(&STEP_PHASES);
+    let mut phases = Phases::new(if data_parallel.is_some() {
+        &DDP_PHASES
+    } else {
+        &STEP_PHASES
+    });
     let mut step = |i: usize| {
         let Some(current) = model.take() else { return };
         let mut clock = phases.start();
@@ -1417,13 +1378,27 @@ fn train_steps<M: Module, I: Clone, O>(
         clock.lap(1);
         let grads = loss.backward();
         clock.lap(2);
-        let grads = GradientsParams::from_grads(grads, &current);
+        let mut grads = GradientsParams::from_grads(grads, &current);
         clock.lap(3);
+        if let Some(dp) = data_parallel {
+            grads = dp
+                .average(&current, grads)
+                .expect("gradients averaged across the ranks");
+            clock.lap(4);
+        }
         model = Some(optimizer.step(1e-4, current, grads));
-        clock.lap(4);
+        clock.lap(clock.laps.len() - 1);
         phases.add(clock);
     };
-    let per_step = time(device, options, label, &mut step);
+    // Data parallel: every rank starts each rep together.
+    let before_rep = || {
+        if let Some(dp) = data_parallel {
+            dp.ranks()
+                .barrier("a rep's start")
+                .expect("every rank starts the rep");
+        }
+    };
+    let per_step = time_with(device, options, label, &before_rep, &mut step);
     eprintln!("# {label}: {phases}");
     (per_step, model)
 }
@@ -1513,6 +1488,17 @@ const WARM_UP: usize = 20;
 /// Warm-up ([`WARM_UP`] steps), then `reps` timed reps of `steps` steps; per-step microseconds
 /// per rep.
 fn time(device: &Device, options: &Options, label: &str, step: &mut dyn FnMut(usize)) -> Vec<f64> {
+    time_with(device, options, label, &|| {}, step)
+}
+
+/// [`time`], calling `before_rep` before each rep's clock starts.
+fn time_with(
+    device: &Device,
+    options: &Options,
+    label: &str,
+    before_rep: &dyn Fn(),
+    step: &mut dyn FnMut(usize),
+) -> Vec<f64> {
     trace_phase("warm-up");
     for i in 0..WARM_UP {
         step(i);
@@ -1531,6 +1517,7 @@ fn time(device: &Device, options: &Options, label: &str, step: &mut dyn FnMut(us
     trace_phase("timed");
     (0..options.reps)
         .map(|_| {
+            before_rep();
             let start = Instant::now();
             for i in 0..options.steps {
                 step(i);
