@@ -292,6 +292,7 @@ impl Row {
     }
 }
 
+#[derive(Clone)]
 struct Options {
     models: Vec<String>,
     dtype: String,
@@ -847,6 +848,15 @@ where
             .map(|(dp, device)| {
                 let (model, label) = (model.clone(), &label);
                 scope.spawn(move || {
+                    // One host profile per run (`--host-profile`): rank 0's, which samples
+                    // every thread of the process, the other ranks' too.
+                    let options = &Options {
+                        host_profile: options
+                            .host_profile
+                            .clone()
+                            .filter(|_| dp.ranks().rank() == 0),
+                        ..options.clone()
+                    };
                     let replica = replica_on(&model, device);
                     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
                     let (per_step, values) = if graphed {
