@@ -604,6 +604,34 @@ fn data_parallel_example_trains() {
     );
 }
 
+/// Two data-parallel whole steps on two GPUs, each step's bucket averaged with burn's NCCL
+/// all-reduce between its two graphs, equal one model on the whole batches (skipped on one
+/// GPU).
+#[test]
+fn data_parallel_whole_steps_match_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::whole_steps_match_one_model(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
+/// Data-parallel whole steps on two GPUs whose ranks differ (a failed capture, another
+/// learning rate, another batch shape) fail on both with a typed error, before NCCL could
+/// hang (skipped on one GPU).
+#[test]
+fn data_parallel_whole_step_ranks_that_differ_fail_together() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::whole_step_ranks_that_differ_fail_together(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
 /// The same through the host, on two GPUs (no NCCL): the replicas' graphs on two devices.
 #[test]
 fn data_parallel_host_replicas_match_one_model() {

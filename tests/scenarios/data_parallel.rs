@@ -5,7 +5,7 @@
 use std::thread;
 use std::time::Duration;
 
-use burn_graphed::{Collective, DataParallel, replica_on};
+use burn_graphed::{Collective, DataParallel, GraphedStep, replica_on};
 use burn_graphed_testkit::deep_copy;
 
 use super::*;
@@ -231,6 +231,189 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
         "{results:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+}
+
+/// The whole-step loss of these scenarios: a mean over the batch, so that the mean of the
+/// ranks' losses on equal shards is the loss of the whole batch.
+fn square_loss(model: &Mlp, x: Tensor<2>) -> Tensor<1> {
+    square_mean(model.forward(x))
+}
+
+const LR: f64 = 1e-2;
+
+/// Trains a data-parallel `GraphedStep` per rank, rank `i` on `devices[i]` and its shard, for
+/// [`STEPS`] steps; the replicas, in rank order. `together`: the ranks form one group averaging
+/// with `collective`; otherwise each rank is a group of its own (no averaging).
+fn train_whole_steps(
+    model: &Mlp,
+    devices: &[Device],
+    collective: &Collective,
+    together: bool,
+) -> Vec<Mlp> {
+    let replicas: Vec<Mlp> = devices
+        .iter()
+        .map(|device| replica_on(model, device))
+        .collect();
+    let body = |dp: DataParallel, rank: usize| {
+        let (replica, device) = (replicas[rank].clone(), &devices[rank]);
+        let trained = dp.run(|dp| {
+            let mut step = GraphedStep::data_parallel(
+                dp,
+                replica,
+                square_loss,
+                &adam_config(),
+                vec![shard(0, rank, device)],
+                &GraphedConfig::new(),
+            )?;
+            for s in 0..STEPS {
+                step.run(shard(s, rank, device), LR)?;
+            }
+            Ok(step)
+        });
+        let step = trained.unwrap_or_else(|error| panic!("rank {rank}: {error}"));
+        if supports_graphs(device) {
+            let stats = step.stats();
+            assert_eq!(stats.replays, STEPS as u64, "rank {rank}: {stats:?}");
+            assert_eq!(stats.total_eager(), 0, "rank {rank}: {stats:?}");
+        }
+        deep_copy(&step.module())
+    };
+    if together {
+        return on_ranks(collective, |dp| {
+            let rank = dp.ranks().rank();
+            body(dp, rank)
+        });
+    }
+    thread::scope(|scope| {
+        let ranks: Vec<_> = (0..RANKS)
+            .map(|rank| {
+                let body = &body;
+                scope.spawn(move || {
+                    let alone = DataParallel::group(1, Duration::from_secs(300), Collective::Host)
+                        .expect("group")
+                        .remove(0);
+                    body(alone, rank)
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// Two data-parallel whole steps (`GraphedStep::data_parallel`), rank `i` on `devices[i]`, on
+/// half batches averaged with `collective`: every step replays both halves of the graph, each
+/// replica equals one model trained eagerly with burn's Adam on the whole batches (within its
+/// tolerance), and the replicas are bitwise identical. Ranks each in a group of their own
+/// (the negative control) end apart.
+pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
+    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    let device = devices[0].clone();
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut single = deep_copy(&model);
+    let mut optim = adam_config().init();
+    for step in 0..STEPS {
+        let loss = square_loss(&single, batch([ROWS, 16], step, &device));
+        let grads = GradientsParams::from_grads(loss.backward(), &single);
+        single = optim.step(LR, single, grads);
+    }
+
+    let replicas = train_whole_steps(&model, &devices, &collective, true);
+    for (rank, replica) in replicas.iter().enumerate() {
+        assert_params_close(
+            &format!("rank {rank}'s whole step against one model"),
+            &single,
+            replica,
+            tolerance_for(&device),
+        );
+    }
+    let first = param_values(&replicas[0]).expect("read back");
+    assert_params_unchanged(&replicas[1], &first);
+
+    let apart = train_whole_steps(&model, &devices, &collective, false);
+    let comparisons = burn_graphed_testkit::compare_params(
+        "whole steps without averaging",
+        &apart[0],
+        &apart[1],
+        tolerance_for(&device),
+    )
+    .expect("read back");
+    assert!(
+        comparisons.iter().any(|c| !c.passed()),
+        "whole steps on different shards without averaging agree: the check is blind"
+    );
+}
+
+/// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
+/// on `devices` (rank `i` on `devices[i]`) with `collective`: rank 1's capture failing (a
+/// sample of another width) is `RankFailed` naming it on both ranks, the model untouched;
+/// a learning rate that differs between the ranks, and a batch of new shapes on one rank only
+/// (a capture the other rank does not make), are `RanksDisagree` on both.
+pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective: Collective) {
+    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    let model = Mlp::new(16, 2, 4, &devices[0]);
+    let before = param_values(&model).expect("read back");
+    let started = std::time::Instant::now();
+    let step_on = |dp: &DataParallel, width: usize| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        GraphedStep::data_parallel(
+            dp,
+            replica_on(&model, device),
+            square_loss,
+            &adam_config(),
+            vec![batch([4, width], 0, device)],
+            &GraphedConfig::new(),
+        )
+    };
+    let graphs = supports_graphs(&devices[0]);
+    if graphs {
+        let failed = on_ranks(&collective, |dp| {
+            let width = if dp.ranks().rank() == 1 { 15 } else { 16 };
+            step_on(&dp, width).map(|_| ())
+        });
+        for result in failed {
+            assert!(
+                matches!(&result, Err(GraphedError::RankFailed { rank: 1, what, .. }) if what == "capturing a whole step"),
+                "{result:?}"
+            );
+        }
+        assert_params_unchanged(&model, &before);
+    }
+
+    let lr = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let mut step = step_on(&dp, 16)?;
+        step.run(batch([4, 16], 1, device), LR)?;
+        step.run(batch([4, 16], 2, device), LR * (1 + rank) as f64)
+    });
+    for result in lr {
+        assert!(
+            matches!(&result, Err(GraphedError::RanksDisagree { decisions, .. }) if decisions.contains("0.02")),
+            "{result:?}"
+        );
+    }
+
+    if graphs {
+        let shapes = on_ranks(&collective, |dp| {
+            let rank = dp.ranks().rank();
+            let device = &devices[rank];
+            let mut step = step_on(&dp, 16)?;
+            step.run(batch([4 + rank, 16], 1, device), LR)
+        });
+        for result in shapes {
+            assert!(
+                matches!(&result, Err(GraphedError::RanksDisagree { .. })),
+                "{result:?}"
+            );
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(120), "no hang");
 }
 
 /// `examples/train_ddp.rs`'s loop on `devices` (rank `i` on `devices[i]`) averaging with

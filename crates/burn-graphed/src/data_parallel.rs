@@ -174,15 +174,7 @@ impl DataParallel {
         let Some(bucket) = bucket else {
             return Ok(grads);
         };
-        let averaged = match &self.collective {
-            Collective::AllReduce { devices } => burn::tensor::distributed::all_reduce(
-                bucket,
-                ReduceOperation::Mean,
-                devices.clone(),
-            )
-            .resolve(),
-            Collective::Host => self.host_mean(bucket)?,
-        };
+        let averaged = self.mean(bucket)?;
         let mut split = Split {
             grads: &mut grads,
             averaged,
@@ -191,6 +183,24 @@ impl DataParallel {
         };
         module.visit(&mut split);
         Ok(grads)
+    }
+
+    /// The mean of every rank's `bucket` (each rank calls it with its own, after the ranks
+    /// agreed on the buckets' layout: NCCL waits for every rank).
+    ///
+    /// # Errors
+    ///
+    /// [`Collective::Host`]'s, on every rank alike.
+    pub(crate) fn mean(&self, bucket: Tensor<1>) -> Result<Tensor<1>, GraphedError> {
+        match &self.collective {
+            Collective::AllReduce { devices } => Ok(burn::tensor::distributed::all_reduce(
+                bucket,
+                ReduceOperation::Mean,
+                devices.clone(),
+            )
+            .resolve()),
+            Collective::Host => self.host_mean(bucket),
+        }
     }
 
     /// The mean of every rank's `bucket`, summed on the host in rank order.

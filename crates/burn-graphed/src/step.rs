@@ -12,7 +12,8 @@ use burn::tensor::Tensor;
 
 use crate::callable::StepRunner;
 use crate::config::{GraphedConfig, MismatchPolicy};
-use crate::cube::{self, StepGraph, StepState};
+use crate::cube::{self, Bucket, StepCut, StepGraph, StepState};
+use crate::data_parallel::DataParallel;
 use crate::error::GraphedError;
 use crate::params::{self, ModuleMode};
 use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
@@ -81,6 +82,8 @@ pub struct GraphedStep<M, I> {
     config: GraphedConfig,
     mode: ModuleMode,
     engine: Option<Engine>,
+    /// The rank's group and device, for a data-parallel step.
+    parallel: Option<(DataParallel, burn::tensor::Device)>,
     /// burn's optimizer, for steps without whole-step graphs.
     eager: Option<ModuleOptimizer>,
     stats: StepStats,
@@ -139,6 +142,52 @@ where
         samples: Vec<I>,
         config: &GraphedConfig,
     ) -> Result<Self, GraphedError> {
+        Self::build(model, loss, optimizer, samples, config, None)
+    }
+
+    /// As [`accumulating`](Self::accumulating), for the rank of a data-parallel group that
+    /// `data_parallel` is (one thread per device, `model` a [`replica_on`](crate::replica_on)
+    /// its device): every step's gradients, summed over the rank's micro-batches, are
+    /// averaged over the ranks before the update, so that every replica takes the same step.
+    ///
+    /// Each step replays two graphs cut at the gradient bucket: forward, loss, backward and
+    /// the gradients flattened into one bucket; then, after the group's collective averaged
+    /// the bucket in place of the graphs, the clipping and the update. The ranks capture in
+    /// turn ([`DataParallel::in_turn`]), and agree before every collective on the bucket's
+    /// layout and the learning rate: a rank that fails, or whose step differs, ends the step on
+    /// every rank with the same typed error instead of a hang. Run each rank's training inside
+    /// [`DataParallel::run`], so that a rank failing outside a step releases the others.
+    ///
+    /// # Errors
+    ///
+    /// As [`accumulating`](Self::accumulating); a failed capture is
+    /// [`GraphedError::RankFailed`] on every rank (the model and device left usable).
+    pub fn data_parallel(
+        data_parallel: &DataParallel,
+        model: M,
+        loss: fn(&M, I) -> Tensor<1>,
+        optimizer: impl IntoStepOptimizer,
+        samples: Vec<I>,
+        config: &GraphedConfig,
+    ) -> Result<Self, GraphedError> {
+        Self::build(
+            model,
+            loss,
+            optimizer,
+            samples,
+            config,
+            Some(data_parallel.clone()),
+        )
+    }
+
+    fn build(
+        model: M,
+        loss: fn(&M, I) -> Tensor<1>,
+        optimizer: impl IntoStepOptimizer,
+        samples: Vec<I>,
+        config: &GraphedConfig,
+        parallel: Option<DataParallel>,
+    ) -> Result<Self, GraphedError> {
         if samples.is_empty() {
             return Err(GraphedError::InvalidArgument {
                 argument: "samples",
@@ -155,8 +204,19 @@ where
                 device: format!("{device:?}"),
             });
         }
+        let parallel = match (parallel, params::device_of(&param_entries)) {
+            (Some(group), Some(device)) => Some((group, device)),
+            (Some(_), None) => {
+                return Err(GraphedError::InvalidArgument {
+                    argument: "model",
+                    detail: "has no float parameter, expected parameters to train".into(),
+                });
+            }
+            (None, _) => None,
+        };
         let state = StepState::new(&param_entries, optimizer, clipping)?;
         let mut step = Self {
+            parallel,
             micro_batches: samples.len(),
             eager: state.is_none().then(|| optimizer.to_burn(clipping)),
             engine: state.map(|state| Engine {
@@ -251,6 +311,9 @@ where
         };
         let state = engine.state.clone();
         let flat: Vec<Vec<FlatTensor>> = batches.into_iter().map(TensorGroup::flatten).collect();
+        if let Some((group, _)) = self.parallel.clone() {
+            return self.parallel_step(&group, &state, &flat, lr);
+        }
         // The model is the step's own (only `load_module` replaces it, checking its
         // structure), so its train/eval mode is the capture's: nothing to compare per step.
         let graph = if state.on_capture_thread() {
@@ -261,16 +324,7 @@ where
         state.set_lr(lr)?;
         let losses = match graph {
             Ok(()) => {
-                let key = signature(&flat);
-                let cache = self.engine.as_mut().and_then(|e| e.graphs.as_mut());
-                let graph =
-                    cache
-                        .and_then(|cache| cache.get(&key))
-                        .ok_or(GraphedError::Replay {
-                            which: "whole step",
-                            reason: "the graph for this signature left the cache".into(),
-                        })?;
-                let (losses, copies) = graph.replay(&flat)?;
+                let (losses, copies) = self.graph(&flat)?.replay(&flat)?;
                 self.stats.replays += 1;
                 self.stats.input_copies += copies;
                 losses
@@ -284,6 +338,84 @@ where
             }
         };
         Ok(concat(losses))
+    }
+
+    /// A data-parallel step (see [`data_parallel`](Self::data_parallel)): the gradient half,
+    /// replayed or eager; the ranks' agreement; the bucket averaged; the update half.
+    fn parallel_step(
+        &mut self,
+        group: &DataParallel,
+        state: &StepState,
+        flat: &[Vec<FlatTensor>],
+        lr: f64,
+    ) -> Result<Tensor<1>, GraphedError> {
+        let half = self.gradient_half(state, flat, lr);
+        let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
+            let grads = bucket.layout.has_grad.iter().filter(|&&g| g).count();
+            (grads, bucket.layout.len, bucket.layout.dtype, lr)
+        });
+        group.ranks().agree(
+            "a whole step's gradients (parameters, elements, dtype, lr)",
+            digest,
+        )?;
+        let (losses, bucket, replayed) = half?;
+        let averaged = group
+            .mean(Tensor::from_dispatch(bucket.tensor))?
+            .into_dispatch();
+        if replayed {
+            self.graph(flat)?.replay_update(&averaged)?;
+        } else {
+            state.eager_update(&Bucket {
+                tensor: averaged,
+                layout: bucket.layout,
+            })?;
+        }
+        Ok(concat(losses))
+    }
+
+    /// The first half of a data-parallel step: the losses, this rank's bucket, and whether the
+    /// graph replayed it (the update half then replays too).
+    fn gradient_half(
+        &mut self,
+        state: &StepState,
+        flat: &[Vec<FlatTensor>],
+        lr: f64,
+    ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, bool), GraphedError> {
+        let graph = if state.on_capture_thread() {
+            self.graph_for(flat)?
+        } else {
+            Err(FallbackReason::OtherThread)
+        };
+        state.set_lr(lr)?;
+        match graph {
+            Ok(()) => {
+                let (losses, copies, bucket) = self.graph(flat)?.replay_gradients(flat)?;
+                self.stats.replays += 1;
+                self.stats.input_copies += copies;
+                Ok((losses, bucket, true))
+            }
+            Err(reason) => {
+                if self.config.on_mismatch == MismatchPolicy::Error {
+                    return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
+                }
+                *self.stats.eager.entry(reason).or_default() += 1;
+                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
+                Ok((losses, bucket, false))
+            }
+        }
+    }
+
+    /// The cached graph of `flat`'s signature.
+    fn graph(&mut self, flat: &[Vec<FlatTensor>]) -> Result<&StepGraph, GraphedError> {
+        let key = signature(flat);
+        self.engine
+            .as_mut()
+            .and_then(|e| e.graphs.as_mut())
+            .and_then(|cache| cache.get(&key))
+            .ok_or(GraphedError::Replay {
+                which: "whole step",
+                reason: "the graph for this signature left the cache".into(),
+            })
     }
 
     /// The graph for `flat`'s signature: cached, or captured now where the shape cache admits
@@ -316,7 +448,8 @@ where
                     Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
                 }
             }
-            Err(error) if self.config.require_graphs => Err(error),
+            // A data-parallel capture failed on every rank alike and spent the group.
+            Err(error) if self.config.require_graphs || self.parallel.is_some() => Err(error),
             Err(error) => {
                 cache.record_failure(key, error.to_string());
                 Ok(Err(FallbackReason::CaptureFailed))
@@ -328,7 +461,19 @@ where
         let engine = self.engine.as_ref().ok_or(GraphedError::Unsupported {
             device: "(no whole-step state)".into(),
         })?;
-        cube::capture_step(&engine.state, &self.runner(), flat, &self.config)
+        let runner = self.runner();
+        match &self.parallel {
+            None => cube::capture_step(&engine.state, &runner, flat, &self.config, StepCut::Whole),
+            Some((group, device)) => group.in_turn("capturing a whole step", device, || {
+                cube::capture_step(
+                    &engine.state,
+                    &runner,
+                    flat,
+                    &self.config,
+                    StepCut::AtBucket,
+                )
+            }),
+        }
     }
 
     /// The loss function on the model with its parameters replaced, type-erased.
@@ -371,6 +516,10 @@ where
             losses.push(loss.inner().into_dispatch());
         }
         let mut grads = accumulator.grads();
+        if let Some((group, _)) = &self.parallel {
+            group.ranks().agree("a step's learning rate", Ok(lr))?;
+            grads = group.average(&self.model, grads)?;
+        }
         if let Some(Clipping::GlobalNorm(max)) = self.clipping {
             grads = crate::step_optim::clip_grad_norm(&self.model, grads, max);
         }

@@ -10,7 +10,7 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Replayed};
+pub(crate) use values::{AdamHyper, Bucket, Replayed, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;

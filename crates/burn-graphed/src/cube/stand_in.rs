@@ -189,6 +189,18 @@ impl StepState {
     ) -> Result<Vec<DispatchTensor>, GraphedError> {
         match *self {}
     }
+
+    pub(crate) fn eager_gradients(
+        &self,
+        _run: &crate::callable::StepRunner<'_>,
+        _micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(Vec<DispatchTensor>, super::Bucket), GraphedError> {
+        match *self {}
+    }
+
+    pub(crate) fn eager_update(&self, _bucket: &super::Bucket) -> Result<(), GraphedError> {
+        match *self {}
+    }
 }
 
 /// Whole-step graphs are never made here.
@@ -205,6 +217,17 @@ impl StepGraph {
     ) -> Result<(Vec<DispatchTensor>, u64), GraphedError> {
         match *self {}
     }
+
+    pub(crate) fn replay_gradients(
+        &self,
+        _micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(Vec<DispatchTensor>, u64, super::Bucket), GraphedError> {
+        match *self {}
+    }
+
+    pub(crate) fn replay_update(&self, _averaged: &DispatchTensor) -> Result<(), GraphedError> {
+        match *self {}
+    }
 }
 
 /// Never reached: [`StepState::new`] makes no state here.
@@ -213,6 +236,7 @@ pub(crate) fn capture_step(
     _run: &crate::callable::StepRunner<'_>,
     _sample: &[Vec<FlatTensor>],
     _config: &GraphedConfig,
+    _cut: super::StepCut,
 ) -> Result<StepGraph, GraphedError> {
     match **state {}
 }

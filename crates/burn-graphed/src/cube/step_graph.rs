@@ -26,6 +26,7 @@ use super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
 use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};
 use super::validate::first_difference;
+use super::values::{Bucket, BucketLayout, StepCut};
 use super::{random_state, write_check};
 use crate::callable::StepRunner;
 use crate::config::GraphedConfig;
@@ -265,9 +266,9 @@ impl StepState {
     }
 
     /// The step body on `params` (autodiff leaves over the static buffers or over copies) for
-    /// each micro-batch of `micro_inputs`: forward and loss, backward, gradients summed over the
-    /// micro-batches, clipped, then the update queued in place. Returns the losses (without
-    /// autodiff) and the queued results to hold until the stream drained.
+    /// each micro-batch of `micro_inputs`: [`gradients`](Self::gradients), then
+    /// [`update`](Self::update). Returns the losses (without autodiff) and the queued results
+    /// to hold until the stream drained.
     fn body(
         &self,
         run: &StepRunner<'_>,
@@ -275,6 +276,20 @@ impl StepState {
         micro_inputs: &[Vec<FlatTensor>],
         phase: CapturePhase,
     ) -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError> {
+        let (losses, grads) = self.gradients(run, params, micro_inputs, phase)?;
+        Ok((losses, self.update(grads, phase)?))
+    }
+
+    /// Forward and loss, then backward, for each micro-batch of `micro_inputs`, on `params`:
+    /// the losses (without autodiff) and each parameter's gradient summed over the
+    /// micro-batches (`None` for a parameter that got none).
+    fn gradients(
+        &self,
+        run: &StepRunner<'_>,
+        params: &[DispatchTensor],
+        micro_inputs: &[Vec<FlatTensor>],
+        phase: CapturePhase,
+    ) -> Result<(Vec<DispatchTensor>, Vec<Option<DispatchTensor>>), GraphedError> {
         let mut grads: Vec<Option<DispatchTensor>> = vec![None; params.len()];
         let mut losses = Vec::with_capacity(micro_inputs.len());
         for inputs in micro_inputs {
@@ -305,6 +320,16 @@ impl StepState {
             }
             losses.push(loss.inner().into_dispatch());
         }
+        Ok((losses, grads))
+    }
+
+    /// `grads` clipped, then the optimizer update of the parameter buffers queued in place and
+    /// the step count advanced: the queued results to hold until the stream drained.
+    fn update(
+        &self,
+        grads: Vec<Option<DispatchTensor>>,
+        phase: CapturePhase,
+    ) -> Result<Vec<FusedTensor>, GraphedError> {
         let grads = clip(grads, self.clipping);
         let mut updates = Vec::new();
         for ((buffer, states), grad) in self.params.iter().zip(&self.states).zip(grads) {
@@ -325,7 +350,80 @@ impl StepState {
             );
         }
         queued.push(step_update_op::advance(&self.schedule.fused));
-        Ok((losses, queued))
+        Ok(queued)
+    }
+
+    /// The gradients of a step flattened into one bucket, in visiting order.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `model` when no parameter got a gradient: a
+    /// data-parallel step has nothing to average.
+    fn to_bucket(&self, grads: Vec<Option<DispatchTensor>>) -> Result<Bucket, GraphedError> {
+        let has_grad: Vec<bool> = grads.iter().map(Option::is_some).collect();
+        let grads: Vec<Tensor<1>> = grads
+            .into_iter()
+            .flatten()
+            .map(Tensor::from_dispatch)
+            .collect();
+        let Some(first) = grads.first() else {
+            return Err(GraphedError::InvalidArgument {
+                argument: "model",
+                detail: "no parameter got a gradient, expected at least one to average".into(),
+            });
+        };
+        let dtype = if grads.iter().all(|g| g.dtype() == first.dtype()) {
+            first.dtype()
+        } else {
+            DType::F32
+        };
+        let parts: Vec<Tensor<1>> = grads
+            .into_iter()
+            .map(|grad| {
+                let numel = grad.shape().num_elements();
+                let flat = grad.reshape([numel]);
+                if flat.dtype() == dtype {
+                    flat
+                } else {
+                    flat.cast(dtype)
+                }
+            })
+            .collect();
+        let tensor = Tensor::cat(parts, 0);
+        Ok(Bucket {
+            layout: BucketLayout {
+                has_grad,
+                len: tensor.shape().num_elements(),
+                dtype,
+            },
+            tensor: tensor.into_dispatch(),
+        })
+    }
+
+    /// `bucket` split back into the gradients of the parameters its layout names, each in its
+    /// parameter's shape and dtype.
+    fn from_bucket(&self, bucket: &Bucket) -> Vec<Option<DispatchTensor>> {
+        let flat = Tensor::<1>::from_dispatch(bucket.tensor.clone());
+        let mut offset = 0;
+        self.params
+            .iter()
+            .zip(&bucket.layout.has_grad)
+            .map(|(param, &has_grad)| {
+                if !has_grad {
+                    return None;
+                }
+                let (shape, dtype) = (param.fused.shape.clone(), param.fused.dtype);
+                let numel = shape.num_elements();
+                let part = flat.clone().narrow(0, offset, numel);
+                offset += numel;
+                let part = if part.dtype() == dtype {
+                    part
+                } else {
+                    part.cast(dtype)
+                };
+                Some(Dispatch::float_reshape(part.into_dispatch(), shape))
+            })
+            .collect()
     }
 
     /// Autodiff leaves over the parameter buffers (those that require grad track it).
@@ -348,6 +446,27 @@ impl StepState {
         self.hold(queued)?;
         lock(&self.host).steps += 1;
         Ok(losses)
+    }
+
+    /// The first half of a step cut at its bucket ([`StepCut::AtBucket`]), run eagerly on the
+    /// static buffers: the losses, one per micro-batch, and the gradients' bucket.
+    pub(crate) fn eager_gradients(
+        &self,
+        run: &StepRunner<'_>,
+        micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(Vec<DispatchTensor>, Bucket), GraphedError> {
+        let phase = CapturePhase::Step;
+        let (losses, grads) = self.gradients(run, &self.leaves(), micro_inputs, phase)?;
+        Ok((losses, self.to_bucket(grads)?))
+    }
+
+    /// The second half, run eagerly: `bucket` (the averaged gradients) split back, clipped,
+    /// and the update queued, with the same kernels as the update graph.
+    pub(crate) fn eager_update(&self, bucket: &Bucket) -> Result<(), GraphedError> {
+        let queued = self.update(self.from_bucket(bucket), CapturePhase::Step)?;
+        self.hold(queued)?;
+        lock(&self.host).steps += 1;
+        Ok(())
     }
 
     /// Holds the results of queued work until a replay drains the stream; past
@@ -474,7 +593,10 @@ fn clip(
 /// One captured step for one input signature (see the module docs). Field order is drop
 /// order: the graph before the buffers it points into (the parameters live in `state`).
 pub(crate) struct StepGraph {
+    /// The whole step, or its gradient half ([`StepCut::AtBucket`]).
     graph: DispatchGraph,
+    /// With [`StepCut::AtBucket`]: the update half and the bucket between the two.
+    update: Option<UpdateGraph>,
     /// Per micro-batch, one per flattened input.
     inputs: Vec<Vec<StaticBuffer>>,
     /// One per micro-batch: written by the graph.
@@ -486,6 +608,14 @@ pub(crate) struct StepGraph {
     growth: u64,
     /// The fault injected at capture (tests only).
     fault: FaultInjection,
+}
+
+/// The update half of a step cut at its bucket. Field order is drop order.
+struct UpdateGraph {
+    graph: DispatchGraph,
+    /// Written by the gradient graph, read by this one.
+    bucket: StaticBuffer,
+    layout: BucketLayout,
 }
 
 impl StepGraph {
@@ -501,11 +631,95 @@ impl StepGraph {
     /// # Errors
     ///
     /// [`GraphedError::InputNotWritten`] when an input holds no values (nothing replayed), and
-    /// [`GraphedError::Replay`] when the device refuses the replay.
+    /// [`GraphedError::Replay`] when the device refuses the replay or the step is cut at its
+    /// bucket.
     pub(crate) fn replay(
         &self,
         micro_inputs: &[Vec<FlatTensor>],
     ) -> Result<(Vec<DispatchTensor>, u64), GraphedError> {
+        if self.update.is_some() {
+            return Err(cut_error("replay_gradients"));
+        }
+        let copies = self.replay_first(micro_inputs)?;
+        lock(&self.state.host).steps += 1;
+        Ok((self.losses.iter().map(copy_out).collect(), copies))
+    }
+
+    /// The gradient half of a step cut at its bucket: as [`replay`](Self::replay), and the
+    /// bucket the graph wrote (the buffer itself, valid until the next replay), to be averaged
+    /// and handed to [`replay_update`](Self::replay_update).
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`](Self::replay); [`GraphedError::Replay`] when the step is not cut.
+    pub(crate) fn replay_gradients(
+        &self,
+        micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(Vec<DispatchTensor>, u64, Bucket), GraphedError> {
+        let update = self.update.as_ref().ok_or_else(|| cut_error("replay"))?;
+        let copies = self.replay_first(micro_inputs)?;
+        update.bucket.written_by_graph(None);
+        let bucket = Bucket {
+            tensor: dispatch_of(update.bucket.fused.clone()),
+            layout: update.layout.clone(),
+        };
+        Ok((self.losses.iter().map(copy_out).collect(), copies, bucket))
+    }
+
+    /// The update half: copies `averaged` (the gradient bucket averaged over the ranks, of the
+    /// layout [`replay_gradients`](Self::replay_gradients) gave) into the bucket and replays
+    /// the update.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `averaged` when it is not a bucket of this
+    /// graph's length and dtype, [`GraphedError::InputNotWritten`] when it holds no values,
+    /// [`GraphedError::Replay`] when the device refuses the replay or the step is not cut.
+    pub(crate) fn replay_update(&self, averaged: &DispatchTensor) -> Result<(), GraphedError> {
+        let update = self.update.as_ref().ok_or_else(|| cut_error("replay"))?;
+        let source = fused(averaged).ok_or_else(|| GraphedError::Replay {
+            which: "update",
+            reason: "the averaged bucket is not on burn's cubecl backend".into(),
+        })?;
+        let (len, dtype) = (update.layout.len, update.layout.dtype);
+        if source.shape.as_slice() != [len] || source.dtype != dtype {
+            return Err(GraphedError::InvalidArgument {
+                argument: "averaged",
+                detail: format!(
+                    "got shape {:?} of {:?}, expected [{len}] of {dtype:?} (the bucket's)",
+                    source.shape.as_slice(),
+                    source.dtype
+                ),
+            });
+        }
+        let copy = update.bucket.write_from(&source);
+        let written: Vec<&StaticBuffer> = copy.iter().map(|_| &update.bucket).collect();
+        let held = std::mem::take(&mut lock(&self.state.host).queued);
+        let graph = cube_graph(&update.graph, "update")?;
+        let bucket = &update.bucket;
+        let unwritten = || {
+            let reason = bucket.unwritten_reason()?;
+            Some(GraphedError::InputNotWritten { index: 0, reason })
+        };
+        // SAFETY: as in `replay_first`; the bucket is `update`'s own, alive with the graph,
+        // and the copy into it was queued from this thread, the capturing thread.
+        unsafe {
+            write_check::replay_after_check(
+                "update",
+                graph,
+                &self.state.cube_device,
+                &written,
+                unwritten,
+            )
+        }?;
+        drop((copy, held));
+        lock(&self.state.host).steps += 1;
+        Ok(())
+    }
+
+    /// Copies the inputs in where needed and replays [`graph`](Self::graph); returns the number
+    /// of copies.
+    fn replay_first(&self, micro_inputs: &[Vec<FlatTensor>]) -> Result<u64, GraphedError> {
         let mut queued = Vec::new();
         let mut written: Vec<&StaticBuffer> = Vec::new();
         let fault = self.fault;
@@ -528,16 +742,7 @@ impl StepGraph {
         }
         let copies = written.len() as u64;
         let held = std::mem::take(&mut lock(&self.state.host).queued);
-        let graph = match &self.graph {
-            DispatchGraph::Cube(graph) => graph,
-            #[allow(unreachable_patterns)]
-            _ => {
-                return Err(GraphedError::Replay {
-                    which: "whole step",
-                    reason: "the graph was not captured on burn's cubecl backend".into(),
-                });
-            }
-        };
+        let graph = cube_graph(&self.graph, "whole step")?;
         let inputs: Vec<&StaticBuffer> = self.inputs.iter().flatten().collect();
         let unwritten = || {
             if !super::buffers::any_unwritten() {
@@ -568,13 +773,36 @@ impl StepGraph {
         for buffer in &self.losses {
             buffer.written_by_graph(None);
         }
-        lock(&self.state.host).steps += 1;
-        Ok((self.losses.iter().map(copy_out).collect(), copies))
+        Ok(copies)
     }
 }
 
-/// Captures one step of `run` on the micro-batches of `sample` (at least one), updating
-/// `state`'s buffers; leaves every buffer and generator as it found it.
+/// The replay a step cut (or not) at its bucket refuses, naming the one it takes.
+fn cut_error(instead: &str) -> GraphedError {
+    GraphedError::Replay {
+        which: "whole step",
+        reason: format!("this step's graphs are replayed through {instead}"),
+    }
+}
+
+/// `graph` as captured on burn's cubecl backend.
+fn cube_graph<'a>(
+    graph: &'a DispatchGraph,
+    which: &'static str,
+) -> Result<&'a write_check::CubeGraph, GraphedError> {
+    match graph {
+        DispatchGraph::Cube(graph) => Ok(graph),
+        #[allow(unreachable_patterns)]
+        _ => Err(GraphedError::Replay {
+            which,
+            reason: "the graph was not captured on burn's cubecl backend".into(),
+        }),
+    }
+}
+
+/// Captures one step of `run` on the micro-batches of `sample` (at least one), as one graph or
+/// cut at its bucket (`cut`), updating `state`'s buffers; leaves every buffer and generator as
+/// it found it.
 ///
 /// # Errors
 ///
@@ -586,6 +814,7 @@ pub(crate) fn capture_step(
     run: &StepRunner<'_>,
     sample: &[Vec<FlatTensor>],
     config: &GraphedConfig,
+    cut: StepCut,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
     let _lock = lock(&CAPTURE_LOCK);
@@ -594,7 +823,7 @@ pub(crate) fn capture_step(
     // Everything queued before (a learning-rate write, an eager step) is in the buffers now.
     lock(&state.host).queued.clear();
     let snapshot = state.snapshot();
-    let captured = capture_locked(state, run, sample, config, &snapshot, &generators);
+    let captured = capture_locked(state, run, sample, config, cut, &snapshot, &generators);
     let restored = state.restore(&snapshot, &generators, CapturePhase::StaticBuffers);
     if captured.is_err() || restored.is_err() {
         forget_unrun_metadata(dispatch);
@@ -609,6 +838,7 @@ fn capture_locked(
     run: &StepRunner<'_>,
     sample: &[Vec<FlatTensor>],
     config: &GraphedConfig,
+    cut: StepCut,
     snapshot: &[(FusedTensor, FusedTensor)],
     generators: &random_state::SavedStates,
 ) -> Result<StepGraph, GraphedError> {
@@ -640,38 +870,60 @@ fn capture_locked(
         .collect();
     let leaves = state.leaves();
     let warmup = CapturePhase::StepWarmup;
-    let prepared = Preparation::new(dispatch, warmup)?;
-    // Eager steps from the same state until one leaves the pools as the previous did (see
-    // `capture::Recorded::warm_up`); each is held until the device synchronized, because
-    // fusion skips work whose results nobody holds.
-    let mut previous = None;
-    let mut eager_losses = Vec::new();
-    let iterations = config.max_warmup_iters.max(config.warmup_iters).max(1);
-    for iteration in 1..=iterations {
-        state.restore(snapshot, generators, warmup)?;
-        let (losses, queued) = state.body(run, &leaves, &autodiff_inputs, warmup)?;
-        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
-        drop(queued);
-        eager_losses = losses;
-        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
-        let allocations = Dispatch::memory_pool_usage(dispatch).map(|u| u.number_allocs);
-        if iteration >= config.warmup_iters.max(1)
-            && allocations.is_some()
-            && allocations == previous
-        {
-            break;
-        }
-        previous = allocations;
-    }
-    state.restore(snapshot, generators, warmup)?;
     let phase = CapturePhase::Step;
+    let restore = || state.restore(snapshot, generators, warmup);
+    let prepared = Preparation::new(dispatch, warmup)?;
+    // The whole step, eagerly, as the graph will run it (cut at the bucket or not).
+    let whole_step = || -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError> {
+        match cut {
+            StepCut::Whole => state.body(run, &leaves, &autodiff_inputs, warmup),
+            StepCut::AtBucket => {
+                let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, warmup)?;
+                let bucket = state.to_bucket(grads)?;
+                Ok((losses, state.update(state.from_bucket(&bucket), warmup)?))
+            }
+        }
+    };
+    let eager_losses = warm_up(state, config, &restore, whole_step)?;
+    restore()?;
     let recording = prepared.record(phase)?;
-    let (losses, queued) = state.body(run, &leaves, &autodiff_inputs, phase)?;
-    let graph = recording.stop(phase)?;
-    drop(queued);
-    // The first run initializes the launch metadata the recording uploaded (`materialize`);
-    // the snapshot puts the buffers back afterwards.
-    materialize(dispatch, &graph, phase)?;
+    let (graph, losses, update) = match cut {
+        StepCut::Whole => {
+            let (losses, queued) = state.body(run, &leaves, &autodiff_inputs, phase)?;
+            let graph = recording.stop(phase)?;
+            drop(queued);
+            // The first run initializes the launch metadata the recording uploaded
+            // (`materialize`); the snapshot puts the buffers back afterwards.
+            materialize(dispatch, &graph, phase)?;
+            (graph, losses, None)
+        }
+        StepCut::AtBucket => {
+            let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
+            let bucket = state.to_bucket(grads)?;
+            let graph = recording.stop(phase)?;
+            materialize(dispatch, &graph, phase)?;
+            // The update half: warmed up and recorded on the bucket the gradient graph wrote.
+            let prepared = Preparation::new(dispatch, warmup)?;
+            warm_up(state, config, &restore, || {
+                Ok((
+                    Vec::new(),
+                    state.update(state.from_bucket(&bucket), warmup)?,
+                ))
+            })?;
+            restore()?;
+            let recording = prepared.record(phase)?;
+            let queued = state.update(state.from_bucket(&bucket), phase)?;
+            let update = recording.stop(phase)?;
+            drop(queued);
+            materialize(dispatch, &update, phase)?;
+            let update = UpdateGraph {
+                graph: update,
+                bucket: StaticBuffer::new(static_fused(&bucket.tensor, phase)?),
+                layout: bucket.layout,
+            };
+            (graph, losses, Some(update))
+        }
+    };
     if config.validate_replay {
         validate_losses(&losses, &eager_losses)?;
     }
@@ -688,6 +940,7 @@ fn capture_locked(
         .iter()
         .flatten()
         .chain(&losses)
+        .chain(update.as_ref().map(|u| &u.bucket))
         .map(StaticBuffer::bytes)
         .sum();
     Dispatch::sync(dispatch).map_err(capture_error(phase))?;
@@ -698,6 +951,7 @@ fn capture_locked(
     let growth = reserved_bytes(dispatch).saturating_sub(reserved_before);
     Ok(StepGraph {
         graph,
+        update,
         inputs,
         losses,
         state: state.clone(),
@@ -705,6 +959,40 @@ fn capture_locked(
         growth,
         fault: crate::faults::injected(),
     })
+}
+
+/// Runs `step` eagerly from the snapshot (`restore`) until one run leaves the pools as the
+/// previous did (see `capture::Recorded::warm_up`), at least `warmup_iters` and at most
+/// `max_warmup_iters` times; each run's results are held until the device synchronized,
+/// because fusion skips work whose results nobody holds. Returns the last run's losses.
+fn warm_up(
+    state: &StepState,
+    config: &GraphedConfig,
+    restore: &dyn Fn() -> Result<(), GraphedError>,
+    step: impl Fn() -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError>,
+) -> Result<Vec<DispatchTensor>, GraphedError> {
+    let dispatch = &state.dispatch;
+    let warmup = CapturePhase::StepWarmup;
+    let mut previous = None;
+    let mut eager_losses = Vec::new();
+    let iterations = config.max_warmup_iters.max(config.warmup_iters).max(1);
+    for iteration in 1..=iterations {
+        restore()?;
+        let (losses, queued) = step()?;
+        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
+        drop(queued);
+        eager_losses = losses;
+        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
+        let allocations = Dispatch::memory_pool_usage(dispatch).map(|u| u.number_allocs);
+        if iteration >= config.warmup_iters.max(1)
+            && allocations.is_some()
+            && allocations == previous
+        {
+            break;
+        }
+        previous = allocations;
+    }
+    Ok(eager_losses)
 }
 
 /// The graph's first losses against the last warm-up's (the same state, inputs and generator

@@ -52,3 +52,32 @@ pub(crate) struct AdamHyper {
 /// What a fused Adam step hands back when it cannot fuse: the parameter, its gradient and its
 /// state, untouched.
 pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);
+
+/// How a whole step is recorded: as one graph, or cut at its gradient bucket into two graphs,
+/// a gradient graph (forward, loss, backward, the gradients flattened into one bucket) and an
+/// update graph (the bucket split back, clipped, the optimizer update), so that a collective
+/// can average the bucket between the two replays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepCut {
+    Whole,
+    AtBucket,
+}
+
+/// A step's gradients flattened, in the parameters' visiting order, into one 1-D tensor.
+pub(crate) struct Bucket {
+    /// Valid until the next step of the same state: a graph's bucket is its own buffer.
+    pub tensor: burn::backend::DispatchTensor,
+    pub layout: BucketLayout,
+}
+
+/// Which parameters a [`Bucket`] holds gradients of, its length and element type: what ranks
+/// compare before averaging their buckets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BucketLayout {
+    /// Per float parameter, in visiting order: whether its gradient is in the bucket.
+    pub has_grad: Vec<bool>,
+    /// Elements in the bucket.
+    pub len: usize,
+    /// The bucket's element type: the gradients', or `f32` where they differ.
+    pub dtype: burn::tensor::DType,
+}
