@@ -46,12 +46,12 @@ eager and graphed PyTorch (`torch.cuda.graph`, eval mode, no grad), the ratio of
 calls and each side's graphed/eager speedup. Inference rows enter no other table nor the plot.
 
 "Data parallel", with `ddp_*` rows (`"ranks"`: R GPUs, each on a batch of the model's size):
-per model and dtype, each framework's data-parallel modes (Burn: `ddp_eager`, `ddp_graphed`;
-PyTorch: `ddp_eager`, `ddp_graphed`, `ddp_whole_step`) with the median step, the samples per
+per model and dtype, each framework's data-parallel modes (Burn and PyTorch: `ddp_eager`,
+`ddp_graphed`, `ddp_whole_step`) with the median step, the samples per
 second of all ranks (R * batch * 1e6 / median; the batch is the model name's `bN`) and the
 scaling efficiency: those samples per second over R times the same framework's one-GPU samples
 per second (batch * 1e6 / median) in the mode of `DDP_BASELINES` (Burn: `eager_multi_adam`,
-`graphed_static_multi_adam`; PyTorch: `eager_fused_adam`, `graphed_fused_adam`, and
+`graphed_static_multi_adam`, `whole_step`; PyTorch: `eager_fused_adam`, `graphed_fused_adam`, and
 `whole_step_fused_adam` for `ddp_whole_step`), "-" where that row is missing. Data-parallel rows enter no other table nor the
 plot.
 
@@ -517,6 +517,7 @@ def inference_table(rows):
 DDP_BASELINES = {
     ("burn", "ddp_eager"): "eager_multi_adam",
     ("burn", "ddp_graphed"): "graphed_static_multi_adam",
+    ("burn", "ddp_whole_step"): "whole_step",
     ("torch", "ddp_eager"): "eager_fused_adam",
     ("torch", "ddp_graphed"): "graphed_fused_adam",
     ("torch", "ddp_whole_step"): "whole_step_fused_adam",

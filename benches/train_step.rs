@@ -422,7 +422,7 @@ struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-const MODES: [Mode; 24] = [
+const MODES: [Mode; 25] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -457,14 +457,14 @@ const MODES: [Mode; 24] = [
         graphed: true,
         one: true,
     },
-    Mode::Ddp { graphed: false },
-    Mode::Ddp { graphed: true },
+    Mode::Ddp(DdpStep::Eager),
+    Mode::Ddp(DdpStep::Graphed),
+    Mode::Ddp(DdpStep::WholeStep),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
 /// each side runs the modes it has.
-const TORCH_ONLY_MODES: [&str; 5] = [
-    "ddp_whole_step",
+const TORCH_ONLY_MODES: [&str; 4] = [
     "graphed_loss_fused_adam",
     "whole_step_fused_adam",
     "whole_step_floor_fused_adam",
@@ -531,12 +531,20 @@ enum Mode {
     /// model's size: the global batch grows with the ranks), the gradients averaged by
     /// `burn_graphed::DataParallel` (one bucketed NCCL all-reduce per step) before
     /// `MultiTensorAdam`: eagerly (`ddp_eager`), or graphed with `OutputPolicy::Static`
-    /// (`ddp_graphed`, the captures one rank at a time). Their one-GPU counterparts:
-    /// `eager_multi_adam` and `graphed_static_multi_adam`. PyTorch's: `ddp_eager`,
-    /// `ddp_graphed` (`make_graphed_callables` under DDP) and `ddp_whole_step`.
-    Ddp {
-        graphed: bool,
-    },
+    /// (`ddp_graphed`, the captures one rank at a time); or `GraphedStep::data_parallel` with
+    /// burn's Adam (`ddp_whole_step`: a gradient graph, the bucket's all-reduce, an update
+    /// graph). Their one-GPU counterparts: `eager_multi_adam`, `graphed_static_multi_adam` and
+    /// `whole_step`. PyTorch's: `ddp_eager`, `ddp_graphed` (`make_graphed_callables` under DDP)
+    /// and `ddp_whole_step` (the whole step in one graph, its all-reduces inside).
+    Ddp(DdpStep),
+}
+
+/// The step of a `ddp_*` mode ([`Mode::Ddp`]).
+#[derive(Clone, Copy, PartialEq)]
+enum DdpStep {
+    Eager,
+    Graphed,
+    WholeStep,
 }
 
 impl Mode {
@@ -588,8 +596,9 @@ impl Mode {
                 graphed: true,
                 one: true,
             } => "inference_graphed_b1",
-            Mode::Ddp { graphed: false } => "ddp_eager",
-            Mode::Ddp { graphed: true } => "ddp_graphed",
+            Mode::Ddp(DdpStep::Eager) => "ddp_eager",
+            Mode::Ddp(DdpStep::Graphed) => "ddp_graphed",
+            Mode::Ddp(DdpStep::WholeStep) => "ddp_whole_step",
         }
     }
 
@@ -631,7 +640,7 @@ impl Mode {
             | Mode::GraphedGuarded(optim)
             | Mode::GraphedLoss(optim) => optim,
             Mode::WholeStep(_) | Mode::FirstStep | Mode::Inference { .. } => Optim::Adam,
-            Mode::Ddp { .. } => Optim::MultiAdam,
+            Mode::Ddp(_) => Optim::MultiAdam,
         };
         match optim {
             Optim::Adam => Optimizer::Module(AdamConfig::new().init()),
@@ -661,8 +670,8 @@ where
     if mode == Mode::FirstStep {
         return first_step(case, &label, device, options, before);
     }
-    if let Mode::Ddp { graphed } = mode {
-        return data_parallel(case, graphed, device, options, before, unmeasured_before);
+    if let Mode::Ddp(ddp) = mode {
+        return data_parallel(case, ddp, device, options, before, unmeasured_before);
     }
     if let Mode::Inference { graphed, one } = mode {
         let batch = if one { 1 } else { case.batch };
@@ -712,7 +721,7 @@ where
             device,
             options,
         ),
-        Mode::FirstStep | Mode::Inference { .. } | Mode::Ddp { .. } => {
+        Mode::FirstStep | Mode::Inference { .. } | Mode::Ddp(_) => {
             unreachable!("measured above")
         }
         Mode::WholeStep(floor) => timed_whole_step(
@@ -824,7 +833,7 @@ type ParamValues = Vec<(ParamId, TensorData)>;
 /// and the samples per second of all of them.
 fn data_parallel<M, I, O>(
     case: &Case<M, I, O>,
-    graphed: bool,
+    ddp: DdpStep,
     device: &Device,
     options: &Options,
     before: u64,
@@ -835,7 +844,7 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
-    let mode = Mode::Ddp { graphed };
+    let mode = Mode::Ddp(ddp);
     let label = format!("{} {}", case.name, mode.label());
     let (devices, collective) = ddp_devices(device, options);
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
@@ -859,49 +868,65 @@ where
                     };
                     let replica = replica_on(&model, device);
                     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
-                    let (per_step, values) = if graphed {
-                        let config = GraphedConfig::new().with_outputs(OutputPolicy::Static);
-                        let replica = dp
-                            .in_turn("capture", device, || {
-                                Graphed::new(replica, case.call, inputs[0].clone(), &config)
-                            })
-                            .expect("every rank captures");
-                        let call = |model: &Graphed<M, I, O>, input: I| {
-                            model.forward(input).expect("graphed call")
-                        };
-                        let (per_step, replica) = train_steps(
-                            replica,
-                            call,
-                            case.loss,
-                            &inputs,
-                            &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
-                            &format!("{label}, rank {}", dp.ranks().rank()),
-                            device,
-                            options,
-                            Some(&dp),
-                        );
-                        let replica = replica.expect("the trained replica");
-                        let stats = replica.stats();
-                        eprintln!("# {label}, rank {}: {stats:?}", dp.ranks().rank());
-                        assert!(
-                            stats.fallbacks.is_empty(),
-                            "{label}: a step ran eagerly: {stats:?}"
-                        );
-                        (per_step, param_values(replica.module()))
-                    } else {
-                        let (per_step, replica) = train_steps(
-                            replica,
-                            case.call,
-                            case.loss,
-                            &inputs,
-                            &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
-                            &format!("{label}, rank {}", dp.ranks().rank()),
-                            device,
-                            options,
-                            Some(&dp),
-                        );
-                        let replica = replica.expect("the trained replica");
-                        (per_step, param_values(&replica))
+                    let rank_label = format!("{label}, rank {}", dp.ranks().rank());
+                    let (per_step, values) = match ddp {
+                        DdpStep::WholeStep => {
+                            let (per_step, step) = timed_ddp_whole_step(
+                                &dp,
+                                replica,
+                                case.call_loss,
+                                &inputs,
+                                &rank_label,
+                                device,
+                                options,
+                            );
+                            (per_step, param_values(&step.module()))
+                        }
+                        DdpStep::Graphed => {
+                            let config = GraphedConfig::new().with_outputs(OutputPolicy::Static);
+                            let replica = dp
+                                .in_turn("capture", device, || {
+                                    Graphed::new(replica, case.call, inputs[0].clone(), &config)
+                                })
+                                .expect("every rank captures");
+                            let call = |model: &Graphed<M, I, O>, input: I| {
+                                model.forward(input).expect("graphed call")
+                            };
+                            let (per_step, replica) = train_steps(
+                                replica,
+                                call,
+                                case.loss,
+                                &inputs,
+                                &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
+                                &rank_label,
+                                device,
+                                options,
+                                Some(&dp),
+                            );
+                            let replica = replica.expect("the trained replica");
+                            let stats = replica.stats();
+                            eprintln!("# {rank_label}: {stats:?}");
+                            assert!(
+                                stats.fallbacks.is_empty(),
+                                "{label}: a step ran eagerly: {stats:?}"
+                            );
+                            (per_step, param_values(replica.module()))
+                        }
+                        DdpStep::Eager => {
+                            let (per_step, replica) = train_steps(
+                                replica,
+                                case.call,
+                                case.loss,
+                                &inputs,
+                                &mut Optimizer::Multi(FusedAdamConfig::new().init_multi_tensor()),
+                                &rank_label,
+                                device,
+                                options,
+                                Some(&dp),
+                            );
+                            let replica = replica.expect("the trained replica");
+                            (per_step, param_values(&replica))
+                        }
                     };
                     let values = values.unwrap_or_else(|error| {
                         panic!("{label}: not a result: parameters do not read back ({error})")
@@ -1120,6 +1145,72 @@ where
     eprintln!("# {label}: {stats:?}");
     assert_ran(&step.module(), label);
     per_step
+}
+
+/// Times a rank's data-parallel whole steps (`GraphedStep::data_parallel` with burn's Adam, a
+/// learning rate changing every step as in [`timed_whole_step`]), every rep starting at a
+/// barrier of all ranks; returns the per-step times and the trained step.
+fn timed_ddp_whole_step<M, I>(
+    dp: &DataParallel,
+    model: M,
+    loss: fn(&M, I) -> Tensor<1>,
+    inputs: &[I],
+    label: &str,
+    device: &Device,
+    options: &Options,
+) -> (Vec<f64>, GraphedStep<M, I>)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+{
+    trace_phase("capture");
+    let started = Instant::now();
+    let mut step = GraphedStep::data_parallel(
+        dp,
+        model,
+        loss,
+        &AdamConfig::new(),
+        vec![inputs[0].clone()],
+        &GraphedConfig::new(),
+    )
+    .expect("every rank captures");
+    eprintln!(
+        "# {label}: capture {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let mut host = std::time::Duration::ZERO;
+    let mut count = 0u32;
+    let mut run = |i: usize| {
+        let clock = Instant::now();
+        let loss = step
+            .run(
+                inputs[i % inputs.len()].clone(),
+                1e-4 * (1.0 - 1e-7 * i as f64),
+            )
+            .expect("data-parallel whole step");
+        host += clock.elapsed();
+        count += 1;
+        drop(loss);
+    };
+    let before_rep = || {
+        dp.ranks()
+            .barrier("a rep's start")
+            .expect("every rank starts the rep");
+    };
+    let per_step = time_with(device, options, label, &before_rep, &mut run);
+    eprintln!(
+        "# {label}: host {:.1} us per step (copy, lr write, gradient replay, agreement, \
+         all-reduce, update replay, loss copy)",
+        host.as_secs_f64() * 1e6 / f64::from(count.max(1))
+    );
+    let stats = step.stats();
+    eprintln!("# {label}: {stats:?}");
+    assert_eq!(
+        stats.total_eager(),
+        0,
+        "{label}: a step ran eagerly: {stats:?}"
+    );
+    (per_step, step)
 }
 
 /// The time from making `case`'s model to the end of its first whole step (model, inputs,

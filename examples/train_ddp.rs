@@ -1,6 +1,7 @@
 //! Data-parallel graphed training: one replica of an MLP per GPU, each on its own share of
 //! every batch, the gradients averaged across the GPUs (one bucketed NCCL all-reduce per step)
-//! before every replica takes the same `MultiTensorAdam` step.
+//! before every replica takes the same Adam step, each step two graph replays
+//! (`GraphedStep::data_parallel`).
 //!
 //! `cargo run --release --features cuda --example train_ddp -- [gpus] [steps]` (NCCL must be
 //! loadable as `libnccl.so`; the GPU bundle's `run.sh` links the machine's). With fewer than two
@@ -9,19 +10,19 @@
 //!
 //! The loop, per rank (one thread each):
 //! 1. a replica of the model on the rank's device (`replica_on`: same values and parameter ids);
-//! 2. its graphs captured one rank at a time (`DataParallel::in_turn`: CUDA captures of one
-//!    process must not overlap, and a capture failing on one rank is an error on every rank);
-//! 3. per step: the graphed forward on the rank's shard, `backward()`, `DataParallel::average`
-//!    of the gradients, the optimizer step. Every rank then holds the same parameters.
+//! 2. its whole step captured, one rank at a time (CUDA captures of one process must not
+//!    overlap, and a capture failing on one rank is an error on every rank);
+//! 3. per step: `step.run(shard, lr)`: the gradient graph on the rank's shard, the bucket's
+//!    all-reduce, the update graph. Every rank then holds the same parameters.
 
 use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::optim::GradientsParams;
+use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn_graphed::{Collective, DataParallel, FusedAdamConfig, Graphed, GraphedConfig, replica_on};
+use burn_graphed::{Collective, DataParallel, GraphedConfig, GraphedStep, replica_on};
 
 #[derive(Module, Debug)]
 pub struct Mlp {
@@ -49,14 +50,17 @@ impl Mlp {
     }
 }
 
-/// The model and its loss as one callable: its graphs end in the loss.
+/// The loss of a step: a mean over the batch, so that the average of the ranks' gradients on
+/// equal shards is the gradient of the whole batch.
 fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
     (model.forward(x) - target).powi_scalar(2).mean()
 }
 
-/// What one rank saw: its losses per step, its median step time, its trained replica.
+/// What one rank saw: its losses per step, its steps that replayed graphs, its median step
+/// time, its trained replica.
 pub struct RankRun {
     pub losses: Vec<f32>,
+    pub replays: u64,
     pub step_us: f64,
     pub model: Mlp,
 }
@@ -67,7 +71,7 @@ pub struct RankRun {
 ///
 /// # Errors
 ///
-/// A capture or an average that failed, on every rank alike (`GraphedError::RankFailed`,
+/// A capture or a step that failed, on every rank alike (`GraphedError::RankFailed`,
 /// `RanksDisagree`, `RankTimeout`).
 pub fn train(
     model: &Mlp,
@@ -96,27 +100,28 @@ pub fn train(
                             )
                         };
                         let replica = replica_on(model, device);
-                        let sample = shard(0);
-                        let mut graphed = dp.in_turn("capture", device, || {
-                            Graphed::new(replica, mse, sample, &GraphedConfig::new())
-                        })?;
-                        let mut optim = FusedAdamConfig::new().init_multi_tensor();
+                        let mut train = GraphedStep::data_parallel(
+                            dp,
+                            replica,
+                            mse,
+                            &AdamConfig::new(),
+                            vec![shard(0)],
+                            &GraphedConfig::new(),
+                        )?;
                         let (mut losses, mut times) = (Vec::new(), Vec::new());
                         for step in 0..steps {
                             let batch = shard(step);
                             let start = Instant::now();
-                            let loss = graphed.forward(batch)?;
-                            let grads = GradientsParams::from_grads(loss.backward(), &graphed);
-                            let grads = dp.average(&graphed, grads)?;
-                            graphed = optim.step(1e-3, graphed, grads);
-                            losses.push(loss.into_scalar::<f32>());
+                            let loss = train.run(batch, 1e-3)?;
                             times.push(start.elapsed().as_secs_f64() * 1e6);
+                            losses.push(loss.into_scalar::<f32>());
                         }
                         times.sort_by(f64::total_cmp);
                         Ok(RankRun {
                             losses,
+                            replays: train.stats().replays,
                             step_us: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
-                            model: graphed.into_module(),
+                            model: train.into_module(),
                         })
                     })
                 })
@@ -176,9 +181,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs = train(&model, &devices, collective, steps, 32)?;
     for (rank, run) in runs.iter().enumerate() {
         println!(
-            "rank {rank}: loss {:.5} -> {:.5}, median step {:.0} us",
+            "rank {rank}: loss {:.5} -> {:.5}, {} of {steps} steps replayed, median step {:.0} us",
             run.losses[0],
             run.losses[steps - 1],
+            run.replays,
             run.step_us
         );
     }

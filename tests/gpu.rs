@@ -638,3 +638,99 @@ fn data_parallel_host_replicas_match_one_model() {
     let Some(devices) = gpus(2) else { return };
     scenarios::data_parallel::replicas_match_one_model(&devices, burn_graphed::Collective::Host);
 }
+
+/// UPSTREAM.md 8, run by hand on 2 GPUs (`run.sh tests --ignored upstream_8`): a graphed
+/// callable that ends in burn's all-reduce, captured by two ranks of one process. Each test
+/// prints what happened; a watchdog ends the process with a `reproduced:` line when the ranks
+/// are still waiting after 90 s (a collective waiting for a rank that never comes).
+mod upstream_8 {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use burn::tensor::distributed::ReduceOperation;
+    use burn_graphed::{Collective, DataParallel, Graphed, GraphedConfig, replica_on};
+
+    use super::scenarios::Mlp;
+    use super::*;
+
+    static GPUS: OnceLock<Vec<Device>> = OnceLock::new();
+
+    /// The mean square of the MLP's output, averaged over the ranks by burn's all-reduce.
+    fn reduced_loss(model: &Mlp, x: Tensor<2>) -> Tensor<1> {
+        let loss = model.forward(x).powi_scalar(2).mean();
+        let gpus = GPUS.get().expect("the GPUs").clone();
+        burn::tensor::distributed::all_reduce(loss, ReduceOperation::Mean, gpus).resolve()
+    }
+
+    /// Both ranks capture `reduced_loss`, one at a time (`in_turn`) or at once.
+    fn capture(in_turn: bool) {
+        let Some(gpus) = gpus(2) else { return };
+        GPUS.set(gpus.clone()).expect("set once");
+        let what = if in_turn { "in turn" } else { "at once" };
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(90));
+            println!(
+                "reproduced: two ranks capturing a collective {what}: still waiting after 90 s"
+            );
+            std::process::exit(0);
+        });
+        let devices: Vec<Device> = gpus.iter().map(|d| d.clone().autodiff()).collect();
+        let model = Mlp::new(16, 2, 4, &devices[0]);
+        let group = DataParallel::group(
+            2,
+            Duration::from_secs(600),
+            Collective::AllReduce { devices: gpus },
+        )
+        .expect("group");
+        let results: Vec<String> = std::thread::scope(|scope| {
+            let ranks: Vec<_> = group
+                .into_iter()
+                .zip(&devices)
+                .map(|(dp, device)| {
+                    let model = &model;
+                    scope.spawn(move || {
+                        let replica = replica_on(model, device);
+                        let sample = Tensor::<2>::ones([4, 16], device);
+                        let make =
+                            || Graphed::new(replica, reduced_loss, sample, &GraphedConfig::new());
+                        let graphed = if in_turn {
+                            dp.in_turn("capture", device, make)
+                        } else {
+                            make()
+                        };
+                        match graphed {
+                            Ok(graphed) => {
+                                let loss = graphed.forward(Tensor::ones([4, 16], device));
+                                format!(
+                                    "captured; a call: {:?}",
+                                    loss.map(|l| l.into_data().try_to_vec::<f32>())
+                                )
+                            }
+                            Err(error) => format!("capture failed: {error}"),
+                        }
+                    })
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|rank| rank.join().map_err(|_| "panicked".to_string()))
+                .map(|r| r.unwrap_or_else(|e| e))
+                .collect()
+        });
+        for (rank, result) in results.iter().enumerate() {
+            println!("not hung: two ranks capturing a collective {what}: rank {rank}: {result}");
+        }
+    }
+
+    #[test]
+    #[ignore = "UPSTREAM.md 8: may hang until its watchdog; run by hand on 2 GPUs"]
+    fn upstream_8_collective_captured_in_turn() {
+        capture(true);
+    }
+
+    #[test]
+    #[ignore = "UPSTREAM.md 8: may hang until its watchdog; run by hand on 2 GPUs"]
+    fn upstream_8_collective_captured_at_once() {
+        capture(false);
+    }
+}

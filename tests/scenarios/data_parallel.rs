@@ -428,6 +428,9 @@ pub fn example_trains_equal_replicas(devices: &[Device], collective: Collective)
     let first = param_values(&runs[0].model).expect("read back");
     assert_ne!(first, before, "the replicas did not train");
     for (rank, run) in runs.iter().enumerate() {
+        if supports_graphs(&devices[rank]) {
+            assert_eq!(run.replays, 4, "rank {rank}: every step replays");
+        }
         assert!(
             run.losses.iter().all(|l| l.is_finite()),
             "rank {rank}: {:?}",
