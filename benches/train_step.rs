@@ -1178,8 +1178,8 @@ where
         "# {label}: capture {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
-    let mut host = std::time::Duration::ZERO;
-    let mut count = 0u32;
+    // Per call, for the median: the first calls also set NCCL's communicator up.
+    let mut host = Vec::new();
     let mut run = |i: usize| {
         let clock = Instant::now();
         let loss = step
@@ -1188,8 +1188,7 @@ where
                 1e-4 * (1.0 - 1e-7 * i as f64),
             )
             .expect("data-parallel whole step");
-        host += clock.elapsed();
-        count += 1;
+        host.push(clock.elapsed().as_secs_f64() * 1e6);
         drop(loss);
     };
     let before_rep = || {
@@ -1198,10 +1197,11 @@ where
             .expect("every rank starts the rep");
     };
     let per_step = time_with(device, options, label, &before_rep, &mut run);
+    host.sort_by(f64::total_cmp);
     eprintln!(
-        "# {label}: host {:.1} us per step (copy, lr write, gradient replay, agreement, \
-         all-reduce, update replay, loss copy)",
-        host.as_secs_f64() * 1e6 / f64::from(count.max(1))
+        "# {label}: host {:.1} us per step, median (copy, lr write, gradient replay, \
+         agreement, all-reduce, update replay, loss copy)",
+        host.get(host.len() / 2).copied().unwrap_or(f64::NAN)
     );
     let stats = step.stats();
     eprintln!("# {label}: {stats:?}");

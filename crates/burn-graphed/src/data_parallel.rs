@@ -5,7 +5,10 @@
 //! bucket; the ranks agree on the bucket's layout ([`RankGroup::agree`]: replicas of another
 //! architecture would otherwise reduce misaligned values, or hang in NCCL); the bucket is
 //! averaged by the group's [`Collective`]; each rank splits it back into its gradients. One
-//! collective per step, not one per parameter.
+//! collective per step, not one per parameter. [`GraphedStep::data_parallel`] takes the same
+//! steps inside a whole step, between its two graphs.
+//!
+//! [`GraphedStep::data_parallel`]: crate::GraphedStep::data_parallel
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -24,8 +27,8 @@ use crate::sync::lock;
 #[derive(Debug, Clone)]
 pub enum Collective {
     /// burn's all-reduce (`burn::tensor::distributed::all_reduce`, NCCL on CUDA), over
-    /// `devices`, the group's devices in rank order. burn has it on CUDA only. Not yet run on
-    /// several GPUs: the CPU suite runs [`Collective::Host`].
+    /// `devices`, the group's devices in rank order. burn has it on CUDA only (the GPU suite
+    /// runs it on 2 GPUs; the CPU suite runs [`Collective::Host`]).
     AllReduce {
         /// One device per rank, rank `i` on `devices[i]`.
         devices: Vec<Device>,

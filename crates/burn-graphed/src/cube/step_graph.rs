@@ -359,7 +359,7 @@ impl StepState {
     ///
     /// [`GraphedError::InvalidArgument`] naming `model` when no parameter got a gradient: a
     /// data-parallel step has nothing to average.
-    fn to_bucket(&self, grads: Vec<Option<DispatchTensor>>) -> Result<Bucket, GraphedError> {
+    fn fill_bucket(&self, grads: Vec<Option<DispatchTensor>>) -> Result<Bucket, GraphedError> {
         let has_grad: Vec<bool> = grads.iter().map(Option::is_some).collect();
         let grads: Vec<Tensor<1>> = grads
             .into_iter()
@@ -402,7 +402,7 @@ impl StepState {
 
     /// `bucket` split back into the gradients of the parameters its layout names, each in its
     /// parameter's shape and dtype.
-    fn from_bucket(&self, bucket: &Bucket) -> Vec<Option<DispatchTensor>> {
+    fn split_bucket(&self, bucket: &Bucket) -> Vec<Option<DispatchTensor>> {
         let flat = Tensor::<1>::from_dispatch(bucket.tensor.clone());
         let mut offset = 0;
         self.params
@@ -457,13 +457,13 @@ impl StepState {
     ) -> Result<(Vec<DispatchTensor>, Bucket), GraphedError> {
         let phase = CapturePhase::Step;
         let (losses, grads) = self.gradients(run, &self.leaves(), micro_inputs, phase)?;
-        Ok((losses, self.to_bucket(grads)?))
+        Ok((losses, self.fill_bucket(grads)?))
     }
 
     /// The second half, run eagerly: `bucket` (the averaged gradients) split back, clipped,
     /// and the update queued, with the same kernels as the update graph.
     pub(crate) fn eager_update(&self, bucket: &Bucket) -> Result<(), GraphedError> {
-        let queued = self.update(self.from_bucket(bucket), CapturePhase::Step)?;
+        let queued = self.update(self.split_bucket(bucket), CapturePhase::Step)?;
         self.hold(queued)?;
         lock(&self.host).steps += 1;
         Ok(())
@@ -879,8 +879,8 @@ fn capture_locked(
             StepCut::Whole => state.body(run, &leaves, &autodiff_inputs, warmup),
             StepCut::AtBucket => {
                 let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, warmup)?;
-                let bucket = state.to_bucket(grads)?;
-                Ok((losses, state.update(state.from_bucket(&bucket), warmup)?))
+                let bucket = state.fill_bucket(grads)?;
+                Ok((losses, state.update(state.split_bucket(&bucket), warmup)?))
             }
         }
     };
@@ -899,7 +899,7 @@ fn capture_locked(
         }
         StepCut::AtBucket => {
             let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
-            let bucket = state.to_bucket(grads)?;
+            let bucket = state.fill_bucket(grads)?;
             let graph = recording.stop(phase)?;
             materialize(dispatch, &graph, phase)?;
             // The update half: warmed up and recorded on the bucket the gradient graph wrote.
@@ -907,12 +907,12 @@ fn capture_locked(
             warm_up(state, config, &restore, || {
                 Ok((
                     Vec::new(),
-                    state.update(state.from_bucket(&bucket), warmup)?,
+                    state.update(state.split_bucket(&bucket), warmup)?,
                 ))
             })?;
             restore()?;
             let recording = prepared.record(phase)?;
-            let queued = state.update(state.from_bucket(&bucket), phase)?;
+            let queued = state.update(state.split_bucket(&bucket), phase)?;
             let update = recording.stop(phase)?;
             drop(queued);
             materialize(dispatch, &update, phase)?;
