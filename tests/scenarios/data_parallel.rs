@@ -111,28 +111,40 @@ pub fn replicas_match_one_model(devices: &[Device], collective: Collective) {
     }
 
     let replicas = train_replicas(&model, &devices, &collective, true);
+    let apart = train_replicas(&model, &devices, &collective, false);
+    assert_averaged_and_apart("graphed", &single, &replicas, &apart, &device);
+}
+
+/// `replicas` (trained with averaging) each close to `single` (one model on the whole batches)
+/// and bitwise equal to each other; `apart` (the same without averaging) differ, or the check
+/// is blind.
+fn assert_averaged_and_apart(
+    what: &str,
+    single: &Mlp,
+    replicas: &[Mlp],
+    apart: &[Mlp],
+    device: &Device,
+) {
     for (rank, replica) in replicas.iter().enumerate() {
         assert_params_close(
-            &format!("rank {rank} against one model"),
-            &single,
+            &format!("{what}: rank {rank} against one model"),
+            single,
             replica,
-            tolerance_for(&device),
+            tolerance_for(device),
         );
     }
     let first = param_values(&replicas[0]).expect("read back");
     assert_params_unchanged(&replicas[1], &first);
-
-    let apart = train_replicas(&model, &devices, &collective, false);
     let comparisons = burn_graphed_testkit::compare_params(
-        "without averaging",
+        &format!("{what}: without averaging"),
         &apart[0],
         &apart[1],
-        tolerance_for(&device),
+        tolerance_for(device),
     )
     .expect("read back");
     assert!(
         comparisons.iter().any(|c| !c.passed()),
-        "replicas trained on different shards without averaging agree: the check is blind"
+        "{what}: replicas trained on different shards without averaging agree: the check is blind"
     );
 }
 
@@ -322,29 +334,8 @@ pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
     }
 
     let replicas = train_whole_steps(&model, &devices, &collective, true);
-    for (rank, replica) in replicas.iter().enumerate() {
-        assert_params_close(
-            &format!("rank {rank}'s whole step against one model"),
-            &single,
-            replica,
-            tolerance_for(&device),
-        );
-    }
-    let first = param_values(&replicas[0]).expect("read back");
-    assert_params_unchanged(&replicas[1], &first);
-
     let apart = train_whole_steps(&model, &devices, &collective, false);
-    let comparisons = burn_graphed_testkit::compare_params(
-        "whole steps without averaging",
-        &apart[0],
-        &apart[1],
-        tolerance_for(&device),
-    )
-    .expect("read back");
-    assert!(
-        comparisons.iter().any(|c| !c.passed()),
-        "whole steps on different shards without averaging agree: the check is blind"
-    );
+    assert_averaged_and_apart("whole steps", &single, &replicas, &apart, &device);
 }
 
 /// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
