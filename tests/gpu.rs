@@ -618,6 +618,18 @@ fn data_parallel_whole_steps_match_one_model() {
     );
 }
 
+/// The same on four GPUs, a quarter of every batch each (skipped on fewer GPUs).
+#[test]
+fn data_parallel_whole_steps_four_gpus_match_one_model() {
+    let Some(devices) = gpus(4) else { return };
+    scenarios::data_parallel::whole_steps_match_one_model(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
 /// Data-parallel whole steps on two GPUs whose ranks differ (a failed capture, another
 /// learning rate, another batch shape) fail on both with a typed error, before NCCL could
 /// hang (skipped on one GPU).

@@ -19,17 +19,26 @@ const STEPS: usize = 3;
 const RANKS: usize = 2;
 const ROWS: usize = 8;
 
-/// Rank `rank`'s share of step `step`'s batch of [`ROWS`] rows, on `device`.
-fn shard(step: usize, rank: usize, device: &Device) -> Tensor<2> {
-    let share = ROWS / RANKS;
+/// Rank `rank`'s share (of `ranks`) of step `step`'s batch of [`ROWS`] rows, on `device`.
+fn shard(step: usize, rank: usize, ranks: usize, device: &Device) -> Tensor<2> {
+    let share = ROWS / ranks;
     batch([ROWS, 16], step, device).narrow(0, rank * share, share)
 }
 
 /// Runs `body` on one thread per rank of a fresh group of [`RANKS`] ranks averaging with
 /// `collective`; the results in rank order.
 fn on_ranks<T: Send>(collective: &Collective, body: impl Fn(DataParallel) -> T + Sync) -> Vec<T> {
+    on_group(RANKS, collective, body)
+}
+
+/// [`on_ranks`] with `size` ranks.
+fn on_group<T: Send>(
+    size: usize,
+    collective: &Collective,
+    body: impl Fn(DataParallel) -> T + Sync,
+) -> Vec<T> {
     let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), collective.clone()).expect("group");
+        DataParallel::group(size, Duration::from_secs(300), collective.clone()).expect("group");
     let body = &body;
     thread::scope(|scope| {
         let ranks: Vec<_> = group
@@ -65,14 +74,18 @@ fn train_replicas(
                 Graphed::new(
                     replica,
                     mlp_forward,
-                    shard(0, rank, device),
+                    shard(0, rank, RANKS, device),
                     &GraphedConfig::new(),
                 )
             })
             .expect("captures");
         let mut optim = adam_config().init();
         for step in 0..STEPS {
-            let loss = square_mean(graphed.forward(shard(step, rank, device)).expect("call"));
+            let loss = square_mean(
+                graphed
+                    .forward(shard(step, rank, RANKS, device))
+                    .expect("call"),
+            );
             let grads = GradientsParams::from_grads(loss.backward(), &graphed);
             let grads = if average {
                 dp.average(&graphed, grads).expect("average")
@@ -134,7 +147,9 @@ fn assert_averaged_and_apart(
         );
     }
     let first = param_values(&replicas[0]).expect("read back");
-    assert_params_unchanged(&replicas[1], &first);
+    for replica in &replicas[1..] {
+        assert_params_unchanged(replica, &first);
+    }
     let comparisons = burn_graphed_testkit::compare_params(
         &format!("{what}: without averaging"),
         &apart[0],
@@ -266,6 +281,7 @@ fn train_whole_steps(
         .iter()
         .map(|device| replica_on(model, device))
         .collect();
+    let ranks = devices.len();
     let body = |dp: DataParallel, rank: usize| {
         let (replica, device) = (replicas[rank].clone(), &devices[rank]);
         let trained = dp.run(|dp| {
@@ -274,11 +290,11 @@ fn train_whole_steps(
                 replica,
                 square_loss,
                 &adam_config(),
-                vec![shard(0, rank, device)],
+                vec![shard(0, rank, ranks, device)],
                 &GraphedConfig::new(),
             )?;
             for s in 0..STEPS {
-                step.run(shard(s, rank, device), LR)?;
+                step.run(shard(s, rank, ranks, device), LR)?;
             }
             Ok(step)
         });
@@ -291,13 +307,13 @@ fn train_whole_steps(
         deep_copy(&step.module())
     };
     if together {
-        return on_ranks(collective, |dp| {
+        return on_group(ranks, collective, |dp| {
             let rank = dp.ranks().rank();
             body(dp, rank)
         });
     }
     thread::scope(|scope| {
-        let ranks: Vec<_> = (0..RANKS)
+        let threads: Vec<_> = (0..ranks)
             .map(|rank| {
                 let body = &body;
                 scope.spawn(move || {
@@ -308,20 +324,24 @@ fn train_whole_steps(
                 })
             })
             .collect();
-        ranks
+        threads
             .into_iter()
             .map(|rank| rank.join().expect("rank thread"))
             .collect()
     })
 }
 
-/// Two data-parallel whole steps (`GraphedStep::data_parallel`), rank `i` on `devices[i]`, on
-/// half batches averaged with `collective`: every step replays both halves of the graph, each
-/// replica equals one model trained eagerly with burn's Adam on the whole batches (within its
-/// tolerance), and the replicas are bitwise identical. Ranks each in a group of their own
-/// (the negative control) end apart.
+/// Data-parallel whole steps (`GraphedStep::data_parallel`), one rank per device, rank `i` on
+/// `devices[i]` and its share of every batch, averaged with `collective`: every step replays
+/// both halves of the graph, each replica equals one model trained eagerly with burn's Adam on
+/// the whole batches (within its tolerance), and the replicas are bitwise identical. Ranks
+/// each in a group of their own (the negative control) end apart.
 pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
-    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let ranks = devices.len();
+    assert!(
+        ranks >= 2 && ROWS.is_multiple_of(ranks),
+        "{ranks} ranks: expected at least 2 that divide {ROWS} rows"
+    );
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let device = devices[0].clone();
     let model = Mlp::new(16, 2, 4, &device);
