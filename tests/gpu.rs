@@ -618,6 +618,19 @@ fn data_parallel_whole_steps_match_one_model() {
     );
 }
 
+/// Data-parallel whole steps on two GPUs whose batches change shape together capture the new
+/// shape in turn and replay it, through NCCL (skipped on one GPU).
+#[test]
+fn data_parallel_whole_steps_capture_new_shapes_together() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::whole_steps_capture_new_shapes_together(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
 /// The same on four GPUs, a quarter of every batch each (skipped on fewer GPUs).
 #[test]
 fn data_parallel_whole_steps_four_gpus_match_one_model() {

@@ -358,6 +358,44 @@ pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
     assert_averaged_and_apart("whole steps", &single, &replicas, &apart, &device);
 }
 
+/// Data-parallel whole steps whose batches all change shape at the same step capture the new
+/// shape together (one rank at a time, inside `run`) and go on replaying, the replicas bitwise
+/// equal: rank `i` on `devices[i]`, averaging with `collective`.
+pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: Collective) {
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    let model = Mlp::new(16, 2, 4, &devices[0]);
+    let rows = [4, 4, 2, 2, 4];
+    let replicas = on_group(devices.len(), &collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let step = dp.run(|dp| {
+            let mut step = GraphedStep::data_parallel(
+                dp,
+                replica_on(&model, device),
+                square_loss,
+                &adam_config(),
+                vec![batch([4, 16], rank, device)],
+                &GraphedConfig::new(),
+            )?;
+            for (s, rows) in rows.iter().enumerate() {
+                step.run(batch([*rows, 16], 10 * s + rank, device), LR)?;
+            }
+            Ok(step)
+        });
+        let step = step.unwrap_or_else(|error| panic!("rank {rank}: {error}"));
+        if supports_graphs(device) {
+            let stats = step.stats();
+            assert_eq!(stats.replays, rows.len() as u64, "rank {rank}: {stats:?}");
+            assert_eq!(stats.shape_cache.graphs, 2, "rank {rank}: {stats:?}");
+        }
+        deep_copy(&step.module())
+    });
+    let first = param_values(&replicas[0]).expect("read back");
+    for replica in &replicas[1..] {
+        assert_params_unchanged(replica, &first);
+    }
+}
+
 /// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
 /// on `devices` (rank `i` on `devices[i]`) with `collective`: rank 1's capture failing (a
 /// sample of another width) is `RankFailed` naming it on both ranks, the model untouched;
