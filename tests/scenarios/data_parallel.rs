@@ -5,6 +5,7 @@
 use std::thread;
 use std::time::Duration;
 
+use burn::optim::SgdConfig;
 use burn_graphed::{Collective, DataParallel, GraphedStep, replica_on};
 use burn_graphed_testkit::deep_copy;
 
@@ -164,9 +165,8 @@ fn assert_averaged_and_apart(
 }
 
 /// One rank's capture failing (a sample of the wrong width) is an error on every rank,
-/// naming that rank, after every other rank captured; the failing rank's model is handed back
-/// untouched, and every device then captures and trains again with the group's `collective`
-/// (rank `i` on `devices[i]`).
+/// naming that rank, after every other rank captured; every device then captures and trains
+/// again with the group's `collective` (rank `i` on `devices[i]`).
 pub fn failed_capture_fails_every_rank(devices: &[Device], collective: Collective) {
     assert_eq!(devices.len(), RANKS, "one device per rank");
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
@@ -174,7 +174,6 @@ pub fn failed_capture_fails_every_rank(devices: &[Device], collective: Collectiv
         return;
     }
     let model = Mlp::new(16, 2, 4, &devices[0]);
-    let before = param_values(&model).expect("read back");
     let results = on_ranks(&collective, |dp| {
         let rank = dp.ranks().rank();
         let device = &devices[rank];
@@ -195,7 +194,6 @@ pub fn failed_capture_fails_every_rank(devices: &[Device], collective: Collectiv
             "{result:?}"
         );
     }
-    assert_params_unchanged(&model, &before);
     // Every device captures and trains again, averaging through the collective.
     let replicas = train_replicas(&model, &devices, &collective, true);
     let first = param_values(&replicas[0]).expect("read back");
@@ -220,6 +218,26 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
             "{result:?}"
         );
     }
+
+    // NCCL would join one device once for two ranks and wait forever: refused up front.
+    let shared = DataParallel::group(
+        RANKS,
+        Duration::from_secs(1),
+        Collective::AllReduce {
+            devices: vec![device.clone(), device.clone()],
+        },
+    );
+    assert!(
+        matches!(
+            &shared,
+            Err(GraphedError::InvalidArgument {
+                argument: "collective",
+                ..
+            })
+        ),
+        "{:?}",
+        shared.map(|_| ())
+    );
 
     let group =
         DataParallel::group(RANKS, Duration::from_millis(500), Collective::Host).expect("group");
@@ -258,6 +276,37 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
         "{results:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+
+    // A rank whose body panics inside `run` releases the others too, then goes on panicking.
+    let started = std::time::Instant::now();
+    let group =
+        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
+    let results: Vec<std::thread::Result<Result<(), GraphedError>>> = thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .map(|dp| {
+                scope.spawn(move || {
+                    dp.run(|dp| {
+                        if dp.ranks().rank() == 1 {
+                            panic!("rank 1's body panics (on purpose)");
+                        }
+                        dp.ranks().barrier("a step")
+                    })
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|rank| rank.join()).collect()
+    });
+    assert!(results[1].is_err(), "rank 1 panicked");
+    assert!(
+        matches!(
+            &results[0],
+            Ok(Err(GraphedError::RankFailed { rank: 1, .. }))
+        ),
+        "{:?}",
+        results[0]
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "no hang");
 }
 
 /// The whole-step loss of these scenarios: a mean over the batch, so that the mean of the
@@ -276,6 +325,7 @@ fn train_whole_steps(
     devices: &[Device],
     collective: &Collective,
     together: bool,
+    sgd: bool,
 ) -> Vec<Mlp> {
     let replicas: Vec<Mlp> = devices
         .iter()
@@ -285,20 +335,34 @@ fn train_whole_steps(
     let body = |dp: DataParallel, rank: usize| {
         let (replica, device) = (replicas[rank].clone(), &devices[rank]);
         let trained = dp.run(|dp| {
-            let mut step = GraphedStep::data_parallel(
-                dp,
-                replica,
-                square_loss,
-                &adam_config(),
-                vec![shard(0, rank, ranks, device)],
-                &GraphedConfig::new(),
-            )?;
+            let sample = vec![shard(0, rank, ranks, device)];
+            let config = GraphedConfig::new();
+            let mut step = if sgd {
+                GraphedStep::data_parallel(
+                    dp,
+                    replica,
+                    square_loss,
+                    &SgdConfig::new(),
+                    sample,
+                    &config,
+                )
+            } else {
+                GraphedStep::data_parallel(
+                    dp,
+                    replica,
+                    square_loss,
+                    &adam_config(),
+                    sample,
+                    &config,
+                )
+            }?;
             for s in 0..STEPS {
                 step.run(shard(s, rank, ranks, device), LR)?;
             }
             Ok(step)
         });
         let step = trained.unwrap_or_else(|error| panic!("rank {rank}: {error}"));
+        assert_eq!(step.steps(), STEPS as u64, "rank {rank}: updates done");
         if supports_graphs(device) {
             let stats = step.stats();
             assert_eq!(stats.replays, STEPS as u64, "rank {rank}: {stats:?}");
@@ -333,10 +397,16 @@ fn train_whole_steps(
 
 /// Data-parallel whole steps (`GraphedStep::data_parallel`), one rank per device, rank `i` on
 /// `devices[i]` and its share of every batch, averaged with `collective`: every step replays
-/// both halves of the graph, each replica equals one model trained eagerly with burn's Adam on
-/// the whole batches (within its tolerance), and the replicas are bitwise identical. Ranks
-/// each in a group of their own (the negative control) end apart.
+/// both halves of the graph, each replica equals one model trained eagerly on the whole
+/// batches (within its tolerance), and the replicas are bitwise identical; with burn's Adam,
+/// then with plain SGD (whose step is proportional to the gradient: a sum instead of a mean
+/// shows). Ranks each in a group of their own (the negative control) end apart.
 pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
+    whole_steps_match_with(devices, &collective, false);
+    whole_steps_match_with(devices, &collective, true);
+}
+
+fn whole_steps_match_with(devices: &[Device], collective: &Collective, sgd: bool) {
     let ranks = devices.len();
     assert!(
         ranks >= 2 && ROWS.is_multiple_of(ranks),
@@ -346,16 +416,26 @@ pub fn whole_steps_match_one_model(devices: &[Device], collective: Collective) {
     let device = devices[0].clone();
     let model = Mlp::new(16, 2, 4, &device);
     let mut single = deep_copy(&model);
-    let mut optim = adam_config().init();
+    let mut adam = adam_config().init();
+    let mut plain = SgdConfig::new().init();
     for step in 0..STEPS {
         let loss = square_loss(&single, batch([ROWS, 16], step, &device));
         let grads = GradientsParams::from_grads(loss.backward(), &single);
-        single = optim.step(LR, single, grads);
+        single = if sgd {
+            plain.step(LR, single, grads)
+        } else {
+            adam.step(LR, single, grads)
+        };
     }
 
-    let replicas = train_whole_steps(&model, &devices, &collective, true);
-    let apart = train_whole_steps(&model, &devices, &collective, false);
-    assert_averaged_and_apart("whole steps", &single, &replicas, &apart, &device);
+    let replicas = train_whole_steps(&model, &devices, collective, true, sgd);
+    let apart = train_whole_steps(&model, &devices, collective, false, sgd);
+    let what = if sgd {
+        "whole steps, SGD"
+    } else {
+        "whole steps, Adam"
+    };
+    assert_averaged_and_apart(what, &single, &replicas, &apart, &device);
 }
 
 /// Data-parallel whole steps whose batches all change shape at the same step capture the new
@@ -388,9 +468,15 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
             assert_eq!(stats.replays, rows.len() as u64, "rank {rank}: {stats:?}");
             assert_eq!(stats.shape_cache.graphs, 2, "rank {rank}: {stats:?}");
         }
+        assert_eq!(step.steps(), rows.len() as u64, "rank {rank}: updates done");
         deep_copy(&step.module())
     });
     let first = param_values(&replicas[0]).expect("read back");
+    assert_ne!(
+        first,
+        param_values(&model).expect("read back"),
+        "the replicas did not train"
+    );
     for replica in &replicas[1..] {
         assert_params_unchanged(replica, &first);
     }
@@ -398,14 +484,13 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
 
 /// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
 /// on `devices` (rank `i` on `devices[i]`) with `collective`: rank 1's capture failing (a
-/// sample of another width) is `RankFailed` naming it on both ranks, the model untouched;
+/// sample of another width) is `RankFailed` naming it on both ranks;
 /// a learning rate that differs between the ranks, and a batch of new shapes on one rank only
 /// (a capture the other rank does not make), are `RanksDisagree` on both.
 pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective: Collective) {
     assert_eq!(devices.len(), RANKS, "one device per rank");
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let model = Mlp::new(16, 2, 4, &devices[0]);
-    let before = param_values(&model).expect("read back");
     let started = std::time::Instant::now();
     let step_on = |dp: &DataParallel, width: usize| {
         let rank = dp.ranks().rank();
@@ -431,7 +516,6 @@ pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective
                 "{result:?}"
             );
         }
-        assert_params_unchanged(&model, &before);
     }
 
     let lr = on_ranks(&collective, |dp| {
@@ -462,6 +546,45 @@ pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective
             );
         }
     }
+    // Replicas that start from different parameters would stay apart: refused at the start.
+    let apart = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let own = Mlp::new(16, 2, 4, device);
+        GraphedStep::data_parallel(
+            &dp,
+            own,
+            square_loss,
+            &adam_config(),
+            vec![batch([4, 16], 0, device)],
+            &GraphedConfig::new(),
+        )
+        .map(|_| ())
+    });
+    for result in apart {
+        assert!(
+            matches!(&result, Err(GraphedError::RanksDisagree { what, .. }) if what.contains("starting parameters")),
+            "{result:?}"
+        );
+    }
+
+    // A step refused on one rank before it started (another number of micro-batches) is an
+    // error on the other too.
+    let refused = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let mut step = step_on(&dp, 16)?;
+        let batches = vec![batch([4, 16], 1, device); 1 + rank];
+        step.run_accumulated(batches, LR)
+    });
+    assert!(
+        matches!(&refused[0], Err(GraphedError::RankFailed { rank: 1, .. })),
+        "{refused:?}"
+    );
+    assert!(
+        matches!(&refused[1], Err(GraphedError::RankFailed { rank: 1, .. })),
+        "{refused:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(120), "no hang");
 }
 

@@ -62,16 +62,31 @@ impl DataParallel {
         timeout: Duration,
         collective: Collective,
     ) -> Result<Vec<DataParallel>, GraphedError> {
-        if let Collective::AllReduce { devices } = &collective
-            && devices.len() != size
-        {
-            return Err(GraphedError::InvalidArgument {
-                argument: "collective",
-                detail: format!(
-                    "given {} devices for {size} ranks, expected one device per rank",
-                    devices.len()
-                ),
-            });
+        if let Collective::AllReduce { devices } = &collective {
+            if devices.len() != size {
+                return Err(GraphedError::InvalidArgument {
+                    argument: "collective",
+                    detail: format!(
+                        "given {} devices for {size} ranks, expected one device per rank",
+                        devices.len()
+                    ),
+                });
+            }
+            let inner: Vec<Device> = devices.iter().map(|d| d.clone().inner()).collect();
+            if let Some((a, b)) = (0..size)
+                .flat_map(|a| (a + 1..size).map(move |b| (a, b)))
+                .find(|&(a, b)| inner[a] == inner[b])
+            {
+                // NCCL would join that device once and wait for the missing rank forever.
+                return Err(GraphedError::InvalidArgument {
+                    argument: "collective",
+                    detail: format!(
+                        "given device {:?} for ranks {a} and {b}, expected a device of its own \
+                         for every rank",
+                        inner[a]
+                    ),
+                });
+            }
         }
         let host = Arc::new(Mutex::new(vec![Vec::new(); size]));
         Ok(RankGroup::new(size, timeout)?
@@ -93,11 +108,23 @@ impl DataParallel {
     /// [`GraphedError::RankFailed`] naming this rank, so that every other rank stops at its next
     /// step taken together ([`in_turn`](Self::in_turn), [`average`](Self::average)) instead of
     /// waiting there for the timeout. Returns `body`'s result.
+    ///
+    /// A panic in `body` ends the group too (as `RankFailed`), then goes on unwinding.
     pub fn run<T>(
         &self,
         body: impl FnOnce(&DataParallel) -> Result<T, GraphedError>,
     ) -> Result<T, GraphedError> {
-        let result = body(self);
+        let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(self))) {
+            Ok(result) => result,
+            Err(panic) => {
+                self.ranks.abandon(GraphedError::RankFailed {
+                    rank: self.ranks.rank(),
+                    what: "its training".into(),
+                    reason: "it panicked".into(),
+                });
+                std::panic::resume_unwind(panic);
+            }
+        };
         if let Err(error) = &result {
             self.ranks.abandon(GraphedError::RankFailed {
                 rank: self.ranks.rank(),
@@ -145,6 +172,58 @@ impl DataParallel {
         mine
     }
 
+    /// Whether `device`, this rank's, is the one the group's collective gives this rank.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `model` when it is another.
+    pub(crate) fn check_device(&self, device: &Device) -> Result<(), GraphedError> {
+        let Collective::AllReduce { devices } = &self.collective else {
+            return Ok(());
+        };
+        let rank = self.ranks.rank();
+        let expected = devices.get(rank).map(|d| d.clone().inner());
+        if expected.as_ref() == Some(&device.clone().inner()) {
+            return Ok(());
+        }
+        Err(GraphedError::InvalidArgument {
+            argument: "model",
+            detail: format!(
+                "rank {rank}'s parameters are on {device:?}, expected the collective's device \
+                 of rank {rank}, {expected:?} (make the replica with replica_on)"
+            ),
+        })
+    }
+
+    /// Agrees with the other ranks that every replica starts from the same parameters (ids,
+    /// shapes and values, hashed): replicas that start apart stay apart, however equal their
+    /// updates. Reads every parameter back once.
+    ///
+    /// # Errors
+    ///
+    /// On every rank alike: [`GraphedError::RanksDisagree`] when the replicas differ,
+    /// [`GraphedError::RankFailed`] when a rank could not read its parameters back.
+    pub(crate) fn agree_on_start<M: Module>(&self, module: &M) -> Result<(), GraphedError> {
+        let mut hash = StartHash {
+            hasher: std::collections::hash_map::DefaultHasher::new(),
+            failed: None,
+        };
+        module.visit(&mut hash);
+        let digest = match hash.failed {
+            Some(detail) => Err(GraphedError::InvalidArgument {
+                argument: "model",
+                detail,
+            }),
+            None => Ok(std::hash::Hasher::finish(&hash.hasher)),
+        };
+        self.ranks
+            .agree(
+                "the replicas' starting parameters (ids, shapes, values)",
+                digest,
+            )
+            .map(|_| ())
+    }
+
     /// `grads`, the gradients of `module`'s parameters from this rank's batch, averaged over
     /// the ranks' (each rank calls it with its own, at the same step).
     ///
@@ -169,7 +248,12 @@ impl DataParallel {
         };
         module.visit(&mut flatten);
         let parts = flatten.parts;
-        let layout: Vec<usize> = parts.iter().map(|(_, numel, _)| *numel).collect();
+        // Which parameters, and their sizes: equal sizes of other parameters would reduce
+        // misaligned gradients.
+        let layout: Vec<(u64, usize)> = parts
+            .iter()
+            .map(|(id, numel, _)| (id.val(), *numel))
+            .collect();
         let bucket = (!parts.is_empty())
             .then(|| Tensor::cat(parts.iter().map(|(_, _, t)| t.clone()).collect(), 0));
         self.ranks
@@ -321,5 +405,46 @@ impl ModuleVisitor for Split<'_> {
             .reshape(dims);
         self.offset += numel;
         self.grads.register::<D>(param.id, slice);
+    }
+}
+
+/// Hashes every parameter's id, shape and value bytes, in visiting order.
+struct StartHash {
+    hasher: std::collections::hash_map::DefaultHasher,
+    /// Why a parameter could not be read back.
+    failed: Option<String>,
+}
+
+impl StartHash {
+    fn add(&mut self, id: ParamId, data: Result<TensorData, String>) {
+        use std::hash::Hash;
+        match data {
+            Ok(data) => {
+                id.val().hash(&mut self.hasher);
+                data.shape().hash(&mut self.hasher);
+                data.as_bytes().hash(&mut self.hasher);
+            }
+            Err(error) => {
+                self.failed
+                    .get_or_insert(format!("parameter {id} did not read back: {error}"));
+            }
+        }
+    }
+}
+
+impl ModuleVisitor for StartHash {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let data = param.val().try_into_data().map_err(|e| e.to_string());
+        self.add(param.id, data);
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<D, Int>>) {
+        let data = param.val().try_into_data().map_err(|e| e.to_string());
+        self.add(param.id, data);
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<D, Bool>>) {
+        let data = param.val().try_into_data().map_err(|e| e.to_string());
+        self.add(param.id, data);
     }
 }

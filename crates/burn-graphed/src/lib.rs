@@ -83,6 +83,10 @@
 //! # }
 //! ```
 //!
+//! Faster still, one graph per training step: [`GraphedStep`] (forward, loss, backward,
+//! clipping and burn's Adam, AdamW or SGD in one replay); on several GPUs of one host,
+//! [`GraphedStep::data_parallel`] (two replays per step, the gradients averaged between them).
+//!
 //! Graphs are captured on burn's cubecl backend with fusion (`cuda`; `wgpu` records its own
 //! software graphs). On other backends (`flex`) every call runs eagerly, so the same code runs
 //! everywhere. With the `train` feature, burn-train's `Learner` takes a graphed model

@@ -90,6 +90,10 @@ pub struct GraphedStep<M, I> {
     _inputs: PhantomData<fn(I)>,
 }
 
+/// What the ranks of a data-parallel step agree on before averaging its bucket.
+const STEP_AGREEMENT: &str =
+    "a whole step's gradients (which parameters, elements, dtype) and learning rate";
+
 /// The device side: the shared buffers and the graphs per input signature.
 struct Engine {
     state: Arc<StepState>,
@@ -158,10 +162,17 @@ where
     /// every rank with the same typed error instead of a hang. Run each rank's training inside
     /// [`DataParallel::run`], so that a rank failing outside a step releases the others.
     ///
+    /// Every rank's batches must have the same shapes at each step, as the graphs are the same
+    /// on every rank: drop an uneven last batch (a new shape on one rank only is
+    /// [`GraphedError::RanksDisagree`] on every rank). The returned losses are this rank's.
+    ///
     /// # Errors
     ///
-    /// As [`accumulating`](Self::accumulating); a failed capture is
-    /// [`GraphedError::RankFailed`] on every rank (the model and device left usable).
+    /// As [`accumulating`](Self::accumulating); on every rank alike, a failed capture is
+    /// [`GraphedError::RankFailed`] (the model and device left usable), and replicas that do
+    /// not start from the same parameters (make them with [`replica_on`](crate::replica_on)) are
+    /// [`GraphedError::RanksDisagree`]; [`GraphedError::InvalidArgument`] naming `model` when
+    /// its device is not the one the group's collective gives this rank.
     pub fn data_parallel(
         data_parallel: &DataParallel,
         model: M,
@@ -209,7 +220,9 @@ where
             (Some(_), None) => {
                 return Err(GraphedError::InvalidArgument {
                     argument: "model",
-                    detail: "has no float parameter, expected parameters to train".into(),
+                    detail: "given a model without float parameters, expected at least one \
+                             parameter to train"
+                        .into(),
                 });
             }
             (None, _) => None,
@@ -233,12 +246,18 @@ where
             _inputs: PhantomData,
         };
         if step.engine.is_none() {
+            if let Some((group, _)) = &step.parallel {
+                group.agree_on_start(&step.model)?;
+            }
             if config.require_graphs {
                 return Err(GraphedError::Unsupported {
                     device: format!("{:?}", param_entries.first().map(|p| &p.tensor.device)),
                 });
             }
             return Ok(step);
+        }
+        if let Some((group, _)) = &step.parallel {
+            group.agree_on_start(&step.model)?;
         }
         let flat: Vec<Vec<FlatTensor>> = samples.into_iter().map(TensorGroup::flatten).collect();
         let key = signature(&flat);
@@ -271,7 +290,7 @@ where
     /// when the device refuses the replay.
     pub fn run(&mut self, batch: I, lr: f64) -> Result<Tensor<1>, GraphedError> {
         if self.micro_batches != 1 {
-            return Err(GraphedError::InvalidArgument {
+            return self.refuse(GraphedError::InvalidArgument {
                 argument: "batch",
                 detail: format!(
                     "this step accumulates {} micro-batches: call run_accumulated",
@@ -291,7 +310,7 @@ where
     /// number of micro-batches than the capture's.
     pub fn run_accumulated(&mut self, batches: Vec<I>, lr: f64) -> Result<Tensor<1>, GraphedError> {
         if batches.len() != self.micro_batches {
-            return Err(GraphedError::InvalidArgument {
+            return self.refuse(GraphedError::InvalidArgument {
                 argument: "batches",
                 detail: format!(
                     "got {} micro-batches, expected {} (the capture's)",
@@ -301,7 +320,7 @@ where
             });
         }
         if !lr.is_finite() {
-            return Err(GraphedError::InvalidArgument {
+            return self.refuse(GraphedError::InvalidArgument {
                 argument: "lr",
                 detail: format!("got {lr}, expected a finite learning rate"),
             });
@@ -340,6 +359,17 @@ where
         Ok(concat(losses))
     }
 
+    /// `error`, refusing a step before it started; in a data-parallel group, stated to the
+    /// other ranks at the step's agreement first, so that they end the step with it too.
+    fn refuse<T>(&self, error: GraphedError) -> Result<T, GraphedError> {
+        if let Some((group, _)) = &self.parallel {
+            group
+                .ranks()
+                .agree(STEP_AGREEMENT, Err::<(), _>(error.clone()))?;
+        }
+        Err(error)
+    }
+
     /// A data-parallel step (see [`data_parallel`](Self::data_parallel)): the gradient half,
     /// replayed or eager; the ranks' agreement; the bucket averaged; the update half.
     fn parallel_step(
@@ -351,13 +381,10 @@ where
     ) -> Result<Tensor<1>, GraphedError> {
         let half = self.gradient_half(state, flat, lr);
         let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
-            let grads = bucket.layout.has_grad.iter().filter(|&&g| g).count();
-            (grads, bucket.layout.len, bucket.layout.dtype, lr)
+            let layout = &bucket.layout;
+            (layout.fingerprint(), layout.len, layout.dtype, lr)
         });
-        group.ranks().agree(
-            "a whole step's gradients (parameters, elements, dtype, lr)",
-            digest,
-        )?;
+        group.ranks().agree(STEP_AGREEMENT, digest)?;
         let (losses, bucket, replayed) = half?;
         let averaged = group
             .mean(Tensor::from_dispatch(bucket.tensor))?
@@ -465,6 +492,7 @@ where
         match &self.parallel {
             None => cube::capture_step(&engine.state, &runner, flat, &self.config, StepCut::Whole),
             Some((group, device)) => group.in_turn("capturing a whole step", device, || {
+                group.check_device(device)?;
                 cube::capture_step(
                     &engine.state,
                     &runner,
@@ -517,7 +545,7 @@ where
         }
         let mut grads = accumulator.grads();
         if let Some((group, _)) = &self.parallel {
-            group.ranks().agree("a step's learning rate", Ok(lr))?;
+            group.ranks().agree(STEP_AGREEMENT, Ok(lr))?;
             grads = group.average(&self.model, grads)?;
         }
         if let Some(Clipping::GlobalNorm(max)) = self.clipping {

@@ -595,7 +595,8 @@ fn clip(
 pub(crate) struct StepGraph {
     /// The whole step, or its gradient half ([`StepCut::AtBucket`]).
     graph: DispatchGraph,
-    /// With [`StepCut::AtBucket`]: the update half and the bucket between the two.
+    /// With [`StepCut::AtBucket`]: the update half and the bucket between the two, which
+    /// `graph` writes: dropped after `graph`.
     update: Option<UpdateGraph>,
     /// Per micro-batch, one per flattened input.
     inputs: Vec<Vec<StaticBuffer>>,
@@ -638,7 +639,7 @@ impl StepGraph {
         micro_inputs: &[Vec<FlatTensor>],
     ) -> Result<(Vec<DispatchTensor>, u64), GraphedError> {
         if self.update.is_some() {
-            return Err(cut_error("replay_gradients"));
+            return Err(cut_error(true));
         }
         let copies = self.replay_first(micro_inputs)?;
         lock(&self.state.host).steps += 1;
@@ -656,7 +657,7 @@ impl StepGraph {
         &self,
         micro_inputs: &[Vec<FlatTensor>],
     ) -> Result<(Vec<DispatchTensor>, u64, Bucket), GraphedError> {
-        let update = self.update.as_ref().ok_or_else(|| cut_error("replay"))?;
+        let update = self.update.as_ref().ok_or_else(|| cut_error(false))?;
         let copies = self.replay_first(micro_inputs)?;
         update.bucket.written_by_graph(None);
         let bucket = Bucket {
@@ -672,25 +673,31 @@ impl StepGraph {
     ///
     /// # Errors
     ///
-    /// [`GraphedError::InvalidArgument`] naming `averaged` when it is not a bucket of this
-    /// graph's length and dtype, [`GraphedError::InputNotWritten`] when it holds no values,
-    /// [`GraphedError::Replay`] when the device refuses the replay or the step is not cut.
+    /// [`GraphedError::Replay`] naming the update graph when `averaged` is not a bucket of this
+    /// graph's length and dtype or holds no values (the collective failed), when called off the
+    /// capturing thread, when the device refuses the replay, or when the step is not cut.
     pub(crate) fn replay_update(&self, averaged: &DispatchTensor) -> Result<(), GraphedError> {
-        let update = self.update.as_ref().ok_or_else(|| cut_error("replay"))?;
-        let source = fused(averaged).ok_or_else(|| GraphedError::Replay {
+        let update = self.update.as_ref().ok_or_else(|| cut_error(false))?;
+        let refused = |reason: String| GraphedError::Replay {
             which: "update",
-            reason: "the averaged bucket is not on burn's cubecl backend".into(),
+            reason,
+        };
+        if !self.state.on_capture_thread() {
+            return Err(refused(
+                "called on another thread than the capture's (its stream replays it)".into(),
+            ));
+        }
+        let source = fused(averaged).ok_or_else(|| {
+            refused("the averaged gradient bucket is not on burn's cubecl backend".into())
         })?;
         let (len, dtype) = (update.layout.len, update.layout.dtype);
         if source.shape.as_slice() != [len] || source.dtype != dtype {
-            return Err(GraphedError::InvalidArgument {
-                argument: "averaged",
-                detail: format!(
-                    "got shape {:?} of {:?}, expected [{len}] of {dtype:?} (the bucket's)",
-                    source.shape.as_slice(),
-                    source.dtype
-                ),
-            });
+            return Err(refused(format!(
+                "the collective gave a bucket of shape {:?} of {:?}, expected [{len}] of \
+                 {dtype:?} (the gradient graph's)",
+                source.shape.as_slice(),
+                source.dtype
+            )));
         }
         let copy = update.bucket.write_from(&source);
         let written: Vec<&StaticBuffer> = copy.iter().map(|_| &update.bucket).collect();
@@ -699,10 +706,16 @@ impl StepGraph {
         let bucket = &update.bucket;
         let unwritten = || {
             let reason = bucket.unwritten_reason()?;
-            Some(GraphedError::InputNotWritten { index: 0, reason })
+            Some(GraphedError::Replay {
+                which: "update",
+                reason: format!("the averaged gradient bucket holds no values: {reason}"),
+            })
         };
-        // SAFETY: as in `replay_first`; the bucket is `update`'s own, alive with the graph,
-        // and the copy into it was queued from this thread, the capturing thread.
+        // SAFETY: as in `replay_first`; the bucket is `update`'s own (field order drops the
+        // update graph before it), and the copy into it was queued from this thread, the
+        // capturing thread (checked above). The collective's output it copies is a tensor of
+        // its own: burn's all-reduce writes in place only a buffer nobody else holds, and the
+        // bucket's `StaticBuffer` holds it.
         unsafe {
             write_check::replay_after_check(
                 "update",
@@ -777,11 +790,16 @@ impl StepGraph {
     }
 }
 
-/// The replay a step cut (or not) at its bucket refuses, naming the one it takes.
-fn cut_error(instead: &str) -> GraphedError {
+/// The replay refused by a step captured cut at its bucket (`cut`) or whole.
+fn cut_error(cut: bool) -> GraphedError {
+    let reason = if cut {
+        "this step was captured as two graphs for a data-parallel group, not as one"
+    } else {
+        "this step was captured as one graph, not as two for a data-parallel group"
+    };
     GraphedError::Replay {
         which: "whole step",
-        reason: format!("this step's graphs are replayed through {instead}"),
+        reason: reason.into(),
     }
 }
 

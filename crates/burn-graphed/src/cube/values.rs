@@ -81,3 +81,15 @@ pub(crate) struct BucketLayout {
     /// The bucket's element type: the gradients', or `f32` where they differ.
     pub dtype: burn::tensor::DType,
 }
+
+impl BucketLayout {
+    /// Which parameters the bucket holds, as one number (FNV-1a over `has_grad`): two ranks
+    /// whose buckets have the same length but hold other parameters' gradients differ here.
+    pub fn fingerprint(&self) -> u64 {
+        self.has_grad
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325, |hash, &grad| {
+                (hash ^ u64::from(grad) ^ 0x2).wrapping_mul(0x0100_0000_01b3)
+            })
+    }
+}
