@@ -82,7 +82,8 @@ from collections import OrderedDict
 def load(paths):
     # Rows of all files, the devices named, and the failed runs' rows (`error`, no times; the
     # last one of a key). Within a file, rows of the same (framework, model, dtype, mode) are
-    # rounds (`BURN_GRAPHED_ROUNDS`) and are merged by `merge_rounds`; a later file's rows
+    # rounds (`BURN_GRAPHED_ROUNDS`, a data-parallel row's rank count included in the key) and
+    # are merged by `merge_rounds`; a later file's rows
     # replace an earlier file's of the same key, keeping the first one's place.
     by, devices, failed = OrderedDict(), [], OrderedDict()
     for path in paths:
@@ -106,7 +107,10 @@ def load(paths):
                 if row.get("cache"):
                     # A first step with cubecl's kernel cache cold or warm: one mode each.
                     row["mode"] += f"_{row['cache']}"
-                rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"]), []).append(row)
+                # A data-parallel row's rank count is part of its key: 2 and 4 GPUs are
+                # different runs, not rounds of one.
+                rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"],
+                                   row.get("ranks")), []).append(row)
         for k, rows in rounds.items():
             by[k] = merge_rounds(rows)
     return list(by.values()), "; ".join(devices) or None, list(failed.values())
@@ -535,34 +539,41 @@ def batch_of(model):
 
 
 def ddp_table(rows):
-    # Per model and dtype, each framework's data-parallel rows: the step, the samples per
-    # second of all ranks, and the scaling efficiency over the framework's one-GPU baseline.
-    by = group(rows)
+    # Per model and dtype, each framework's data-parallel rows (one per rank count, so that runs
+    # with --ranks 2 and --ranks 4 share a file): the step, the samples per second of all ranks,
+    # and the scaling efficiency over the framework's one-GPU baseline.
+    by = group([r for r in rows if not is_ddp(r)])
+    ddp = OrderedDict()
+    for row in rows:
+        if is_ddp(row):
+            ddp.setdefault(key(row), {})[(row["framework"], row["mode"], row.get("ranks"))] = row
     out = header(
         "| model | dtype | framework | mode | ranks | step | samples/s "
         "| 1-GPU baseline | baseline samples/s | scaling efficiency |"
     )
-    for (model, dtype), r in by.items():
-        cell = cells(r)
+    for (model, dtype), found in ddp.items():
+        base_rows = by.get((model, dtype), {})
         batch = batch_of(model)
-        for (framework, mode), baseline in DDP_BASELINES.items():
-            row = r.get((framework, mode))
-            if row is None:
-                continue
-            ranks = row.get("ranks")
-            if batch and ranks:
-                samples = ranks * batch * 1e6 / row["median_us"]
-            else:
-                samples = row.get("samples_per_s", float("nan"))
-            base = r.get((framework, baseline))
-            base_samples = batch * 1e6 / base["median_us"] if base and batch else float("nan")
-            efficiency = samples / (ranks * base_samples) if ranks else float("nan")
-            out.append(
-                f"| {model} | {dtype} | {framework} | {mode} | {ranks or 'n/a'} "
-                f"| {cell(framework, mode)} | {num(samples, '.0f')} "
-                f"| {baseline} | {num(base_samples, '.0f') if base else '-'} "
-                f"| {num(efficiency, '.2f') if base else '-'} |"
-            )
+        counts = sorted({k[2] for k in found}, key=lambda n: (n is None, n or 0))
+        for ranks in counts:
+            for (framework, mode), baseline in DDP_BASELINES.items():
+                row = found.get((framework, mode, ranks))
+                if row is None:
+                    continue
+                if batch and ranks:
+                    samples = ranks * batch * 1e6 / row["median_us"]
+                else:
+                    samples = row.get("samples_per_s", float("nan"))
+                base = base_rows.get((framework, baseline))
+                base_samples = batch * 1e6 / base["median_us"] if base and batch else float("nan")
+                efficiency = samples / (ranks * base_samples) if ranks else float("nan")
+                step = f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+                out.append(
+                    f"| {model} | {dtype} | {framework} | {mode} | {ranks or 'n/a'} "
+                    f"| {step} | {num(samples, '.0f')} "
+                    f"| {baseline} | {num(base_samples, '.0f') if base else '-'} "
+                    f"| {num(efficiency, '.2f') if base else '-'} |"
+                )
     return "\n".join(out) + "\n"
 
 
