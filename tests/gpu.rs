@@ -618,8 +618,9 @@ fn data_parallel_whole_steps_match_one_model() {
     );
 }
 
-/// Data-parallel whole steps on two GPUs whose batches change shape together capture the new
-/// shape in turn and replay it, through NCCL (skipped on one GPU).
+/// Data-parallel whole steps on two GPUs whose batches change shape (together, then on one
+/// rank only) capture the new shapes in turn after an eager step and replay them, through NCCL
+/// (skipped on one GPU).
 #[test]
 fn data_parallel_whole_steps_capture_new_shapes_together() {
     let Some(devices) = gpus(2) else { return };
@@ -644,8 +645,8 @@ fn data_parallel_whole_steps_four_gpus_match_one_model() {
 }
 
 /// Data-parallel whole steps on two GPUs whose ranks differ (a failed capture, another
-/// learning rate, another batch shape) fail on both with a typed error, before NCCL could
-/// hang (skipped on one GPU).
+/// learning rate, replicas that start apart, a refused step) fail on both with a typed error,
+/// before NCCL could hang (skipped on one GPU).
 #[test]
 fn data_parallel_whole_step_ranks_that_differ_fail_together() {
     let Some(devices) = gpus(2) else { return };

@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use burn::optim::SgdConfig;
-use burn_graphed::{Collective, DataParallel, GraphedStep, replica_on};
+use burn_graphed::{Collective, DataParallel, FallbackReason, GraphedStep, replica_on};
 use burn_graphed_testkit::deep_copy;
 
 use super::*;
@@ -438,13 +438,16 @@ fn whole_steps_match_with(devices: &[Device], collective: &Collective, sgd: bool
     assert_averaged_and_apart(what, &single, &replicas, &apart, &device);
 }
 
-/// Data-parallel whole steps whose batches all change shape at the same step capture the new
-/// shape together (one rank at a time, inside `run`) and go on replaying, the replicas bitwise
-/// equal: rank `i` on `devices[i]`, averaging with `collective`.
+/// Data-parallel whole steps whose batches change shape (every rank's at once, then one
+/// rank's only, as an uneven last batch) run the step that meets the new shape eagerly on the
+/// ranks without its graphs, capture it after the update (the ranks in turn), and replay it
+/// from then on; the replicas train and stay bitwise equal: rank `i` on `devices[i]`,
+/// averaging with `collective`.
 pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: Collective) {
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let model = Mlp::new(16, 2, 4, &devices[0]);
-    let rows = [4, 4, 2, 2, 4];
+    // Per step, rank 0's rows and the last rank's (the others as rank 0).
+    let rows = [(4, 4), (4, 4), (2, 2), (2, 2), (4, 3), (4, 3), (4, 4)];
     let replicas = on_group(devices.len(), &collective, |dp| {
         let rank = dp.ranks().rank();
         let device = &devices[rank];
@@ -457,16 +460,28 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
                 vec![batch([4, 16], rank, device)],
                 &GraphedConfig::new(),
             )?;
-            for (s, rows) in rows.iter().enumerate() {
-                step.run(batch([*rows, 16], 10 * s + rank, device), LR)?;
+            let last = dp.ranks().size() - 1;
+            for (s, &(first, other)) in rows.iter().enumerate() {
+                let rows = if rank == last { other } else { first };
+                step.run(batch([rows, 16], 10 * s + rank, device), LR)?;
             }
             Ok(step)
         });
         let step = step.unwrap_or_else(|error| panic!("rank {rank}: {error}"));
         if supports_graphs(device) {
+            // One eager step per shape met anew: 2 rows on every rank, 3 rows on the last.
+            let last = rank == devices.len() - 1;
+            let (new_shapes, graphs) = if last { (2, 3) } else { (1, 2) };
             let stats = step.stats();
-            assert_eq!(stats.replays, rows.len() as u64, "rank {rank}: {stats:?}");
-            assert_eq!(stats.shape_cache.graphs, 2, "rank {rank}: {stats:?}");
+            let waited = stats.eager.get(&FallbackReason::CaptureAfterStep).copied();
+            assert_eq!(waited, Some(new_shapes), "rank {rank}: {stats:?}");
+            assert_eq!(stats.total_eager(), new_shapes, "rank {rank}: {stats:?}");
+            assert_eq!(
+                stats.replays,
+                rows.len() as u64 - new_shapes,
+                "rank {rank}: {stats:?}"
+            );
+            assert_eq!(stats.shape_cache.graphs, graphs, "rank {rank}: {stats:?}");
         }
         assert_eq!(step.steps(), rows.len() as u64, "rank {rank}: updates done");
         deep_copy(&step.module())
@@ -484,9 +499,9 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
 
 /// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
 /// on `devices` (rank `i` on `devices[i]`) with `collective`: rank 1's capture failing (a
-/// sample of another width) is `RankFailed` naming it on both ranks;
-/// a learning rate that differs between the ranks, and a batch of new shapes on one rank only
-/// (a capture the other rank does not make), are `RanksDisagree` on both.
+/// sample of another width) is `RankFailed` naming it on both ranks; a learning rate that
+/// differs between the ranks, and replicas that start apart, are `RanksDisagree` on both; a step
+/// refused on one rank before it started is `RankFailed` on both.
 pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective: Collective) {
     assert_eq!(devices.len(), RANKS, "one device per rank");
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
@@ -532,20 +547,6 @@ pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective
         );
     }
 
-    if graphs {
-        let shapes = on_ranks(&collective, |dp| {
-            let rank = dp.ranks().rank();
-            let device = &devices[rank];
-            let mut step = step_on(&dp, 16)?;
-            step.run(batch([4 + rank, 16], 1, device), LR)
-        });
-        for result in shapes {
-            assert!(
-                matches!(&result, Err(GraphedError::RanksDisagree { .. })),
-                "{result:?}"
-            );
-        }
-    }
     // Replicas that start from different parameters would stay apart: refused at the start.
     let apart = on_ranks(&collective, |dp| {
         let rank = dp.ranks().rank();

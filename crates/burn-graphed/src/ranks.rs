@@ -39,8 +39,9 @@ struct State {
     round: u64,
     /// What each rank stated in the current round.
     entries: Vec<Option<Entry>>,
-    /// The outcome of round `round - 1`, read by the ranks that waited for it.
-    last: Option<Result<(), GraphedError>>,
+    /// The outcome of round `round - 1`, read by the ranks that waited for it: whether any
+    /// rank voted, or the error.
+    last: Option<Result<bool, GraphedError>>,
     /// The error that ended the group, returned by every later call.
     spent: Option<GraphedError>,
 }
@@ -50,6 +51,8 @@ struct State {
 struct Entry {
     what: String,
     decision: Result<String, String>,
+    /// A yes/no that need not be the same on every rank ([`RankGroup::agree_and_vote`]).
+    vote: bool,
 }
 
 impl RankGroup {
@@ -114,16 +117,34 @@ impl RankGroup {
         what: &str,
         local: Result<T, GraphedError>,
     ) -> Result<T, GraphedError> {
+        self.agree_and_vote(what, local, false)
+            .map(|(value, _)| value)
+    }
+
+    /// As [`agree`](Self::agree), with a vote that may differ between ranks: returns `local`
+    /// and whether any rank voted yes (the same answer on every rank). For a step that all ranks
+    /// take, after which some of them need something all must join (a capture, in turn).
+    ///
+    /// # Errors
+    ///
+    /// As [`agree`](Self::agree).
+    pub(crate) fn agree_and_vote<T: Debug>(
+        &self,
+        what: &str,
+        local: Result<T, GraphedError>,
+        vote: bool,
+    ) -> Result<(T, bool), GraphedError> {
         let entry = Entry {
             what: what.to_string(),
             decision: match &local {
                 Ok(value) => Ok(format!("{value:?}")),
                 Err(error) => Err(error.to_string()),
             },
+            vote,
         };
-        self.exchange(entry)?;
+        let any = self.exchange(entry)?;
         // Every rank succeeded with the same decision, this one's included.
-        local
+        local.map(|value| (value, any))
     }
 
     /// Waits at a barrier with nothing to decide: [`agree`](Self::agree) on `()`.
@@ -143,7 +164,7 @@ impl RankGroup {
         self.shared.arrived.notify_all();
     }
 
-    fn exchange(&self, entry: Entry) -> Result<(), GraphedError> {
+    fn exchange(&self, entry: Entry) -> Result<bool, GraphedError> {
         let shared = &self.shared;
         let mut state = lock(&shared.state);
         if let Some(error) = &state.spent {
@@ -153,7 +174,7 @@ impl RankGroup {
         state.entries[self.rank] = Some(entry);
         if state.entries.iter().all(Option::is_some) {
             let entries: Vec<Entry> = state.entries.iter_mut().filter_map(Option::take).collect();
-            let outcome = outcome(&entries);
+            let outcome = outcome(&entries).map(|()| entries.iter().any(|e| e.vote));
             if let Err(error) = &outcome {
                 state.spent = Some(error.clone());
             }
@@ -167,7 +188,7 @@ impl RankGroup {
             if state.round != round {
                 // The round this rank joined completed; no later one can have, since it needs
                 // this rank.
-                return state.last.clone().unwrap_or(Ok(()));
+                return state.last.clone().unwrap_or(Ok(false));
             }
             if let Some(error) = &state.spent {
                 return Err(error.clone());
@@ -273,6 +294,26 @@ mod tests {
         });
         for result in results {
             assert_eq!(result.expect("agreed"), (0..50).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn any_rank_s_vote_reaches_every_rank() {
+        // Round `step`: rank `step % 4` votes yes on odd steps; nobody on even steps.
+        let results = on_ranks(4, LONG, |group| {
+            let rank = group.rank();
+            (0..20)
+                .map(|step| {
+                    let vote = step % 2 == 1 && step % 4 == rank;
+                    group
+                        .agree_and_vote("a step", Ok(step), vote)
+                        .map(|(_, any)| any)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let expected: Vec<bool> = (0..20).map(|step| step % 2 == 1).collect();
+        for result in results {
+            assert_eq!(result.expect("agreed"), expected);
         }
     }
 

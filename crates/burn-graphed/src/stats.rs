@@ -54,6 +54,10 @@ pub enum FallbackReason {
     /// Capturing graphs for the call's input signature failed (once; the signature is not
     /// tried again). The error is in [`ShapeCacheStats::last_capture_error`](crate::ShapeCacheStats::last_capture_error).
     CaptureFailed,
+    /// A data-parallel whole step met input shapes without graphs: it runs eagerly, and the
+    /// group's ranks capture them after its update, in turn
+    /// ([`GraphedStep::data_parallel`](crate::GraphedStep::data_parallel)).
+    CaptureAfterStep,
 }
 
 /// What [`Graphed::prepare`](crate::Graphed::prepare) found or did for a signature.
@@ -102,6 +106,9 @@ impl fmt::Display for FallbackReason {
             FallbackReason::CaptureFailed => {
                 f.write_str("capturing graphs for these input shapes failed")
             }
+            FallbackReason::CaptureAfterStep => f.write_str(
+                "no graphs for these input shapes yet: the ranks capture them after this step",
+            ),
         }
     }
 }

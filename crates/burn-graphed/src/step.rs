@@ -90,6 +90,15 @@ pub struct GraphedStep<M, I> {
     _inputs: PhantomData<fn(I)>,
 }
 
+/// How the gradient half of a data-parallel step ran.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Half {
+    Replayed,
+    Eager,
+    /// Eagerly, for shapes without graphs that the ranks capture after the step.
+    CaptureAfter,
+}
+
 /// What the ranks of a data-parallel step agree on before averaging its bucket.
 const STEP_AGREEMENT: &str =
     "a whole step's gradients (which parameters, elements, dtype) and learning rate";
@@ -162,9 +171,11 @@ where
     /// every rank with the same typed error instead of a hang. Run each rank's training inside
     /// [`DataParallel::run`], so that a rank failing outside a step releases the others.
     ///
-    /// Every rank's batches must have the same shapes at each step, as the graphs are the same
-    /// on every rank: drop an uneven last batch (a new shape on one rank only is
-    /// [`GraphedError::RanksDisagree`] on every rank). The returned losses are this rank's.
+    /// A step whose batch shapes have no graph yet on some rank (a new batch size, an uneven
+    /// last batch on one rank) runs eagerly on those ranks
+    /// ([`FallbackReason::CaptureAfterStep`]); after its update every rank takes its turn and
+    /// those ranks capture the shapes, which later steps replay. The returned losses are this
+    /// rank's.
     ///
     /// # Errors
     ///
@@ -371,7 +382,8 @@ where
     }
 
     /// A data-parallel step (see [`data_parallel`](Self::data_parallel)): the gradient half,
-    /// replayed or eager; the ranks' agreement; the bucket averaged; the update half.
+    /// replayed or eager; the ranks' agreement; the bucket averaged; the update half; then,
+    /// when any rank met shapes without graphs, every rank's turn to capture them.
     fn parallel_step(
         &mut self,
         group: &DataParallel,
@@ -380,16 +392,20 @@ where
         lr: f64,
     ) -> Result<Tensor<1>, GraphedError> {
         let half = self.gradient_half(state, flat, lr);
+        let wants_capture = matches!(&half, Ok((_, _, Half::CaptureAfter)));
         let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
             let layout = &bucket.layout;
             (layout.fingerprint(), layout.len, layout.dtype, lr)
         });
-        group.ranks().agree(STEP_AGREEMENT, digest)?;
-        let (losses, bucket, replayed) = half?;
+        let (_, any_capture) =
+            group
+                .ranks()
+                .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+        let (losses, bucket, half) = half?;
         let averaged = group
             .mean(Tensor::from_dispatch(bucket.tensor))?
             .into_dispatch();
-        if replayed {
+        if half == Half::Replayed {
             self.graph(flat)?.replay_update(&averaged)?;
         } else {
             state.eager_update(&Bucket {
@@ -397,19 +413,56 @@ where
                 layout: bucket.layout,
             })?;
         }
+        if any_capture {
+            self.capture_in_turn(flat, wants_capture)?;
+        }
         Ok(concat(losses))
     }
 
-    /// The first half of a data-parallel step: the losses, this rank's bucket, and whether the
-    /// graph replayed it (the update half then replays too).
+    /// Every rank's turn at capturing after a step in which some met shapes without graphs:
+    /// those ranks (`wanted`) capture `flat`'s signature into their shape cache, the others
+    /// wait their turn.
+    ///
+    /// # Errors
+    ///
+    /// On every rank alike, [`GraphedError::RankFailed`] when a rank's capture failed (the
+    /// group is spent).
+    fn capture_in_turn(
+        &mut self,
+        flat: &[Vec<FlatTensor>],
+        wanted: bool,
+    ) -> Result<(), GraphedError> {
+        let captured = if wanted {
+            self.capture(flat).map(Some)
+        } else {
+            let Some((group, device)) = &self.parallel else {
+                return Ok(());
+            };
+            group.in_turn("capturing a whole step", device, || Ok(None))
+        }?;
+        let (Some(graph), Some(cache)) = (
+            captured,
+            self.engine.as_mut().and_then(|e| e.graphs.as_mut()),
+        ) else {
+            return Ok(());
+        };
+        let bytes = graph.held_bytes();
+        // A graph too large for the cache is dropped; the shapes run eagerly and ask again.
+        let _ = cache.insert(signature(flat), graph, bytes, |_| false);
+        Ok(())
+    }
+
+    /// The first half of a data-parallel step: the losses, this rank's bucket, and how the half
+    /// ran. Shapes without graphs are not captured here (their capture needs every rank, after
+    /// the step): the half runs eagerly and asks for the capture.
     fn gradient_half(
         &mut self,
         state: &StepState,
         flat: &[Vec<FlatTensor>],
         lr: f64,
-    ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, bool), GraphedError> {
+    ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, Half), GraphedError> {
         let graph = if state.on_capture_thread() {
-            self.graph_for(flat)?
+            self.parallel_graph_for(flat)
         } else {
             Err(FallbackReason::OtherThread)
         };
@@ -419,16 +472,41 @@ where
                 let (losses, copies, bucket) = self.graph(flat)?.replay_gradients(flat)?;
                 self.stats.replays += 1;
                 self.stats.input_copies += copies;
-                Ok((losses, bucket, true))
+                Ok((losses, bucket, Half::Replayed))
             }
             Err(reason) => {
-                if self.config.on_mismatch == MismatchPolicy::Error {
+                // New shapes are captured after the step, not refused.
+                if self.config.on_mismatch == MismatchPolicy::Error
+                    && reason != FallbackReason::CaptureAfterStep
+                {
                     return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
                 }
-                *self.stats.eager.entry(reason).or_default() += 1;
+                *self.stats.eager.entry(reason.clone()).or_default() += 1;
                 let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
-                Ok((losses, bucket, false))
+                let half = if reason == FallbackReason::CaptureAfterStep {
+                    Half::CaptureAfter
+                } else {
+                    Half::Eager
+                };
+                Ok((losses, bucket, half))
             }
+        }
+    }
+
+    /// Whether a data-parallel step of `flat`'s signature replays, or why it runs eagerly
+    /// ([`FallbackReason::CaptureAfterStep`] where the shape cache admits a capture).
+    fn parallel_graph_for(&mut self, flat: &[Vec<FlatTensor>]) -> Result<(), FallbackReason> {
+        let key = signature(flat);
+        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
+            return Err(FallbackReason::Unsupported);
+        };
+        if cache.get(&key).is_some() {
+            return Ok(());
+        }
+        match cache.admit(&key, |_| false) {
+            Admission::Capture => Err(FallbackReason::CaptureAfterStep),
+            Admission::FailedBefore => Err(FallbackReason::CaptureFailed),
+            Admission::Full => Err(FallbackReason::ShapeCacheFull),
         }
     }
 
@@ -475,8 +553,7 @@ where
                     Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
                 }
             }
-            // A data-parallel capture failed on every rank alike and spent the group.
-            Err(error) if self.config.require_graphs || self.parallel.is_some() => Err(error),
+            Err(error) if self.config.require_graphs => Err(error),
             Err(error) => {
                 cache.record_failure(key, error.to_string());
                 Ok(Err(FallbackReason::CaptureFailed))
