@@ -510,13 +510,14 @@ where
         }
     }
 
-    /// The cached graph of `flat`'s signature.
-    fn graph(&mut self, flat: &[Vec<FlatTensor>]) -> Result<&StepGraph, GraphedError> {
+    /// The cached graph of `flat`'s signature, found by this step's admission (which counted
+    /// the hit).
+    fn graph(&self, flat: &[Vec<FlatTensor>]) -> Result<&StepGraph, GraphedError> {
         let key = signature(flat);
         self.engine
-            .as_mut()
-            .and_then(|e| e.graphs.as_mut())
-            .and_then(|cache| cache.get(&key))
+            .as_ref()
+            .and_then(|e| e.graphs.as_ref())
+            .and_then(|cache| cache.peek(&key))
             .ok_or(GraphedError::Replay {
                 which: "whole step",
                 reason: "the graph for this signature left the cache".into(),
