@@ -367,7 +367,10 @@ fn train_whole_steps(
             let stats = step.stats();
             assert_eq!(stats.replays, STEPS as u64, "rank {rank}: {stats:?}");
             assert_eq!(stats.total_eager(), 0, "rank {rank}: {stats:?}");
-            assert_eq!(stats.shape_cache.hits, STEPS as u64, "one hit a step: {stats:?}");
+            assert_eq!(
+                stats.shape_cache.hits, STEPS as u64,
+                "one hit a step: {stats:?}"
+            );
         }
         deep_copy(&step.module())
     };
