@@ -582,14 +582,12 @@ pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective
         let batches = vec![batch([4, 16], 1, device); 1 + rank];
         step.run_accumulated(batches, LR)
     });
-    assert!(
-        matches!(&refused[0], Err(GraphedError::RankFailed { rank: 1, .. })),
-        "{refused:?}"
-    );
-    assert!(
-        matches!(&refused[1], Err(GraphedError::RankFailed { rank: 1, .. })),
-        "{refused:?}"
-    );
+    for result in &refused {
+        assert!(
+            matches!(result, Err(GraphedError::RankFailed { rank: 1, .. })),
+            "{refused:?}"
+        );
+    }
     assert!(started.elapsed() < Duration::from_secs(120), "no hang");
 }
 

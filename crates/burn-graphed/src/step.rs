@@ -99,6 +99,19 @@ enum Half {
     CaptureAfter,
 }
 
+/// Where a step's signature stands with the shape cache.
+enum Lookup {
+    /// Graphs of the signature are cached.
+    Cached,
+    /// None are; the cache may take them.
+    Admitted,
+    /// None are, and none will be captured now, for this reason.
+    Eager(FallbackReason),
+}
+
+/// What the ranks of a data-parallel group do, each in its turn, when one of them captures.
+const CAPTURE_TURN: &str = "capturing a whole step";
+
 /// What the ranks of a data-parallel step agree on before averaging its bucket.
 const STEP_AGREEMENT: &str =
     "a whole step's gradients (which parameters, elements, dtype) and learning rate";
@@ -256,19 +269,16 @@ where
             stats: StepStats::default(),
             _inputs: PhantomData,
         };
+        if let Some((group, _)) = &step.parallel {
+            group.agree_on_start(&step.model)?;
+        }
         if step.engine.is_none() {
-            if let Some((group, _)) = &step.parallel {
-                group.agree_on_start(&step.model)?;
-            }
             if config.require_graphs {
                 return Err(GraphedError::Unsupported {
                     device: format!("{:?}", param_entries.first().map(|p| &p.tensor.device)),
                 });
             }
             return Ok(step);
-        }
-        if let Some((group, _)) = &step.parallel {
-            group.agree_on_start(&step.model)?;
         }
         let flat: Vec<Vec<FlatTensor>> = samples.into_iter().map(TensorGroup::flatten).collect();
         let key = signature(&flat);
@@ -341,20 +351,21 @@ where
         };
         let state = engine.state.clone();
         let flat: Vec<Vec<FlatTensor>> = batches.into_iter().map(TensorGroup::flatten).collect();
+        let key = signature(&flat);
         if let Some((group, _)) = self.parallel.clone() {
-            return self.parallel_step(&group, &state, &flat, lr);
+            return self.parallel_step(&group, &state, &flat, &key, lr);
         }
         // The model is the step's own (only `load_module` replaces it, checking its
         // structure), so its train/eval mode is the capture's: nothing to compare per step.
         let graph = if state.on_capture_thread() {
-            self.graph_for(&flat)?
+            self.graph_for(&flat, &key)?
         } else {
             Err(FallbackReason::OtherThread)
         };
         state.set_lr(lr)?;
         let losses = match graph {
             Ok(()) => {
-                let (losses, copies) = self.graph(&flat)?.replay(&flat)?;
+                let (losses, copies) = self.graph(&key)?.replay(&flat)?;
                 self.stats.replays += 1;
                 self.stats.input_copies += copies;
                 losses
@@ -389,9 +400,10 @@ where
         group: &DataParallel,
         state: &StepState,
         flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<Tensor<1>, GraphedError> {
-        let half = self.gradient_half(state, flat, lr);
+        let half = self.gradient_half(state, flat, key, lr);
         let wants_capture = matches!(&half, Ok((_, _, Half::CaptureAfter)));
         let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
             let layout = &bucket.layout;
@@ -406,7 +418,7 @@ where
             .mean(Tensor::from_dispatch(bucket.tensor))?
             .into_dispatch();
         if half == Half::Replayed {
-            self.graph(flat)?.replay_update(&averaged)?;
+            self.graph(key)?.replay_update(&averaged)?;
         } else {
             state.eager_update(&Bucket {
                 tensor: averaged,
@@ -414,7 +426,7 @@ where
             })?;
         }
         if any_capture {
-            self.capture_in_turn(flat, wants_capture)?;
+            self.capture_in_turn(flat, key, wants_capture)?;
         }
         Ok(concat(losses))
     }
@@ -430,6 +442,7 @@ where
     fn capture_in_turn(
         &mut self,
         flat: &[Vec<FlatTensor>],
+        key: &[TensorSpec],
         wanted: bool,
     ) -> Result<(), GraphedError> {
         let captured = if wanted {
@@ -438,7 +451,7 @@ where
             let Some((group, device)) = &self.parallel else {
                 return Ok(());
             };
-            group.in_turn("capturing a whole step", device, || Ok(None))
+            group.in_turn(CAPTURE_TURN, device, || Ok(None))
         }?;
         let (Some(graph), Some(cache)) = (
             captured,
@@ -448,7 +461,7 @@ where
         };
         let bytes = graph.held_bytes();
         // A graph too large for the cache is dropped; the shapes run eagerly and ask again.
-        let _ = cache.insert(signature(flat), graph, bytes, |_| false);
+        let _ = cache.insert(key.to_vec(), graph, bytes, |_| false);
         Ok(())
     }
 
@@ -459,17 +472,22 @@ where
         &mut self,
         state: &StepState,
         flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, Half), GraphedError> {
-        let graph = if state.on_capture_thread() {
-            self.parallel_graph_for(flat)
-        } else {
+        let graph = if !state.on_capture_thread() {
             Err(FallbackReason::OtherThread)
+        } else {
+            match self.lookup(key) {
+                Lookup::Cached => Ok(()),
+                Lookup::Admitted => Err(FallbackReason::CaptureAfterStep),
+                Lookup::Eager(reason) => Err(reason),
+            }
         };
         state.set_lr(lr)?;
         match graph {
             Ok(()) => {
-                let (losses, copies, bucket) = self.graph(flat)?.replay_gradients(flat)?;
+                let (losses, copies, bucket) = self.graph(key)?.replay_gradients(flat)?;
                 self.stats.replays += 1;
                 self.stats.input_copies += copies;
                 Ok((losses, bucket, Half::Replayed))
@@ -493,31 +511,28 @@ where
         }
     }
 
-    /// Whether a data-parallel step of `flat`'s signature replays, or why it runs eagerly
-    /// ([`FallbackReason::CaptureAfterStep`] where the shape cache admits a capture).
-    fn parallel_graph_for(&mut self, flat: &[Vec<FlatTensor>]) -> Result<(), FallbackReason> {
-        let key = signature(flat);
+    /// Where a step of signature `key` stands with the shape cache (a hit is counted here).
+    fn lookup(&mut self, key: &Vec<TensorSpec>) -> Lookup {
         let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
-            return Err(FallbackReason::Unsupported);
+            return Lookup::Eager(FallbackReason::Unsupported);
         };
-        if cache.get(&key).is_some() {
-            return Ok(());
+        if cache.get(key).is_some() {
+            return Lookup::Cached;
         }
-        match cache.admit(&key, |_| false) {
-            Admission::Capture => Err(FallbackReason::CaptureAfterStep),
-            Admission::FailedBefore => Err(FallbackReason::CaptureFailed),
-            Admission::Full => Err(FallbackReason::ShapeCacheFull),
+        match cache.admit(key, |_| false) {
+            Admission::Capture => Lookup::Admitted,
+            Admission::FailedBefore => Lookup::Eager(FallbackReason::CaptureFailed),
+            Admission::Full => Lookup::Eager(FallbackReason::ShapeCacheFull),
         }
     }
 
-    /// The cached graph of `flat`'s signature, found by this step's admission (which counted
-    /// the hit).
-    fn graph(&self, flat: &[Vec<FlatTensor>]) -> Result<&StepGraph, GraphedError> {
-        let key = signature(flat);
+    /// The cached graph of signature `key`, found by this step's [`lookup`](Self::lookup)
+    /// (which counted the hit).
+    fn graph(&self, key: &Vec<TensorSpec>) -> Result<&StepGraph, GraphedError> {
         self.engine
             .as_ref()
             .and_then(|e| e.graphs.as_ref())
-            .and_then(|cache| cache.peek(&key))
+            .and_then(|cache| cache.peek(key))
             .ok_or(GraphedError::Replay {
                 which: "whole step",
                 reason: "the graph for this signature left the cache".into(),
@@ -529,18 +544,12 @@ where
     fn graph_for(
         &mut self,
         flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
     ) -> Result<Result<(), FallbackReason>, GraphedError> {
-        let key = signature(flat);
-        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
-            return Ok(Err(FallbackReason::Unsupported));
-        };
-        if cache.get(&key).is_some() {
-            return Ok(Ok(()));
-        }
-        match cache.admit(&key, |_| false) {
-            Admission::Capture => {}
-            Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
-            Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
+        match self.lookup(key) {
+            Lookup::Cached => return Ok(Ok(())),
+            Lookup::Eager(reason) => return Ok(Err(reason)),
+            Lookup::Admitted => {}
         }
         let captured = self.capture(flat);
         let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
@@ -549,14 +558,14 @@ where
         match captured {
             Ok(graph) => {
                 let bytes = graph.held_bytes();
-                match cache.insert(key, graph, bytes, |_| false) {
+                match cache.insert(key.clone(), graph, bytes, |_| false) {
                     Ok(_evicted) => Ok(Ok(())),
                     Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
                 }
             }
             Err(error) if self.config.require_graphs => Err(error),
             Err(error) => {
-                cache.record_failure(key, error.to_string());
+                cache.record_failure(key.clone(), error.to_string());
                 Ok(Err(FallbackReason::CaptureFailed))
             }
         }
@@ -569,7 +578,7 @@ where
         let runner = self.runner();
         match &self.parallel {
             None => cube::capture_step(&engine.state, &runner, flat, &self.config, StepCut::Whole),
-            Some((group, device)) => group.in_turn("capturing a whole step", device, || {
+            Some((group, device)) => group.in_turn(CAPTURE_TURN, device, || {
                 group.check_device(device)?;
                 cube::capture_step(
                     &engine.state,
