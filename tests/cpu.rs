@@ -41,6 +41,7 @@ on_devices! {
     data_parallel_whole_steps_match_one_model => |d| scenarios::data_parallel::whole_steps_match_one_model(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_whole_steps_capture_new_shapes_together => |d| scenarios::data_parallel::whole_steps_capture_new_shapes_together(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_whole_steps_four_ranks_match_one_model => |d| scenarios::data_parallel::whole_steps_match_one_model(&[d.clone(), d.clone(), d.clone(), d.clone()], burn_graphed::Collective::Host);
+    data_parallel_unwritten_gradients_fail_every_rank => |d| scenarios::data_parallel::unwritten_gradients_fail_every_rank(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_whole_step_ranks_that_differ_fail_together => |d| scenarios::data_parallel::whole_step_ranks_that_differ_fail_together(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     inference_follows_fused_training_copy => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Copy);
     inference_follows_fused_training_static => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Static);

@@ -632,6 +632,20 @@ fn data_parallel_whole_steps_capture_new_shapes_together() {
     );
 }
 
+/// Gradients without values on one GPU end the step on both with a typed error before the
+/// all-reduce, which cubecl would skip on that GPU alone, leaving the other in NCCL for good
+/// (skipped on one GPU).
+#[test]
+fn data_parallel_unwritten_gradients_fail_every_rank() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::unwritten_gradients_fail_every_rank(
+        &devices,
+        burn_graphed::Collective::AllReduce {
+            devices: devices.clone(),
+        },
+    );
+}
+
 /// The same on four GPUs, a quarter of every batch each (skipped on fewer GPUs).
 #[test]
 fn data_parallel_whole_steps_four_gpus_match_one_model() {

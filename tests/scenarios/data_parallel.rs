@@ -501,6 +501,69 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
     }
 }
 
+/// Gradients that hold no values on one rank (a launch skipped upstream: here, an input the
+/// device never wrote) end the step on every rank with `RankFailed` naming that rank, with
+/// `GradientsNotWritten`'s account, before the collective: cubecl skips the all-reduce of a
+/// bucket that holds no values, and the other ranks would then wait in NCCL for good. Through
+/// `DataParallel::average` (eager gradients) and through a data-parallel whole step meeting a
+/// shape it has no graphs for (an eager half). Afterwards every device trains again.
+pub fn unwritten_gradients_fail_every_rank(devices: &[Device], collective: Collective) {
+    assert_eq!(devices.len(), RANKS, "one device per rank");
+    let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
+    // Only cubecl's backends keep tensors without values.
+    if !supports_graphs(&devices[0]) {
+        return;
+    }
+    let model = Mlp::new(16, 2, 4, &devices[0]);
+    let input = |rank: usize, rows: usize, device: &Device| {
+        if rank == 1 {
+            super::recovery::unwritten([rows, 16], device)
+        } else {
+            batch([rows, 16], rank, device)
+        }
+    };
+    let hold_no_values = |result: &Result<(), GraphedError>| {
+        matches!(result, Err(GraphedError::RankFailed { rank: 1, reason, .. })
+            if reason.contains("gradients to average hold no values"))
+    };
+    // Copies of their own: eager work on unwritten operands may leave what it read unreadable
+    // on CUDA (UPSTREAM.md 6).
+    let averaged = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let replica = deep_copy(&replica_on(&model, device));
+        let loss = square_loss(&replica, input(rank, 4, device));
+        let grads = GradientsParams::from_grads(loss.backward(), &replica);
+        dp.average(&replica, grads).map(|_| ())
+    });
+    for result in &averaged {
+        assert!(hold_no_values(result), "average: {result:?}");
+    }
+    let stepped = on_ranks(&collective, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        dp.run(|dp| {
+            let mut step = GraphedStep::data_parallel(
+                dp,
+                deep_copy(&replica_on(&model, device)),
+                square_loss,
+                &adam_config(),
+                vec![batch([4, 16], rank, device)],
+                &GraphedConfig::new(),
+            )?;
+            step.run(batch([4, 16], 10 + rank, device), LR)?;
+            // Two rows: no graphs yet, so both ranks run the gradient half eagerly.
+            step.run(input(rank, 2, device), LR).map(|_| ())
+        })
+    });
+    for result in &stepped {
+        assert!(hold_no_values(result), "whole step: {result:?}");
+    }
+    let replicas = train_replicas(&model, &devices, &collective, true);
+    let first = param_values(&replicas[0]).expect("read back");
+    assert_params_unchanged(&replicas[1], &first);
+}
+
 /// Data-parallel whole steps whose ranks differ end together with a typed error, never a hang,
 /// on `devices` (rank `i` on `devices[i]`) with `collective`: rank 1's capture failing (a
 /// sample of another width) is `RankFailed` naming it on both ranks; a learning rate that

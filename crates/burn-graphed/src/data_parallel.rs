@@ -256,8 +256,10 @@ impl DataParallel {
             .collect();
         let bucket = (!parts.is_empty())
             .then(|| Tensor::cat(parts.iter().map(|(_, _, t)| t.clone()).collect(), 0));
+        // A bucket without values on one rank would skip its collective and strand the others.
+        let written = bucket.as_ref().map_or(Ok(()), written);
         self.ranks
-            .agree("the gradient bucket's layout", Ok(&layout))?;
+            .agree("the gradient bucket's layout", written.map(|()| &layout))?;
         let Some(bucket) = bucket else {
             return Ok(grads);
         };
@@ -273,7 +275,9 @@ impl DataParallel {
     }
 
     /// The mean of every rank's `bucket` (each rank calls it with its own, after the ranks
-    /// agreed on the buckets' layout: NCCL waits for every rank).
+    /// agreed on the buckets' layout and that every bucket holds values ([`written`]): NCCL
+    /// waits for every rank, and cubecl skips the collective of a rank whose bucket holds
+    /// none).
     ///
     /// # Errors
     ///
@@ -293,13 +297,20 @@ impl DataParallel {
     /// The mean of every rank's `bucket`, summed on the host in rank order.
     fn host_mean(&self, bucket: Tensor<1>) -> Result<Tensor<1>, GraphedError> {
         let (device, dtype) = (bucket.device(), bucket.dtype());
+        // A read that fails (a device failure after the check of `written`) is an error to
+        // agree on, not a panic that would leave the other ranks waiting.
         let values = bucket
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|error| GraphedError::InvalidArgument {
-                argument: "grads",
-                detail: format!("the gradient bucket did not read back as f32: {error:?}"),
+            .try_into_data()
+            .map_err(|error| GraphedError::GradientsNotWritten {
+                reason: error.to_string(),
+            })
+            .and_then(|data| {
+                data.convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .map_err(|error| GraphedError::InvalidArgument {
+                        argument: "grads",
+                        detail: format!("the gradient bucket did not read back as f32: {error:?}"),
+                    })
             });
         // Every rank learns whether every rank read its bucket (the values themselves differ).
         self.ranks.agree(
@@ -447,4 +458,16 @@ impl ModuleVisitor for StartHash {
         let data = param.val().try_into_data().map_err(|e| e.to_string());
         self.add(param.id, data);
     }
+}
+
+/// Whether the device wrote `bucket`'s values (runs the work queued for it): what the ranks
+/// agree on before a collective. cubecl skips the all-reduce of a rank whose source carries a
+/// failure, and the other ranks' NCCL kernels would then wait for it for good.
+///
+/// # Errors
+///
+/// [`GraphedError::GradientsNotWritten`] with the backend's account.
+pub(crate) fn written(bucket: &Tensor<1>) -> Result<(), GraphedError> {
+    crate::cube::check_written(&bucket.clone().into_dispatch())
+        .map_err(|reason| GraphedError::GradientsNotWritten { reason })
 }

@@ -224,6 +224,19 @@ pub enum GraphedError {
         /// What the backend reported for the parameter.
         reason: String,
     },
+    /// A data-parallel step's gradients hold no values on this rank: the work that made them
+    /// failed on the device (a launch cubecl skipped because it read a tensor an earlier
+    /// failure left unwritten, such as an unwritten input batch). Found before the all-reduce
+    /// and stated to every rank: cubecl skips a collective whose source holds no values, so
+    /// averaging would leave the other ranks waiting in NCCL for good.
+    #[error(
+        "the gradients to average hold no values: the work that made them failed on the device \
+         (an input or parameter it read holds no values). The backend's account: {reason}"
+    )]
+    GradientsNotWritten {
+        /// What the backend reported for the gradient bucket.
+        reason: String,
+    },
     /// A capture step failed; the graphs were dropped and the device left out of capture mode.
     #[error("capture failed during {phase}: {reason}")]
     Capture {

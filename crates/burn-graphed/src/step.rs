@@ -403,7 +403,17 @@ where
         key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<Tensor<1>, GraphedError> {
-        let half = self.gradient_half(state, flat, key, lr);
+        let half = self
+            .gradient_half(state, flat, key, lr)
+            .and_then(|(losses, bucket, half)| {
+                // An eager half's bucket holds no values where a launch was skipped (an input
+                // without values); a replayed one was written by its graph, whose replay refuses
+                // such inputs.
+                if half != Half::Replayed {
+                    crate::data_parallel::written(&Tensor::from_dispatch(bucket.tensor.clone()))?;
+                }
+                Ok((losses, bucket, half))
+            });
         let wants_capture = matches!(&half, Ok((_, _, Half::CaptureAfter)));
         let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
             let layout = &bucket.layout;

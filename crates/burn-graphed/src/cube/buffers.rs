@@ -41,6 +41,20 @@ pub(crate) fn memory_of(fused: &FusedTensor) -> BufferKey {
     key_of(&resolve(fused))
 }
 
+/// Whether the device wrote `tensor`'s bytes, after running the work queued on its fusion
+/// stream: cubecl's answer for enqueue-time failures (a launch skipped because it read a buffer
+/// an earlier failure left unwritten, whose outputs inherit that failure), with its account
+/// when not. `Ok` for a tensor that is not on burn's cubecl backend.
+pub(crate) fn check_written(tensor: &DispatchTensor) -> Result<(), String> {
+    let Some(fused) = fused(tensor) else {
+        return Ok(());
+    };
+    let cube = resolve(&fused);
+    cube.client
+        .check([&cube.handle])
+        .map_err(|error| error.to_string())
+}
+
 /// Whether two buffer ranges share bytes.
 pub(crate) fn overlaps(a: BufferKey, b: BufferKey) -> bool {
     a.0 == b.0 && a.1 < b.2 && b.1 < a.2

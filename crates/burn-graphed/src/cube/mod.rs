@@ -53,6 +53,7 @@ mod write_check;
 pub(crate) use self::{
     adam_multi_op::Batch as AdamBatch,
     adam_op::step as adam_step,
+    buffers::check_written,
     capture::{capture_group, capture_inference},
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
@@ -66,5 +67,5 @@ mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
-    capture_inference, capture_step, enable_kernel_cache, supports_capture,
+    capture_inference, capture_step, check_written, enable_kernel_cache, supports_capture,
 };
