@@ -248,18 +248,25 @@ impl DataParallel {
         };
         module.visit(&mut flatten);
         let parts = flatten.parts;
-        // Which parameters, and their sizes: equal sizes of other parameters would reduce
-        // misaligned gradients.
-        let layout: Vec<(u64, usize)> = parts
-            .iter()
-            .map(|(id, numel, _)| (id.val(), *numel))
-            .collect();
+        // Which parameters, and their sizes (equal sizes of other parameters would reduce
+        // misaligned gradients): their count, elements and a hash of ids and sizes, so that a
+        // step formats three numbers for the agreement, not a list of every parameter.
+        let layout = {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            for (id, numel, _) in &parts {
+                std::hash::Hash::hash(&(id.val(), *numel), &mut hasher);
+            }
+            let elements: usize = parts.iter().map(|(_, numel, _)| numel).sum();
+            (parts.len(), elements, std::hash::Hasher::finish(&hasher))
+        };
         let bucket = (!parts.is_empty())
             .then(|| Tensor::cat(parts.iter().map(|(_, _, t)| t.clone()).collect(), 0));
         // A bucket without values on one rank would skip its collective and strand the others.
         let written = bucket.as_ref().map_or(Ok(()), written);
-        self.ranks
-            .agree("the gradient bucket's layout", written.map(|()| &layout))?;
+        self.ranks.agree(
+            "the gradient bucket's layout (parameters, elements, hash of ids and sizes)",
+            written.map(|()| layout),
+        )?;
         let Some(bucket) = bucket else {
             return Ok(grads);
         };
