@@ -1075,11 +1075,26 @@ where
         count += 1;
         drop(output);
     };
+    burn_graphed::testing::time_phases(true);
     let per_step = time(&device, options, label, &mut call);
     eprintln!(
         "# {label}: host {:.1} us per call (queueing: copy, check, replay)",
         host.as_secs_f64() * 1e6 / f64::from(count.max(1))
     );
+    if let Some((calls, phases)) = burn_graphed::testing::phase_times() {
+        let phases: Vec<String> = phases
+            .iter()
+            .map(|(phase, time)| {
+                let per_call = time.as_secs_f64() * 1e6 / calls.max(1) as f64;
+                format!("{phase:?} {per_call:.1}")
+            })
+            .collect();
+        eprintln!(
+            "# {label}: host us per call by phase ({calls} calls): {}",
+            phases.join(", ")
+        );
+    }
+    burn_graphed::testing::time_phases(false);
     let stats = graphed.stats();
     assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
     if graphed.summary().graphed {

@@ -10,6 +10,7 @@ const VOCABULARY: &[&str] = &[
     "counter_rng",
     "error",
     "faults",
+    "host_phases",
     "params",
     "ranks",
     "shape_cache",

@@ -14,6 +14,7 @@ use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::cube::{Graphs, Replayed};
 use crate::error::GraphedError;
+use crate::host_phases::{self, HostPhase};
 use crate::params::{self, ModuleMode};
 use crate::shape_cache::{Admission, CacheLimits, ShapeCache, ShapeCacheStats};
 use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
@@ -324,8 +325,11 @@ where
     /// or if the gradient it is given holds no values (as above): burn's backward steps cannot
     /// return errors, and continuing would yield wrong gradients.
     pub fn forward(&self, input: I) -> Result<O, GraphedError> {
+        host_phases::start();
         let flat = self.flat_inputs(input)?;
-        match self.replay_plan(&flat)? {
+        let plan = self.replay_plan(&flat)?;
+        host_phases::lap(HostPhase::Plan);
+        match plan {
             Ok(ReplayPlan::Training(module_params, mismatch)) => {
                 self.replay(flat, module_params, mismatch)
             }
@@ -354,11 +358,10 @@ where
             Ok((graphs, _captured_now)) => graphs,
             Err(reason) => return self.eager(flat, reason),
         };
+        host_phases::lap(HostPhase::Lookup);
         let params = module_params.into_iter().map(|p| p.tensor).collect();
-        match graphs.replay_inference(flat, params)? {
-            Replayed::Outputs(outputs) => O::unflatten(outputs).ok_or(GraphedError::NoOutputs),
-            Replayed::Eager(reason, flat) => self.eager(flat, reason),
-        }
+        let replayed = graphs.replay_inference(flat, params)?;
+        self.hand_out(replayed)
     }
 
     /// Gets graphs ready for calls shaped like `sample` without running a training step:
@@ -607,9 +610,21 @@ where
             Ok((graphs, _captured_now)) => graphs,
             Err(reason) => return self.eager(flat, reason),
         };
+        host_phases::lap(HostPhase::Lookup);
         let params = module_params.into_iter().map(|p| p.tensor).collect();
-        match graphs.replay(flat, params)? {
-            Replayed::Outputs(outputs) => O::unflatten(outputs).ok_or(GraphedError::NoOutputs),
+        let replayed = graphs.replay(flat, params)?;
+        self.hand_out(replayed)
+    }
+
+    /// A replay's outputs as the call's output type, or the eager call where the replay gave
+    /// the inputs back with a reason.
+    fn hand_out(&self, replayed: Replayed) -> Result<O, GraphedError> {
+        match replayed {
+            Replayed::Outputs(outputs) => {
+                let outputs = O::unflatten(outputs).ok_or(GraphedError::NoOutputs);
+                host_phases::lap(HostPhase::HandOut);
+                outputs
+            }
             Replayed::Eager(reason, flat) => self.eager(flat, reason),
         }
     }

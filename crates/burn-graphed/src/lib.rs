@@ -101,6 +101,8 @@ mod error;
 // Used by the engine with `cube`, reachable by users with `testing`.
 #[cfg_attr(not(all(feature = "testing", feature = "cube")), allow(dead_code))]
 mod faults;
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+mod host_phases;
 mod params;
 mod ranks;
 mod shape_cache;
@@ -169,4 +171,5 @@ pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), Graphe
 pub mod testing {
     pub use crate::counter_rng::{reference_mask, reference_normal, reference_uniform};
     pub use crate::faults::{FaultGuard, FaultInjection, inject};
+    pub use crate::host_phases::{HostPhase, phase_times, time_phases};
 }

@@ -24,27 +24,24 @@ impl ModuleMode {
     /// Parameters added, removed, replaced (other id) or reshaped since `captured`: the graphs
     /// cannot serve this module.
     pub fn structural_difference(&self, captured: &ModuleMode) -> Option<String> {
-        let now = ModuleMode {
-            params: self
-                .params
-                .iter()
-                .map(|(id, shape, _)| (*id, shape.clone(), false))
-                .collect(),
-            flags: Vec::new(),
-        };
-        let then = ModuleMode {
-            params: captured
-                .params
-                .iter()
-                .map(|(id, shape, _)| (*id, shape.clone(), false))
-                .collect(),
-            flags: Vec::new(),
-        };
-        now.difference(&then)
+        self.params_difference(captured, false)
     }
 
     /// Why `self` (at a call) differs from `captured`; `None` if it does not.
     pub fn difference(&self, captured: &ModuleMode) -> Option<String> {
+        self.params_difference(captured, true).or_else(|| {
+            (self.flags != captured.flags).then(|| {
+                format!(
+                    "train/eval flags are {:?} now, {:?} at capture",
+                    self.flags, captured.flags
+                )
+            })
+        })
+    }
+
+    /// The first parameter that differs from `captured`'s in count, id, shape or (when asked)
+    /// `require_grad`. Compares in place: it runs at every call.
+    fn params_difference(&self, captured: &ModuleMode, require_grad: bool) -> Option<String> {
         if self.params.len() != captured.params.len() {
             return Some(format!(
                 "{} float parameters now, {} at capture",
@@ -52,33 +49,30 @@ impl ModuleMode {
                 captured.params.len()
             ));
         }
-        for (index, (now, then)) in self.params.iter().zip(&captured.params).enumerate() {
-            if now.0 != then.0 {
-                return Some(format!(
-                    "parameter {index} has id {} now, {} at capture",
-                    now.0, then.0
-                ));
-            }
-            if now.1 != then.1 {
-                return Some(format!(
-                    "parameter {index} has shape {:?} now, {:?} at capture",
-                    now.1, then.1
-                ));
-            }
-            if now.2 != then.2 {
-                return Some(format!(
-                    "parameter {index} has require_grad {} now, {} at capture",
-                    now.2, then.2
-                ));
-            }
-        }
-        if self.flags != captured.flags {
-            return Some(format!(
-                "train/eval flags are {:?} now, {:?} at capture",
-                self.flags, captured.flags
-            ));
-        }
-        None
+        self.params
+            .iter()
+            .zip(&captured.params)
+            .enumerate()
+            .find_map(|(index, (now, then))| {
+                if now.0 != then.0 {
+                    Some(format!(
+                        "parameter {index} has id {} now, {} at capture",
+                        now.0, then.0
+                    ))
+                } else if now.1 != then.1 {
+                    Some(format!(
+                        "parameter {index} has shape {:?} now, {:?} at capture",
+                        now.1, then.1
+                    ))
+                } else if require_grad && now.2 != then.2 {
+                    Some(format!(
+                        "parameter {index} has require_grad {} now, {} at capture",
+                        now.2, then.2
+                    ))
+                } else {
+                    None
+                }
+            })
     }
 }
 

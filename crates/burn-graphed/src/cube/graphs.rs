@@ -11,6 +11,7 @@ use super::node;
 use super::session::Session;
 use super::values::Replayed;
 use crate::error::GraphedError;
+use crate::host_phases::{self, HostPhase};
 use crate::stats::{FallbackReason, GraphStats};
 use crate::tensors::{ElementKind, FlatTensor};
 
@@ -89,6 +90,7 @@ impl Graphs {
             .chain(params)
             .map(|t| t.tensor)
             .collect();
+        host_phases::lap(HostPhase::Admit);
         let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
         let is_float = |o: &FusedTensor| ElementKind::of(o.dtype()) == ElementKind::Float;
         // Every output is on the call's autodiff device, with its autodiff context (its
@@ -149,6 +151,7 @@ impl Graphs {
         if let Some(reason) = cannot_replay(session, &fused_params) {
             return eager(reason, inputs);
         }
+        host_phases::lap(HostPhase::Admit);
         let device = inputs
             .first()
             .map(|t| t.device.clone())

@@ -9,6 +9,7 @@ use super::write_check;
 use crate::config::OutputPolicy;
 use crate::error::GraphedError;
 use crate::faults::FaultInjection;
+use crate::host_phases::{self, HostPhase};
 use crate::stats::GraphStats;
 use crate::sync::lock;
 use crate::tensors::ElementKind;
@@ -210,6 +211,7 @@ impl Session {
                 written.push(buffer);
             }
         }
+        host_phases::lap(HostPhase::Copy);
         // One question to cubecl for all of them, then the replay unless a buffer it reads
         // holds no values (`write_check`): one task on the device thread.
         let asked = self.to_ask(&written);

@@ -21,6 +21,7 @@ use burn_cubecl::CubeBackend;
 
 use super::buffers::{StaticBuffer, note_checked};
 use crate::error::GraphedError;
+use crate::host_phases::{self, HostPhase};
 
 /// The graph a session replays and the device it was captured on.
 pub(crate) type CubeGraph = burn::backend::BackendGraph<CubeBackend>;
@@ -53,13 +54,16 @@ pub(crate) unsafe fn replay_after_check(
         }
         // SAFETY: forwarded from this function's contract. Fusion's `graph_replay` drains the
         // caller's stream first.
-        return unsafe { <burn::backend::Cube as Backend>::graph_replay(device, graph) }
+        let replayed = unsafe { <burn::backend::Cube as Backend>::graph_replay(device, graph) }
             .map_err(|error| replay_error(error.to_string()));
+        host_phases::lap(HostPhase::Replay);
+        return replayed;
     };
     // The copies and updates asked about reach the device thread's queue before the task.
     first.fused.client.sync(|| ());
+    host_phases::lap(HostPhase::Drain);
     let client = &first.cube.client;
-    client
+    let replayed = client
         .exclusive(|| {
             note_answers(asked);
             if let Some(error) = refusal() {
@@ -70,7 +74,9 @@ pub(crate) unsafe fn replay_after_check(
             unsafe { CubeBackend::graph_replay(device, graph) }
                 .map_err(|error| replay_error(error.to_string()))
         })
-        .map_err(|error| replay_error(error.to_string()))?
+        .map_err(|error| replay_error(error.to_string()))?;
+    host_phases::lap(HostPhase::Replay);
+    replayed
 }
 
 /// Asks cubecl once for all of `asked` and, only when that answer is a failure, once per
