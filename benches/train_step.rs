@@ -33,7 +33,11 @@
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
 //! `burn_graphed::MultiTensorAdam` (one fusion operation for all parameters);
 //! `graphed_loss_static_multi_adam` graphs the loss too (`Case::call_loss`; PyTorch's
-//! counterpart `graphed_loss_fused_adam`, a mode `--modes` accepts and this side skips). `--host-profile FILE` (feature
+//! counterpart `graphed_loss_fused_adam`, a mode `--modes` accepts and this side skips). The
+//! inference modes print the host's time per call and its phases
+//! (`burn_graphed::testing::time_phases`: plan, lookup, admission, copies, fusion's drain,
+//! check and replay, hand-out); `inference_graphed_b1_no_check` and `inference_graphed_b1_floor`
+//! are their A/B modes (no check of written buffers; nothing copied or checked). `--host-profile FILE` (feature
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.

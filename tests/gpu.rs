@@ -774,3 +774,51 @@ mod upstream_8 {
         capture(false);
     }
 }
+
+/// UPSTREAM.md 9, run by hand on 2 GPUs (`run.sh tests --ignored upstream_9`): two ranks call
+/// burn's all-reduce on a tensor each, rank 1's made from memory the device never wrote. cubecl
+/// skips that rank's collective; rank 0's then waits in NCCL. A watchdog ends the process with a
+/// `reproduced:` line when rank 0 is still waiting after 60 s; otherwise each rank prints what
+/// its read of the result gave.
+#[test]
+#[ignore = "UPSTREAM.md 9: may hang until its watchdog; run by hand on 2 GPUs"]
+fn upstream_9_collective_skipped_on_one_rank() {
+    use burn::tensor::distributed::ReduceOperation;
+    use std::time::Duration;
+
+    let Some(gpus) = gpus(2) else { return };
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        println!("reproduced: one rank's collective skipped, the other still waiting after 60 s");
+        std::process::exit(0);
+    });
+    let results: Vec<String> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = gpus
+            .iter()
+            .enumerate()
+            .map(|(rank, device)| {
+                let gpus = gpus.clone();
+                scope.spawn(move || {
+                    let tensor = if rank == 1 {
+                        scenarios::recovery::unwritten([4, 4], device).reshape([16])
+                    } else {
+                        Tensor::<1>::ones([16], device)
+                    };
+                    let reduced =
+                        burn::tensor::distributed::all_reduce(tensor, ReduceOperation::Mean, gpus)
+                            .resolve();
+                    let read = reduced
+                        .try_into_data()
+                        .map(|_| "values")
+                        .map_err(|e| e.to_string());
+                    format!("rank {rank}: {read:?}")
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| rank.join().expect("rank thread"))
+            .collect()
+    });
+    println!("not reproduced: both ranks came back: {results:?}");
+}

@@ -53,7 +53,7 @@ thread_local! {
 /// Turns the record of this thread's calls on (emptied) or off.
 pub fn time_phases(on: bool) {
     RECORD.with(|record| {
-        *record.borrow_mut() = on.then(|| Record {
+        *record.borrow_mut() = on.then_some(Record {
             times: [Duration::ZERO; HostPhase::ALL.len()],
             calls: 0,
             since: None,
