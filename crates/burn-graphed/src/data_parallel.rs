@@ -262,7 +262,9 @@ impl DataParallel {
         let bucket = (!parts.is_empty())
             .then(|| Tensor::cat(parts.iter().map(|(_, _, t)| t.clone()).collect(), 0));
         // A bucket without values on one rank would skip its collective and strand the others.
-        let written = bucket.as_ref().map_or(Ok(()), written);
+        let written = bucket
+            .as_ref()
+            .map_or(Ok(()), |bucket| written(&bucket.clone().into_dispatch()));
         self.ranks.agree(
             "the gradient bucket's layout (parameters, elements, hash of ids and sizes)",
             written.map(|()| layout),
@@ -474,7 +476,7 @@ impl ModuleVisitor for StartHash {
 /// # Errors
 ///
 /// [`GraphedError::GradientsNotWritten`] with the backend's account.
-pub(crate) fn written(bucket: &Tensor<1>) -> Result<(), GraphedError> {
-    crate::cube::check_written(&bucket.clone().into_dispatch())
+pub(crate) fn written(bucket: &burn::backend::DispatchTensor) -> Result<(), GraphedError> {
+    crate::cube::check_written(bucket)
         .map_err(|reason| GraphedError::GradientsNotWritten { reason })
 }

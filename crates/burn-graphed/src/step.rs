@@ -410,7 +410,7 @@ where
                 // without values); a replayed one was written by its graph, whose replay refuses
                 // such inputs.
                 if half != Half::Replayed {
-                    crate::data_parallel::written(&Tensor::from_dispatch(bucket.tensor.clone()))?;
+                    crate::data_parallel::written(&bucket.tensor)?;
                 }
                 Ok((losses, bucket, half))
             });
