@@ -126,42 +126,86 @@ pub fn replicas_match_one_model(devices: &[Device], collective: Collective) {
 
     let replicas = train_replicas(&model, &devices, &collective, true);
     let apart = train_replicas(&model, &devices, &collective, false);
-    assert_averaged_and_apart("graphed", &single, &replicas, &apart, &device);
+    assert_averaged_and_apart(
+        "graphed", &model, &single, &replicas, &apart, &device, false,
+    );
 }
 
-/// `replicas` (trained with averaging) each close to `single` (one model on the whole batches)
-/// and bitwise equal to each other; `apart` (the same without averaging) differ, or the check
-/// is blind.
+/// `replicas` (trained with averaging from `start`) each close to `single` (one model on the
+/// whole batches) and bitwise equal to each other; with `compare_updates`, their updates
+/// (trained minus `start`) close to `single`'s too; the updates of `apart` (the same without
+/// averaging) differ, or the check is blind. Updates, not parameters: a few small SGD steps
+/// move the parameters by less than the tensor-core tolerance, so that a sum instead of a mean,
+/// or no averaging at all, would pass a comparison of parameters. Not for Adam's updates, which
+/// a mean and a sum give alike, and whose near-zero gradients turn rounding into a full step.
 fn assert_averaged_and_apart(
     what: &str,
+    start: &Mlp,
     single: &Mlp,
     replicas: &[Mlp],
     apart: &[Mlp],
     device: &Device,
+    compare_updates: bool,
 ) {
+    let tolerance = tolerance_for(device);
+    let single_update = update(start, single);
     for (rank, replica) in replicas.iter().enumerate() {
         assert_params_close(
             &format!("{what}: rank {rank} against one model"),
             single,
             replica,
-            tolerance_for(device),
+            tolerance,
         );
+        if !compare_updates {
+            continue;
+        }
+        for (index, (eager, averaged)) in
+            single_update.iter().zip(update(start, replica)).enumerate()
+        {
+            let comparison = burn_graphed_testkit::TensorComparison::new(
+                format!("{what}: rank {rank}'s update of parameter {index} against one model's"),
+                eager,
+                &averaged,
+                tolerance,
+            );
+            assert!(comparison.passed(), "{comparison}");
+        }
     }
     let first = param_values(&replicas[0]).expect("read back");
     for replica in &replicas[1..] {
         assert_params_unchanged(replica, &first);
     }
-    let comparisons = burn_graphed_testkit::compare_params(
-        &format!("{what}: without averaging"),
-        &apart[0],
-        &apart[1],
-        tolerance_for(device),
-    )
-    .expect("read back");
+    let differs = update(start, &apart[0])
+        .iter()
+        .zip(update(start, &apart[1]))
+        .any(|(a, b)| {
+            !burn_graphed_testkit::TensorComparison::new(what, a, &b, tolerance).passed()
+        });
     assert!(
-        comparisons.iter().any(|c| !c.passed()),
-        "{what}: replicas trained on different shards without averaging agree: the check is blind"
+        differs,
+        "{what}: replicas trained on different shards without averaging made the same updates: \
+         the check is blind"
     );
+}
+
+/// Every parameter's update from `start` to `trained`, in visiting order, as f32 values.
+fn update(start: &Mlp, trained: &Mlp) -> Vec<TensorData> {
+    let before = param_values(start).expect("read back");
+    let after = param_values(trained).expect("read back");
+    assert_eq!(before.len(), after.len(), "parameter count");
+    before
+        .into_iter()
+        .zip(after)
+        .map(|((_, b), (_, a))| {
+            let shape = a.shape().to_vec();
+            let (b, a) = (
+                b.convert::<f32>().try_to_vec::<f32>().expect("f32"),
+                a.convert::<f32>().try_to_vec::<f32>().expect("f32"),
+            );
+            let delta: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a - b).collect();
+            TensorData::new(delta, shape)
+        })
+        .collect()
 }
 
 /// One rank's capture failing (a sample of the wrong width) is an error on every rank,
@@ -380,21 +424,23 @@ fn train_whole_steps(
             body(dp, rank)
         });
     }
+    // One rank after another: each alone captures without turns, and on CUDA a capture must
+    // not overlap another thread's work on any device (global capture mode).
     thread::scope(|scope| {
-        let threads: Vec<_> = (0..ranks)
+        (0..ranks)
             .map(|rank| {
                 let body = &body;
-                scope.spawn(move || {
-                    let alone = DataParallel::group(1, Duration::from_secs(300), Collective::Host)
-                        .expect("group")
-                        .remove(0);
-                    body(alone, rank)
-                })
+                scope
+                    .spawn(move || {
+                        let alone =
+                            DataParallel::group(1, Duration::from_secs(300), Collective::Host)
+                                .expect("group")
+                                .remove(0);
+                        body(alone, rank)
+                    })
+                    .join()
+                    .expect("rank thread")
             })
-            .collect();
-        threads
-            .into_iter()
-            .map(|rank| rank.join().expect("rank thread"))
             .collect()
     })
 }
@@ -439,7 +485,7 @@ fn whole_steps_match_with(devices: &[Device], collective: &Collective, sgd: bool
     } else {
         "whole steps, Adam"
     };
-    assert_averaged_and_apart(what, &single, &replicas, &apart, &device);
+    assert_averaged_and_apart(what, &model, &single, &replicas, &apart, &device, sgd);
 }
 
 /// Data-parallel whole steps whose batches change shape (every rank's at once, then one
