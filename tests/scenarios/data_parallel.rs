@@ -26,6 +26,11 @@ fn shard(step: usize, rank: usize, ranks: usize, device: &Device) -> Tensor<2> {
     batch([ROWS, 16], step, device).narrow(0, rank * share, share)
 }
 
+/// How long a rank waits for the others. Long: on a CUDA machine whose kernel cache is cold, a
+/// rank's turn at capturing a new shape compiles and autotunes its kernels while the others
+/// wait (minutes for the shapes of one test).
+const RANK_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// Runs `body` on one thread per rank of a fresh group of [`RANKS`] ranks averaging with
 /// `collective`; the results in rank order.
 fn on_ranks<T: Send>(collective: &Collective, body: impl Fn(DataParallel) -> T + Sync) -> Vec<T> {
@@ -38,8 +43,7 @@ fn on_group<T: Send>(
     collective: &Collective,
     body: impl Fn(DataParallel) -> T + Sync,
 ) -> Vec<T> {
-    let group =
-        DataParallel::group(size, Duration::from_secs(300), collective.clone()).expect("group");
+    let group = DataParallel::group(size, RANK_TIMEOUT, collective.clone()).expect("group");
     let body = &body;
     thread::scope(|scope| {
         let ranks: Vec<_> = group
@@ -323,8 +327,7 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
 
     // A rank whose body panics inside `run` releases the others too, then goes on panicking.
     let started = std::time::Instant::now();
-    let group =
-        DataParallel::group(RANKS, Duration::from_secs(300), Collective::Host).expect("group");
+    let group = DataParallel::group(RANKS, RANK_TIMEOUT, Collective::Host).expect("group");
     let results: Vec<std::thread::Result<Result<(), GraphedError>>> = thread::scope(|scope| {
         let ranks: Vec<_> = group
             .into_iter()
@@ -432,10 +435,9 @@ fn train_whole_steps(
                 let body = &body;
                 scope
                     .spawn(move || {
-                        let alone =
-                            DataParallel::group(1, Duration::from_secs(300), Collective::Host)
-                                .expect("group")
-                                .remove(0);
+                        let alone = DataParallel::group(1, RANK_TIMEOUT, Collective::Host)
+                            .expect("group")
+                            .remove(0);
                         body(alone, rank)
                     })
                     .join()
