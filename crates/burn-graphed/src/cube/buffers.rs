@@ -12,6 +12,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
 use super::copy_op::{BufferKey, copy_into, key_of};
+use super::dense::copy_values;
 use crate::error::{CapturePhase, GraphedError};
 use crate::tensors::with_kind;
 
@@ -129,6 +130,31 @@ pub(crate) fn any_unwritten() -> bool {
         .is_some_and(|map| !map.is_empty())
 }
 
+/// A copy into a static buffer that bypasses fusion: its source resolved to the cube tensor
+/// on the caller's thread, launched on cubecl's device thread by the replay's own task
+/// ([`write_check`](super::write_check)), on the caller's stream and before the question and
+/// the replay. A fusion operation would cost fusion's planning of one more operation per copy
+/// and call.
+pub(crate) struct DirectCopy<'a> {
+    source: CubeTensor,
+    into: &'a StaticBuffer,
+}
+
+impl DirectCopy<'_> {
+    /// Launches the copy (nothing when the source is the buffer's own memory). Runs where
+    /// cubecl launches inline: inside `ComputeClient::exclusive`.
+    /// The client of the device the copy runs on.
+    pub fn client(&self) -> &cubecl::client::Client {
+        &self.source.client
+    }
+
+    pub fn launch(&self) {
+        if key_of(&self.source) != self.into.key {
+            copy_values(&self.source, &self.into.cube);
+        }
+    }
+}
+
 /// A buffer that a graph reads or writes. Holding the fusion handle keeps the buffer alive for
 /// as long as the graph lives and keeps fusion from reusing it in place for another tensor.
 ///
@@ -205,6 +231,21 @@ impl StaticBuffer {
     /// tensor whose values the buffer holds.
     pub fn needs_copy(&self, source: &FusedTensor) -> bool {
         source.id != self.fused.id && *self.contents() != Some(source.id)
+    }
+
+    /// `source` as a cube tensor, to be copied into this buffer on cubecl's device thread right
+    /// before a replay ([`DirectCopy`]), unless [`needs_copy`](Self::needs_copy) says the values
+    /// are here; the buffer then records that it holds `source`. Resolving `source` runs what
+    /// its fusion stream has queued (a round trip to the fusion server).
+    pub fn direct_copy_from(&self, source: &FusedTensor) -> Option<DirectCopy<'_>> {
+        if !self.needs_copy(source) {
+            return None;
+        }
+        *self.contents() = Some(source.id);
+        Some(DirectCopy {
+            source: resolve(source),
+            into: self,
+        })
     }
 
     /// Queues a copy of `source` into this buffer unless [`needs_copy`](Self::needs_copy) says

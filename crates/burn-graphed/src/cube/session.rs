@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use burn::backend::{Cube, DispatchGraph};
 
-use super::buffers::{FusedTensor, StaticBuffer};
+use super::buffers::{DirectCopy, FusedTensor, StaticBuffer};
 use super::write_check;
 use crate::config::OutputPolicy;
 use crate::error::GraphedError;
@@ -188,21 +188,21 @@ impl Session {
         inputs: &[FusedTensor],
         params: &[FusedTensor],
     ) -> Result<Vec<FusedTensor>, GraphedError> {
-        // Queued copies; held until the replay below drained the stream.
-        let mut queued = Vec::new();
+        // The copies, launched by the replay's task; resolving their sources drained the stream.
+        let mut copies = Vec::new();
         // The buffers written outside the graph since the last replay: asked about below.
         let mut written = Vec::new();
         if self.fault != FaultInjection::SkipInputCopy {
-            copy_into(
+            direct_copies(
                 self.inputs.iter().map(|b| &**b),
                 inputs,
-                &mut queued,
+                &mut copies,
                 &mut written,
             );
         }
         let input_copies = written.len() as u64;
         if self.fault != FaultInjection::SkipParamCopy {
-            copy_into(self.params.iter(), params, &mut queued, &mut written);
+            direct_copies(self.params.iter(), params, &mut copies, &mut written);
         }
         let param_copies = written.len() as u64 - input_copies;
         for buffer in &self.params {
@@ -212,26 +212,26 @@ impl Session {
             }
         }
         host_phases::lap(HostPhase::Copy);
-        // One question to cubecl for all of them, then the replay unless a buffer it reads
-        // holds no values (`write_check`): one task on the device thread.
+        // The copies, one question to cubecl for every buffer written, then the replay unless
+        // a buffer it reads holds no values (`write_check`): one task on the device thread.
         let asked = self.to_ask(&written);
         // SAFETY: `replay_after_check` has `graph_replay`'s contract: every buffer the
         // recording touched alive, not used concurrently, and refreshed on the capture stream.
         // The static buffers live in `self`, which outlives the graph (field order); the
         // activations the recording wrote were freed into pages that stay guarded while the
-        // graph lives, so nothing else is placed there; the copies above were issued from this
-        // thread, the capture thread's stream (the caller checked the thread), before the
-        // replay on the same stream.
+        // graph lives, so nothing else is placed there; the copies are launched by the replay's
+        // task on this thread's stream, the capture thread's (the caller checked the thread),
+        // before the replay, and the work queued before them was drained first.
         unsafe {
             write_check::replay_after_check(
                 "forward",
                 self.cube_graph(&self.forward)?,
                 &self.device,
+                &copies,
                 asked,
                 || self.unwritten_source(),
             )
         }?;
-        drop(queued);
         let outputs = self.outputs.iter().map(|b| self.hand_out(b)).collect();
         let mut state = self.lock();
         state.stats.forward_replays += 1;
@@ -334,6 +334,7 @@ impl Session {
                     reason: "inference graphs have no backward graph".into(),
                 })?)?,
                 &self.device,
+                &[],
                 asked,
                 unwritten_gradient,
             )
@@ -386,18 +387,18 @@ impl Session {
     }
 }
 
-/// Queues a copy of each source into its buffer where the values are not there already
-/// ([`StaticBuffer::write_from`]), pushing the queued operations onto `queued` and the buffers
-/// copied into onto `written`.
-fn copy_into<'a>(
+/// The copy of each source into its buffer where the values are not there already
+/// ([`StaticBuffer::direct_copy_from`]), pushed onto `copies`, and the buffers copied into onto
+/// `written`.
+fn direct_copies<'a>(
     buffers: impl Iterator<Item = &'a StaticBuffer>,
     sources: &[FusedTensor],
-    queued: &mut Vec<FusedTensor>,
+    copies: &mut Vec<DirectCopy<'a>>,
     written: &mut Vec<&'a StaticBuffer>,
 ) {
     for (buffer, source) in buffers.zip(sources) {
-        if let Some(copy) = buffer.write_from(source) {
-            queued.push(copy);
+        if let Some(copy) = buffer.direct_copy_from(source) {
+            copies.push(copy);
             written.push(buffer);
         }
     }

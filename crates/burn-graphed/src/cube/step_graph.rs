@@ -18,7 +18,7 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor};
 use burn::tensor::{DType, Tensor};
 
-use super::buffers::{FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
+use super::buffers::{DirectCopy, FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
 use super::capture::{
     CAPTURE_LOCK, autodiff_leaf, dense_param_copy, fresh_copy, panic_message, reserved_bytes,
 };
@@ -699,8 +699,12 @@ impl StepGraph {
                 source.dtype
             )));
         }
-        let copy = update.bucket.write_from(&source);
-        let written: Vec<&StaticBuffer> = copy.iter().map(|_| &update.bucket).collect();
+        let copies: Vec<DirectCopy<'_>> = update
+            .bucket
+            .direct_copy_from(&source)
+            .into_iter()
+            .collect();
+        let written: Vec<&StaticBuffer> = copies.iter().map(|_| &update.bucket).collect();
         let held = std::mem::take(&mut lock(&self.state.host).queued);
         let graph = cube_graph(&update.graph, "update")?;
         let bucket = &update.bucket;
@@ -715,17 +719,19 @@ impl StepGraph {
         // update graph before it), and the copy into it was queued from this thread, the
         // capturing thread (checked above). The collective's output it copies is a tensor of
         // its own: burn's all-reduce writes in place only a buffer nobody else holds, and the
-        // bucket's `StaticBuffer` holds it.
+        // bucket's `StaticBuffer` holds it. The copy is launched by the replay's task, on this
+        // stream, after the work queued on it.
         unsafe {
             write_check::replay_after_check(
                 "update",
                 graph,
                 &self.state.cube_device,
+                &copies,
                 &written,
                 unwritten,
             )
         }?;
-        drop((copy, held));
+        drop(held);
         lock(&self.state.host).steps += 1;
         Ok(())
     }
@@ -733,7 +739,7 @@ impl StepGraph {
     /// Copies the inputs in where needed and replays [`graph`](Self::graph); returns the number
     /// of copies.
     fn replay_first(&self, micro_inputs: &[Vec<FlatTensor>]) -> Result<u64, GraphedError> {
-        let mut queued = Vec::new();
+        let mut copies: Vec<DirectCopy<'_>> = Vec::new();
         let mut written: Vec<&StaticBuffer> = Vec::new();
         let fault = self.fault;
         for (buffers, inputs) in self.inputs.iter().zip(micro_inputs) {
@@ -747,13 +753,13 @@ impl StepGraph {
                 if fault == FaultInjection::SkipInputCopy {
                     continue;
                 }
-                if let Some(copy) = buffer.write_from(&source) {
-                    queued.push(copy);
+                if let Some(copy) = buffer.direct_copy_from(&source) {
+                    copies.push(copy);
                     written.push(buffer);
                 }
             }
         }
-        let copies = written.len() as u64;
+        let copied = written.len() as u64;
         let held = std::mem::take(&mut lock(&self.state.host).queued);
         let graph = cube_graph(&self.graph, "whole step")?;
         let inputs: Vec<&StaticBuffer> = self.inputs.iter().flatten().collect();
@@ -771,22 +777,24 @@ impl StepGraph {
         // recording touched is alive: the static inputs and losses in `self`, the parameters,
         // states and schedule in `self.state` (an `Arc` this graph holds; field order drops the
         // graph first), and the activations and gradients in pages guarded for the graph's
-        // life. The copies and the schedule write were queued from this thread, the capturing
-        // thread (the caller checked it), on the stream the replay runs on.
+        // life. The schedule write was queued from this thread, the capturing thread (the
+        // caller checked it), on the stream the replay runs on, and the copies are launched by
+        // the replay's task on that stream, after it.
         unsafe {
             write_check::replay_after_check(
                 "whole step",
                 graph,
                 &self.state.cube_device,
+                &copies,
                 &written,
                 unwritten,
             )
         }?;
-        drop((queued, held));
+        drop(held);
         for buffer in &self.losses {
             buffer.written_by_graph(None);
         }
-        Ok(copies)
+        Ok(copied)
     }
 }
 

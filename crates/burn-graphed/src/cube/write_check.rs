@@ -19,7 +19,7 @@
 use burn::backend::Backend;
 use burn_cubecl::CubeBackend;
 
-use super::buffers::{StaticBuffer, note_checked};
+use super::buffers::{DirectCopy, StaticBuffer, note_checked};
 use crate::error::GraphedError;
 use crate::host_phases::{self, HostPhase};
 
@@ -27,14 +27,16 @@ use crate::host_phases::{self, HostPhase};
 pub(crate) type CubeGraph = burn::backend::BackendGraph<CubeBackend>;
 type CubeDevice = <CubeBackend as burn::backend::BackendTypes>::Device;
 
-/// Drains the caller's fusion stream, then, in one task on cubecl's device thread: asks about
-/// `asked` (unless empty) and records the answers, asks `refusal` whether the call must be
-/// refused (it reads the record), and replays `graph` unless it must.
+/// In one task on cubecl's device thread, after the work queued on the caller's fusion stream:
+/// launches `copies`, asks about `asked` (unless empty) and records the answers, asks `refusal`
+/// whether the call must be refused (it reads the record), and replays `graph` unless it must.
+/// Resolving the copies' sources drained the caller's stream; without copies it is drained here.
 ///
 /// # Errors
 ///
-/// The refusal `refusal` returned (nothing replayed), or [`GraphedError::Replay`] naming
-/// `which` graph when cubecl refused the replay or its device thread could not run the task.
+/// The refusal `refusal` returned (nothing replayed; the copies ran), or
+/// [`GraphedError::Replay`] naming `which` graph when cubecl refused the replay or its device
+/// thread could not run the task.
 ///
 /// # Safety
 ///
@@ -44,33 +46,44 @@ pub(crate) unsafe fn replay_after_check(
     which: &'static str,
     graph: &CubeGraph,
     device: &CubeDevice,
+    copies: &[DirectCopy<'_>],
     asked: &[&StaticBuffer],
     refusal: impl FnOnce() -> Option<GraphedError> + Send,
 ) -> Result<(), GraphedError> {
     let replay_error = |reason: String| GraphedError::Replay { which, reason };
-    let Some(first) = asked.first() else {
-        if let Some(error) = refusal() {
-            return Err(error);
+    let client = match (copies.first(), asked.first()) {
+        (Some(copy), _) => copy.client(),
+        (None, Some(first)) => {
+            // What updated the buffers asked about reaches the device thread's queue first.
+            first.fused.client.sync(|| ());
+            host_phases::lap(HostPhase::Drain);
+            &first.cube.client
         }
-        // SAFETY: forwarded from this function's contract. Fusion's `graph_replay` drains the
-        // caller's stream first.
-        let replayed = unsafe { <burn::backend::Cube as Backend>::graph_replay(device, graph) }
-            .map_err(|error| replay_error(error.to_string()));
-        host_phases::lap(HostPhase::Replay);
-        return replayed;
-    };
-    // The copies and updates asked about reach the device thread's queue before the task.
-    first.fused.client.sync(|| ());
-    host_phases::lap(HostPhase::Drain);
-    let client = &first.cube.client;
-    let replayed = client
-        .exclusive(|| {
-            note_answers(asked);
+        (None, None) => {
             if let Some(error) = refusal() {
                 return Err(error);
             }
-            // SAFETY: forwarded from this function's contract; fusion's queue was drained
-            // above, so the refreshes are ahead of the replay on the device thread.
+            // SAFETY: forwarded from this function's contract. Fusion's `graph_replay` drains
+            // the caller's stream first.
+            let replayed = unsafe { <burn::backend::Cube as Backend>::graph_replay(device, graph) }
+                .map_err(|error| replay_error(error.to_string()));
+            host_phases::lap(HostPhase::Replay);
+            return replayed;
+        }
+    };
+    let replayed = client
+        .exclusive(|| {
+            for copy in copies {
+                copy.launch();
+            }
+            if !asked.is_empty() {
+                note_answers(asked);
+            }
+            if let Some(error) = refusal() {
+                return Err(error);
+            }
+            // SAFETY: forwarded from this function's contract; the caller's fusion stream was
+            // drained and the copies launched above on its stream, ahead of the replay.
             unsafe { CubeBackend::graph_replay(device, graph) }
                 .map_err(|error| replay_error(error.to_string()))
         })
