@@ -293,8 +293,9 @@ impl DataParallel {
     /// [`Collective::Host`]'s, on every rank alike.
     pub(crate) fn mean(&self, bucket: Tensor<1>) -> Result<Tensor<1>, GraphedError> {
         match &self.collective {
+            // A buffer of the same size on every rank (`cube::collective_buffer`).
             Collective::AllReduce { devices } => Ok(burn::tensor::distributed::all_reduce(
-                bucket,
+                crate::cube::collective_buffer(bucket),
                 ReduceOperation::Mean,
                 devices.clone(),
             )

@@ -148,6 +148,24 @@ pub(crate) fn copy_tensor(tensor: &burn::tensor::Tensor<1>) -> Option<burn::tens
     Some(burn::tensor::Tensor::from_primitive::<Cube>(copy))
 }
 
+/// `bucket`'s values in a dense buffer that only the returned tensor holds, for a collective
+/// (on burn's cubecl backend; another tensor is returned as it is). cubecl's all-reduce takes
+/// the element count from the byte size of the buffer it is given, and burn's reduces in place
+/// only a buffer nobody else holds, copying the others into a buffer of the device's usual,
+/// padded layout. Ranks whose buckets were made differently (one a replayed graph's static
+/// bucket, another an eager concatenation, densely) would hand NCCL different counts, and the
+/// rank with more elements waits for good. A dense buffer of the bucket's length is the same on
+/// every rank.
+pub(crate) fn collective_buffer(bucket: burn::tensor::Tensor<1>) -> burn::tensor::Tensor<1> {
+    use burn::backend::Cube;
+    match bucket.clone().try_into_primitive::<Cube>() {
+        Ok(fused) => burn::tensor::Tensor::from_primitive::<Cube>(
+            <Cube as StaticCopyOps>::copy_to_new_dense_buffer(&fused),
+        ),
+        Err(_) => bucket,
+    }
+}
+
 /// Queues a copy of `source`'s values into `destination`'s own buffer (both on burn's cubecl
 /// backend, without autodiff, same shape and dtype). Returns the queued operation's output,
 /// which the caller keeps until the device synchronized (fusion skips work whose results
@@ -163,4 +181,33 @@ pub(crate) fn copy_tensor_into(
         &destination,
         &source,
     ))
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    use super::super::buffers::{fused, memory_of};
+    use super::*;
+
+    /// The collective's buffer holds the bucket's values, in memory of its own that spans the
+    /// bucket's elements exactly, whether the bucket is a buffer of its own or a view into a
+    /// larger one (a replayed half's bucket and an eager one are made differently).
+    #[test]
+    fn collective_buffer_is_a_dense_copy_of_its_own() {
+        let device = Device::wgpu(Default::default());
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        let larger: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let own = Tensor::<1>::from_data(TensorData::new(values.clone(), [37]), &device);
+        let view = Tensor::<1>::from_data(TensorData::new(larger, [100]), &device).narrow(0, 3, 37);
+        for bucket in [own, view] {
+            let source = memory_of(&fused(&bucket.clone().into_dispatch()).expect("cube"));
+            let expected = bucket.to_data();
+            let copy = collective_buffer(bucket);
+            let memory = memory_of(&fused(&copy.clone().into_dispatch()).expect("cube"));
+            assert_ne!(memory.0, source.0, "a buffer of its own");
+            assert_eq!(memory.2 - memory.1, 37 * 4, "the bucket's bytes exactly");
+            copy.to_data().assert_eq(&expected, true);
+        }
+    }
 }

@@ -55,6 +55,7 @@ pub(crate) use self::{
     adam_op::step as adam_step,
     buffers::check_written,
     capture::{capture_group, capture_inference},
+    copy_op::collective_buffer,
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_capture,
@@ -67,5 +68,6 @@ mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
-    capture_inference, capture_step, check_written, enable_kernel_cache, supports_capture,
+    capture_inference, capture_step, check_written, collective_buffer, enable_kernel_cache,
+    supports_capture,
 };

@@ -25,6 +25,11 @@ pub(crate) fn check_written(_tensor: &burn::backend::DispatchTensor) -> Result<(
     Ok(())
 }
 
+/// Without cubecl the collective takes the bucket as it is.
+pub(crate) fn collective_buffer(bucket: burn::tensor::Tensor<1>) -> burn::tensor::Tensor<1> {
+    bucket
+}
+
 /// Refuses: see [`supports_capture`].
 pub(crate) fn capture_group(
     members: &[Member<'_>],
