@@ -322,3 +322,32 @@ impl StaticBuffer {
         note_checked(self.key, Ok(()));
     }
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod collective_tests {
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    use super::super::copy_op::collective_buffer;
+    use super::{fused, memory_of};
+
+    /// The collective's buffer holds the bucket's values, in memory of its own that spans the
+    /// bucket's elements exactly, whether the bucket is a buffer of its own or a view into a
+    /// larger one (a replayed half's bucket and an eager one are made differently).
+    #[test]
+    fn collective_buffer_is_a_dense_copy_of_its_own() {
+        let device = Device::wgpu(Default::default());
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        let larger: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let own = Tensor::<1>::from_data(TensorData::new(values.clone(), [37]), &device);
+        let view = Tensor::<1>::from_data(TensorData::new(larger, [100]), &device).narrow(0, 3, 37);
+        for bucket in [own, view] {
+            let source = memory_of(&fused(&bucket.clone().into_dispatch()).expect("cube"));
+            let expected = bucket.to_data();
+            let copy = collective_buffer(bucket);
+            let memory = memory_of(&fused(&copy.clone().into_dispatch()).expect("cube"));
+            assert_ne!(memory.0, source.0, "a buffer of its own");
+            assert_eq!(memory.2 - memory.1, 37 * 4, "the bucket's bytes exactly");
+            copy.to_data().assert_eq(&expected, true);
+        }
+    }
+}
