@@ -137,21 +137,25 @@ pub(crate) fn any_unwritten() -> bool {
 /// and call.
 pub(crate) struct DirectCopy<'a> {
     source: CubeTensor,
+    /// The source's id, which the buffer records once the copy is launched.
+    id: TensorId,
     into: &'a StaticBuffer,
 }
 
 impl DirectCopy<'_> {
-    /// Launches the copy (nothing when the source is the buffer's own memory). Runs where
-    /// cubecl launches inline: inside `ComputeClient::exclusive`.
     /// The client of the device the copy runs on.
     pub fn client(&self) -> &cubecl::client::Client {
         &self.source.client
     }
 
+    /// Launches the copy (nothing when the source is the buffer's own memory), then records
+    /// that the buffer holds the source: a copy that never ran is never taken for done. Runs
+    /// where cubecl launches inline: inside `ComputeClient::exclusive`.
     pub fn launch(&self) {
         if key_of(&self.source) != self.into.key {
             copy_values(&self.source, &self.into.cube);
         }
+        *self.into.contents() = Some(self.id);
     }
 }
 
@@ -235,15 +239,15 @@ impl StaticBuffer {
 
     /// `source` as a cube tensor, to be copied into this buffer on cubecl's device thread right
     /// before a replay ([`DirectCopy`]), unless [`needs_copy`](Self::needs_copy) says the values
-    /// are here; the buffer then records that it holds `source`. Resolving `source` runs what
-    /// its fusion stream has queued (a round trip to the fusion server).
+    /// are here; the buffer records that it holds `source` when the copy is launched. Resolving
+    /// `source` runs what its fusion stream has queued (a round trip to the fusion server).
     pub fn direct_copy_from(&self, source: &FusedTensor) -> Option<DirectCopy<'_>> {
         if !self.needs_copy(source) {
             return None;
         }
-        *self.contents() = Some(source.id);
         Some(DirectCopy {
             source: resolve(source),
+            id: source.id,
             into: self,
         })
     }
@@ -332,7 +336,9 @@ mod collective_tests {
 
     /// The collective's buffer holds the bucket's values, in memory of its own that spans the
     /// bucket's elements exactly, whether the bucket is a buffer of its own or a view into a
-    /// larger one (a replayed half's bucket and an eager one are made differently).
+    /// larger one (a replayed half's bucket and an eager one are made differently). wgpu
+    /// allocates densely, so the padded buffers of CUDA are checked only end to end, by the GPU
+    /// suite's `data_parallel_whole_steps_capture_new_shapes_together`.
     #[test]
     fn collective_buffer_is_a_dense_copy_of_its_own() {
         let device = Device::wgpu(Default::default());

@@ -158,6 +158,8 @@ pub(crate) fn copy_tensor(tensor: &burn::tensor::Tensor<1>) -> Option<burn::tens
 /// every rank.
 pub(crate) fn collective_buffer(bucket: burn::tensor::Tensor<1>) -> burn::tensor::Tensor<1> {
     use burn::backend::Cube;
+    // Without autodiff: the collective's operand is a plain tensor either way.
+    let bucket = bucket.inner();
     match bucket.clone().try_into_primitive::<Cube>() {
         Ok(fused) => burn::tensor::Tensor::from_primitive::<Cube>(
             <Cube as StaticCopyOps>::copy_to_new_dense_buffer(&fused),

@@ -221,7 +221,8 @@ impl Session {
         // activations the recording wrote were freed into pages that stay guarded while the
         // graph lives, so nothing else is placed there; the copies are launched by the replay's
         // task on this thread's stream, the capture thread's (the caller checked the thread),
-        // before the replay, and the work queued before them was drained first.
+        // before the replay, and the work queued before them was drained first (nothing is
+        // queued between the resolves above and the replay).
         unsafe {
             write_check::replay_after_check(
                 "forward",

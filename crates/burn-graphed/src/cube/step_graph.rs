@@ -716,11 +716,11 @@ impl StepGraph {
             })
         };
         // SAFETY: as in `replay_first`; the bucket is `update`'s own (field order drops the
-        // update graph before it), and the copy into it was queued from this thread, the
-        // capturing thread (checked above). The collective's output it copies is a tensor of
-        // its own: burn's all-reduce writes in place only a buffer nobody else holds, and the
-        // bucket's `StaticBuffer` holds it. The copy is launched by the replay's task, on this
-        // stream, after the work queued on it.
+        // update graph before it). The collective's output it copies is a tensor of its own:
+        // burn's all-reduce writes in place only a buffer nobody else holds, and the bucket's
+        // `StaticBuffer` holds it. The copy is launched by the replay's task on this thread's
+        // stream, the capturing thread's (checked above), after the work queued on it, and
+        // nothing is queued between the resolve above and the replay.
         unsafe {
             write_check::replay_after_check(
                 "update",
@@ -779,7 +779,8 @@ impl StepGraph {
         // graph first), and the activations and gradients in pages guarded for the graph's
         // life. The schedule write was queued from this thread, the capturing thread (the
         // caller checked it), on the stream the replay runs on, and the copies are launched by
-        // the replay's task on that stream, after it.
+        // the replay's task on that stream, after it; nothing is queued between the resolves
+        // above and the replay.
         unsafe {
             write_check::replay_after_check(
                 "whole step",

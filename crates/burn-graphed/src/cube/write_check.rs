@@ -7,10 +7,11 @@
 //! (UPSTREAM.md 2), so a replay over such a buffer would run on its stale values and mark its
 //! outputs written: readable, and wrong.
 //!
-//! The question and the replay are one task on cubecl's device thread
-//! (`ComputeClient::exclusive`; the nested `check` and graph replay run inline there, in that
-//! order), after fusion drained the caller's stream: the work asked about is queued before the
-//! task, and the question costs no round trip of its own, since the replay makes one anyway.
+//! The copies into the static buffers, the question and the replay are one task on cubecl's
+//! device thread (`ComputeClient::exclusive`; the nested launches, `check` and graph replay run
+//! inline there, in that order), after fusion drained the caller's stream: the work asked about
+//! is queued before the task, and the question costs no round trip of its own, since the
+//! replay makes one anyway.
 //!
 //! Not after the replay: cubecl settles the graph's write set on replay, and counts a binding
 //! without read/write attributes as written, so an input's mark could be cleared before it is
@@ -41,7 +42,9 @@ type CubeDevice = <CubeBackend as burn::backend::BackendTypes>::Device;
 /// # Safety
 ///
 /// As [`Backend::graph_replay`]: every buffer the recording touched is alive and not used
-/// concurrently, and was refreshed on the capture stream (this thread's).
+/// concurrently, and was refreshed on the capture stream (this thread's). With `copies`, nothing
+/// was queued on this thread's fusion stream since their sources were resolved (which drained
+/// it): the task does not drain it again.
 pub(crate) unsafe fn replay_after_check(
     which: &'static str,
     graph: &CubeGraph,
