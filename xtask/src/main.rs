@@ -368,6 +368,7 @@ mod tests {
                     "#!/bin/sh\n\
                      if [ \"$1\" = --list ]; then printf '{list}'; exit 0; fi\n\
                      echo \"ARGS: $*\"\n\
+                     echo \"GPUS: ${{CUDA_VISIBLE_DEVICES:-all}}\"\n\
                      case \" $* \" in *' broken '*) exit 3 ;; esac\n\
                      echo 'test result: ok. 2 passed; 0 failed; 0 ignored'\n"
                 ),
@@ -380,6 +381,13 @@ mod tests {
 
         /// `run.sh tests ARGS`, with `OUT` set to `out` when given: the exit code and stdout.
         fn run(&self, args: &[&str], out: Option<&Path>) -> (Option<i32>, String) {
+            let out = out.map(|out| ("OUT", out.to_str().expect("a UTF-8 path")));
+            self.run_with(args, out.as_slice())
+        }
+
+        /// `run.sh tests ARGS` with the environment `env` added (no `OUT`, no GPUs otherwise
+        /// named): the exit code and stdout.
+        fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
             let mut command = Command::new("bash");
             command
                 .arg(self.dir.join("run.sh"))
@@ -389,10 +397,9 @@ mod tests {
                 .env("BURN_GRAPHED_HEARTBEAT", "600")
                 .env_remove("BURN_GRAPHED_FILTER")
                 .env_remove("BURN_GRAPHED_JOBS")
-                .env_remove("OUT");
-            if let Some(out) = out {
-                command.env("OUT", out);
-            }
+                .env_remove("OUT")
+                .env_remove("CUDA_VISIBLE_DEVICES")
+                .envs(env.iter().copied());
             let output = command.output().expect("bash");
             (
                 output.status.code(),
@@ -532,6 +539,25 @@ mod tests {
         assert!(log(1).contains("ARGS: --test-threads=1 --exact a_test c_test"));
         assert!(log(2).contains("ARGS: --test-threads=1 --exact b_test"));
         assert_eq!(bundle.run(&["--jobs", "0"], None).0, Some(2));
+    }
+
+    /// On three GPUs, `run.sh tests --jobs 4` gives share j the GPUs rotated by j - 1: every
+    /// share sees every GPU, and their first devices take the GPUs in turn.
+    #[test]
+    fn run_sh_tests_jobs_spread_over_the_gpus() {
+        let bundle = FakeBundle::new("spread", &["a_test", "b_test", "c_test", "d_test"]);
+        let (code, stdout) =
+            bundle.run_with(&["--jobs", "4"], &[("CUDA_VISIBLE_DEVICES", "0,1,2")]);
+        assert_eq!(code, Some(0), "{stdout}");
+        for (share, gpus) in [(1, "0,1,2"), (2, "1,2,0"), (3, "2,0,1"), (4, "0,1,2")] {
+            assert!(
+                stdout.contains(&format!("[{share}] GPUS: {gpus}\n")),
+                "{stdout}"
+            );
+        }
+        let (code, stdout) = bundle.run_with(&["--jobs", "2"], &[("CUDA_VISIBLE_DEVICES", "3")]);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(stdout.contains("[2] GPUS: 3\n"), "{stdout}");
     }
 
     /// A share whose binary dies without a summary fails the run, and the other share's

@@ -10,7 +10,8 @@
 #                          tests that the logs of earlier runs show no result for.
 #                          `tests --jobs N` (or BURN_GRAPHED_JOBS=N) runs N test processes
 #                          at once, logs gpu-tests-1.log .. gpu-tests-N.log (one process:
-#                          gpu-tests.log), in $OUT when set
+#                          gpu-tests.log), in $OUT when set; on several GPUs the
+#                          processes' first devices take the GPUs in turn
 #   bash run.sh demo       run the training demo (eager vs graphed)
 #   bash run.sh bench      run the train-step benchmark, Burn and PyTorch side by side (f32 and
 #                          bf16, or BURN_GRAPHED_DTYPES="f32"), printing JSON lines; extra
@@ -194,16 +195,28 @@ case "$mode" in
       (cd "$repo" && "$bin" "${args[@]}" "$@" --nocapture) 2>&1 | tee -a "${logs[0]}"
       rc=${PIPESTATUS[0]}
     else
-      # --jobs N: N test processes at once on the one GPU, test i in share i mod N (sorted
+      # --jobs N: N test processes at once, test i in share i mod N (sorted
       # names, so that the slow tests spread), each one test at a time with a log of its own;
       # the terminal shows each share's lines prefixed with [share]. NVRTC compiles every
       # kernel once per process, on the CPU, so two processes take well under the time of one.
+      # On a machine with several GPUs, share j's device 0 is GPU (j - 1) mod G: the shares
+      # spread over the GPUs, and each still sees them all (CUDA_VISIBLE_DEVICES rotated), so
+      # that the tests of several GPUs run in any share.
+      gpus=()
+      if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
+      else mapfile -t gpus < <(nvidia-smi -L 2>/dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p'); fi
       pids=()
       for ((j = 1; j <= jobs; j++)); do
         share=()
         for ((k = j - 1; k < ${#names[@]}; k += jobs)); do share+=("${names[k]}"); done
         [ ${#share[@]} -eq 0 ] && continue
-        ( (cd "$repo" && "$bin" --test-threads=1 --exact "${share[@]}" "$@" --nocapture) 2>&1 |
+        if [ ${#gpus[@]} -gt 1 ]; then
+          first=$(( (j - 1) % ${#gpus[@]} ))
+          rotated=("${gpus[@]:first}" "${gpus[@]:0:first}")
+          visible="$(IFS=,; echo "${rotated[*]}")"
+        else visible="${CUDA_VISIBLE_DEVICES-}"; fi
+        ( [ -n "$visible" ] && export CUDA_VISIBLE_DEVICES="$visible"
+          (cd "$repo" && "$bin" --test-threads=1 --exact "${share[@]}" "$@" --nocapture) 2>&1 |
             tee -a "${logs[j - 1]}" | sed -u "s/^/[$j] /"
           exit "${PIPESTATUS[0]}") &
         pids+=($!)
