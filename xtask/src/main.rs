@@ -636,6 +636,54 @@ mod tests {
         );
     }
 
+    /// `run.sh bench` writes the cubecl environment's `cubecl.toml`: the compilation cache
+    /// always, autotune results kept only in memory under `BURN_GRAPHED_TUNE=fresh`, beside the
+    /// autotune log's table when one is asked for; another value is an error that names it.
+    #[test]
+    fn run_sh_bench_tunes_afresh_when_asked() {
+        let bundle = FakeBundle::new("tune", &[]).with_bench();
+        let env = bundle.dir.join("env");
+        let bench = |tune: Option<&str>, log: Option<&str>| {
+            let mut command = Command::new("bash");
+            command
+                .arg(bundle.dir.join("run.sh"))
+                .args(["bench", "--models", "mlp"])
+                .env("BURN_GRAPHED_REPO", &bundle.dir)
+                .env("BURN_GRAPHED_CUBECL_ENV", &env)
+                .env("BURN_GRAPHED_SIDES", "burn")
+                .env("BURN_GRAPHED_DTYPES", "f32")
+                .env_remove("BURN_GRAPHED_ROUNDS")
+                .env_remove("BURN_GRAPHED_TUNE")
+                .env_remove("BURN_GRAPHED_AUTOTUNE_LOG")
+                .env_remove("OUT")
+                .current_dir(&bundle.dir);
+            if let Some(tune) = tune {
+                command.env("BURN_GRAPHED_TUNE", tune);
+            }
+            if let Some(log) = log {
+                command.env("BURN_GRAPHED_AUTOTUNE_LOG", log);
+            }
+            let output = command.output().expect("bash");
+            let toml = std::fs::read_to_string(env.join("cubecl.toml")).unwrap_or_default();
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            (output.status.code(), toml, stdout)
+        };
+        let (code, kept, stdout) = bench(None, None);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(kept.contains("[compilation]\ncache = true"), "{kept}");
+        assert!(!kept.contains("disable_cache"), "{kept}");
+        let (code, fresh, stdout) = bench(Some("fresh"), Some("/tmp/tune.log"));
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(
+            fresh.contains("[autotune]\ndisable_cache = true\n"),
+            "{fresh}"
+        );
+        assert!(fresh.contains("[autotune.logger]"), "{fresh}");
+        let (code, _, stdout) = bench(Some("always"), None);
+        assert_eq!(code, Some(2), "{stdout}");
+        assert!(stdout.contains("not 'always'"), "{stdout}");
+    }
+
     /// `run.sh busy` samples each side's run of each mode in a window of its own (two modes of
     /// one side once shared one median), passes the other arguments on, says which mode a
     /// side does not know, and keeps rows and busy lines in `$OUT/busy.jsonl`; without

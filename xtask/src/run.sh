@@ -44,6 +44,7 @@
 #                          environment of `bench`, reusing the kernels compiled there
 #
 # Environment: BURN_GRAPHED_AUTOTUNE_LOG (bench, profile: a file for cubecl's autotune log),
+# BURN_GRAPHED_TUNE=fresh (bench, profile: every Burn process tunes its kernels anew),
 # BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
 # the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
@@ -75,6 +76,14 @@ cubecl_env() {
   env_dir="${BURN_GRAPHED_CUBECL_ENV:-$repo/target/cubecl-env}"
   mkdir -p "$env_dir/nv"
   printf '[compilation]\ncache = true\n[environment]\npath = "local"\n' > "$env_dir/cubecl.toml"
+  # BURN_GRAPHED_TUNE=fresh: every Burn process tunes its kernels anew (autotune results kept in
+  # memory only), so that rounds sample the spread of cubecl's picks; "kept" (default): a pick
+  # measured once stays in the environment for every later command.
+  case "${BURN_GRAPHED_TUNE:-kept}" in
+    kept) ;;
+    fresh) printf '[autotune]\ndisable_cache = true\n' >> "$env_dir/cubecl.toml" ;;
+    *) echo "run.sh: BURN_GRAPHED_TUNE takes fresh or kept, not '$BURN_GRAPHED_TUNE'"; exit 2 ;;
+  esac
   # BURN_GRAPHED_AUTOTUNE_LOG=FILE: cubecl's autotune log at level full (every key tuned, each
   # candidate's time or error) appended to FILE (an absolute path).
   if [ -n "${BURN_GRAPHED_AUTOTUNE_LOG:-}" ]; then
