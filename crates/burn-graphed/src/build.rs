@@ -43,7 +43,7 @@ pub(crate) fn build(
         check_member(member, &device, config).map_err(|error| in_group(alone, callable, error))?;
     }
 
-    if cube::supports_capture(&device) {
+    if cube::supports_graphs(&device) {
         return captured(&members, config);
     }
     if config.require_graphs {

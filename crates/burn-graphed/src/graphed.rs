@@ -203,7 +203,7 @@ where
             });
         }
         let inputs: Vec<TensorSpec> = sample.iter().map(FlatTensor::spec).collect();
-        let captured = if crate::cube::supports_capture(&device) {
+        let captured = if crate::cube::supports_graphs(&device) {
             Some(build_inference(&member, &config)?)
         } else if config.require_graphs {
             return Err(GraphedError::Unsupported {

@@ -165,6 +165,13 @@ pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), Graphe
     }
 }
 
+/// Whether graphed calls on `device` capture and replay graphs (burn's cubecl backends, CUDA
+/// and wgpu) or run every call eagerly (Flex; any backend without the `cube` feature). It
+/// says what the backend can do: a capture can still fail on such a device, with an error.
+pub fn supports_graphs(device: &burn::prelude::Device) -> bool {
+    cube::supports_graphs(device)
+}
+
 /// Hooks for tests and benchmarks (the `testing` feature): deliberate faults that prove the
 /// equivalence checks catch them, and the host reference of [`DeviceRng`]'s draws.
 #[cfg(feature = "testing")]

@@ -362,7 +362,7 @@ pub(crate) fn prepare<const D: usize>(
     });
     let fusable = adam.fusable
         && moments_fit
-        && super::lifecycle::supports_capture(&tensor.device())
+        && super::lifecycle::supports_graphs(&tensor.device())
         && kernel_elem(dtype).is_some()
         && grad.dtype() == dtype
         && grad.shape() == shape

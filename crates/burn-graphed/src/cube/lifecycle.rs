@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use crate::error::{CapturePhase, GraphedError};
 
 /// Whether graphs can be captured on `device` (burn's cubecl backend).
-pub(crate) fn supports_capture(device: &Device) -> bool {
+pub(crate) fn supports_graphs(device: &Device) -> bool {
     matches!(
         device.clone().inner().as_dispatch(),
         DispatchDevice::Cube(_)

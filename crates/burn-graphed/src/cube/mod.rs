@@ -58,7 +58,7 @@ pub(crate) use self::{
     copy_op::collective_buffer,
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
-    lifecycle::supports_capture,
+    lifecycle::supports_graphs,
     random_state::RandomState,
     step_graph::{StepGraph, StepState, capture_step},
 };
@@ -69,5 +69,5 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, enable_kernel_cache,
-    supports_capture,
+    supports_graphs,
 };

@@ -26,7 +26,7 @@ impl RandomState {
     /// (without autodiff). `None` where the backend cannot capture graphs: there the host
     /// counter serves, with the same sequence.
     pub(crate) fn new(seed: u64, device: &Device) -> Option<Arc<Self>> {
-        if !super::lifecycle::supports_capture(device) {
+        if !super::lifecycle::supports_graphs(device) {
             return None;
         }
         let values: Vec<f32> = words(seed, 0).iter().map(|w| f32::from_bits(*w)).collect();

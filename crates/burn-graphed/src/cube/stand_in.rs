@@ -16,7 +16,7 @@ use crate::stats::{FallbackReason, GraphStats};
 use crate::tensors::FlatTensor;
 
 /// No backend captures graphs without the `cube` feature.
-pub(crate) fn supports_capture(_device: &Device) -> bool {
+pub(crate) fn supports_graphs(_device: &Device) -> bool {
     false
 }
 
@@ -30,7 +30,7 @@ pub(crate) fn collective_buffer(bucket: burn::tensor::Tensor<1>) -> burn::tensor
     bucket
 }
 
-/// Refuses: see [`supports_capture`].
+/// Refuses: see [`supports_graphs`].
 pub(crate) fn capture_group(
     members: &[Member<'_>],
     _config: &GraphedConfig,
