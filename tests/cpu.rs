@@ -133,17 +133,21 @@ fn input_on_another_device_is_refused() {
     scenarios::robust::input_on_another_device_is_refused(&Device::flex(), &wgpu());
 }
 
+/// `supports_graphs` answers as a capture does: wgpu records (software graphs), Flex runs
+/// every call eagerly.
 #[test]
 fn wgpu_records_graphs() {
     assert!(
-        scenarios::supports_graphs(&wgpu()),
+        burn_graphed::supports_graphs(&wgpu()),
         "wgpu should capture (software graphs)"
     );
+    assert!(scenarios::capture_records_graphs(&wgpu()));
 }
 
 #[test]
 fn flex_runs_eagerly() {
-    assert!(!scenarios::supports_graphs(&Device::flex()));
+    assert!(!burn_graphed::supports_graphs(&Device::flex()));
+    assert!(!scenarios::capture_records_graphs(&Device::flex()));
 }
 
 /// burn-graphed announces each phase of a capture as a `log` debug event of target

@@ -424,7 +424,8 @@ fn same_shape_heads_match_eager() {
 
 #[test]
 fn cuda_records_graphs() {
-    assert!(scenarios::supports_graphs(&cuda()));
+    assert!(burn_graphed::supports_graphs(&cuda()));
+    assert!(scenarios::capture_records_graphs(&cuda()));
 }
 
 #[test]

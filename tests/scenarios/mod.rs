@@ -728,6 +728,20 @@ pub fn supports_graphs(device: &Device) -> bool {
     burn_graphed::supports_graphs(device)
 }
 
+/// Whether a capture of a small MLP on `device` recorded graphs (`summary().graphed`); a
+/// failed capture fails the caller.
+pub fn capture_records_graphs(device: &Device) -> bool {
+    let device = device.clone().autodiff();
+    let graphed = Graphed::new(
+        Mlp::new(16, 1, 16, &device),
+        mlp_forward,
+        Tensor::zeros([8, 16], &device),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    graphed.summary().graphed
+}
+
 /// A forward that reads a value back to the host: a device sync, which a CUDA capture forbids.
 fn syncing_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
     let y = m.forward(x);
