@@ -4,7 +4,7 @@ torch.cuda.make_graphed_callables, and as one captured graph of the whole step; 
 models' forward alone (inference), eager and as one captured graph. Prints one JSON line per
 row (same fields as the Rust side).
 
-    python3 benches/torch_reference.py [--models mlp,mlp256,transformer,cnn,lm] [--dtype f32|bf16]
+    python3 benches/torch_reference.py [--models mlp,mlp256,mlpcol,transformer,cnn,lm] [--dtype f32|bf16]
                                        [--steps 50] [--reps 30]
                                        [--modes eager,graphed,eager_fused_adam,graphed_fused_adam,
                                                 graphed_loss_fused_adam,whole_step,
@@ -251,6 +251,9 @@ def mean_square_of(y, batch):
 MODELS = {
     "mlp": Spec("mlp 8x256 b32", mlp, float_batch(32, (256,)), whole_batch, mean_square_of),
     "mlp256": Spec("mlp 8x256 b256", mlp, float_batch(256, (256,)), whole_batch,
+                   mean_square_of),
+    # PyTorch stores every Linear weight [out, in]: Burn's `mlpcol` stores them so too.
+    "mlpcol": Spec("mlp 8x256 col b32", mlp, float_batch(32, (256,)), whole_batch,
                    mean_square_of),
     "transformer": Spec("transformer 2x256 s128 b8", Encoder, float_batch(8, (128, 256)),
                         whole_batch, mean_square_of),

@@ -5,7 +5,7 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,transformer,cnn,lm] [--dtype f32|bf16] [--steps 50] [--reps 30]
+//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm] [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
@@ -89,8 +89,8 @@ use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
 use burn::nn::{
-    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, PaddingConfig2d,
-    Relu,
+    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, LinearLayout,
+    PaddingConfig2d, Relu,
 };
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
@@ -1849,6 +1849,33 @@ fn main() {
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
                         batch,
+                    },
+                    &device,
+                    &options,
+                );
+            }
+            // The MLP with every weight stored as PyTorch stores it, `[d_output, d_input]`
+            // (`LinearLayout::Col`): a batch-1 call is a vector times a column-major matrix,
+            // which cubecl's gemv kernels take best, where the row-major default has no good
+            // kernel (burn-cubecl's matmul autotune priorities).
+            "mlpcol" => {
+                bench(
+                    Case {
+                        name: "mlp 8x256 col b32".into(),
+                        make: |d| Mlp {
+                            layers: (0..8)
+                                .map(|_| {
+                                    LinearConfig::new(256, 256)
+                                        .with_layout(LinearLayout::Col)
+                                        .init(d)
+                                })
+                                .collect(),
+                        },
+                        call: mlp_forward,
+                        loss: mean_square_of,
+                        call_loss: |m, x| mean_square(mlp_forward(m, x)),
+                        input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
+                        batch: 32,
                     },
                     &device,
                     &options,

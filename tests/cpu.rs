@@ -33,6 +33,7 @@ on_devices! {
     unused_input_is_refused => scenarios::unused_input_is_refused;
     too_many_parents_is_refused => |d| scenarios::too_many_parents_is_refused(d, false);
     eval_calls_replay_inference_graphs => scenarios::eval_calls_replay_inference_graphs;
+    col_layout_weights_match_eager => scenarios::col_layout_weights_match_eager;
     inference_buckets_replay => scenarios::inference_buckets_replay;
     data_parallel_replicas_match_one_model => |d| scenarios::data_parallel::replicas_match_one_model(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_example_trains => |d| scenarios::data_parallel::example_trains_equal_replicas(&[d.clone(), d.clone()], burn_graphed::Collective::Host);

@@ -117,6 +117,11 @@ fn inference_buckets_replay() {
 }
 
 #[test]
+fn col_layout_weights_match_eager() {
+    scenarios::col_layout_weights_match_eager(&cuda());
+}
+
+#[test]
 fn eval_calls_replay_inference_graphs() {
     scenarios::eval_calls_replay_inference_graphs(&cuda());
 }

@@ -21,7 +21,7 @@ pub mod tokens;
 pub mod whole_step;
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, Relu};
+use burn::nn::{Linear, LinearConfig, LinearLayout, Relu};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::prelude::*;
 use burn_graphed::testing::FaultInjection;
@@ -37,11 +37,26 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn new(width: usize, depth: usize, out: usize, device: &Device) -> Self {
+        Self::with_layout(width, depth, out, LinearLayout::Row, device)
+    }
+
+    /// [`Mlp::new`] with its weights stored in `layout` (`Col`: each weight a transposed view
+    /// of a `[d_output, d_input]` buffer, as PyTorch stores them).
+    pub fn with_layout(
+        width: usize,
+        depth: usize,
+        out: usize,
+        layout: LinearLayout,
+        device: &Device,
+    ) -> Self {
+        let linear = |d_in, d_out| {
+            LinearConfig::new(d_in, d_out)
+                .with_layout(layout)
+                .init(device)
+        };
         Self {
-            layers: (0..depth)
-                .map(|_| LinearConfig::new(width, width).init(device))
-                .collect(),
-            head: LinearConfig::new(width, out).init(device),
+            layers: (0..depth).map(|_| linear(width, width)).collect(),
+            head: linear(width, out),
         }
     }
 
@@ -236,6 +251,49 @@ pub fn loss_inside_training_matches_eager(device: &Device, steps: usize, graphed
             report.stats.param_copies, report.summary.params as u64,
             "{report}"
         );
+    }
+}
+
+/// Weights stored as transposed views (`LinearLayout::Col`): graphed training with burn's
+/// `Adam` equals eager training, and the inference graphs of the trained model, at batch 1 and
+/// at the training batch, equal its eager eval outputs. The graphs' parameter buffers are
+/// copies of strided parameters; nothing may read them as dense.
+pub fn col_layout_weights_match_eager(device: &Device) {
+    let autodiff = device.clone().autodiff();
+    let steps = 3;
+    let report = compare_training(TrainingComparison {
+        model: Mlp::with_layout(16, 2, 8, LinearLayout::Col, &autodiff),
+        call: mlp_forward,
+        optimizer: adam_config().init(),
+        learning_rate: 1e-2,
+        batch: &mut |step| batch([8, 16], step, &autodiff),
+        loss: square_mean,
+        steps,
+        graphed: GraphedConfig::new(),
+        tolerance: tolerance_for(&autodiff),
+    })
+    .expect("comparison runs");
+    assert!(report.passed(), "{report}");
+    if report.summary.graphed {
+        assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
+        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    }
+
+    let inner = device.clone().inner();
+    let model = Mlp::with_layout(16, 2, 8, LinearLayout::Col, &inner);
+    let samples = vec![batch([1, 16], 0, &inner), batch([8, 16], 0, &inner)];
+    let served = Graphed::inference(model, mlp_forward, samples, &GraphedConfig::new())
+        .expect("inference capture");
+    for (call, rows) in [1, 8, 1].into_iter().enumerate() {
+        let x = batch([rows, 16], call + 1, &inner);
+        let expected = served.module().forward(x.clone()).into_data();
+        let got = served.forward(x).expect("inference call").into_data();
+        assert_data_close(device, &format!("inference call {call}"), &expected, &got);
+    }
+    if supports_graphs(device) {
+        let stats = served.stats();
+        assert_eq!(stats.forward_replays, 3, "{stats:?}");
+        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
     }
 }
 

@@ -42,6 +42,18 @@ pub(crate) fn memory_of(fused: &FusedTensor) -> BufferKey {
     key_of(&resolve(fused))
 }
 
+/// The dimensions of a fusion handle's tensor in memory order: from the largest stride to the
+/// smallest (ties in dimension order). `0..rank` for a row-major tensor; `[1, 0]` for a
+/// transposed view of a row-major matrix. Resolves the handle ([`resolve`]).
+pub(crate) fn memory_order(fused: &FusedTensor) -> Vec<usize> {
+    let cube = resolve(fused);
+    let strides = cube.meta.strides();
+    let mut order: Vec<usize> = (0..strides.len()).collect();
+    // Stable: dimensions of equal stride (size 1) keep their order.
+    order.sort_by(|a, b| strides[*b].cmp(&strides[*a]));
+    order
+}
+
 /// Whether the device wrote `tensor`'s bytes, after running the work queued on its fusion
 /// stream: cubecl's answer for enqueue-time failures (a launch skipped because it read a buffer
 /// an earlier failure left unwritten, whose outputs inherit that failure), with its account

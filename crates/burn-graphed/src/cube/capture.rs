@@ -11,8 +11,8 @@ use burn::backend::{
 use burn::tensor::Tensor;
 
 use super::buffers::{
-    StaticBuffer, dispatch_of, fused, memory_of, overlaps, static_fused, with_autodiff,
-    without_autodiff,
+    StaticBuffer, dispatch_of, fused, memory_of, memory_order, overlaps, static_fused,
+    with_autodiff, without_autodiff,
 };
 use super::copy_op::copy_to_new;
 use super::graphs::Graphs;
@@ -58,6 +58,30 @@ pub(super) fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor
     let fused = static_fused(tensor, CapturePhase::StaticBuffers)?;
     let copy = <Cube as super::copy_op::StaticCopyOps>::copy_to_new_dense_buffer(&fused);
     Ok(Tensor::<1>::from_primitive::<Cube>(copy).into_dispatch())
+}
+
+/// A copy of a parameter for an inference graph: dense as [`dense_param_copy`]'s, laid out in
+/// the parameter's memory order. A weight stored transposed (burn's `LinearLayout::Col`, as
+/// PyTorch stores a linear weight) stays a transposed view, so the graph records the kernels an
+/// eager call picks for it (cubecl's vector-matrix kernels take a column-major matrix best).
+/// Inference graphs only: the optimizers' kernels bind row-major buffers. Errors like
+/// [`static_fused`].
+pub(super) fn ordered_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
+    let fused = static_fused(tensor, CapturePhase::StaticBuffers)?;
+    let order = memory_order(&fused);
+    if order.iter().enumerate().all(|(dim, at)| dim == *at) {
+        return dense_param_copy(tensor);
+    }
+    let inner = Tensor::<1>::from_dispatch(tensor.clone())
+        .inner()
+        .into_dispatch();
+    // In memory order the view is row-major: its dense copy holds the values in the same order.
+    let copy = dense_param_copy(&Dispatch::float_permute(inner, &order))?;
+    let mut back = vec![0; order.len()];
+    for (at, dim) in order.iter().enumerate() {
+        back[*dim] = at;
+    }
+    Ok(Dispatch::float_permute(copy, &back))
 }
 
 /// The message of a caught panic, when it carries one.
@@ -715,7 +739,7 @@ fn inference_locked(
     let static_params = member
         .params
         .iter()
-        .map(|p| dense_param_copy(&p.tensor.tensor))
+        .map(|p| ordered_param_copy(&p.tensor.tensor))
         .collect::<Result<Vec<_>, _>>()?;
     let replacements = member
         .params
@@ -806,4 +830,33 @@ fn inference_locked(
         pool_growth_bytes: reserved_after.saturating_sub(reserved_before),
         released_bytes: reserved_captured.saturating_sub(reserved_after),
     })
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    use super::super::buffers::{fused, memory_of, memory_order};
+    use super::ordered_param_copy;
+
+    /// An inference graph's copy of a parameter keeps its memory order in a buffer of its own:
+    /// a transposed view (burn's `LinearLayout::Col`) stays transposed, a row-major tensor
+    /// row-major, and both hold the parameter's values.
+    #[test]
+    fn ordered_param_copy_keeps_the_memory_order() {
+        let device = Device::wgpu(Default::default());
+        let values: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let stored = Tensor::<2>::from_data(TensorData::new(values, [3, 4]), &device);
+        for (param, order) in [(stored.clone().transpose(), [1, 0]), (stored, [0, 1])] {
+            let dispatch = param.clone().into_dispatch();
+            let source = memory_of(&fused(&dispatch).expect("cube"));
+            let copy = ordered_param_copy(&dispatch).expect("copy");
+            let copied = fused(&copy).expect("cube");
+            assert_eq!(memory_order(&copied), order);
+            assert_ne!(memory_of(&copied).0, source.0, "a buffer of its own");
+            Tensor::<2>::from_dispatch(copy)
+                .to_data()
+                .assert_eq(&param.to_data(), true);
+        }
+    }
 }
