@@ -255,9 +255,9 @@ pub fn loss_inside_training_matches_eager(device: &Device, steps: usize, graphed
 }
 
 /// Weights stored as transposed views (`LinearLayout::Col`): graphed training with burn's
-/// `Adam` equals eager training, and the inference graphs of the trained model, at batch 1 and
-/// at the training batch, equal its eager eval outputs. The graphs' parameter buffers are
-/// copies of strided parameters; nothing may read them as dense.
+/// `Adam` equals eager training, and a served model's inference graphs (whose parameter buffers
+/// keep the transposed layout), at batch 1 and at batch 8, equal its eager outputs. The graphs'
+/// parameter buffers are copies of strided parameters; nothing may read them as row-major.
 pub fn col_layout_weights_match_eager(device: &Device) {
     let autodiff = device.clone().autodiff();
     let steps = 3;

@@ -81,7 +81,8 @@ cubecl_env() {
   # measured once stays in the environment for every later command.
   case "${BURN_GRAPHED_TUNE:-kept}" in
     kept) ;;
-    fresh) printf '[autotune]\ndisable_cache = true\n' >> "$env_dir/cubecl.toml" ;;
+    fresh) printf '[autotune]\ndisable_cache = true\n' >> "$env_dir/cubecl.toml"
+           export CUBECL_AUTOTUNE_CACHE=0 ;; # the variable would override the file
     *) echo "run.sh: BURN_GRAPHED_TUNE takes fresh or kept, not '$BURN_GRAPHED_TUNE'"; exit 2 ;;
   esac
   # BURN_GRAPHED_AUTOTUNE_LOG=FILE: cubecl's autotune log at level full (every key tuned, each
@@ -211,9 +212,13 @@ case "$mode" in
       # On a machine with several GPUs, share j's device 0 is GPU (j - 1) mod G: the shares
       # spread over the GPUs, and each still sees them all (CUDA_VISIBLE_DEVICES rotated), so
       # that the tests of several GPUs run in any share.
+      # nvidia-smi numbers the GPUs in PCI order, which CUDA then follows too.
       gpus=()
-      if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
-      else mapfile -t gpus < <(nvidia-smi -L 2>/dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p'); fi
+      if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
+      else
+        mapfile -t gpus < <(nvidia-smi -L 2>/dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p')
+        [ ${#gpus[@]} -gt 1 ] && export CUDA_DEVICE_ORDER=PCI_BUS_ID
+      fi
       pids=()
       for ((j = 1; j <= jobs; j++)); do
         share=()

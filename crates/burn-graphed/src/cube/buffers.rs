@@ -30,7 +30,7 @@ pub(crate) fn fused(tensor: &DispatchTensor) -> Option<FusedTensor> {
 
 /// The cube tensor behind a fusion handle of any kind: runs what the handle's fusion stream
 /// has queued (a round trip to the fusion server).
-fn resolve(fused: &FusedTensor) -> CubeTensor {
+pub(super) fn resolve(fused: &FusedTensor) -> CubeTensor {
     fused
         .client
         .resolve_tensor_float::<CubeBackend>(fused.clone())
@@ -42,16 +42,10 @@ pub(crate) fn memory_of(fused: &FusedTensor) -> BufferKey {
     key_of(&resolve(fused))
 }
 
-/// The dimensions of a fusion handle's tensor in memory order: from the largest stride to the
-/// smallest (ties in dimension order). `0..rank` for a row-major tensor; `[1, 0]` for a
-/// transposed view of a row-major matrix. Resolves the handle ([`resolve`]).
+/// The dimensions of a fusion handle's tensor in memory order
+/// ([`memory_order_of`](super::dense::memory_order_of)). Resolves the handle ([`resolve`]).
 pub(crate) fn memory_order(fused: &FusedTensor) -> Vec<usize> {
-    let cube = resolve(fused);
-    let strides = cube.meta.strides();
-    let mut order: Vec<usize> = (0..strides.len()).collect();
-    // Stable: dimensions of equal stride (size 1) keep their order.
-    order.sort_by(|a, b| strides[*b].cmp(&strides[*a]));
-    order
+    super::dense::memory_order_of(resolve(fused).meta.strides())
 }
 
 /// Whether the device wrote `tensor`'s bytes, after running the work queued on its fusion

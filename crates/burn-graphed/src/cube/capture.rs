@@ -60,16 +60,19 @@ pub(super) fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor
     Ok(Tensor::<1>::from_primitive::<Cube>(copy).into_dispatch())
 }
 
-/// A copy of a parameter for an inference graph: dense as [`dense_param_copy`]'s, laid out in
-/// the parameter's memory order. A weight stored transposed (burn's `LinearLayout::Col`, as
+/// A copy of a float parameter for an inference graph: dense as [`dense_param_copy`]'s, laid
+/// out in the parameter's memory order (an int or bool parameter: [`dense_param_copy`]). A weight stored transposed (burn's `LinearLayout::Col`, as
 /// PyTorch stores a linear weight) stays a transposed view, so the graph records the kernels an
 /// eager call picks for it (cubecl's vector-matrix kernels take a column-major matrix best).
 /// Inference graphs only: the optimizers' kernels bind row-major buffers. Errors like
 /// [`static_fused`].
 pub(super) fn ordered_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
+    if ElementKind::of(tensor.dtype()) != ElementKind::Float {
+        return dense_param_copy(tensor);
+    }
     let fused = static_fused(tensor, CapturePhase::StaticBuffers)?;
     let order = memory_order(&fused);
-    if order.iter().enumerate().all(|(dim, at)| dim == *at) {
+    if super::dense::is_identity(&order) {
         return dense_param_copy(tensor);
     }
     let inner = Tensor::<1>::from_dispatch(tensor.clone())
@@ -837,26 +840,64 @@ mod tests {
     use burn::tensor::{Device, Tensor, TensorData};
 
     use super::super::buffers::{fused, memory_of, memory_order};
+    use super::super::dense::copy_values;
     use super::ordered_param_copy;
+
+    fn counting<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+        let len = shape.iter().product::<usize>();
+        let values: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        Tensor::from_data(TensorData::new(values, shape), device)
+    }
 
     /// An inference graph's copy of a parameter keeps its memory order in a buffer of its own:
     /// a transposed view (burn's `LinearLayout::Col`) stays transposed, a row-major tensor
-    /// row-major, and both hold the parameter's values.
+    /// row-major, a rank-3 view in a cyclic order keeps that order (its inverse is not itself),
+    /// and each holds the parameter's values.
     #[test]
     fn ordered_param_copy_keeps_the_memory_order() {
         let device = Device::wgpu(Default::default());
-        let values: Vec<f32> = (0..12).map(|i| i as f32).collect();
-        let stored = Tensor::<2>::from_data(TensorData::new(values, [3, 4]), &device);
-        for (param, order) in [(stored.clone().transpose(), [1, 0]), (stored, [0, 1])] {
+        let matrix = counting([3, 4], &device);
+        let cube = counting([2, 3, 4], &device);
+        let cases: [(Tensor<3>, Vec<usize>); 3] = [
+            (matrix.clone().transpose().unsqueeze(), vec![0, 2, 1]),
+            (matrix.unsqueeze(), vec![0, 1, 2]),
+            // Dimension 0 of the view is the stored last one, and so on: in memory order the
+            // view's dimensions are [1, 2, 0].
+            (cube.permute([2, 0, 1]), vec![1, 2, 0]),
+        ];
+        for (param, order) in cases {
             let dispatch = param.clone().into_dispatch();
             let source = memory_of(&fused(&dispatch).expect("cube"));
             let copy = ordered_param_copy(&dispatch).expect("copy");
             let copied = fused(&copy).expect("cube");
             assert_eq!(memory_order(&copied), order);
             assert_ne!(memory_of(&copied).0, source.0, "a buffer of its own");
-            Tensor::<2>::from_dispatch(copy)
+            Tensor::<3>::from_dispatch(copy)
                 .to_data()
                 .assert_eq(&param.to_data(), true);
+        }
+    }
+
+    /// A copy into a transposed buffer large enough that cubecl's copy packs several elements
+    /// per unit (as every refresh of an inference graph's transposed weight is) puts each value
+    /// in its place, from a transposed source and from a row-major one.
+    #[test]
+    fn copies_into_a_transposed_buffer_land_in_place() {
+        let device = Device::wgpu(Default::default());
+        let stored = counting([512, 512], &device);
+        let destination = ordered_param_copy(&stored.clone().transpose().into_dispatch())
+            .expect("a transposed buffer");
+        let destination = fused(&destination).expect("cube");
+        let destination_cube = super::super::buffers::resolve(&destination);
+        let row_major = counting([512, 512], &device).mul_scalar(2.0);
+        for source in [stored.clone().mul_scalar(3.0).transpose(), row_major] {
+            let expected = source.to_data();
+            let source_cube =
+                super::super::buffers::resolve(&fused(&source.into_dispatch()).expect("cube"));
+            copy_values(&source_cube, &destination_cube);
+            Tensor::<2>::from_primitive::<burn::backend::Cube>(destination.clone())
+                .to_data()
+                .assert_eq(&expected, true);
         }
     }
 }

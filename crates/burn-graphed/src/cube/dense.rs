@@ -156,14 +156,40 @@ impl Target {
 /// through its own layout (pitched, dense or strided). Same shape and dtype: the caller's
 /// obligation.
 pub(crate) fn copy_values(source: &CubeTensor, destination: &CubeTensor) {
-    let source = burn_cubecl::kernel::untile(source.clone());
+    // cubecl's copy vectorizes its writes along the destination's last dimension and, for
+    // large tensors, packs several elements per unit there as if that dimension were
+    // contiguous in memory. A destination laid out in another order (an inference graph's
+    // transposed weight) is first viewed in its memory order, the source alike: the same
+    // elements pair up, and the destination's last dimension is its innermost.
+    let order = memory_order_of(destination.meta.strides());
+    let (source, destination) = if is_identity(&order) {
+        (
+            burn_cubecl::kernel::untile(source.clone()),
+            destination.clone(),
+        )
+    } else {
+        (
+            burn_cubecl::ops::permute(source.clone(), &order),
+            burn_cubecl::ops::permute(destination.clone(), &order),
+        )
+    };
     let dtype = burn::backend::cubecl::dtype_to_storage_type(destination.dtype);
-    cubecl::std::tensor::copy_into(
-        &destination.client,
-        source.binding(),
-        destination.clone().binding(),
-        dtype,
-    );
+    let client = destination.client.clone();
+    cubecl::std::tensor::copy_into(&client, source.binding(), destination.binding(), dtype);
+}
+
+/// The dimensions of a tensor with `strides` in memory order: from the largest stride to the
+/// smallest, ties (size-1 dimensions) in dimension order. `0..rank` for a row-major tensor,
+/// pitched rows included; `[1, 0]` for a transposed view of a row-major matrix.
+pub(crate) fn memory_order_of(strides: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..strides.len()).collect();
+    order.sort_by(|a, b| strides[*b].cmp(&strides[*a]));
+    order
+}
+
+/// Whether a dimension order is `0..rank`.
+pub(crate) fn is_identity(order: &[usize]) -> bool {
+    order.iter().enumerate().all(|(dim, at)| dim == *at)
 }
 
 /// Tensors laid out as CUDA lays them out, made by hand on wgpu (which allocates densely), for
