@@ -61,11 +61,11 @@ pub(super) fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor
 }
 
 /// A copy of a float parameter for an inference graph: dense as [`dense_param_copy`]'s, laid
-/// out in the parameter's memory order (an int or bool parameter: [`dense_param_copy`]). A weight stored transposed (burn's `LinearLayout::Col`, as
-/// PyTorch stores a linear weight) stays a transposed view, so the graph's kernels see a column-major matrix, as an
-/// eager call's do (cubecl's vector-matrix kernels take a column-major matrix best).
-/// Inference graphs only: the optimizers' kernels bind row-major buffers. Errors like
-/// [`static_fused`].
+/// out in the parameter's memory order (an int or bool parameter: [`dense_param_copy`]). A
+/// weight stored transposed (burn's `LinearLayout::Col`, as PyTorch stores a linear weight)
+/// stays a transposed view, so the graph's kernels see a column-major matrix, as an eager
+/// call's do (cubecl's vector-matrix kernels take a column-major matrix best). Inference graphs
+/// only: the optimizers' kernels bind row-major buffers. Errors like [`static_fused`].
 pub(super) fn ordered_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
     if ElementKind::of(tensor.dtype()) != ElementKind::Float {
         return dense_param_copy(tensor);
