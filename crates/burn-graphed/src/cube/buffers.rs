@@ -148,7 +148,12 @@ pub(crate) struct DirectCopy<'a> {
     into: &'a StaticBuffer,
 }
 
-impl DirectCopy<'_> {
+impl<'a> DirectCopy<'a> {
+    /// The buffer the copy writes.
+    pub fn target(&self) -> &'a StaticBuffer {
+        self.into
+    }
+
     /// The client of the device the copy runs on.
     pub fn client(&self) -> &cubecl::client::Client {
         &self.source.client

@@ -190,21 +190,16 @@ impl Session {
     ) -> Result<Vec<FusedTensor>, GraphedError> {
         // The copies, launched by the replay's task; resolving their sources drained the stream.
         let mut copies = Vec::new();
-        // The buffers written outside the graph since the last replay: asked about below.
-        let mut written = Vec::new();
         if self.fault != FaultInjection::SkipInputCopy {
-            direct_copies(
-                self.inputs.iter().map(|b| &**b),
-                inputs,
-                &mut copies,
-                &mut written,
-            );
+            direct_copies(self.inputs.iter().map(|b| &**b), inputs, &mut copies);
         }
-        let input_copies = written.len() as u64;
+        let input_copies = copies.len() as u64;
         if self.fault != FaultInjection::SkipParamCopy {
-            direct_copies(self.params.iter(), params, &mut copies, &mut written);
+            direct_copies(self.params.iter(), params, &mut copies);
         }
-        let param_copies = written.len() as u64 - input_copies;
+        let param_copies = copies.len() as u64 - input_copies;
+        // The buffers written outside the graph since the last replay: asked about below.
+        let mut written: Vec<&StaticBuffer> = copies.iter().map(DirectCopy::target).collect();
         for buffer in &self.params {
             // Each flag is taken (reset) whether or not the buffer was also copied into.
             if buffer.take_in_place_update() && !written.iter().any(|w| std::ptr::eq(*w, buffer)) {
@@ -389,20 +384,17 @@ impl Session {
 }
 
 /// The copy of each source into its buffer where the values are not there already
-/// ([`StaticBuffer::direct_copy_from`]), pushed onto `copies`, and the buffers copied into onto
-/// `written`.
+/// ([`StaticBuffer::direct_copy_from`]), pushed onto `copies`.
 fn direct_copies<'a>(
     buffers: impl Iterator<Item = &'a StaticBuffer>,
     sources: &[FusedTensor],
     copies: &mut Vec<DirectCopy<'a>>,
-    written: &mut Vec<&'a StaticBuffer>,
 ) {
-    for (buffer, source) in buffers.zip(sources) {
-        if let Some(copy) = buffer.direct_copy_from(source) {
-            copies.push(copy);
-            written.push(buffer);
-        }
-    }
+    copies.extend(
+        buffers
+            .zip(sources)
+            .filter_map(|(buffer, source)| buffer.direct_copy_from(source)),
+    );
 }
 
 /// The first of `buffers` (position, buffer) that the last copy into it or in-place update of

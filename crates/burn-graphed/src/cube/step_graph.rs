@@ -704,7 +704,7 @@ impl StepGraph {
             .direct_copy_from(&source)
             .into_iter()
             .collect();
-        let written: Vec<&StaticBuffer> = copies.iter().map(|_| &update.bucket).collect();
+        let written: Vec<&StaticBuffer> = copies.iter().map(DirectCopy::target).collect();
         let held = std::mem::take(&mut lock(&self.state.host).queued);
         let graph = cube_graph(&update.graph, "update")?;
         let bucket = &update.bucket;
@@ -740,7 +740,6 @@ impl StepGraph {
     /// of copies.
     fn replay_first(&self, micro_inputs: &[Vec<FlatTensor>]) -> Result<u64, GraphedError> {
         let mut copies: Vec<DirectCopy<'_>> = Vec::new();
-        let mut written: Vec<&StaticBuffer> = Vec::new();
         let fault = self.fault;
         for (buffers, inputs) in self.inputs.iter().zip(micro_inputs) {
             for (buffer, input) in buffers.iter().zip(inputs) {
@@ -753,13 +752,11 @@ impl StepGraph {
                 if fault == FaultInjection::SkipInputCopy {
                     continue;
                 }
-                if let Some(copy) = buffer.direct_copy_from(&source) {
-                    copies.push(copy);
-                    written.push(buffer);
-                }
+                copies.extend(buffer.direct_copy_from(&source));
             }
         }
-        let copied = written.len() as u64;
+        let copied = copies.len() as u64;
+        let written: Vec<&StaticBuffer> = copies.iter().map(DirectCopy::target).collect();
         let held = std::mem::take(&mut lock(&self.state.host).queued);
         let graph = cube_graph(&self.graph, "whole step")?;
         let inputs: Vec<&StaticBuffer> = self.inputs.iter().flatten().collect();
