@@ -107,6 +107,15 @@ struct Mlp {
     layers: Vec<Linear>,
 }
 
+/// The bench's MLP, 8 x Linear(256, 256), its weights stored in `layout`.
+fn mlp_of(layout: LinearLayout, device: &Device) -> Mlp {
+    Mlp {
+        layers: (0..8)
+            .map(|_| LinearConfig::new(256, 256).with_layout(layout).init(device))
+            .collect(),
+    }
+}
+
 fn mlp_forward(m: &Mlp, mut x: Tensor<2>) -> Tensor<2> {
     for layer in &m.layers {
         x = Relu::new().forward(layer.forward(x));
@@ -1834,48 +1843,28 @@ fn main() {
     let device = base.autodiff();
     for model in &options.models {
         match model.as_str() {
-            "mlp" | "mlp256" => {
-                let batch = if model == "mlp" { 32 } else { 256 };
+            // `mlpcol`: every weight stored as PyTorch stores it, `[d_output, d_input]`
+            // (`LinearLayout::Col`): a batch-1 call is a vector times a column-major matrix,
+            // which cubecl's gemv kernels take best, where the row-major default has no good
+            // kernel (burn-cubecl's matmul autotune priorities).
+            "mlp" | "mlp256" | "mlpcol" => {
+                let batch = if model == "mlp256" { 256 } else { 32 };
+                let (name, make): (String, fn(&Device) -> Mlp) = if model == "mlpcol" {
+                    ("mlp 8x256 col b32".into(), |d| mlp_of(LinearLayout::Col, d))
+                } else {
+                    (format!("mlp 8x256 b{batch}"), |d| {
+                        mlp_of(LinearLayout::Row, d)
+                    })
+                };
                 bench(
                     Case {
-                        name: format!("mlp 8x256 b{batch}"),
-                        make: |d| Mlp {
-                            layers: (0..8)
-                                .map(|_| LinearConfig::new(256, 256).init(d))
-                                .collect(),
-                        },
+                        name,
+                        make,
                         call: mlp_forward,
                         loss: mean_square_of,
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
                         batch,
-                    },
-                    &device,
-                    &options,
-                );
-            }
-            // The MLP with every weight stored as PyTorch stores it, `[d_output, d_input]`
-            // (`LinearLayout::Col`): a batch-1 call is a vector times a column-major matrix,
-            // which cubecl's gemv kernels take best, where the row-major default has no good
-            // kernel (burn-cubecl's matmul autotune priorities).
-            "mlpcol" => {
-                bench(
-                    Case {
-                        name: "mlp 8x256 col b32".into(),
-                        make: |d| Mlp {
-                            layers: (0..8)
-                                .map(|_| {
-                                    LinearConfig::new(256, 256)
-                                        .with_layout(LinearLayout::Col)
-                                        .init(d)
-                                })
-                                .collect(),
-                        },
-                        call: mlp_forward,
-                        loss: mean_square_of,
-                        call_loss: |m, x| mean_square(mlp_forward(m, x)),
-                        input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
-                        batch: 32,
                     },
                     &device,
                     &options,
