@@ -64,8 +64,9 @@ pub(super) fn dense_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor
 /// out in the parameter's memory order (an int or bool parameter: [`dense_param_copy`]). A
 /// weight stored transposed (burn's `LinearLayout::Col`, as PyTorch stores a linear weight)
 /// stays a transposed view, so the graph's kernels see a column-major matrix, as an eager
-/// call's do (cubecl's vector-matrix kernels take a column-major matrix best). Inference graphs
-/// only: the optimizers' kernels bind row-major buffers. Errors like [`static_fused`].
+/// call's do: the graph runs the kernels (the autotune keys) eager code runs on this model.
+/// Inference graphs only: the optimizers' kernels bind row-major buffers. Errors like
+/// [`static_fused`].
 pub(super) fn ordered_param_copy(tensor: &DispatchTensor) -> Result<DispatchTensor, GraphedError> {
     if ElementKind::of(tensor.dtype()) != ElementKind::Float {
         return dense_param_copy(tensor);
