@@ -1,7 +1,7 @@
 //! [`Graphed`]: a module wrapper whose calls replay captured forward and backward graphs.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 
 use burn::module::{
@@ -62,15 +62,45 @@ struct Signature {
     inputs: Vec<TensorSpec>,
 }
 
-/// Which graphs may serve a call, and what the call brings along (the module's parameters,
-/// collected once per call).
+/// Which graphs may serve a call, and what the call brings along (the module's float
+/// parameters, in visiting order).
 enum ReplayPlan {
     /// Training graphs; with how the inputs differ from the capture's sample (graphs of
     /// another signature may still serve the call).
-    Training(Vec<params::ParamEntry>, Option<FallbackReason>),
+    Training(Vec<FlatTensor>, Option<FallbackReason>),
     /// Inference graphs, for a call without autodiff; with the module's train/eval flags,
     /// part of their key.
-    Inference(Vec<params::ParamEntry>, Vec<bool>),
+    Inference(Vec<FlatTensor>, Vec<bool>),
+}
+
+/// What a call needs to know of the module: its float parameters, whether one of them is on
+/// autodiff, its train/eval flags, and how its mode compares with the capture's. Collected at a
+/// [`Graphed`] value's first call and kept for the value's life: its module never changes,
+/// since every way to another module (an optimizer step, `valid()`, a record, a device move)
+/// makes a new value ([`Graphed::wrapping`]), which collects again.
+struct ModuleFacts {
+    params: Vec<FlatTensor>,
+    autodiff: bool,
+    flags: Vec<bool>,
+    /// Parameters added, removed, replaced or reshaped since capture
+    /// ([`ModuleMode::structural_difference`]).
+    structural: Option<String>,
+    /// Whether the module's mode differs from the capture's ([`ModuleMode::difference`]).
+    mode_changed: bool,
+}
+
+impl ModuleFacts {
+    fn of<M: Module>(module: &M, captured: &ModuleMode) -> Self {
+        let (params, mode) = params::collect(module);
+        let params: Vec<FlatTensor> = params.into_iter().map(|p| p.tensor).collect();
+        Self {
+            autodiff: params.iter().any(|t| t.device.is_autodiff()),
+            structural: mode.structural_difference(captured),
+            mode_changed: mode.difference(captured).is_some(),
+            flags: mode.flags,
+            params,
+        }
+    }
 }
 
 /// A module whose forward pass and autodiff backward pass replay captured graphs.
@@ -92,15 +122,40 @@ pub struct Graphed<M, I, O> {
     inner: M,
     call: fn(&M, I) -> O,
     shared: Arc<Shared>,
+    /// `inner`'s facts, from this value's first call on; never carried to another value.
+    facts: OnceLock<ModuleFacts>,
+}
+
+impl<M, I, O> Graphed<M, I, O> {
+    /// `inner` served by the graphs of `shared`: the one way to a value, so that no value
+    /// starts with another module's [`ModuleFacts`].
+    fn wrapping(inner: M, call: fn(&M, I) -> O, shared: Arc<Shared>) -> Self {
+        Self {
+            inner,
+            call,
+            shared,
+            facts: OnceLock::new(),
+        }
+    }
+
+    /// The value serving `f(inner)`. This value's facts are dropped first: they hold clones of
+    /// the parameters, and a mapper that updates a parameter in place (the fused optimizers)
+    /// does so only where nothing else holds it.
+    fn rewrap(self, f: impl FnOnce(M) -> M) -> Self {
+        let Self {
+            inner,
+            call,
+            shared,
+            facts,
+        } = self;
+        drop(facts);
+        Self::wrapping(f(inner), call, shared)
+    }
 }
 
 impl<M: Clone, I, O> Clone for Graphed<M, I, O> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            call: self.call,
-            shared: self.shared.clone(),
-        }
+        Self::wrapping(self.inner.clone(), self.call, self.shared.clone())
     }
 }
 
@@ -240,10 +295,10 @@ where
                 memory.held_bytes(),
             ))
         });
-        let graphed = Self {
-            inner: callable.module,
+        let graphed = Self::wrapping(
+            callable.module,
             call,
-            shared: Arc::new(Shared {
+            Arc::new(Shared {
                 eager_reason: graphs.is_none().then_some(FallbackReason::Unsupported),
                 graphs,
                 inputs,
@@ -256,7 +311,7 @@ where
                 memory,
                 eager: Mutex::new(GraphStats::default()),
             }),
-        };
+        );
         for sample in samples {
             graphed.prepare(sample)?;
         }
@@ -284,10 +339,10 @@ where
                 built.memory.held_bytes(),
             ))
         });
-        Self {
-            inner: module,
+        Self::wrapping(
+            module,
             call,
-            shared: Arc::new(Shared {
+            Arc::new(Shared {
                 graphs,
                 eager_reason: built.eager_reason,
                 inputs: built.inputs,
@@ -300,7 +355,7 @@ where
                 memory: built.memory,
                 eager: Mutex::new(GraphStats::default()),
             }),
-        }
+        )
     }
 
     /// Runs the callable: a replay of the graphs when the call matches the capture, the wrapped
@@ -350,7 +405,7 @@ where
     fn infer(
         &self,
         flat: Vec<FlatTensor>,
-        module_params: Vec<params::ParamEntry>,
+        params: Vec<FlatTensor>,
         flags: Vec<bool>,
     ) -> Result<O, GraphedError> {
         let key = inference_key(&flat, flags);
@@ -359,7 +414,6 @@ where
             Err(reason) => return self.eager(flat, reason),
         };
         host_phases::lap(HostPhase::Lookup);
-        let params = module_params.into_iter().map(|p| p.tensor).collect();
         let replayed = graphs.replay_inference(flat, params)?;
         self.hand_out(replayed)
     }
@@ -451,23 +505,28 @@ where
         if std::thread::current().id() != self.shared.thread {
             return Ok(Err(FallbackReason::OtherThread));
         }
-        let (module_params, mode) = params::collect(&self.inner);
+        let facts = self
+            .facts
+            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
         // Inputs may come from the inner device (data loaders often make them there); what
         // decides training is the module's parameters, or an input that is on autodiff.
-        let autodiff = flat
-            .iter()
-            .chain(module_params.iter().map(|p| &p.tensor))
-            .any(|t| t.device.is_autodiff());
+        let autodiff = facts.autodiff || flat.iter().any(|t| t.device.is_autodiff());
         if !autodiff && !self.shared.config.graph_inference {
             return Ok(Err(FallbackReason::NoAutodiff));
         }
-        if let Some(detail) = mode.structural_difference(&self.shared.mode) {
-            return Err(GraphedError::ParametersChanged { detail });
+        if let Some(detail) = &facts.structural {
+            return Err(GraphedError::ParametersChanged {
+                detail: detail.clone(),
+            });
         }
+        let module_params = facts.params.clone();
         if !autodiff {
-            return Ok(Ok(ReplayPlan::Inference(module_params, mode.flags)));
+            return Ok(Ok(ReplayPlan::Inference(
+                module_params,
+                facts.flags.clone(),
+            )));
         }
-        if mode.difference(&self.shared.mode).is_some() {
+        if facts.mode_changed {
             return Ok(Err(FallbackReason::ModeChanged));
         }
         let mismatch =
@@ -603,7 +662,7 @@ where
     fn replay(
         &self,
         flat: Vec<FlatTensor>,
-        module_params: Vec<params::ParamEntry>,
+        params: Vec<FlatTensor>,
         mismatch: Option<FallbackReason>,
     ) -> Result<O, GraphedError> {
         let graphs = match self.graphs_for(&flat, training_key(&flat), mismatch, false)? {
@@ -611,7 +670,6 @@ where
             Err(reason) => return self.eager(flat, reason),
         };
         host_phases::lap(HostPhase::Lookup);
-        let params = module_params.into_iter().map(|p| p.tensor).collect();
         let replayed = graphs.replay(flat, params)?;
         self.hand_out(replayed)
     }
@@ -678,39 +736,23 @@ impl<M: Module, I, O> Module for Graphed<M, I, O> {
     }
 
     fn fork(self, device: &Device) -> Self {
-        Self {
-            inner: self.inner.fork(device),
-            ..self
-        }
+        self.rewrap(|inner| inner.fork(device))
     }
 
     fn to_device(self, device: &Device) -> Self {
-        Self {
-            inner: self.inner.to_device(device),
-            ..self
-        }
+        self.rewrap(|inner| inner.to_device(device))
     }
 
     fn train(self) -> Self {
-        Self {
-            inner: self.inner.train(),
-            ..self
-        }
+        self.rewrap(M::train)
     }
 
     fn valid(&self) -> Self {
-        Self {
-            inner: self.inner.valid(),
-            call: self.call,
-            shared: self.shared.clone(),
-        }
+        Self::wrapping(self.inner.valid(), self.call, self.shared.clone())
     }
 
     fn materialize(self) -> Self {
-        Self {
-            inner: self.inner.materialize(),
-            ..self
-        }
+        self.rewrap(M::materialize)
     }
 
     fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
@@ -718,10 +760,7 @@ impl<M: Module, I, O> Module for Graphed<M, I, O> {
     }
 
     fn map<Mp: ModuleMapper>(self, mapper: &mut Mp) -> Self {
-        Self {
-            inner: self.inner.map(mapper),
-            ..self
-        }
+        self.rewrap(|inner| inner.map(mapper))
     }
 }
 
