@@ -840,7 +840,7 @@ fn inference_locked(
 mod tests {
     use burn::tensor::{Device, Tensor, TensorData};
 
-    use super::super::buffers::{fused, memory_of, memory_order};
+    use super::super::buffers::{fused, memory_of, memory_order, resolve};
     use super::super::dense::copy_values;
     use super::ordered_param_copy;
 
@@ -889,12 +889,11 @@ mod tests {
         let destination = ordered_param_copy(&stored.clone().transpose().into_dispatch())
             .expect("a transposed buffer");
         let destination = fused(&destination).expect("cube");
-        let destination_cube = super::super::buffers::resolve(&destination);
+        let destination_cube = resolve(&destination);
         let row_major = counting([512, 512], &device).mul_scalar(2.0);
         for source in [stored.clone().mul_scalar(3.0).transpose(), row_major] {
             let expected = source.to_data();
-            let source_cube =
-                super::super::buffers::resolve(&fused(&source.into_dispatch()).expect("cube"));
+            let source_cube = resolve(&fused(&source.into_dispatch()).expect("cube"));
             copy_values(&source_cube, &destination_cube);
             Tensor::<2>::from_primitive::<burn::backend::Cube>(destination.clone())
                 .to_data()
