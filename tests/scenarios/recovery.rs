@@ -294,9 +294,15 @@ pub fn unwritten_input_call_recovers(device: &Device, config: GraphedConfig) {
     }
 
     // A gradient that carries the failure into the backward: a loss scaled by an unwritten
-    // one-element tensor.
+    // one-element tensor. `x` is written (read back) before the probe's work on it is queued:
+    // fusion may otherwise write `x` from a fused block that also reads `scale`, which cubecl
+    // skips, and `x` then holds no values either (ROBUSTNESS.md, "a refused recovery").
     let scale = unwritten([1, 1], &device);
     let x = batch([8, 16], 9, &device);
+    x.clone()
+        .inner()
+        .try_into_data()
+        .expect("a batch made before the failing work reads back");
     let eager_loss = square_mean(mlp_forward(&probe, x.clone()) * scale.clone());
     drop(eager_loss.backward());
     let graphed_loss = square_mean(forward_or_explain(&graphed, x) * scale);

@@ -42,7 +42,7 @@ use std::fmt;
 
 mod step_check;
 mod whole_step;
-pub use step_check::StepCheck;
+pub use step_check::{ElementOff, StepCheck};
 pub use whole_step::{WholeStepComparison, WholeStepReport, compare_whole_step};
 
 use burn::module::{Module, ModuleMapper, Param};

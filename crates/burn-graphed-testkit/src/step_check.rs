@@ -32,8 +32,24 @@ pub struct StepCheck {
     pub param_off: f64,
     /// The parameter (visiting order) with that fraction.
     pub worst_param: Option<usize>,
+    /// In that parameter, the element farthest from its eager value (in units of its
+    /// allowance), when one is off: where a failure starts to be read.
+    pub farthest: Option<ElementOff>,
     /// Largest loss difference over the steps, in units of its allowance (1.0 is the limit).
     pub loss_off: f64,
+}
+
+/// One parameter element that a graphed run left off from an eager run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ElementOff {
+    /// Its index in the parameter's elements (row-major).
+    pub index: usize,
+    /// The parameter's shape.
+    pub shape: Vec<usize>,
+    /// Its value after the eager steps.
+    pub eager: f32,
+    /// Its value after the graphed steps.
+    pub graphed: f32,
 }
 
 impl StepCheck {
@@ -50,16 +66,18 @@ impl StepCheck {
         let mut check = Self {
             param_off: 0.0,
             worst_param: None,
+            farthest: None,
             loss_off: 0.0,
         };
         if eager_params.len() != graphed_params.len() {
             check.param_off = 1.0;
         }
         for (index, (eager, graphed)) in eager_params.iter().zip(graphed_params).enumerate() {
-            let off = fraction_off(lr, noise_rel, eager, graphed);
+            let (off, farthest) = fraction_off(lr, noise_rel, eager, graphed);
             if off > check.param_off || check.worst_param.is_none() && off == check.param_off {
                 check.param_off = off;
                 check.worst_param = Some(index);
+                check.farthest = farthest;
             }
         }
         let progress = match (eager_losses.first(), eager_losses.last()) {
@@ -94,31 +112,55 @@ impl StepCheck {
 }
 
 /// The fraction of `graphed`'s elements off from `eager`'s by more than half a step plus
-/// `noise_rel` of the value; 1.0 where shapes or dtypes differ.
-fn fraction_off(lr: f64, noise_rel: f64, eager: &TensorData, graphed: &TensorData) -> f64 {
+/// `noise_rel` of the value (1.0 where shapes or dtypes differ), and the element farthest off
+/// in units of that allowance, when one is off.
+fn fraction_off(
+    lr: f64,
+    noise_rel: f64,
+    eager: &TensorData,
+    graphed: &TensorData,
+) -> (f64, Option<ElementOff>) {
     if eager.shape() != graphed.shape() || eager.dtype() != graphed.dtype() {
-        return 1.0;
+        return (1.0, None);
     }
-    let (Ok(eager), Ok(graphed)) = (
+    let (Ok(eager_values), Ok(graphed_values)) = (
         eager.clone().try_to_vec_as::<f32>(),
         graphed.clone().try_to_vec_as::<f32>(),
     ) else {
-        return 1.0;
+        return (1.0, None);
     };
-    if eager.is_empty() {
-        return 0.0;
+    if eager_values.is_empty() {
+        return (0.0, None);
     }
-    let off = eager
-        .iter()
-        .zip(&graphed)
-        .filter(|&(&e, &g)| {
-            let (e, g) = (f64::from(e), f64::from(g));
-            // A NaN on either side is off: `within` is false for it.
-            let within = (e - g).abs() <= 0.5 * lr + noise_rel * e.abs();
-            !within
-        })
-        .count();
-    off as f64 / eager.len() as f64
+    let mut off = 0usize;
+    // (index, distance in allowances); NaN counts as infinitely far.
+    let mut farthest: Option<(usize, f64)> = None;
+    for (index, (&e, &g)) in eager_values.iter().zip(&graphed_values).enumerate() {
+        let (e, g) = (f64::from(e), f64::from(g));
+        let allowed = 0.5 * lr + noise_rel * e.abs();
+        let distance = (e - g).abs() / allowed;
+        // A NaN on either side is off: the comparison is false for it.
+        let within = (e - g).abs() <= allowed;
+        if within {
+            continue;
+        }
+        off += 1;
+        let distance = if distance.is_nan() {
+            f64::INFINITY
+        } else {
+            distance
+        };
+        if farthest.is_none_or(|(_, far)| distance > far) {
+            farthest = Some((index, distance));
+        }
+    }
+    let farthest = farthest.map(|(index, _)| ElementOff {
+        index,
+        shape: eager.shape().to_vec(),
+        eager: eager_values[index],
+        graphed: graphed_values[index],
+    });
+    (off as f64 / eager_values.len() as f64, farthest)
 }
 
 impl fmt::Display for StepCheck {
@@ -131,7 +173,15 @@ impl fmt::Display for StepCheck {
             self.worst_param
                 .map_or_else(|| "-".to_string(), |p| p.to_string()),
             self.loss_off
-        )
+        )?;
+        if let Some(element) = &self.farthest {
+            write!(
+                f,
+                "; farthest: element {} of {:?}, eager {} graphed {}",
+                element.index, element.shape, element.eager, element.graphed
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -185,6 +235,23 @@ mod tests {
         assert_eq!(result.param_off, 1.0);
         assert_eq!(result.worst_param, Some(0));
         assert!(!result.passed());
+    }
+
+    #[test]
+    fn the_farthest_element_is_named() {
+        let eager = vec![0.0f32; 100];
+        let mut graphed = eager.clone();
+        graphed[3] = 2.0 * LR as f32;
+        graphed[41] = -5.0 * LR as f32;
+        let result = check(&eager, &graphed, (&LOSSES, &LOSSES));
+        let farthest = result.farthest.clone().expect("two elements are off");
+        assert_eq!((farthest.index, farthest.shape), (41, vec![100]));
+        assert_eq!((farthest.eager, farthest.graphed), (0.0, -5.0 * LR as f32));
+        assert!(
+            result.to_string().contains("farthest: element 41 of [100]"),
+            "{result}"
+        );
+        assert_eq!(check(&eager, &eager, (&LOSSES, &LOSSES)).farthest, None);
     }
 
     #[test]
