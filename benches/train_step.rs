@@ -69,13 +69,16 @@
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
 //! overheads are reported separately.
 //!
-//! Every graphed run is followed by a value check (`--no-check` skips it): a fresh model trains
-//! 4 steps at learning rate 1e-2 eagerly and, from a deep copy, graphed with the same mode,
+//! Every graphed run is followed by a value check (`--no-check` skips it): a fresh model, drawn
+//! after seeding the device (the same start in every process), trains 4 steps at learning rate
+//! 1e-2 on four seeded batches eagerly and, from a deep copy, graphed with the same mode,
 //! and `burn_graphed_testkit::StepCheck` compares every loss and every parameter element
 //! (allowed: 1% of a parameter's elements off by more than half a step, rounding noise of
 //! 2e-3 relative in f32 and 2e-2 in bf16). The row's `check_passed`, `check_param_off` and
 //! `check_loss_off` fields record it; a failed check aborts the run, except in the
 //! fault-injection modes, whose check must fail (it shows what the copies they skip protect).
+//! `BURN_GRAPHED_CHECK_DUMP=DIR` writes each check's losses and small parameters to `DIR`, for
+//! `benches/check_dump_compare.py` to set a bf16 run beside an f32 run of the same model.
 
 use std::time::{Duration, Instant};
 
@@ -795,7 +798,7 @@ where
                 | Mode::Inference { .. }
                 | Mode::InferenceFault(_)
         ))
-    .then(|| check(case, mode, &inputs, device, options));
+    .then(|| check(case, mode, &label, device, options));
     if let Some(check) = &check {
         eprintln!("# {label}: value check {check}");
         if mode.injects_fault() {
@@ -1400,15 +1403,23 @@ const CHECK_STEPS: usize = 4;
 /// 1e-4 would not move it at all).
 const CHECK_LR: f64 = 1e-2;
 
+/// The seed of the value check's model and batches: every process starts its check from the
+/// same draws, so a failure can be run again, and a bf16 run can be set beside an f32 run of the
+/// same model (`BURN_GRAPHED_CHECK_DUMP`).
+const CHECK_SEED: u64 = 0x5eed;
+
 /// The value check of a graphed `mode` (the timed runs check counters, not values): from one
-/// fresh model, [`CHECK_STEPS`] steps eagerly and in `mode`, with the mode's optimizer and the
-/// same batches, compared by [`StepCheck`] (parameters after the steps, every step's loss).
-/// Catches a wrong update (a kernel that indexed a padded buffer as dense updated other
-/// elements), a missed one, and a forward that read stale parameters or a stale batch.
+/// fresh model and four batches, drawn after seeding the device with [`CHECK_SEED`],
+/// [`CHECK_STEPS`] steps eagerly and in `mode`, with the mode's optimizer and the same batches,
+/// compared by [`StepCheck`] (parameters after the steps, every step's loss). Catches a wrong
+/// update (a kernel that indexed a padded buffer as dense updated other elements), a missed
+/// one, and a forward that read stale parameters or a stale batch. With
+/// `BURN_GRAPHED_CHECK_DUMP=DIR`, both runs' losses and small parameters go to a file in `DIR`
+/// ([`dump_check`]).
 fn check<M, I, O>(
     case: &Case<M, I, O>,
     mode: Mode,
-    inputs: &[I],
+    label: &str,
     device: &Device,
     options: &Options,
 ) -> StepCheck
@@ -1417,7 +1428,10 @@ where
     I: TensorGroup + Clone,
     O: TensorGroup,
 {
+    device.seed(CHECK_SEED);
     let initial = (case.make)(device);
+    let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
+    let inputs = inputs.as_slice();
     let (eager_losses, eager) = check_steps(
         deep_copy(&initial),
         case.call,
@@ -1441,6 +1455,18 @@ where
     let values = |params: Vec<(ParamId, TensorData)>| -> Vec<TensorData> {
         params.into_iter().map(|(_, data)| data).collect()
     };
+    let eager = values(param_values(&eager).expect("read back"));
+    let graphed = values(graphed);
+    if let Some(dir) = std::env::var_os("BURN_GRAPHED_CHECK_DUMP") {
+        let start = values(param_values(&initial).expect("read back"));
+        dump_check(
+            std::path::Path::new(&dir),
+            label,
+            &options.dtype,
+            (&eager_losses, &graphed_losses),
+            (&start, &eager, &graphed),
+        );
+    }
     // f32 matrix products may run on TF32 tensor cores (relative error about 1e-3) in one run
     // and not the other; bf16 rounds at 2^-8.
     let noise_rel = if options.dtype == "bf16" { 2e-2 } else { 2e-3 };
@@ -1448,11 +1474,67 @@ where
         CHECK_LR,
         noise_rel,
         (&eager_losses, &graphed_losses),
-        (
-            &values(param_values(&eager).expect("read back")),
-            &values(graphed),
-        ),
+        (&eager, &graphed),
     )
+}
+
+/// Parameters of at most this many elements go into a check's dump: biases and norms, where
+/// a gradient's sign flipped by rounding shows first, in files that stay small.
+const DUMP_MAX_ELEMENTS: usize = 4096;
+
+/// Writes the value check of `label` in `dtype` to `DIR/check_<label>_<dtype>.json`: both runs'
+/// losses and every parameter of at most [`DUMP_MAX_ELEMENTS`] elements at the start and after
+/// each run (visiting order, as `f32`; a value that is not finite as `null`). `benches/check_dump_compare.py` sets a bf16
+/// dump beside an f32 one of the same model. Panics where the file cannot be written: the
+/// caller asked for it.
+fn dump_check(
+    dir: &std::path::Path,
+    label: &str,
+    dtype: &str,
+    (eager_losses, graphed_losses): (&[f64], &[f64]),
+    (start, eager, graphed): (&[TensorData], &[TensorData], &[TensorData]),
+) {
+    fn numbers<T: Copy + Into<f64>>(values: impl IntoIterator<Item = T>) -> String {
+        let items: Vec<String> = values
+            .into_iter()
+            .map(|value| {
+                let value: f64 = value.into();
+                if value.is_finite() {
+                    format!("{value:e}")
+                } else {
+                    "null".to_string()
+                }
+            })
+            .collect();
+        format!("[{}]", items.join(","))
+    }
+    let as_f32 = |data: &TensorData| data.clone().try_to_vec_as::<f32>().expect("float values");
+    let params: Vec<String> = start
+        .iter()
+        .zip(eager.iter().zip(graphed))
+        .enumerate()
+        .filter(|(_, (s, _))| s.shape().iter().product::<usize>() <= DUMP_MAX_ELEMENTS)
+        .map(|(index, (s, (e, g)))| {
+            format!(
+                "{{\"index\":{index},\"shape\":{:?},\"start\":{},\"eager\":{},\"graphed\":{}}}",
+                s.shape().iter().collect::<Vec<_>>(),
+                numbers(as_f32(s)),
+                numbers(as_f32(e)),
+                numbers(as_f32(g))
+            )
+        })
+        .collect();
+    let json = format!(
+        "{{\"label\":{label:?},\"dtype\":{dtype:?},\"lr\":{CHECK_LR:e},\"eager_losses\":{},\"graphed_losses\":{},\"params\":[{}]}}\n",
+        numbers(eager_losses.iter().copied()),
+        numbers(graphed_losses.iter().copied()),
+        params.join(",")
+    );
+    std::fs::create_dir_all(dir).expect("the dump folder");
+    let name = format!("check_{}_{dtype}.json", label.replace(' ', "_"));
+    let path = dir.join(name);
+    std::fs::write(&path, json).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    eprintln!("# {label}: check dumped to {}", path.display());
 }
 
 /// [`check_steps`] of `model` graphed with `call` in `mode`: the losses and the trained
