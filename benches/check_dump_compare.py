@@ -28,22 +28,22 @@ def load(path):
 
 
 def fraction_off(reference, values, lr):
-    """The fraction of `values` off from `reference` by more than half a step plus the noise,
-    and the index of the element farthest off (None where none is)."""
-    off = 0
-    farthest, far = None, 0.0
-    for index, (r, v) in enumerate(zip(reference, values)):
-        if r is None or v is None:
-            off += 1
-            farthest, far = index, float("inf")
-            continue
-        allowed = 0.5 * lr + NOISE_REL * abs(r)
-        distance = abs(r - v) / allowed
-        if distance > 1.0:
-            off += 1
-            if distance > far:
-                farthest, far = index, distance
-    return off / max(len(reference), 1), farthest
+    """The fraction of `values` off from `reference` by more than half a step plus the noise
+    (a value that is not finite, `None` in a dump, is off)."""
+    off = sum(
+        1
+        for r, v in zip(reference, values)
+        if r is None or v is None or abs(r - v) > 0.5 * lr + NOISE_REL * abs(r)
+    )
+    return off / max(len(reference), 1)
+
+
+def start_distance(reference, values):
+    """The largest distance of a start value from the reference's, relative to it."""
+    return max(
+        (abs(r - v) / abs(r) for r, v in zip(reference, values) if r and v is not None),
+        default=0.0,
+    )
 
 
 def main(argv):
@@ -54,21 +54,16 @@ def main(argv):
     lr = reference["lr"]
     params = {p["index"]: p for p in low["params"]}
     rows = []
-    start_off = 0.0  # largest distance of a bf16 start value from the f32 one, relative
-    for ref in reference["params"]:
-        other = params.get(ref["index"])
-        if other is not None and other["shape"] == ref["shape"]:
-            for r, v in zip(ref["start"], other["start"]):
-                if r is not None and v is not None and r != 0.0:
-                    start_off = max(start_off, abs(r - v) / abs(r))
+    start_off = 0.0
     for ref in reference["params"]:
         other = params.get(ref["index"])
         if other is None or other["shape"] != ref["shape"]:
             print(f"parameter {ref['index']}: not in both dumps with one shape", file=sys.stderr)
             return 2
-        eager_off, eager_far = fraction_off(ref["eager"], other["eager"], lr)
-        graphed_off, graphed_far = fraction_off(ref["eager"], other["graphed"], lr)
-        rows.append((ref["index"], ref["shape"], eager_off, graphed_off, eager_far, graphed_far))
+        start_off = max(start_off, start_distance(ref["start"], other["start"]))
+        eager_off = fraction_off(ref["eager"], other["eager"], lr)
+        graphed_off = fraction_off(ref["eager"], other["graphed"], lr)
+        rows.append((ref["index"], ref["shape"], eager_off, graphed_off))
     print(f"reference {reference['label']} ({reference['dtype']}) against {low['dtype']}")
     verdict = "the same draws, rounded" if start_off <= 2.0 ** -8 else "NOT the same start"
     print(f"starts: {low['dtype']} off the f32 start by up to {start_off:.2e} relative: {verdict}")
@@ -77,9 +72,7 @@ def main(argv):
     print()
     print(f"| parameter | shape | {low['dtype']} eager off | {low['dtype']} graphed off |")
     print("| --- | --- | --- | --- |")
-    for index, shape, eager_off, graphed_off, _, _ in sorted(
-        rows, key=lambda row: -max(row[2], row[3])
-    ):
+    for index, shape, eager_off, graphed_off in sorted(rows, key=lambda row: -max(row[2], row[3])):
         print(f"| {index} | {shape} | {eager_off:.2%} | {graphed_off:.2%} |")
     return 0
 

@@ -1484,9 +1484,9 @@ const DUMP_MAX_ELEMENTS: usize = 4096;
 
 /// Writes the value check of `label` in `dtype` to `DIR/check_<label>_<dtype>.json`: both runs'
 /// losses and every parameter of at most [`DUMP_MAX_ELEMENTS`] elements at the start and after
-/// each run (visiting order, as `f32`; a value that is not finite as `null`). `benches/check_dump_compare.py` sets a bf16
-/// dump beside an f32 one of the same model. Panics where the file cannot be written: the
-/// caller asked for it.
+/// each run (visiting order, as `f32`; a value that is not finite as `null`).
+/// `benches/check_dump_compare.py` sets a bf16 dump beside an f32 one of the same model. Panics
+/// where the file cannot be written: the caller asked for it.
 fn dump_check(
     dir: &std::path::Path,
     label: &str,

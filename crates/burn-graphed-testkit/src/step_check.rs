@@ -138,13 +138,12 @@ fn fraction_off(
     for (index, (&e, &g)) in eager_values.iter().zip(&graphed_values).enumerate() {
         let (e, g) = (f64::from(e), f64::from(g));
         let allowed = 0.5 * lr + noise_rel * e.abs();
-        let distance = (e - g).abs() / allowed;
         // A NaN on either side is off: the comparison is false for it.
-        let within = (e - g).abs() <= allowed;
-        if within {
+        if (e - g).abs() <= allowed {
             continue;
         }
         off += 1;
+        let distance = (e - g).abs() / allowed;
         let distance = if distance.is_nan() {
             f64::INFINITY
         } else {
