@@ -97,6 +97,7 @@ on_devices! {
     whole_step_adamw_clipped_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adamw(), Some(burn_graphed::Clipping::Norm(0.05)), 1, &[4], 4);
     whole_step_sgd_accumulated_matches_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::sgd_momentum(), Some(burn_graphed::Clipping::Value(0.02)), 2, &[4], 4);
     whole_step_global_norm_batch_sizes_match_eager => |d| scenarios::whole_step::whole_step_matches_eager(d, scenarios::whole_step::adam(), Some(burn_graphed::Clipping::GlobalNorm(0.1)), 1, &[4, 3], 4);
+    whole_step_update_is_burns_f32 => |d| for optimizer in [scenarios::whole_step::adam(), scenarios::whole_step::adamw(), scenarios::whole_step::sgd_momentum()] { scenarios::whole_step::whole_step_update_is_burns_in(d, burn::tensor::FloatDType::F32, optimizer, 4) };
     whole_step_negative_controls => scenarios::whole_step::whole_step_negative_controls;
     token_model_matches_eager => |d| scenarios::tokens::token_model_matches_eager(d, 20);
     token_whole_step_matches_eager => |d| scenarios::tokens::token_whole_step_matches_eager(d, 6);

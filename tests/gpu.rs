@@ -504,6 +504,23 @@ mod whole_step {
     }
 
     #[test]
+    fn update_is_burns_in_bf16_f16_f32() {
+        use burn::tensor::FloatDType::{BF16, F16, F32};
+        let mut failed = Vec::new();
+        for dtype in [BF16, F16, F32] {
+            for optimizer in [adam(), adamw(), sgd_momentum()] {
+                let run = std::panic::catch_unwind(|| {
+                    whole_step_update_is_burns_in(&cuda(), dtype, optimizer, 6)
+                });
+                if run.is_err() {
+                    failed.push(format!("{dtype:?} {optimizer:?}"));
+                }
+            }
+        }
+        assert!(failed.is_empty(), "differ from burn's update: {failed:?}");
+    }
+
+    #[test]
     fn adamw_clipped_matches_eager() {
         whole_step_matches_eager(&cuda(), adamw(), Some(Clipping::Norm(0.05)), 1, &[4], 10);
     }

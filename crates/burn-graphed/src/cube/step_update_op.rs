@@ -11,13 +11,18 @@
 //! 2^24 updates (the caller refuses more).
 //!
 //! The arithmetic is burn-optim 0.22's, operation for operation (`adam.rs`, `adamw.rs`,
-//! `sgd.rs`, `momentum.rs`, `decay.rs`), with the bias corrections `1 - b^t` computed by the
-//! same square-and-multiply `powi` as the host's: `m = m*b1 + g*(1-b1)`, `v = v*b2 +
-//! g*g*(1-b2)`, `delta = (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`, `p = p - delta*lr`
-//! (AdamW: `p*keep - delta*lr`); SGD: `v = g` at the first update, else `g*(1-d) + v*mu`,
-//! `g = nesterov ? v*mu + g : v`, `p = p - g*lr`; an L2 penalty adds `p*penalty` to the
-//! gradient first. Each element is computed in `f32` and rounded once when stored; compilers
-//! may contract a multiply and an add, so results agree with burn's to rounding.
+//! `sgd.rs`, `momentum.rs`, `decay.rs`), in the parameter's own dtype: each operation's result
+//! rounded to that dtype and each constant reaching it as that dtype, as eager burn's tensor
+//! operations and their scalars do. So a `bf16` step rounds where burn's `bf16` step rounds;
+//! computing in `f32` and rounding once would be more precise, and different. Both moments:
+//! `m = m*b1 + g*(1-b1)`, `v = v*b2 + (g*g)*(1-b2)`. Adam folds the bias corrections into two
+//! constants computed in `f32` like the host's (`c = sqrt(1-b2^t)`; `delta = (m * (c /
+//! (1-b1^t))) / (sqrt(v) + eps*c)`); AdamW divides each moment (`delta = (m / (1-b1^t)) /
+//! (sqrt(v / (1-b2^t)) + eps)`, then `p = p*keep - delta*lr`); both compute `b^t` by the host's
+//! square-and-multiply `powi`. Adam's update is `p - delta*lr`. SGD: `v = g` at the first
+//! update, else `g*(1-d) + v*mu`, `g = nesterov ? v*mu + g : v`, `p - g*lr`. An L2 penalty
+//! makes the gradient `p*penalty + g` first. Compilers may contract a multiply and an add, in
+//! this kernel as in burn's fused ones, so results agree with burn's to that rounding.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
@@ -61,6 +66,9 @@ pub(crate) struct Hyper {
 pub(crate) struct Rule {
     /// Adam or AdamW (two moments); otherwise SGD.
     adam: bool,
+    /// AdamW's form of the bias corrections (each moment divided by its own); Adam's folds
+    /// them into the step size and epsilon.
+    corrected_moments: bool,
     /// AdamW's decoupled decay (the schedule's word 2).
     decoupled: bool,
     /// An L2 penalty added to the gradient.
@@ -95,6 +103,7 @@ pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
     };
     let rule = Rule {
         adam: true,
+        corrected_moments: false,
         decoupled: false,
         l2: false,
         momentum: false,
@@ -120,6 +129,7 @@ pub(crate) fn rule_of(optimizer: &StepOptimizer) -> (Rule, Hyper) {
             weight_decay,
         } => (
             Rule {
+                corrected_moments: true,
                 decoupled: weight_decay != 0.0,
                 ..rule
             },
@@ -181,8 +191,9 @@ fn update_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let stride = CUBE_COUNT_X as usize * CUBE_DIM_X as usize;
-    let lr = schedule[0];
+    let lr = F::cast_from(schedule[0]);
     let time = u32::cast_from(schedule[1]) + 1u32;
+    let penalty = F::cast_from(hyper.penalty);
     #[unroll]
     for k in 0..params.len() {
         if CUBE_POS_Y as usize == k {
@@ -192,57 +203,76 @@ fn update_kernel<F: Float>(
             if rule.adam {
                 let moment_1 = &mut states_1[k];
                 let moment_2 = &mut states_2[k];
+                let beta_1 = F::cast_from(hyper.beta_1);
+                let one_minus_beta_1 = F::cast_from(hyper.one_minus_beta_1);
+                let beta_2 = F::cast_from(hyper.beta_2);
+                let one_minus_beta_2 = F::cast_from(hyper.one_minus_beta_2);
                 let bias_1 = 1.0f32 - powi(hyper.beta_1, time);
                 let bias_2 = 1.0f32 - powi(hyper.beta_2, time);
+                // AdamW's divisors, or Adam's folded constants (`c / bias_1`, `eps * c`).
+                let mut scale_1 = F::cast_from(bias_1);
+                let mut scale_2 = F::cast_from(bias_2);
+                let mut epsilon = F::cast_from(hyper.epsilon);
+                if !rule.corrected_moments {
+                    let root_2 = bias_2.sqrt();
+                    scale_1 = F::cast_from(root_2 / bias_1);
+                    scale_2 = F::cast_from(1.0f32);
+                    epsilon = F::cast_from(hyper.epsilon * root_2);
+                }
+                let keep = F::cast_from(schedule[2]);
                 while i < param.len() {
-                    let p = f32::cast_from(param[i]);
-                    let mut g = f32::cast_from(grad[i]);
+                    let p = param[i];
+                    let mut g = grad[i];
                     if rule.l2 {
-                        g += p * hyper.penalty;
+                        g = p * penalty + g;
                     }
-                    let m = f32::cast_from(moment_1[i]) * hyper.beta_1 + g * hyper.one_minus_beta_1;
-                    let v = f32::cast_from(moment_2[i]) * hyper.beta_2
-                        + (g * g) * hyper.one_minus_beta_2;
-                    moment_1[i] = F::cast_from(m);
-                    moment_2[i] = F::cast_from(v);
-                    let delta = (m / bias_1) / ((v / bias_2).sqrt() + hyper.epsilon);
+                    let m = moment_1[i] * beta_1 + g * one_minus_beta_1;
+                    let v = moment_2[i] * beta_2 + (g * g) * one_minus_beta_2;
+                    moment_1[i] = m;
+                    moment_2[i] = v;
+                    let delta = if rule.corrected_moments {
+                        (m / scale_1) / ((v / scale_2).sqrt() + epsilon)
+                    } else {
+                        (m * scale_1) / (v.sqrt() + epsilon)
+                    };
                     let mut kept = p;
                     if rule.decoupled {
-                        kept = p * schedule[2];
+                        kept = p * keep;
                     }
-                    param[i] = F::cast_from(kept - delta * lr);
+                    param[i] = kept - delta * lr;
                     i += stride;
                 }
             } else if rule.momentum {
                 let velocity = &mut states_1[k];
+                let momentum = F::cast_from(hyper.momentum);
+                let one_minus_dampening = F::cast_from(hyper.one_minus_dampening);
                 while i < param.len() {
-                    let p = f32::cast_from(param[i]);
-                    let mut g = f32::cast_from(grad[i]);
+                    let p = param[i];
+                    let mut g = grad[i];
                     if rule.l2 {
-                        g += p * hyper.penalty;
+                        g = p * penalty + g;
                     }
                     let mut v = g;
                     if time > 1u32 {
-                        v = g * hyper.one_minus_dampening
-                            + f32::cast_from(velocity[i]) * hyper.momentum;
+                        v = g * one_minus_dampening + velocity[i] * momentum;
                     }
-                    velocity[i] = F::cast_from(v);
+                    velocity[i] = v;
                     if rule.nesterov {
-                        g += v * hyper.momentum;
+                        g = v * momentum + g;
                     } else {
                         g = v;
                     }
-                    param[i] = F::cast_from(p - g * lr);
+                    param[i] = p - g * lr;
                     i += stride;
                 }
             } else {
                 while i < param.len() {
-                    let p = f32::cast_from(param[i]);
-                    let mut g = f32::cast_from(grad[i]);
+                    let p = param[i];
+                    let mut g = grad[i];
                     if rule.l2 {
-                        g += p * hyper.penalty;
+                        g = p * penalty + g;
                     }
-                    param[i] = F::cast_from(p - g * lr);
+                    param[i] = p - g * lr;
                     i += stride;
                 }
             }
