@@ -427,7 +427,11 @@ fn spread(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
     (0..rows * cols)
         .map(|i| {
             let k = (i * 37 + seed * 101) % 97;
-            let sign = if (i + seed) % 3 == 0 { -1.0 } else { 1.0 };
+            let sign = if (i + seed).is_multiple_of(3) {
+                -1.0
+            } else {
+                1.0
+            };
             sign * 10f32.powf(-3.0 * (k as f32) / 97.0) * (1.0 + (k % 7) as f32 / 7.0)
         })
         .collect()
@@ -436,11 +440,9 @@ fn spread(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
 /// `steps` whole steps of [`Linear`] with `optimizer`, its parameters and inputs in `dtype`,
 /// under a decaying learning rate, against burn's optimizer in `dtype`. The update kernel
 /// rounds to `dtype` where burn's operations round, so Adam and SGD agree to the bit in `bf16`,
-/// `f16` and `f32` (measured on an H100; the wgpu suite checks `f32`). AdamW's last operation,
-/// `p*keep - delta*lr`, has two products for a compiler to contract into the subtraction, and
-/// where they nearly cancel the kernels that contract differently part by up to 34 `f32` units
-/// in the last place (14 in `bf16`): AdamW is held to one unit in the last place of the
-/// tensor's largest value instead.
+/// `f16` and `f32` (measured on an H100; the wgpu suite checks `f32`). AdamW does not yet: on an
+/// H100 it parts from burn's by up to 34 units in the last place in `f32`, 24 in `f16` and 14
+/// in `bf16`, for a reason not found yet (docs/decisions.md), and is held to 64 units.
 pub fn whole_step_update_is_burns_in(
     device: &Device,
     dtype: burn::tensor::FloatDType,
@@ -472,14 +474,9 @@ pub fn whole_step_update_is_burns_in(
         learning_rate: &|step| 3e-2 * 0.7f64.powi(step as i32),
         steps,
         graphed: GraphedConfig::new(),
-        tolerance: Tolerance {
-            abs: 0.0,
-            rel: 0.0,
-            ulps: 0,
-            norm_rel: match optimizer {
-                StepOptimizer::AdamW { .. } => unit_in_last_place(dtype),
-                _ => 0.0,
-            },
+        tolerance: match optimizer {
+            StepOptimizer::AdamW { .. } => Tolerance::ulps_of(dtype.into(), 64),
+            _ => Tolerance::exact(),
         },
     })
     .expect("whole step");
@@ -491,14 +488,5 @@ pub fn whole_step_update_is_burns_in(
     assert!(report.report.passed(), "{dtype:?}: {}", report.report);
     if supports_graphs(&device) {
         assert_eq!(report.stats.replays, steps as u64, "{:?}", report.stats);
-    }
-}
-
-/// The distance from 1 to the next value of `dtype`.
-fn unit_in_last_place(dtype: burn::tensor::FloatDType) -> f64 {
-    match dtype {
-        burn::tensor::FloatDType::BF16 => 2f64.powi(-7),
-        burn::tensor::FloatDType::F16 => 2f64.powi(-10),
-        _ => 2f64.powi(-23),
     }
 }
