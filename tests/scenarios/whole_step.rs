@@ -94,9 +94,9 @@ pub fn sgd_momentum() -> StepOptimizer {
     }
 }
 
-/// The tolerance of the whole-step comparisons: the update kernels compute each element in
-/// one expression (a compiler may contract a multiply and an add), burn's optimizer in
-/// separate operations.
+/// The tolerance of the whole-step comparisons: the graph's forward and backward may run other
+/// kernels than eager burn's (fusion sees the whole step), and AdamW's update parts from burn's
+/// by a few units in the last place ([`whole_step_update_is_burns_in`]).
 fn tolerance(device: &Device) -> Tolerance {
     let base = tolerance_for(device);
     Tolerance {
