@@ -1,16 +1,24 @@
-"""Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
+"""(Over 600 lines: it reads every results file since the first session, so it keeps the tables
+those rows fill; the docs generate theirs from it.)
+
+Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
 into BENCHMARKS.md's tables and a PNG plot.
 
 Tables, in order (one whose modes no row has is left out):
 
 "Whole step", the headline: per model and dtype with a Burn `whole_step` row, one graph per
 training step (forward, loss, backward, update) on both sides: Burn's `whole_step` and
-`whole_step_floor` (the same graph replayed with no input copy: the device's floor) and their
-ratio, against PyTorch's make_graphed_callables with the loss inside and fused Adam
-(`graphed_loss_fused_adam`), its whole-network capture with capturable foreach Adam
-(`whole_step`) and fused Adam (`whole_step_fused_adam`) and the fused one's floor
-(`whole_step_floor_fused_adam`), and the ratios of Burn's whole step to make_graphed_callables
-and to the faster of the two PyTorch whole steps.
+`whole_step_floor` (the same graph replayed with no input copy: the device's floor), their
+ratio and their value checks, against PyTorch's make_graphed_callables with the loss inside
+and fused Adam (`graphed_loss_fused_adam`), its whole-network capture with capturable fused
+Adam (`whole_step_fused_adam`), in f32 also with TF32 matrix products (rows `"tf32": true`,
+mode suffix `_tf32`: what cubecl's tensor-core matmuls run on the Burn side), and the fused
+one's floor (`whole_step_floor_fused_adam`), and the ratios of Burn's whole step to each.
+
+Check columns (`check_cell`): "passed N/N" where every round's value check passed, "FAILED k
+of N" where a round's check failed (a failed check leaves a failure row with `"error"` and no
+times, counted against its key's rounds), "unchecked" where a round ran without one (rows
+from before every round was checked).
 
 "Time to the first trained step": rows of mode `first_step` (PyTorch: whole-network capture;
 Burn, if any: its whole step) and `first_step_graphed` (PyTorch: make_graphed_callables),
@@ -55,8 +63,15 @@ per second (batch * 1e6 / median) in the mode of `DDP_BASELINES` (Burn: `eager_m
 `whole_step_fused_adam` for `ddp_whole_step`), "-" where that row is missing. Data-parallel rows enter no other table nor the
 plot.
 
-"Failed runs": rows with an `error` (a run that printed its failure instead of times, e.g. a
-capture PyTorch refused), which enter no table.
+"Failed runs": rows with an `error` (a run that printed its failure instead of times: a failed
+value check, a run that ended before its row, a capture PyTorch refused), which enter no
+table.
+
+`--only NAME` prints one table (whole_step, first_step, inference, ddp, failed, ...). `--docs
+README.md BENCHMARKS.md` checks the generated tables of markdown files: each sits between
+`<!-- report.py NAME FILES -->` and `<!-- end report.py -->` and must equal what `--only NAME`
+prints for those results files (paths from the repository root); `--write` rewrites them. An
+xtask test runs the check, so that no table in the docs is edited by hand.
 
 Several results files may be given (e.g. one per machine session): rows are keyed by
 (framework, model, dtype, mode), a later file's row replacing an earlier one's. Rows of a
@@ -67,7 +82,7 @@ Rounds (`BURN_GRAPHED_ROUNDS=N bash run.sh bench`, both sides alternating N time
 one key in one file are merged into the median over rounds of each round's median, shown as
 "median [lowest-highest round median] xN"; the goal table then adds the lowest and highest
 per-round ratio of Burn to PyTorch, since a machine's speed drifts between rounds by more than
-the difference of the two medians (BENCHMARKS.md).
+the difference of the two medians (BENCHMARKS.md). Every round's value check is kept.
 
     python3 benches/report.py bench.jsonl --table benches/results/table.md --plot benches/results/train_step.png
 
@@ -85,7 +100,7 @@ def load(paths):
     # rounds (`BURN_GRAPHED_ROUNDS`, a data-parallel row's rank count included in the key) and
     # are merged by `merge_rounds`; a later file's rows
     # replace an earlier file's of the same key, keeping the first one's place.
-    by, devices, failed = OrderedDict(), [], OrderedDict()
+    by, devices, failed = OrderedDict(), [], []
     for path in paths:
         rounds = OrderedDict()
         for line in open(path):
@@ -96,9 +111,12 @@ def load(paths):
                     devices.append(device)
             elif line.startswith("{"):
                 row = json.loads(line)
+                if row.get("tf32"):
+                    # PyTorch with TF32 matrix products (`--tf32`): its own mode beside the
+                    # plain-f32 row of the same run.
+                    row["mode"] += "_tf32"
                 if "error" in row or "median_us" not in row:
-                    failed[(row.get("framework"), row.get("model"), row.get("dtype"),
-                            row.get("mode"))] = row
+                    failed.append(row)
                     continue
                 if row.get("fusion_removed"):
                     # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
@@ -113,23 +131,49 @@ def load(paths):
                                    row.get("ranks")), []).append(row)
         for k, rows in rounds.items():
             by[k] = merge_rounds(rows)
-    return list(by.values()), "; ".join(devices) or None, list(failed.values())
+    # A failed round (a failed value check leaves a failure row instead of its times) counts
+    # against its key's rounds, in the check column.
+    for row in failed:
+        k = (row.get("framework"), row.get("model"), row.get("dtype"), row.get("mode"),
+             row.get("ranks"))
+        if k in by:
+            by[k]["failed_rounds"] = by[k].get("failed_rounds", 0) + 1
+    return list(by.values()), "; ".join(devices) or None, failed
 
 
 def merge_rounds(rows):
     # One row for several rounds of the same run: the median over rounds of each round's
     # median, with the lowest and highest round medians as its spread (instead of one round's
-    # p10-p90), the memory of the first round (later ones reuse its warm pools) and the first
-    # round's value check (later rounds run without). `round_us` keeps every round's median,
-    # in round order, for the per-round ratios of the goal table.
+    # p10-p90), the memory of the first round (later ones reuse its warm pools) and every
+    # round's value check (`checks`: True, False or None for an unchecked row, in round
+    # order). `round_us` keeps every round's median, in round order, for the per-round ratios
+    # of the goal table.
+    checks = [r.get("check_passed") for r in rows]
     if len(rows) == 1:
-        return rows[0]
+        return dict(rows[0], checks=checks)
     in_order = [r["median_us"] for r in rows]
     low_to_high = sorted(in_order)
     merged = dict(rows[0])
     merged.update(median_us=median(low_to_high), p10_us=low_to_high[0], p90_us=low_to_high[-1],
-                  rounds=len(rows), round_us=in_order)
+                  rounds=len(rows), round_us=in_order, checks=checks)
     return merged
+
+
+def check_cell(row):
+    # The value checks of a (merged) row: "passed N/N" where every round's check passed,
+    # "FAILED k of N" where a round's check failed (its times are not in the row), "unchecked"
+    # where a round ran without one; "n/a" for no row. Eager Burn and PyTorch rows have no check
+    # (eager Burn is the reference; PyTorch is not compared with Burn's values).
+    if not row:
+        return "n/a"
+    checks = row.get("checks", [row.get("check_passed")])
+    failed = row.get("failed_rounds", 0) + sum(1 for c in checks if c is False)
+    total = len(checks) + row.get("failed_rounds", 0)
+    if failed:
+        return f"FAILED {failed} of {total}"
+    if any(c is None for c in checks):
+        return "unchecked"
+    return f"passed {total}/{total}"
 
 
 def median(values):
@@ -195,31 +239,32 @@ def header(text):
 def whole_step_table(rows):
     # One graph per training step on both sides: Burn's whole step and its floor against
     # PyTorch's make_graphed_callables (loss inside, fused Adam) and whole-network capture
-    # (capturable foreach and fused Adam), as ratios of medians (of round medians when merged).
+    # (capturable fused Adam) with plain f32 matrix products and, in f32, with TF32 (what
+    # cubecl's tensor-core matmuls run on the Burn side), as ratios of medians (of round
+    # medians when merged); the check column covers Burn's whole step and its floor.
     by = group(rows)
     out = header(
-        "| model | dtype | burn whole step | burn floor | burn / own floor "
-        "| torch make_graphed_callables (fused) | torch whole step (foreach) "
-        "| torch whole step (fused) | torch floor (fused) | burn / torch mgc "
-        "| burn / best torch whole step |"
+        "| model | dtype | burn whole step | burn floor | burn / own floor | burn checks "
+        "| torch make_graphed_callables (fused) | torch whole step (fused) "
+        "| torch whole step (fused, TF32) | torch floor (fused) | burn / torch mgc "
+        "| burn / torch whole step | burn / torch whole step, TF32 |"
     )
     for (model, dtype), r in by.items():
         if ("burn", "whole_step") not in r:
             continue
         us, cell = medians(r), cells(r)
         bw = us("burn", "whole_step")
-        # The faster of torch's two whole steps; NaN only if both are missing (min() with a
-        # NaN would depend on argument order, so drop NaNs first).
-        torch_whole = [v for v in (us("torch", "whole_step"), us("torch", "whole_step_fused_adam"))
-                       if v == v]
-        best = min(torch_whole) if torch_whole else float("nan")
+        tf32 = dtype == "f32"
+        checks = [check_cell(r.get(("burn", m))) for m in ("whole_step", "whole_step_floor")]
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'whole_step')} | {cell('burn', 'whole_step_floor')} "
-            f"| {num(bw / us('burn', 'whole_step_floor'), '.2f')} "
-            f"| {cell('torch', TORCH_LOSS)} | {cell('torch', 'whole_step')} "
-            f"| {cell('torch', 'whole_step_fused_adam')} "
+            f"| {num(bw / us('burn', 'whole_step_floor'), '.2f')} | {'; '.join(checks)} "
+            f"| {cell('torch', TORCH_LOSS)} | {cell('torch', 'whole_step_fused_adam')} "
+            f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
             f"| {cell('torch', 'whole_step_floor_fused_adam')} "
-            f"| {num(bw / us('torch', TORCH_LOSS), '.2f')} | {num(bw / best, '.2f')} |"
+            f"| {num(bw / us('torch', TORCH_LOSS), '.2f')} "
+            f"| {num(bw / us('torch', 'whole_step_fused_adam'), '.2f')} "
+            f"| {num(bw / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
         )
     return "\n".join(out) + "\n"
 
@@ -236,7 +281,7 @@ def first_step_table(rows):
     # measurement per row ("single"), in seconds.
     by = group(rows)
     out = header(
-        "| model | dtype | burn first step, kernel cache cold | burn, cache warm "
+        "| model | dtype | burn first step, kernel cache cold | burn, cache warm | burn checks "
         "| torch whole step first step | torch make_graphed_callables first step |"
     )
 
@@ -250,6 +295,7 @@ def first_step_table(rows):
         out.append(
             f"| {model} | {dtype} | {seconds(r, 'burn', 'first_step_cold')} "
             f"| {seconds(r, 'burn', 'first_step_warm')} "
+            f"| {'; '.join(check_cell(r.get(('burn', m))) for m in ('first_step_cold', 'first_step_warm'))} "
             f"| {seconds(r, 'torch', 'first_step')} "
             f"| {seconds(r, 'torch', 'first_step_graphed')} |"
         )
@@ -487,8 +533,9 @@ def ab_table(rows, with_title, without_title, with_mode, without_mode):
     return "\n".join(out) + "\n"
 
 
-INFERENCE_BATCHES = (("training", "inference", "inference_graphed"),
-                     ("1", "inference_b1", "inference_graphed_b1"))
+# (batch, eager mode, graphed mode, Burn's floor mode or None).
+INFERENCE_BATCHES = (("training", "inference", "inference_graphed", None),
+                     ("1", "inference_b1", "inference_graphed_b1", "inference_graphed_b1_floor"))
 
 
 def is_inference(row):
@@ -499,18 +546,24 @@ def inference_table(rows):
     # Per call of the forward alone, eager and graphed on both sides, at each batch size.
     by = group(rows)
     out = header(
-        "| model | dtype | batch | burn eager | burn graphed | torch eager | torch graphed "
-        "| burn graphed / torch graphed | burn speedup | torch speedup |"
+        "| model | dtype | batch | burn eager | burn graphed | burn floor | burn graphed checks "
+        "| torch eager | torch graphed | torch graphed, TF32 | burn graphed / torch graphed "
+        "| burn graphed / torch graphed, TF32 | burn speedup | torch speedup |"
     )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
-        for batch, eager, graphed in INFERENCE_BATCHES:
+        for batch, eager, graphed, floor in INFERENCE_BATCHES:
             if not any((f, m) in r for f in ("burn", "torch") for m in (eager, graphed)):
                 continue
             bg, tg = us("burn", graphed), us("torch", graphed)
+            tf32 = dtype == "f32"
             out.append(
                 f"| {model} | {dtype} | {batch} | {cell('burn', eager)} | {cell('burn', graphed)} "
-                f"| {cell('torch', eager)} | {cell('torch', graphed)} | {num(bg / tg, '.2f')} "
+                f"| {cell('burn', floor) if floor else '-'} "
+                f"| {'; '.join(check_cell(r.get(('burn', m))) for m in (graphed, floor) if m)} "
+                f"| {cell('torch', eager)} | {cell('torch', graphed)} "
+                f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} | {num(bg / tg, '.2f')} "
+                f"| {num(bg / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
                 f"| {num(us('burn', eager) / bg, '.1f', 'x')} "
                 f"| {num(us('torch', eager) / tg, '.1f', 'x')} |"
             )
@@ -640,13 +693,10 @@ def plot(rows, device, path):
     fig.savefig(path, dpi=110)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("results", nargs="+", help="JSON-lines files of run.sh bench")
-    parser.add_argument("--table")
-    parser.add_argument("--plot")
-    args = parser.parse_args()
-    rows, device, failed = load(args.results)
+def sections(paths):
+    """Every table the rows of the results files `paths` hold, in order: an OrderedDict of
+    name -> (title, markdown table), plus the rows and the device for the plot."""
+    rows, device, failed = load(paths)
     # One-off measurements (first steps, `"single"`; a first-step mode counts as one even
     # without the flag): their own table only, not the per-step tables nor the plot.
     is_single = lambda r: r.get("single") or r["mode"] in FIRST_STEP_MODES
@@ -656,31 +706,102 @@ def main():
     data_parallel = [r for r in rows if not is_single(r) and not is_inference(r)]
     has_ddp = any(is_ddp(r) for r in data_parallel)
     rows = [r for r in rows if not is_single(r) and not is_inference(r) and not is_ddp(r)]
-    text = f"Device: {device}\n"
+    out = OrderedDict()
     if has_whole_step(rows):
-        text += "\nWhole step:\n\n" + whole_step_table(rows)
+        out["whole_step"] = ("Whole step", whole_step_table(rows))
     if has_modes(singles, FIRST_STEP_MODES):
-        text += "\nTime to the first trained step:\n\n" + first_step_table(singles)
+        out["first_step"] = ("Time to the first trained step", first_step_table(singles))
     if has_modes(rows, GOAL_MODES):
-        text += "\nGoal:\n\n" + goal_table(rows)
+        out["goal"] = ("Goal", goal_table(rows))
     if has_modes(rows, ADAM_MODES):
-        text += "\nAdam, with the copy costs:\n\n" + table(rows)
+        out["adam"] = ("Adam, with the copy costs", table(rows))
     if has_fused(rows):
-        text += "\nFused Adam:\n\n" + fused_table(rows)
+        out["fused"] = ("Fused Adam", fused_table(rows))
     if has_multi(rows):
-        text += "\nMulti-tensor Adam:\n\n" + multi_table(rows)
+        out["multi"] = ("Multi-tensor Adam", multi_table(rows))
     if has_loss(rows):
-        text += "\nLoss inside the graphs:\n\n" + loss_table(rows)
-    for title, *columns_and_modes in AB_PARTS:
+        out["loss"] = ("Loss inside the graphs", loss_table(rows))
+    for index, (title, *columns_and_modes) in enumerate(AB_PARTS):
         if any(r["mode"] == columns_and_modes[-1] for r in rows):
-            text += f"\n{title}:\n\n" + ab_table(rows, *columns_and_modes)
+            out[f"ab{index}"] = (title, ab_table(rows, *columns_and_modes))
     if inference:
-        text += "\nInference (the forward alone, per call):\n\n" + inference_table(inference)
+        out["inference"] = ("Inference (the forward alone, per call)", inference_table(inference))
     if has_ddp:
-        text += ("\nData parallel (each rank a batch of the model's size; efficiency: samples/s "
-                 "over ranks x the 1-GPU baseline's):\n\n" + ddp_table(data_parallel))
+        out["ddp"] = ("Data parallel (each rank a batch of the model's size; efficiency: "
+                      "samples/s over ranks x the 1-GPU baseline's)", ddp_table(data_parallel))
     if failed:
-        text += "\nFailed runs:\n\n" + failed_table(failed)
+        out["failed"] = ("Failed runs", failed_table(failed))
+    return out, rows, device
+
+
+# A generated table in a markdown file: the opening comment names the table and its results
+# files (paths from the repository root), the closing one ends what `--docs` rewrites.
+DOC_BLOCK = re.compile(r"(<!-- report\.py (\w+) ([^>]+?) -->\n)(.*?)(<!-- end report\.py -->)",
+                       re.S)
+
+
+def docs(paths, root, write):
+    """Regenerates every generated table of the markdown files `paths` from the results files
+    its block names (relative to `root`); rewrites the files with `write`, else prints each
+    block that differs. Returns the number of blocks that differ (or cannot be generated)."""
+    import os
+    differ = 0
+    for path in paths:
+        text = open(path).read()
+
+        def regenerate(match):
+            nonlocal differ
+            name, files = match.group(2), match.group(3).split()
+            try:
+                tables, _, _ = sections([os.path.join(root, f) for f in files])
+                fresh = tables[name][1]
+            except (OSError, KeyError) as missing:
+                differ += 1
+                print(f"{path}: table {name} of {' '.join(files)}: cannot generate ({missing})")
+                return match.group(0)
+            if fresh != match.group(4):
+                differ += 1
+                print(f"{path}: table {name} of {' '.join(files)} differs from report.py's:\n"
+                      f"--- in the file\n{match.group(4)}--- report.py\n{fresh}")
+            return match.group(1) + fresh + match.group(5)
+
+        fresh_text = DOC_BLOCK.sub(regenerate, text)
+        if write and fresh_text != text:
+            open(path, "w").write(fresh_text)
+    return differ
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("results", nargs="*", help="JSON-lines files of run.sh bench")
+    parser.add_argument("--table", help="write every table into this file too")
+    parser.add_argument("--only", help="print only this table (e.g. whole_step, inference)")
+    parser.add_argument("--plot")
+    parser.add_argument("--docs", nargs="+", metavar="MD",
+                        help="check the generated tables of these markdown files (blocks "
+                             "'<!-- report.py NAME FILES -->' ... '<!-- end report.py -->'); "
+                             "exit 1 where one differs")
+    parser.add_argument("--write", action="store_true", help="with --docs: rewrite the tables")
+    args = parser.parse_args()
+    if args.docs:
+        import os
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        differ = docs(args.docs, root, args.write)
+        if differ and not args.write:
+            raise SystemExit(f"{differ} generated table(s) differ: run "
+                             "python3 benches/report.py --docs " + " ".join(args.docs) + " --write")
+        return
+    if not args.results:
+        parser.error("give results files, or --docs")
+    tables, rows, device = sections(args.results)
+    if args.only:
+        if args.only not in tables:
+            raise SystemExit(f"no table {args.only} in these results (have: {', '.join(tables)})")
+        print(tables[args.only][1], end="")
+        return
+    text = f"Device: {device}\n"
+    for title, table_text in tables.values():
+        text += f"\n{title}:\n\n" + table_text
     if args.table:
         open(args.table, "w").write(text)
     print(text)

@@ -544,14 +544,24 @@ def run(key, mode, dtype, steps, reps):
         "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
         "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
         "reserved_mib": round(reserved, 1),
-        "peak_allocated_mib": round(peak_allocated, 1), **extra}), flush=True)
+        "peak_allocated_mib": round(peak_allocated, 1), "tf32": TF32, **extra}), flush=True)
     del step
 
 
-def plain_math():
-    """Plain f32 arithmetic on both sides: no TF32 in matrix products or convolutions."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+# Whether f32 matrix products and convolutions may run on TF32 tensor cores (`--tf32`); every
+# row records it as "tf32". cubecl's f32 matmul autotune promotes f32 to TF32 in its
+# tensor-core candidates (cubek-matmul `adjust_dtypes`), which win at the bench's shapes on an
+# H100, so the Burn side's f32 rows run TF32 matmuls: `--tf32` is the like-for-like PyTorch
+# row, the default (off) PyTorch's own default for matmuls.
+TF32 = False
+
+
+def set_math(tf32):
+    """f32 arithmetic of matrix products and convolutions: plain f32, or TF32 with `tf32`."""
+    global TF32
+    TF32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
 
 
 def dtype_of(name):
@@ -680,7 +690,8 @@ def ddp_run(rank, ranks, key, mode, dtype, steps, reps, agree, report):
     median, p10, p90 = time_steps(step, steps, reps, before_rep)
     row = {"framework": "torch", "model": spec.name,
            "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
-           "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1)}
+           "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
+           "tf32": TF32}
     if cuda:
         row["reserved_mib"] = round((torch.cuda.memory_reserved() - before) / 2**20, 1)
         row["peak_allocated_mib"] = round(
@@ -713,7 +724,8 @@ def ddp_rank(rank, ranks, port, key, mode, dtype_name, steps, reps, timeout, dev
     try:
         if cuda:
             torch.cuda.set_device(rank)
-        plain_math()
+        # The parent's `--tf32`, through the environment that spawned ranks inherit.
+        set_math(os.environ.get("BURN_GRAPHED_TORCH_TF32") == "1")
         wait = datetime.timedelta(seconds=timeout)
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=ranks,
                                 timeout=wait)
@@ -799,7 +811,7 @@ def run_ddp(key, mode, dtype_name, steps, reps, ranks, timeout):
     row = outcomes.get(0, {})
     if errors or "median_us" not in row:
         row = {"framework": "torch", "model": MODELS[key].name, "dtype": dtype_name,
-               "mode": mode, "ranks": ranks,
+               "mode": mode, "ranks": ranks, "tf32": TF32,
                "error": "; ".join(errors) or "rank 0 gave no row"}
         print(f"# {MODELS[key].name} {mode}: failed: {row['error']}", file=sys.stderr)
     print(json.dumps(row), flush=True)
@@ -819,6 +831,8 @@ def main():
     parser.add_argument("--no-check", action="store_true", help="no effect (Burn side only)")
     parser.add_argument("--in-process", action="store_true",
                         help="every run in this process (default: one process per run)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="let f32 matrix products and convolutions run on TF32 tensor cores")
     parser.add_argument("--ranks", type=int, default=2,
                         help="the GPUs (one process each) of the ddp_* modes")
     parser.add_argument("--ddp-timeout", type=float, default=300,
@@ -835,13 +849,15 @@ def main():
                                    "--modes", mode, "--dtype", args.dtype,
                                    "--steps", str(args.steps), "--reps", str(args.reps),
                                    "--ranks", str(args.ranks),
-                                   "--ddp-timeout", str(args.ddp_timeout)])
+                                   "--ddp-timeout", str(args.ddp_timeout)]
+                                  + (["--tf32"] if args.tf32 else []))
             if done.returncode != 0:
                 print(f"# {key} {mode}: run failed (exit {done.returncode})", file=sys.stderr)
                 failed = failed or done.returncode
         sys.exit(failed)
     dtype = dtype_of(args.dtype)
-    plain_math()
+    set_math(args.tf32)
+    os.environ["BURN_GRAPHED_TORCH_TF32"] = "1" if args.tf32 else "0"
     torch.manual_seed(0)
     for key, mode in runs:
         if mode in DDP_MODES:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole-step and inference tables of BENCHMARKS.md on one machine of several GPUs: groups
+# of `run.sh bench` runs at once, one group per GPU, each in a cubecl environment of its own
+# with fresh tunings (BURN_GRAPHED_TUNE=fresh), in alternating rounds of both sides, every
+# Burn run value-checked. Every group stops at LIMIT_S, keeping the rows it finished; then the
+# rows of all groups go to $OUT/<table>.jsonl and their logs to $OUT/<table>_logs.tar.xz. Run
+# it from the checkout that holds the bundle (`cargo xtask gpu-test`).
+#
+#   bash benches/rounds.sh whole_step   # GPUs 0-3: the whole-step table, f32 and bf16
+#   bash benches/rounds.sh inference    # GPUs 0-3: the inference table, f32 and bf16
+#
+# cubecl's autotune log of each group goes into the logs too: which candidate won each matmul
+# key (a tensor-core candidate, `*mma*`, runs f32 as TF32).
+#
+# Environment: ROUNDS (default 2), LIMIT_S (seconds each group may take, default 560), OUT.
+set -uo pipefail
+what="${1:?usage: rounds.sh whole_step|inference}"
+out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
+rounds="${ROUNDS:-2}" limit="${LIMIT_S:-560}"
+bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/gpu-bundle/run.sh"
+case "$what" in
+  whole_step)
+    modes=whole_step,whole_step_floor,graphed_loss_fused_adam,whole_step_fused_adam,whole_step_floor_fused_adam
+    groups=("f32 mlp,mlp256" "f32 cnn,transformer" "f32 lm;bf16 mlp,mlp256" "bf16 transformer,lm") ;;
+  inference)
+    modes=inference,inference_graphed,inference_b1,inference_graphed_b1,inference_graphed_b1_floor
+    groups=("f32 mlp,mlp256;bf16 mlp,mlp256" "f32 cnn;bf16 lm" "f32 transformer" "f32 lm;bf16 transformer") ;;
+  *) echo "rounds.sh: whole_step or inference, not $what"; exit 2 ;;
+esac
+# A group: "DTYPE MODELS[;DTYPE MODELS...]", run in turn on one GPU, in one cubecl environment.
+run_group() {
+  local gpu="$1" group="$2" env part dtype models
+  env="$(mktemp -d)"
+  IFS=';' read -ra parts <<<"$group"
+  for part in "${parts[@]}"; do
+    read -r dtype models <<<"$part"
+    CUDA_VISIBLE_DEVICES="$gpu" BURN_GRAPHED_CUBECL_ENV="$env" BURN_GRAPHED_TUNE=fresh \
+      BURN_GRAPHED_ROUNDS="$rounds" BURN_GRAPHED_DTYPES="$dtype" OUT="$work/gpu$gpu-$dtype" \
+      BURN_GRAPHED_AUTOTUNE_LOG="$work/gpu$gpu-$dtype-autotune.txt" \
+      bash "$bundle" bench --models "$models" --reps 10 --steps 30 --modes "$modes" \
+      >"$work/gpu$gpu-$dtype.log" 2>&1
+  done
+}
+work="$(mktemp -d)"
+export -f run_group
+export rounds modes work bundle
+for ((gpu = 0; gpu < ${#groups[@]}; gpu++)); do
+  timeout "$limit" bash -c 'run_group "$0" "$1"' "$gpu" "${groups[gpu]}" &
+done
+wait
+# Into $OUT: one results file (every group's rows, the device line once) and the logs.
+cat "$work"/gpu*/bench.jsonl | awk '!(/^# device/ && seen++)' >"$out/$what.jsonl"
+tar -C "$work" -cJf "$out/${what}_logs.tar.xz" $(cd "$work" && ls)
+echo "rows with times: $(grep -c '"median_us"' "$out/$what.jsonl")"
+echo "failure rows: $(grep -c '"error"' "$out/$what.jsonl")"
+grep '"error"' "$out/$what.jsonl"
