@@ -27,7 +27,7 @@
 //! `graphed_multi_adam` without the check of buffers written outside the graphs
 //! (`FaultInjection::SkipWriteCheck`), and `graphed_multi_adam_no_input_copy`, the same without
 //! the input's copy into its static buffer (`FaultInjection::SkipInputCopy`; its values are
-//! wrong, so it is not value-checked): what each part costs, run as `A,B,B,A`); `run.sh
+//! wrong, so its check must fail): what each part costs, run as `A,B,B,A`); `run.sh
 //! profile` uses it to trace one mode. `graphed_static` is graphed with `OutputPolicy::Static` (no hand-out copies);
 //! `graphed_guarded_fused_adam` with `OutputPolicy::Guarded`; the `*_fused_adam` modes train
 //! with `burn_graphed::FusedAdam` instead of burn's `Adam`, the `*_multi_adam` modes with
@@ -37,7 +37,8 @@
 //! inference modes print the host's time per call and its phases
 //! (`burn_graphed::testing::time_phases`: plan, lookup, admission, copies, fusion's drain,
 //! check and replay, hand-out); `inference_graphed_b1_no_check` and `inference_graphed_b1_floor`
-//! are their A/B modes (no check of written buffers; nothing copied or checked). `--host-profile FILE` (feature
+//! are their A/B modes (no check of written buffers; nothing copied or checked, so the floor's
+//! value check feeds it the batch it was captured on). `--host-profile FILE` (feature
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
@@ -69,14 +70,17 @@
 //! skipped (`FaultInjection`, numbers only: those results are wrong), so that the two copy
 //! overheads are reported separately.
 //!
-//! Every graphed run is followed by a value check (`--no-check` skips it): a fresh model, drawn
-//! after seeding the device (the same start in every process), trains 4 steps at learning rate
-//! 1e-2 on four seeded batches eagerly and, from a deep copy, graphed with the same mode,
-//! and `burn_graphed_testkit::StepCheck` compares every loss and every parameter element
-//! (allowed: 1% of a parameter's elements off by more than half a step, rounding noise of
-//! 2e-3 relative in f32 and 2e-2 in bf16). The row's `check_passed`, `check_param_off` and
-//! `check_loss_off` fields record it; a failed check aborts the run, except in the
-//! fault-injection modes, whose check must fail (it shows what the copies they skip protect).
+//! Every timed run but eager Burn's (the reference, read back by `assert_ran`) is followed, in
+//! its own process, by a value check (`--no-check` skips it). Training modes, the floors and
+//! the first step: a fresh model, drawn after seeding the device (the same start in every
+//! process), trains 4 steps at learning rate 1e-2 on four seeded batches (a floor: on the
+//! batch it was captured on) eagerly and, from a deep copy, in the row's mode, and
+//! `burn_graphed_testkit::StepCheck` compares every loss and every parameter element (its
+//! docs state the bounds). Inference modes: [`OutputCheck`], every output element against the
+//! eager call's, with a stale batch as its control. The row's `check_*` fields record it. A
+//! failed check prints a failure row (`"error"`, no times) instead of the timing row and
+//! exits with status 3; so does a fault-injection mode whose check passes, since its check must
+//! fail (it shows what the copies it skips protect).
 //! `BURN_GRAPHED_CHECK_DUMP=DIR` writes each check's losses and small parameters to `DIR`, for
 //! `benches/check_dump_compare.py` to set a bf16 run beside an f32 run of the same model.
 
@@ -103,7 +107,7 @@ use burn_graphed::{
     Collective, DataParallel, FusedAdamConfig, Graphed, GraphedConfig, GraphedStep,
     MultiTensorAdam, OutputPolicy, TensorGroup, replica_on,
 };
-use burn_graphed_testkit::{StepCheck, deep_copy, param_values, require_finite};
+use burn_graphed_testkit::{StepCheck, deep_copy, param_values, read_flat, require_finite};
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -249,9 +253,12 @@ struct Row {
     reserved_mib: f64,
     /// The fusion optimizations `BURN_GRAPHED_FUSION_REMOVE` removed (empty: none).
     fusion_removed: String,
-    /// Graphed runs: the value check against eager steps ([`check`]); `None` for eager runs
-    /// and with `--no-check`.
-    check: Option<StepCheck>,
+    /// Graphed runs: the value check against eager Burn ([`check`], [`OutputCheck`]); `None`
+    /// for eager runs (the reference) and with `--no-check`.
+    check: Option<Check>,
+    /// Whether the mode skips a copy on purpose, so that its check must fail (a negative
+    /// control of the check, numbers only).
+    expect_failure: bool,
     /// Autotune keys that cubecl decided unmeasured before the check ([`warn_log`]): a key
     /// first met inside a recording, where profiling is refused, gets its first candidate
     /// that launches, unmeasured, for the rest of the process.
@@ -263,16 +270,34 @@ struct Row {
 }
 
 impl Row {
+    /// Why the row's values are not a result: its check failed, or (a fault-injecting mode)
+    /// passed where it had to fail; `None` when the row is a result.
+    fn check_failure(&self) -> Option<String> {
+        let check = self.check.as_ref()?;
+        match (check.passed(), self.expect_failure) {
+            (false, false) => Some(format!("value check failed: {check}")),
+            (true, true) => Some(format!(
+                "value check passed although the mode skips copies: the check is blind to it ({check})"
+            )),
+            _ => None,
+        }
+    }
+
     fn print(&self) {
-        let check = self.check.as_ref().map_or_else(String::new, |check| {
-            format!(
-                ", \"check_passed\": {}, \"check_param_off\": {:.4}, \"check_loss_off\": {:.3}",
-                check.passed(),
-                check.param_off,
-                // JSON has no infinity.
-                check.loss_off.min(1e9)
-            )
-        });
+        if let Some(failure) = self.check_failure() {
+            // No timing row for values that were not right: the failure, which the report
+            // lists.
+            println!(
+                "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"check_passed\": false, \"error\": \"{}\"}}",
+                self.framework,
+                self.model,
+                self.dtype,
+                self.mode,
+                failure.replace('\\', "\\\\").replace('"', "\\\"")
+            );
+            return;
+        }
+        let check = self.check.as_ref().map_or_else(String::new, Check::json);
         let unmeasured = if self.autotune_unmeasured == 0 {
             String::new()
         } else {
@@ -645,15 +670,27 @@ impl Mode {
         }
     }
 
-    /// Whether the mode skips a copy on purpose (its values are wrong). Skipping the check of
-    /// written buffers does not: every tensor of the bench is written.
+    /// Whether the mode skips a copy on purpose, so that its values are wrong and its check
+    /// must fail. Skipping the check of written buffers does not: every tensor of the bench is
+    /// written. Nor do the floors (`whole_step_floor`, `inference_graphed_b1_floor`): they skip
+    /// the input copy, so their checks feed every step the capture's batch, and must pass.
     fn injects_fault(self) -> bool {
         matches!(
             self,
             Mode::Graphed(
                 FaultInjection::SkipInputCopy | FaultInjection::SkipParamCopy,
                 _
-            ) | Mode::WholeStep(true)
+            )
+        )
+    }
+
+    /// Whether the mode's graph replays on the batch it was captured on, whatever it is given
+    /// (it skips the input copy to time the device's floor): its check trains both runs on
+    /// that batch alone.
+    fn replays_capture_batch(self) -> bool {
+        matches!(
+            self,
+            Mode::WholeStep(true) | Mode::InferenceFault(FaultInjection::SkipInputCopy)
         )
     }
 
@@ -706,8 +743,9 @@ where
             Mode::Inference { graphed, one } => (graphed, if one { 1 } else { case.batch }),
             _ => (true, 1),
         };
-        let per_step = timed_inference(case, graphed, batch, mode.fault(), &label, device, options);
-        return Row::timed(
+        let (per_step, check) =
+            timed_inference(case, graphed, batch, mode.fault(), &label, device, options);
+        let mut row = Row::timed(
             case,
             mode,
             per_step,
@@ -716,6 +754,8 @@ where
             options,
             unmeasured_before,
         );
+        row.check = check.map(Check::Outputs);
+        return row;
     }
     let model = (case.make)(device);
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
@@ -786,34 +826,9 @@ where
         unmeasured_before,
     );
     // After the timed run and its memory reading: the check's models and pools are not in them.
-    trace_phase("check");
-    // Not for the floor: it trains on the capture's batch only, which a check of these models
-    // cannot tell from the rotating batches (their losses agree within the check's noise).
-    let check = (options.check
-        && !matches!(
-            mode,
-            Mode::Eager(_)
-                | Mode::WholeStep(true)
-                | Mode::FirstStep
-                | Mode::Inference { .. }
-                | Mode::InferenceFault(_)
-        ))
-    .then(|| check(case, mode, &label, device, options));
-    if let Some(check) = &check {
-        eprintln!("# {label}: value check {check}");
-        if mode.injects_fault() {
-            assert!(
-                !check.passed(),
-                "{label}: skips copies yet its values match eager steps': the check is blind to it"
-            );
-        } else {
-            assert!(
-                check.passed(),
-                "{label}: the graphed steps' values differ from eager steps': {check}"
-            );
-        }
-    }
-    row.check = check;
+    // Eager runs are the reference the checks compare with (`assert_ran` read them back).
+    row.check = (options.check && !matches!(mode, Mode::Eager(_)))
+        .then(|| Check::Steps(check(case, mode, &label, device, options)));
     row
 }
 
@@ -851,6 +866,7 @@ impl Row {
             reserved_mib,
             fusion_removed: options.fusion_removed.clone(),
             check: None,
+            expect_failure: mode.injects_fault(),
             autotune_unmeasured,
             single: false,
             ranks: None,
@@ -1045,7 +1061,7 @@ fn timed_inference<M, I, O>(
     label: &str,
     device: &Device,
     options: &Options,
-) -> Vec<f64>
+) -> (Vec<f64>, Option<OutputCheck>)
 where
     M: Module,
     I: TensorGroup + Clone,
@@ -1056,10 +1072,21 @@ where
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(&device, batch)).collect();
     if !graphed {
         let mut call = |i: usize| drop((case.call)(&model, inputs[i % inputs.len()].clone()));
-        return time(&device, options, label, &mut call);
+        return (time(&device, options, label, &mut call), None);
     }
     trace_phase("capture");
-    let eager = (case.loss)((case.call)(&model, inputs[1].clone()), &inputs[1]);
+    // The check's eager reference, computed before the graphs exist: the outputs of the batch
+    // the check feeds the graph (the floor replays its capture's batch, `inputs[0]`, whatever
+    // it is given) and, as the control, of the other batch.
+    let (checked, control) = if fault == FaultInjection::SkipInputCopy {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    let reference = options.check.then(|| {
+        let outputs = |i: usize| output_values((case.call)(&model, inputs[i].clone()));
+        (outputs(checked), outputs(control))
+    });
     let injected = burn_graphed::testing::inject(fault);
     let graphed = Graphed::inference(
         model,
@@ -1069,18 +1096,6 @@ where
     )
     .expect("capture");
     drop(injected);
-    let replayed = graphed.forward(inputs[1].clone()).expect("graphed call");
-    let replayed = (case.loss)(replayed, &inputs[1]);
-    let [eager, replayed] = [eager, replayed].map(|v| v.into_scalar::<f64>());
-    let off = (replayed - eager).abs() / eager.abs().max(1e-12);
-    let tolerance = if options.dtype == "bf16" { 2e-2 } else { 1e-4 };
-    if fault != FaultInjection::SkipInputCopy {
-        eprintln!("# {label}: value check: loss of the outputs {replayed:e} vs eager {eager:e}");
-        assert!(
-            off <= tolerance,
-            "{label}: the inference graph's outputs differ from the eager call's ({off:e})"
-        );
-    }
     let (mut host, mut count) = (Duration::ZERO, 0u32);
     let mut call = |i: usize| {
         let clock = Instant::now();
@@ -1118,7 +1133,16 @@ where
         assert!(stats.forward_replays >= calls, "{label}: {stats:?}");
     }
     eprintln!("# {label}: {stats:?}");
-    per_step
+    // After the timed calls, on the graphs they timed.
+    trace_phase("check");
+    let check = reference.map(|(eager, stale)| {
+        let replayed =
+            output_values(graphed.forward(inputs[checked].clone()).expect("graphed call"));
+        let check = OutputCheck::new(&options.dtype, &eager, &replayed, &stale);
+        eprintln!("# {label}: value check {check}");
+        check
+    });
+    (per_step, check)
 }
 
 /// The timed steps of a graphed `mode`, `call` graphed: per-step times; prints the graphed
@@ -1306,8 +1330,12 @@ where
     let loss = step.run(input, 1e-4).expect("whole step");
     device.sync().expect("sync");
     let elapsed = started.elapsed().as_secs_f64() * 1e6;
-    drop(loss);
+    drop((loss, step));
     eprintln!("# {label}: first step {:.2} s", elapsed / 1e6);
+    // After the measurement: the whole step's value check, as `whole_step` rows have it.
+    let check = options
+        .check
+        .then(|| Check::Steps(check(case, Mode::WholeStep(false), label, device, options)));
     Row {
         framework: "burn",
         model: case.name.clone(),
@@ -1318,7 +1346,8 @@ where
         p90_us: elapsed,
         reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
         fusion_removed: options.fusion_removed.clone(),
-        check: None,
+        check,
+        expect_failure: false,
         autotune_unmeasured: 0,
         single: true,
         ranks: None,
@@ -1464,7 +1493,11 @@ where
     device.seed(CHECK_SEED);
     let initial = (case.make)(device).map(&mut Unconstant);
     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
-    let inputs = inputs.as_slice();
+    let inputs = if mode.replays_capture_batch() {
+        &inputs[..1]
+    } else {
+        inputs.as_slice()
+    };
     let (eager_losses, eager) = check_steps(
         deep_copy(&initial),
         case.call,
@@ -1509,6 +1542,145 @@ where
         (&eager_losses, &graphed_losses),
         (&eager, &graphed),
     )
+}
+
+/// A row's value check.
+enum Check {
+    /// Training steps against eager steps ([`check`]).
+    Steps(StepCheck),
+    /// Inference outputs against eager calls ([`OutputCheck`]).
+    Outputs(OutputCheck),
+}
+
+impl Check {
+    fn passed(&self) -> bool {
+        match self {
+            Check::Steps(check) => check.passed(),
+            Check::Outputs(check) => check.passed(),
+        }
+    }
+
+    /// The row's JSON fields of the check (a leading comma; JSON has no infinity).
+    fn json(&self) -> String {
+        match self {
+            Check::Steps(check) => format!(
+                ", \"check_passed\": {}, \"check_param_off\": {:.4}, \"check_loss_off\": {:.3}",
+                check.passed(),
+                check.param_off,
+                check.loss_off.min(1e9)
+            ),
+            Check::Outputs(check) => format!(
+                ", \"check_passed\": {}, \"check_output_off\": {:.4}, \"check_output_rel\": {:.3e}, \"check_control_off\": {:.1}",
+                check.passed(),
+                check.off.min(1e9),
+                check.max_rel.min(1e9),
+                check.control_off.min(1e9)
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Check::Steps(check) => check.fmt(f),
+            Check::Outputs(check) => check.fmt(f),
+        }
+    }
+}
+
+/// The value check of an inference graph: its outputs on a batch against the eager call's on
+/// the same batch, element by element, each allowed [`OutputCheck::bound`] of its tensor's
+/// largest magnitude; and, as the control that the bound can see a stale batch (what a graph
+/// that skipped its input copy returns), the eager outputs of another batch, which must be off.
+struct OutputCheck {
+    /// The largest element distance, in units of its allowance (1.0 is the limit; a NaN or a
+    /// count or shape mismatch is infinitely far).
+    off: f64,
+    /// The largest element distance relative to its tensor's largest magnitude.
+    max_rel: f64,
+    /// The control's largest element distance, in allowances (must be above 1.0).
+    control_off: f64,
+}
+
+impl OutputCheck {
+    /// The bound of an element's distance, relative to its tensor's largest magnitude. The
+    /// eager call and the replay run in one process, so they share cubecl's autotune picks
+    /// (the same matmul kernels, TF32 or not, on both); what may differ is where burn-fusion
+    /// cuts the eager call's fused blocks against the recorded call's, which changes the order
+    /// of a reduction's sums (layer norm, softmax, mean) and where a value is rounded to the
+    /// dtype. f32: sums of at most 1024 terms in another order differ by at most about
+    /// `1024 * 2^-24` (6e-5) of the summed magnitude; 1e-4. bf16: each op rounds to 2^-8
+    /// relative, a few ops on another path, 2^-6 (1.6e-2). A stale batch of these models moves
+    /// the outputs by their own magnitude (order 1 relative): the control shows it per row.
+    fn bound(dtype: &str) -> f64 {
+        if dtype == "bf16" { 1.0 / 64.0 } else { 1e-4 }
+    }
+
+    fn new(dtype: &str, eager: &[TensorData], graphed: &[TensorData], stale: &[TensorData]) -> Self {
+        let bound = Self::bound(dtype);
+        let (off, max_rel) = outputs_off(bound, eager, graphed);
+        let (control_off, _) = outputs_off(bound, eager, stale);
+        Self {
+            off,
+            max_rel,
+            control_off,
+        }
+    }
+
+    fn passed(&self) -> bool {
+        self.off <= 1.0 && self.control_off > 1.0
+    }
+}
+
+impl std::fmt::Display for OutputCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verdict = if self.passed() { "ok" } else { "FAILED" };
+        write!(
+            f,
+            "{verdict}: outputs off {:.3} of their allowance (largest distance {:.2e} of the \
+             tensor's magnitude); a stale batch is off {:.1} (must be above 1)",
+            self.off, self.max_rel, self.control_off
+        )
+    }
+}
+
+/// The largest element distance of `graphed` from `eager` in units of `bound` times the eager
+/// tensor's largest magnitude, and relative to that magnitude: infinite for a NaN, a count, a
+/// shape or a dtype that differ.
+fn outputs_off(bound: f64, eager: &[TensorData], graphed: &[TensorData]) -> (f64, f64) {
+    if eager.len() != graphed.len() {
+        return (f64::INFINITY, f64::INFINITY);
+    }
+    let (mut off, mut max_rel) = (0.0f64, 0.0f64);
+    for (e, g) in eager.iter().zip(graphed) {
+        let values = |data: &TensorData| data.clone().try_to_vec_as::<f32>().ok();
+        let (Some(ev), Some(gv)) = (values(e), values(g)) else {
+            return (f64::INFINITY, f64::INFINITY);
+        };
+        if e.shape() != g.shape() || ev.len() != gv.len() {
+            return (f64::INFINITY, f64::INFINITY);
+        }
+        let scale = ev.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs()));
+        // An all-zero output allows the smallest normal f32 rather than nothing.
+        let scale = scale.max(f64::from(f32::MIN_POSITIVE));
+        for (&a, &b) in ev.iter().zip(&gv) {
+            let distance = (f64::from(a) - f64::from(b)).abs() / scale;
+            let distance = if distance.is_nan() { f64::INFINITY } else { distance };
+            max_rel = max_rel.max(distance);
+            off = off.max(distance / bound);
+        }
+    }
+    (off, max_rel)
+}
+
+/// The values of a call's outputs, read back (every tensor of the group, in order).
+fn output_values<O: TensorGroup>(outputs: O) -> Vec<TensorData> {
+    outputs
+        .flatten()
+        .iter()
+        .map(|flat| read_flat(flat, "an output").expect("outputs read back"))
+        .collect()
 }
 
 /// Parameters of at most this many elements go into a check's dump: biases and norms, where
@@ -1813,9 +1985,17 @@ where
     O: TensorGroup,
 {
     for &mode in selected_modes(options) {
-        run(&case, mode, device, options).print();
+        let row = run(&case, mode, device, options);
+        row.print();
+        if let Some(failure) = row.check_failure() {
+            eprintln!("# {} {}: {failure}", row.model, row.mode);
+            std::process::exit(CHECK_FAILED_EXIT);
+        }
     }
 }
+
+/// The exit status of a run whose value check failed (it printed its failure row).
+const CHECK_FAILED_EXIT: i32 = 3;
 
 /// The Burn modes `--modes` names, in its order and as often as it names them (PyTorch-only
 /// modes are skipped): an A/B of two modes can alternate them (`a,b,b,a`) so that the drift
@@ -1853,6 +2033,15 @@ fn run_isolated(options: &Options) {
             let status = command.status().expect("spawning a bench run");
             if !status.success() {
                 eprintln!("# {model} {}: run failed ({status})", mode.label());
+                if status.code() != Some(CHECK_FAILED_EXIT) {
+                    // A run that ended before its row: a failure row, so that the report shows
+                    // it (the model as `--models` names it).
+                    println!(
+                        "{{\"framework\": \"burn\", \"model\": \"{model}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"error\": \"run failed ({status}) before its row: see the log\"}}",
+                        options.dtype,
+                        mode.label()
+                    );
+                }
                 failed.get_or_insert(status.code().unwrap_or(1));
             }
         }

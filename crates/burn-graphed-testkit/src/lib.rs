@@ -744,7 +744,9 @@ where
 
 /// The values of a flattened output of any kind, as floats (int and bool outputs compare
 /// exactly under any tolerance: their values are whole numbers).
-fn read_flat(flat: &burn_graphed::FlatTensor, what: &str) -> Result<TensorData, HarnessError> {
+/// The values of one tensor of a [`burn_graphed::TensorGroup`]'s flattened list, whatever its
+/// kind (ints and bools as floats), read back to the host; `what` names it in an error.
+pub fn read_flat(flat: &burn_graphed::FlatTensor, what: &str) -> Result<TensorData, HarnessError> {
     use burn::tensor::{Bool, Int};
     let tensor = flat.tensor().clone();
     let values = match flat.kind() {
