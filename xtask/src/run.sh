@@ -22,8 +22,9 @@
 #                          BURN_GRAPHED_SIDES="torch burn" runs PyTorch first (default
 #                          "burn torch"; one side alone: "torch" or "burn");
 #                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
-#                          (report.py takes the median over rounds; Burn's value check runs
-#                          in the first round only)
+#                          (report.py takes the median over rounds; every round's Burn runs
+#                          are value-checked); f32 PyTorch runs twice, TF32 off and on
+#                          (BURN_GRAPHED_TORCH_TF32="off" or "on" for one)
 #   bash run.sh busy       run `bench` (same arguments, f32 unless BURN_GRAPHED_DTYPES) once per
 #                          side and mode of --modes while nvidia-smi samples the GPU's
 #                          utilization and SM clock: a median near 100% means that side's step
@@ -271,11 +272,11 @@ case "$mode" in
     cubecl_env
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/# device: /' | tee -a "$results"
     # Rounds alternate the two sides, so that both see the same drift of the machine; the
-    # report takes the median over rounds. One value check per mode is enough: the first round.
+    # report takes the median over rounds. Every round's Burn processes check their values
+    # (with BURN_GRAPHED_TUNE=fresh each round runs other kernels): a failed check leaves a
+    # failure row instead of a timing row.
     rounds="${BURN_GRAPHED_ROUNDS:-1}"
     for ((round = 1; round <= rounds; round++)); do
-      extra=()
-      [ "$round" -gt 1 ] && extra=(--no-check)
       [ "$rounds" -gt 1 ] && echo "# round: $round" | tee -a "$results"
       for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
         # bf16 with cubecl's default autotune compiles too many candidates to finish in a
@@ -284,8 +285,20 @@ case "$mode" in
         [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
         for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
           case "$side" in
-            burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@" ${extra[@]+"${extra[@]}"}) 2>&1 | tee -a "$results" ;;
-            torch) python3 "$here/torch_reference.py" --dtype "$dtype" "$@" 2>&1 | tee -a "$results" ;;
+            burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@") 2>&1 | tee -a "$results" ;;
+            torch)
+              # f32: PyTorch once with plain f32 matrix products and once with TF32 (what
+              # cubecl's tensor-core matmuls run); BURN_GRAPHED_TORCH_TF32 picks ("off", "on").
+              maths=off
+              [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TORCH_TF32:-off on}"
+              for math in $maths; do
+                case "$math" in
+                  off) tf32=() ;;
+                  on) tf32=(--tf32) ;;
+                  *) echo "run.sh: BURN_GRAPHED_TORCH_TF32 takes off and on, not $math"; exit 2 ;;
+                esac
+                python3 "$here/torch_reference.py" --dtype "$dtype" "$@" ${tf32[@]+"${tf32[@]}"} 2>&1 | tee -a "$results"
+              done ;;
             *) echo "run.sh: BURN_GRAPHED_SIDES takes burn and torch, not $side"; exit 2 ;;
           esac
         done
