@@ -602,7 +602,7 @@ def ddp_table(rows):
             ddp.setdefault(key(row), {})[(row["framework"], row["mode"], row.get("ranks"))] = row
     out = header(
         "| model | dtype | framework | mode | ranks | step | samples/s "
-        "| 1-GPU baseline | baseline samples/s | scaling efficiency |"
+        "| 1-GPU baseline | baseline samples/s | scaling efficiency | value check |"
     )
     for (model, dtype), found in ddp.items():
         base_rows = by.get((model, dtype), {})
@@ -625,7 +625,8 @@ def ddp_table(rows):
                     f"| {model} | {dtype} | {framework} | {mode} | {ranks or 'n/a'} "
                     f"| {step} | {num(samples, '.0f')} "
                     f"| {baseline} | {num(base_samples, '.0f') if base else '-'} "
-                    f"| {num(efficiency, '.2f') if base else '-'} |"
+                    f"| {num(efficiency, '.2f') if base else '-'} "
+                    f"| {check_cell(row) if framework == 'burn' else '-'} |"
                 )
     return "\n".join(out) + "\n"
 

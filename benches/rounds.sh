@@ -8,25 +8,31 @@
 #
 #   bash benches/rounds.sh whole_step   # GPUs 0-3: the whole-step table, f32 and bf16
 #   bash benches/rounds.sh inference    # GPUs 0-3: the inference table, f32 and bf16
+#   bash benches/rounds.sh all          # both, each group's models in both tables' modes
 #
 # cubecl's autotune log of each group goes into the logs too: which candidate won each matmul
 # key (a tensor-core candidate, `*mma*`, runs f32 as TF32).
 #
 # Environment: ROUNDS (default 2), LIMIT_S (seconds each group may take, default 560), OUT.
 set -uo pipefail
-what="${1:?usage: rounds.sh whole_step|inference}"
+what="${1:?usage: rounds.sh whole_step|inference|all}"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 rounds="${ROUNDS:-2}" limit="${LIMIT_S:-560}"
 bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/gpu-bundle/run.sh"
+whole_step=whole_step,whole_step_floor,graphed_loss_fused_adam,whole_step_fused_adam,whole_step_floor_fused_adam
+inference=inference,inference_graphed,inference_b1,inference_graphed_b1,inference_graphed_b1_floor
 case "$what" in
   whole_step)
-    modes=whole_step,whole_step_floor,graphed_loss_fused_adam,whole_step_fused_adam,whole_step_floor_fused_adam
+    modes=$whole_step
     groups=("f32 mlp,mlp256" "f32 cnn,transformer" "f32 lm;bf16 mlp,mlp256" "bf16 transformer,lm") ;;
   inference)
-    modes=inference,inference_graphed,inference_b1,inference_graphed_b1,inference_graphed_b1_floor
+    modes=$inference
     groups=("f32 mlp,mlp256;bf16 mlp,mlp256" "f32 cnn;bf16 lm" "f32 transformer" "f32 lm;bf16 transformer") ;;
-  *) echo "rounds.sh: whole_step or inference, not $what"; exit 2 ;;
+  all)
+    modes=$whole_step,$inference
+    groups=("f32 mlp,mlp256;bf16 mlp,mlp256" "f32 cnn,transformer" "f32 lm;bf16 lm" "bf16 transformer") ;;
+  *) echo "rounds.sh: whole_step, inference or all, not $what"; exit 2 ;;
 esac
 # A group: "DTYPE MODELS[;DTYPE MODELS...]", run in turn on one GPU, in one cubecl environment.
 run_group() {
