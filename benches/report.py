@@ -167,6 +167,12 @@ def check_cell(row):
     if not row:
         return "n/a"
     checks = row.get("checks", [row.get("check_passed")])
+    if row.get("check_must_fail"):
+        # A mode that skips a copy on purpose (timing only): its check must fail, and a round
+        # whose check passed left a failure row (the check was blind to the skipped copy).
+        caught = sum(1 for c in checks if c is False)
+        total = len(checks) + row.get("failed_rounds", 0)
+        return f"wrong on purpose, caught {caught}/{total}"
     failed = row.get("failed_rounds", 0) + sum(1 for c in checks if c is False)
     total = len(checks) + row.get("failed_rounds", 0)
     if failed:

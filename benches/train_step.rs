@@ -38,7 +38,7 @@
 //! (`burn_graphed::testing::time_phases`: plan, lookup, admission, copies, fusion's drain,
 //! check and replay, hand-out); `inference_graphed_b1_no_check` and `inference_graphed_b1_floor`
 //! are their A/B modes (no check of written buffers; nothing copied or checked, so the floor's
-//! value check feeds it the batch it was captured on). `--host-profile FILE` (feature
+//! outputs are not the batch's and its value check must fail). `--host-profile FILE` (feature
 //! `host-profile`, bundled by `cargo xtask gpu-test`) samples the host's stacks during each
 //! run's timed steps and appends the most frequent functions to `FILE`: where the host's time
 //! goes when a step is launch-bound. Sampling slows the run: its timings are not results.
@@ -71,10 +71,10 @@
 //! overheads are reported separately.
 //!
 //! Every timed run but eager Burn's (the reference, read back by `assert_ran`) is followed, in
-//! its own process, by a value check (`--no-check` skips it). Training modes, the floors and
-//! the first step: a fresh model, drawn after seeding the device (the same start in every
-//! process), trains 4 steps at learning rate 1e-2 on four seeded batches (a floor: on the
-//! batch it was captured on) eagerly and, from a deep copy, in the row's mode, and
+//! its own process, by a value check (`--no-check` skips it). Training modes, the whole step's
+//! floor and the first step: a fresh model, drawn after seeding the device (the same start in
+//! every process), trains 4 steps at learning rate 1e-2 on four seeded batches (the floor: on
+//! the batch it was captured on) eagerly and, from a deep copy, in the row's mode, and
 //! `burn_graphed_testkit::StepCheck` compares every loss and every parameter element (its
 //! docs state the bounds). Inference modes: [`OutputCheck`], every output element against the
 //! eager call's, with a stale batch as its control. The row's `check_*` fields record it. A
@@ -297,7 +297,10 @@ impl Row {
             );
             return;
         }
-        let check = self.check.as_ref().map_or_else(String::new, Check::json);
+        let mut check = self.check.as_ref().map_or_else(String::new, Check::json);
+        if self.check.is_some() && self.expect_failure {
+            check.push_str(", \"check_must_fail\": true");
+        }
         let unmeasured = if self.autotune_unmeasured == 0 {
             String::new()
         } else {
@@ -672,26 +675,25 @@ impl Mode {
 
     /// Whether the mode skips a copy on purpose, so that its values are wrong and its check
     /// must fail. Skipping the check of written buffers does not: every tensor of the bench is
-    /// written. Nor do the floors (`whole_step_floor`, `inference_graphed_b1_floor`): they skip
-    /// the input copy, so their checks feed every step the capture's batch, and must pass.
+    /// written. The inference floor (`inference_graphed_b1_floor`) does: it replays on what its
+    /// input buffer held after the capture (the replay validation's draw, not a batch the
+    /// bench holds), so its outputs must differ from the eager call's on the batch it is given.
     fn injects_fault(self) -> bool {
         matches!(
             self,
             Mode::Graphed(
                 FaultInjection::SkipInputCopy | FaultInjection::SkipParamCopy,
                 _
-            )
+            ) | Mode::InferenceFault(FaultInjection::SkipInputCopy)
         )
     }
 
-    /// Whether the mode's graph replays on the batch it was captured on, whatever it is given
-    /// (it skips the input copy to time the device's floor): its check trains both runs on
-    /// that batch alone.
+    /// Whether the mode's graph trains on the batch it was captured on, whatever it is given
+    /// (the whole step's floor skips the input copy to time the device's floor, and its
+    /// capture leaves that batch in its input buffer): its check trains both runs on that batch
+    /// alone, and must pass.
     fn replays_capture_batch(self) -> bool {
-        matches!(
-            self,
-            Mode::WholeStep(true) | Mode::InferenceFault(FaultInjection::SkipInputCopy)
-        )
+        matches!(self, Mode::WholeStep(true))
     }
 
     fn optimizer(self) -> Optimizer {
@@ -1076,13 +1078,8 @@ where
     }
     trace_phase("capture");
     // The check's eager reference, computed before the graphs exist: the outputs of the batch
-    // the check feeds the graph (the floor replays its capture's batch, `inputs[0]`, whatever
-    // it is given) and, as the control, of the other batch.
-    let (checked, control) = if fault == FaultInjection::SkipInputCopy {
-        (0, 1)
-    } else {
-        (1, 0)
-    };
+    // the check feeds the graph (not the capture's) and, as the control, of the capture's.
+    let (checked, control) = (1, 0);
     let reference = options.check.then(|| {
         let outputs = |i: usize| output_values((case.call)(&model, inputs[i].clone()));
         (outputs(checked), outputs(control))
