@@ -1133,8 +1133,11 @@ where
     // After the timed calls, on the graphs they timed.
     trace_phase("check");
     let check = reference.map(|(eager, stale)| {
-        let replayed =
-            output_values(graphed.forward(inputs[checked].clone()).expect("graphed call"));
+        let replayed = output_values(
+            graphed
+                .forward(inputs[checked].clone())
+                .expect("graphed call"),
+        );
         let check = OutputCheck::new(&options.dtype, &eager, &replayed, &stale);
         eprintln!("# {label}: value check {check}");
         check
@@ -1614,7 +1617,12 @@ impl OutputCheck {
         if dtype == "bf16" { 1.0 / 64.0 } else { 1e-4 }
     }
 
-    fn new(dtype: &str, eager: &[TensorData], graphed: &[TensorData], stale: &[TensorData]) -> Self {
+    fn new(
+        dtype: &str,
+        eager: &[TensorData],
+        graphed: &[TensorData],
+        stale: &[TensorData],
+    ) -> Self {
         let bound = Self::bound(dtype);
         let (off, max_rel) = outputs_off(bound, eager, graphed);
         let (control_off, _) = outputs_off(bound, eager, stale);
@@ -1663,7 +1671,11 @@ fn outputs_off(bound: f64, eager: &[TensorData], graphed: &[TensorData]) -> (f64
         let scale = scale.max(f64::from(f32::MIN_POSITIVE));
         for (&a, &b) in ev.iter().zip(&gv) {
             let distance = (f64::from(a) - f64::from(b)).abs() / scale;
-            let distance = if distance.is_nan() { f64::INFINITY } else { distance };
+            let distance = if distance.is_nan() {
+                f64::INFINITY
+            } else {
+                distance
+            };
             max_rel = max_rel.max(distance);
             off = off.max(distance / bound);
         }
