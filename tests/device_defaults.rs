@@ -16,12 +16,10 @@ fn f16_default(mut device: Device) -> Result<Device, String> {
     Ok(device)
 }
 
-/// Says, past the test harness's capture of output, that test `name` was skipped and why: a
-/// visible line in the run's output, not a silent pass.
-fn skipped(name: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {name}: {why}");
-}
+/// `skipped: TEST: WHY` past the harness's capture, which the runners count as a skip, not a
+/// pass (the scenarios' helper; this binary does not load the scenarios).
+#[path = "scenarios/skip.rs"]
+mod skip;
 
 /// A tensor of zeros in `dtype`, whatever the device's default.
 fn zeros(shape: [usize; 2], device: &Device, dtype: DType) -> Tensor<2> {
@@ -55,10 +53,7 @@ fn device_rng_keeps_f32_state_on_an_f16_device() {
     let device = match f16_default(Device::wgpu(Default::default())) {
         Ok(device) => device,
         Err(why) => {
-            return skipped(
-                "device_rng_keeps_f32_state_on_an_f16_device",
-                &format!("the wgpu adapter has no f16 ({why})"),
-            );
+            return skip::skip(&format!("the wgpu adapter has no f16 ({why})"));
         }
     };
     let rng = DeviceRng::new(7, &device);

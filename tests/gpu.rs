@@ -568,8 +568,9 @@ mod whole_step {
     }
 }
 
-/// The first `n` CUDA devices, or `None` (with a `skipped:` line) on a machine with fewer
-/// (`nvidia-smi -L` counts them).
+/// The first `n` CUDA devices, or `None` on a machine with fewer (`nvidia-smi -L` counts
+/// them), after a `skipped: TEST: ...` line that the runner counts as a skip, not a pass
+/// ([`scenarios::skip::skip`]).
 fn gpus(n: usize) -> Option<Vec<Device>> {
     warnings::install();
     let listed = std::process::Command::new("nvidia-smi")
@@ -583,7 +584,7 @@ fn gpus(n: usize) -> Option<Vec<Device>> {
         })
         .unwrap_or(0);
     if listed < n {
-        println!("skipped: needs {n} GPUs, this machine has {listed}");
+        scenarios::skip::skip(&format!("needs {n} GPUs, this machine has {listed}"));
         return None;
     }
     Some((0..n).map(Device::cuda).collect())

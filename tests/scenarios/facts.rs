@@ -146,6 +146,12 @@ pub fn structural_facts(device: &Device) {
     }
 
     writeln!(facts, "errors:").unwrap();
+    // Without graphs (Flex) "no error": a capture finds an unused input in the backward it
+    // records; on Flex nothing runs at construction, and running the forward and backward
+    // there only to look would be a training step's work, and would draw from the forward's
+    // generators, moving the eager run it must equal. Eager calls leave that input without
+    // a gradient, as burn does. The strict shape mismatch and the replaced parameter below
+    // need no graphs: Flex refuses them too.
     let unused = Graphed::new(
         TwoHeads::new(&device),
         two_heads_forward,

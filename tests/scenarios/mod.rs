@@ -19,6 +19,7 @@ pub mod recovery;
 pub mod robust;
 pub mod tokens;
 pub mod whole_step;
+pub mod skip;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, LinearLayout, Relu};
@@ -373,9 +374,7 @@ pub fn input_gradient_matches_eager(device: &Device) {
 /// An unused input that requires grad is refused unless allowed.
 pub fn unused_input_is_refused(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    require_graphs(&device);
     let model = TwoHeads::new(&device);
     let sample = (
         batch([4, 16], 0, &device),
@@ -422,9 +421,7 @@ fn many_params_forward(model: &ManyParams, x: Tensor<1>) -> Tensor<1> {
 pub fn too_many_parents_is_refused(device: &Device, fit: bool) {
     const MAX: usize = 4096;
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    require_graphs(&device);
     let model = |params: usize| ManyParams {
         params: (0..params)
             .map(|i| {
@@ -579,12 +576,16 @@ pub fn inner_device_inputs_replay(device: &Device) {
     }
 }
 
-/// Another batch size runs eagerly (fallback) or fails (Error policy).
+/// Another batch size runs eagerly (fallback) or fails (Error policy). Without graphs every
+/// call runs eagerly for that reason, and the Error policy refuses the other batch size all
+/// the same: the check needs no graphs.
 pub fn shape_change_falls_back_or_errors(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    let fallback = if supports_graphs(&device) {
+        FallbackReason::Shape { index: 0 }
+    } else {
+        FallbackReason::Unsupported
+    };
     let model = Mlp::new(16, 1, 4, &device);
     let graphed = Graphed::new(
         model.clone(),
@@ -597,13 +598,7 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         .forward(batch([4, 16], 0, &device))
         .expect("fallback");
     assert_eq!(y.dims(), [4, 4]);
-    assert_eq!(
-        graphed
-            .stats()
-            .fallbacks
-            .get(&FallbackReason::Shape { index: 0 }),
-        Some(&1)
-    );
+    assert_eq!(graphed.stats().fallbacks.get(&fallback), Some(&1));
 
     let strict = Graphed::new(
         model,
@@ -660,9 +655,7 @@ pub fn second_call_before_backward_is_eager(device: &Device) {
 /// The harness catches stale parameters and stale inputs.
 pub fn harness_catches_faults(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    require_graphs(&device);
     for fault in [FaultInjection::SkipParamCopy, FaultInjection::SkipInputCopy] {
         let _fault = burn_graphed::testing::inject(fault);
         let report = compare_training(TrainingComparison {
@@ -788,6 +781,17 @@ pub fn supports_graphs(device: &Device) -> bool {
 
 /// Whether a capture of a small MLP on `device` recorded graphs (`summary().graphed`); a
 /// failed capture fails the caller.
+/// For a scenario that checks only what graphs do: on a backend that cannot capture it fails
+/// rather than passing with nothing checked. The suites run such scenarios only where graphs
+/// are captured (`cpu.rs` marks their Flex instances ignored, with the reason).
+pub fn require_graphs(device: &Device) {
+    assert!(
+        supports_graphs(device),
+        "this scenario checks graphs, and {device:?} cannot capture them: run it on a backend \
+         that does (the CPU suite marks its Flex instance ignored)"
+    );
+}
+
 pub fn capture_records_graphs(device: &Device) -> bool {
     let device = device.clone().autodiff();
     let graphed = Graphed::new(
@@ -814,9 +818,7 @@ fn syncing_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
 /// a capture (CUDA does; wgpu's software graphs may not).
 pub fn capture_failure_leaves_device_usable(device: &Device, must_fail: bool) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    require_graphs(&device);
     let model = Mlp::new(16, 2, 4, &device);
     let before = burn_graphed_testkit::deep_copy(&model);
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

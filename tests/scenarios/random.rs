@@ -353,9 +353,7 @@ pub fn graphed_noise_matches_eager(device: &Device, steps: usize) {
 pub fn other_threads_keep_their_draws(device: &Device, concurrent_use: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    super::require_graphs(&device);
     let done = std::sync::Arc::new(AtomicBool::new(false));
     let drawer = {
         let done = done.clone();

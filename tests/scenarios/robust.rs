@@ -309,9 +309,7 @@ fn host_scaled_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
 /// device usable; `validate_replay = false` accepts frozen randomness.
 pub fn replay_validation_refuses_frozen_values(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    super::require_graphs(&device);
     let net = DropNet {
         linear: burn::nn::LinearConfig::new(32, 64).init(&device),
         dropout: burn::nn::DropoutConfig::new(0.5).init(),
@@ -373,9 +371,7 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
 /// thread's stream only), with the eager result, and is counted.
 pub fn other_thread_runs_eagerly(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    super::require_graphs(&device);
     let graphed = capture_mlp(Mlp::new(16, 1, 4, &device), batch([8, 16], 0, &device));
     let other = graphed.clone();
     let thread_device = device.clone();
@@ -439,9 +435,7 @@ pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
 /// with it equals eager: every other scenario runs with the default.)
 pub fn capture_releases_warmup_memory(device: &Device) {
     let device = device.clone().autodiff();
-    if !supports_graphs(&device) {
-        return;
-    }
+    super::require_graphs(&device);
     let growth = |release: bool| {
         // The previous capture's graphs are dropped: its pages are empty and unguarded.
         device.memory_cleanup();

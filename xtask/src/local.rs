@@ -3,8 +3,9 @@
 //! which records real graphs without a GPU), installing it where it can and saying in one line
 //! what to run where it cannot.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// Debian packages the CPU suite needs: lavapipe (Mesa's software Vulkan) and the Vulkan
 /// loader for the wgpu backend; xz and python3 for xtask's own tests of the GPU bundle.
@@ -13,15 +14,151 @@ const TEST_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1", "xz-utils"
 const DEMO_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1"];
 
 /// `cargo xtask test [ARGS...]`: installs what the suite needs, then runs the README's test
-/// command, `cargo test --workspace --locked [ARGS...]`.
+/// command, `cargo test --workspace --locked [ARGS...]`, passing its output through, and ends
+/// with the skipped tests and a last line `N passed, N failed, N skipped` ([`Tally`]).
 pub fn test(args: &[String], root: &Path) -> Result<(), String> {
     ensure_packages(TEST_PACKAGES)?;
     let mut command = cargo();
     command
         .args(["test", "--workspace", "--locked"])
         .args(args)
-        .current_dir(root);
-    run(command, "the test suite")
+        .current_dir(root)
+        .stdout(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("running the test suite: {e}"))?;
+    let mut tally = Tally::default();
+    if let Some(stdout) = child.stdout.take() {
+        let mut reader = BufReader::new(stdout);
+        let mut bytes = Vec::new();
+        while reader
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| e.to_string())?
+            > 0
+        {
+            let line = String::from_utf8_lossy(&bytes);
+            let line = line.trim_end_matches(['\n', '\r']);
+            println!("{line}");
+            tally.read(line);
+            bytes.clear();
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("running the test suite: {e}"))?;
+    let mut tally = tally.finish();
+    if !status.success() && tally.failed == 0 {
+        // A build error, or a test binary that died before libtest could report.
+        println!("xtask: cargo test failed before a test reported a failure ({status})");
+        tally.failed = 1;
+    }
+    print!("{}", tally.report());
+    if status.success() && tally.failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("the test suite failed ({status})"))
+    }
+}
+
+/// What `cargo test` reported, read line by line: libtest's summaries
+/// (`test result: ok. 5 passed; 0 failed; 2 ignored; ...`), its lines of failed and ignored
+/// tests, and the `skipped: TEST: REASON` lines of tests that could not run their checks on
+/// this machine (`tests/scenarios/skip.rs`), which libtest counts as passed. A skip is never
+/// a pass: such tests move from passed to skipped (unless they failed), beside the ignored.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    /// Ignored tests, and after [`finish`](Self::finish) the skipped ones too.
+    skipped: usize,
+    /// `(test, reason)` of each ignored or skipped test, in the order reported.
+    reasons: Vec<(String, String)>,
+    /// Tests that printed a skip line, with the reason.
+    skip_lines: Vec<(String, String)>,
+    failed_tests: Vec<String>,
+}
+
+impl Tally {
+    fn read(&mut self, line: &str) {
+        if let Some(summary) = line.strip_prefix("test result: ") {
+            let words: Vec<&str> = summary.split_whitespace().collect();
+            for pair in words.windows(2) {
+                let Ok(count) = pair[0].parse::<usize>() else {
+                    continue;
+                };
+                match pair[1].trim_end_matches([';', ',']) {
+                    "passed" => self.passed += count,
+                    "failed" => self.failed += count,
+                    "ignored" => self.skipped += count,
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let mut line = line;
+        if let Some(at) = line.find("skipped: ") {
+            let rest = &line[at + "skipped: ".len()..];
+            // A test's path: letters, digits, `_` and `::`, up to the first ": ".
+            if let Some((name, reason)) = rest.split_once(": ")
+                && !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            {
+                if !self.skip_lines.iter().any(|(test, _)| test == name) {
+                    self.skip_lines.push((name.to_string(), reason.to_string()));
+                }
+                // What came before it on the line: libtest's "test NAME ... " when the test
+                // runs without capture.
+                line = &line[..at];
+            }
+        }
+        if let Some((name, result)) = line
+            .strip_prefix("test ")
+            .and_then(|rest| rest.split_once(" ... "))
+        {
+            if result == "FAILED" {
+                self.failed_tests.push(name.to_string());
+            } else if let Some(reason) = result.strip_prefix("ignored") {
+                let reason = reason.trim_start_matches(", ");
+                let reason = if reason.is_empty() {
+                    "ignored".to_string()
+                } else {
+                    format!("ignored: {reason}")
+                };
+                self.reasons.push((name.to_string(), reason));
+            }
+        }
+    }
+
+    /// Moves the tests that printed a skip line and did not fail from passed to skipped.
+    fn finish(mut self) -> Self {
+        for (name, reason) in std::mem::take(&mut self.skip_lines) {
+            if self.failed_tests.contains(&name) {
+                continue;
+            }
+            self.passed = self.passed.saturating_sub(1);
+            self.skipped += 1;
+            self.reasons.push((name, format!("skipped: {reason}")));
+        }
+        self
+    }
+
+    /// The skipped tests with their reasons, then the last line: `N passed, N failed, N skipped`.
+    fn report(&self) -> String {
+        let mut report = String::new();
+        if !self.reasons.is_empty() {
+            report.push_str("skipped tests (ignored, or unable to run their checks here):\n");
+            for (name, reason) in &self.reasons {
+                report.push_str(&format!("  {name}: {reason}\n"));
+            }
+        }
+        report.push_str(&format!(
+            "{} passed, {} failed, {} skipped\n",
+            self.passed, self.failed, self.skipped
+        ));
+        report
+    }
 }
 
 /// `cargo xtask demo [ARGS...]`: the demo on CUDA where an NVIDIA GPU answers (a release
@@ -154,4 +291,60 @@ fn is_root() -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    fn tally(output: &str) -> Tally {
+        let mut tally = Tally::default();
+        for line in output.lines() {
+            tally.read(line);
+        }
+        tally.finish()
+    }
+
+    /// A test that printed `skipped: TEST: REASON` counts as skipped, not passed, whether its
+    /// line stands alone (captured output) or follows libtest's `test NAME ... ` (without
+    /// capture); ignored tests count as skipped with their reasons; summaries of several
+    /// binaries add up; a failed test that printed a skip line stays failed.
+    #[test]
+    fn skip_lines_and_ignored_tests_count_as_skipped() {
+        let tally = tally(
+            "running 4 tests\n\
+             skipped: gpu_two: needs 2 GPUs, this machine has 1\n\
+             test gpu_two ... ok\n\
+             test flex_suite::faults ... ignored, Flex cannot capture: faults\n\
+             test plain ... ignored\n\
+             test other ... ok\n\
+             test result: ok. 2 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out\n\
+             test f16 ... skipped: f16: the adapter has no f16 (Err: x)\n\
+             ok\n\
+             skipped: broke: why\n\
+             test broke ... FAILED\n\
+             test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured\n",
+        );
+        assert_eq!((tally.passed, tally.failed, tally.skipped), (1, 1, 4));
+        assert_eq!(
+            tally.report(),
+            "skipped tests (ignored, or unable to run their checks here):\n\
+             \x20 flex_suite::faults: ignored: Flex cannot capture: faults\n\
+             \x20 plain: ignored\n\
+             \x20 gpu_two: skipped: needs 2 GPUs, this machine has 1\n\
+             \x20 f16: skipped: the adapter has no f16 (Err: x)\n\
+             1 passed, 1 failed, 4 skipped\n"
+        );
+    }
+
+    /// Lines that only mention skipping are not skip lines.
+    #[test]
+    fn other_lines_are_not_skips() {
+        let tally = tally(
+            "reproduced: one rank's collective skipped, the other still waiting\n\
+             # skipped: bench mode needs 2 GPUs\n\
+             test result: ok. 3 passed; 0 failed; 0 ignored\n",
+        );
+        assert_eq!((tally.passed, tally.failed, tally.skipped), (3, 0, 0));
+    }
 }

@@ -601,6 +601,85 @@ mod tests {
         assert_eq!(bundle.run(&["--rest"], None).0, Some(2));
     }
 
+    /// A test that prints `skipped: NAME: REASON` (alone, or after libtest's `test NAME ... `
+    /// without capture) counts as skipped, not passed, beside the ignored ones, and is listed
+    /// with its reason; a failed test stays failed. The ledger in `$OUT` lists every test of
+    /// the binary: this run's results at the manifest's commit, the rows of tests it did not
+    /// run kept from `BURN_GRAPHED_LEDGER`, and the rest "not run".
+    #[test]
+    fn run_sh_tests_count_skips_apart_and_write_the_ledger() {
+        let bundle = FakeBundle::new("skips", &[]);
+        let fake = bundle.dir.join("test-gpu");
+        write(
+            &fake,
+            "#!/bin/sh\n\
+             if [ \"$1\" = --list ]; then printf 'a_two_gpus: test\\nb_f16: test\\nc_fails: test\\nd_kept: test\\ne_ignored: test\\nf_passes: test\\ng_new: test\\n'; exit 0; fi\n\
+             echo 'test a_two_gpus ... skipped: a_two_gpus: needs 2 GPUs, this machine has 1'\n\
+             echo ok\n\
+             echo 'skipped: b_f16: the adapter has no f16'\n\
+             echo 'test b_f16 ... ok'\n\
+             echo 'skipped: c_fails: not really'\n\
+             echo 'test c_fails ... FAILED'\n\
+             echo 'test e_ignored ... ignored, run by hand'\n\
+             echo 'test f_passes ... ok'\n\
+             echo 'test result: FAILED. 3 passed; 1 failed; 1 ignored; 0 measured'\n\
+             exit 101\n",
+        )
+        .expect("fake binary");
+        compress(&fake);
+        write(
+            &bundle.dir.join("manifest.json"),
+            "{\n  \"commit\": \"abc1234\",\n  \"profile\": \"release\"\n}\n",
+        )
+        .expect("manifest");
+        let base = bundle.dir.join("base-ledger.md");
+        write(
+            &base,
+            "| `d_kept` | passed | old1234 | NVIDIA H100 | 2026-01-01 |\n\
+             | `f_passes` | failed | old1234 | NVIDIA H100 | 2026-01-01 |\n\
+             | `z_gone` | passed | old1234 | NVIDIA H100 | 2026-01-01 |\n",
+        )
+        .expect("base ledger");
+        let out = bundle.dir.join("out");
+        let (code, stdout) = bundle.run_with(
+            &[],
+            &[
+                ("OUT", out.to_str().expect("utf-8 path")),
+                ("BURN_GRAPHED_LEDGER", base.to_str().expect("utf-8 path")),
+            ],
+        );
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(
+            stdout.contains(
+                "1 passed, 1 failed, 3 skipped\n\
+                 skipped tests (ignored, or unable to run their checks here):\n\
+                 \x20 a_two_gpus: skipped: needs 2 GPUs, this machine has 1\n\
+                 \x20 b_f16: skipped: the adapter has no f16\n\
+                 \x20 e_ignored: ignored: run by hand\n"
+            ),
+            "{stdout}"
+        );
+        let ledger = std::fs::read_to_string(out.join("gpu-ledger.md")).expect("ledger in $OUT");
+        let rows: Vec<&str> = ledger.lines().filter(|l| l.starts_with("| `")).collect();
+        let today = |row: &str| format!("{row} | abc1234 | unknown device |");
+        assert_eq!(rows.len(), 7, "{ledger}");
+        for (row, expected) in rows.iter().zip([
+            today("| `a_two_gpus` | skipped: needs 2 GPUs, this machine has 1"),
+            today("| `b_f16` | skipped: the adapter has no f16"),
+            today("| `c_fails` | failed"),
+            "| `d_kept` | passed | old1234 | NVIDIA H100 | 2026-01-01 |".to_string(),
+            today("| `e_ignored` | ignored: run by hand"),
+            today("| `f_passes` | passed"),
+            "| `g_new` | not run | - | - | - |".to_string(),
+        ]) {
+            assert!(row.starts_with(&expected), "{row} / {expected}\n{ledger}");
+        }
+        assert!(
+            ledger.contains("7 tests: 2 skipped, 1 failed, 2 passed, 1 ignored, 1 not run."),
+            "{ledger}"
+        );
+    }
+
     /// `run.sh bench` writes its rows straight into `$OUT/bench.jsonl`, so that a run cut off
     /// by a time limit leaves the rows it finished; one file per call: a later call replaces an
     /// earlier one's.

@@ -2,8 +2,18 @@
 # Runner of the burn-graphed GPU bundle, made by `cargo xtask gpu-test`.
 # Needs bash and xz (or python3) and an NVIDIA driver with CUDA 12.x/13.x libraries; no Rust.
 #
-#   bash run.sh [tests [ARGS]]  run the GPU test suite, print "N passed, N failed", exit 1 on
-#                          failure; ARGS go to the test binary (e.g. --ignored NAME).
+#   bash run.sh [tests [ARGS]]  run the GPU test suite, print "N passed, N failed, N skipped"
+#                          and the skipped tests with their reasons, exit 1 on failure; ARGS
+#                          go to the test binary (e.g. --ignored NAME). Skipped: ignored
+#                          tests, and tests that print `skipped: NAME: REASON` (they cannot
+#                          run their checks on this machine, e.g. too few GPUs; libtest
+#                          counts them as passed, this count does not).
+#                          Writes the GPU ledger (every test, its last result, the bundle's
+#                          commit, device, date) to $OUT/gpu-ledger.md, or with OUT unset
+#                          over BURN_GRAPHED_LEDGER: the rows of the tests this run ran
+#                          replace those of BURN_GRAPHED_LEDGER (default: the checkout's
+#                          tests/gpu-ledger.md), the others stay, so runs in several calls
+#                          add up.
 #                          `tests --from NAME [ARGS]` runs NAME and the tests after it in the
 #                          order the suite runs them (by name): the rest of a run that a
 #                          time limit cut off at NAME. `tests --rest LOG... [ARGS]` runs the
@@ -46,8 +56,9 @@
 #
 # Environment: BURN_GRAPHED_AUTOTUNE_LOG (bench, profile: a file for cubecl's autotune log),
 # BURN_GRAPHED_TUNE=fresh (bench, profile: every Burn process tunes its kernels anew),
-# BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_HEARTBEAT (seconds between
-# the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
+# BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LEDGER (tests: the ledger to
+# update, default $BURN_GRAPHED_REPO/tests/gpu-ledger.md), BURN_GRAPHED_HEARTBEAT (seconds
+# between the tests' "[run.sh: Ns]" progress lines, default 60), BURN_GRAPHED_LONG=1 (more
 # property-test cases), OUT (a folder to copy logs and results into), BURN_GRAPHED_REPO (the
 # repository checkout the tests read their snapshots and proptest regressions from; default:
 # two folders up from this script, i.e. the checkout that holds target/gpu-bundle).
@@ -154,6 +165,12 @@ case "$mode" in
       esac
     done
     case "$jobs" in ''|*[!0-9]*|0) echo "run.sh: --jobs takes a positive number, not '$jobs'"; exit 2 ;; esac
+    # The --rest logs as they are now, for the ledger: this run's logs may replace them (the
+    # same $OUT).
+    earlier_logs=()
+    for ((k = 0; k < ${#rest_logs[@]}; k++)); do
+      cp "${rest_logs[k]}" "$work/earlier-$k.log" 2>/dev/null && earlier_logs+=("$work/earlier-$k.log")
+    done
     [ "$jobs" -gt 1 ] && chosen=1
     names=()
     if [ "$chosen" -eq 1 ]; then
@@ -186,10 +203,19 @@ case "$mode" in
     if [ "$jobs" -eq 1 ]; then logs=("$logdir/gpu-tests.log"); else
       for ((j = 1; j <= jobs; j++)); do logs+=("$logdir/gpu-tests-$j.log"); done
     fi
-    for log in "${logs[@]}"; do : >"$log"; done
+    # Each log starts with what ran where: the bundle's commit, the device, the date (UTC),
+    # which the GPU ledger reads back from logs given to --rest.
+    commit="$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$here/manifest.json" 2>/dev/null | head -n 1)"
+    device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
+      awk 'NF { n++; name = $0 } END { if (n > 1) print n " x " name; else if (n) print name }')"
+    stamp="[run.sh: bundle ${commit:-unknown} on ${device:-unknown device}, $(date -u +%Y-%m-%d)]"
+    echo "$stamp"
+    for log in "${logs[@]}"; do printf '%s\n' "$stamp" >"$log"; done
     # The sleep runs in the background of the loop so that the kill below ends it too (a
     # sleep left behind would hold the caller's output open until it ran out).
-    (trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    # Its own EXIT trap reset: bash may run the script's (which removes $work) in a subshell
+    # that a TERM trap ends.
+    (trap - EXIT; trap 'kill "$nap" 2>/dev/null; exit 0' TERM
      while :; do
        sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
        wait "$nap"
@@ -239,15 +265,146 @@ case "$mode" in
       for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
     fi
     kill "$beat" 2>/dev/null
-    # The summaries of every log summed ("test result: ok. 16 passed; 0 failed; ..."), one read.
-    read -r passed failed < <(awk '/^test result:/ {
-        for (i = 1; i < NF; i++) { if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i }
-      } END { print p + 0, f + 0 }' "${logs[@]}")
+    wait "$beat" 2>/dev/null
+    # The summaries of every log summed ("test result: ok. 16 passed; 0 failed; 2 ignored; ..."),
+    # one read.
+    read -r passed failed ignored < <(awk '/^test result:/ {
+        for (i = 1; i < NF; i++) {
+          if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i
+          if ($(i + 1) ~ /^ignored/) g += $i
+        }
+      } END { print p + 0, f + 0, g + 0 }' "${logs[@]}")
+    # Each test's result, from the logs (one test at a time per log), as
+    # "NAME<tab>RESULT<tab>COMMIT | DEVICE | DATE" (from the log's first line; "unknown" for a
+    # log without it) into the file $1: RESULT is passed, failed, "ignored[: REASON]",
+    # "skipped: REASON" (a test that printed `skipped: NAME: REASON`, tests/scenarios/skip.rs:
+    # it could not run its checks on this machine, and libtest counted it as passed), or "no
+    # result" (started, then cut off or crashed). A result is on the test's own line or on a
+    # bare ok/FAILED line after its output. Prints the number of skip lines of tests that did
+    # not fail, which libtest counted as passed.
+    log_results() {
+      local into="$1"; shift
+      : >"$into"
+      [ $# -gt 0 ] || { echo 0; return; }
+      awk -v results="$into" '
+        function set(name, result) {
+          if (!(name in result_of)) order[++n] = name
+          result_of[name] = result; run_at[name] = at
+        }
+        FNR == 1 {
+          pending = ""; at = "unknown | unknown device | unknown"
+          if ($0 ~ /^\[run\.sh: bundle [^ ]+ on .*, [0-9-]+\]$/) {
+            stamp = substr($0, 17, length($0) - 17); on = index(stamp, " on ")
+            where = substr(stamp, on + 4); comma = match(where, /, [0-9-]+$/)
+            at = substr(stamp, 1, on - 1) " | " substr(where, 1, comma - 1) " | " substr(where, comma + 2)
+          }
+        }
+        {
+          line = $0
+          if (match(line, /skipped: [A-Za-z0-9_:]+: /)) {
+            name = substr(line, RSTART + 9, RLENGTH - 11)
+            if (!(name in skip)) skips[++s] = name
+            skip[name] = substr(line, RSTART + RLENGTH); skip_at[name] = at
+            line = substr(line, 1, RSTART - 1)
+          }
+          if (line ~ /^test [^ ]+ \.\.\. /) {
+            split(line, field, " ")
+            name = field[2]; rest = substr(line, length(name) + 11); pending = ""
+            if (rest == "ok") set(name, "passed")
+            else if (rest == "FAILED") set(name, "failed")
+            else if (rest ~ /^ignored/) { sub(/^ignored(, )?/, "", rest); set(name, rest == "" ? "ignored" : "ignored: " rest) }
+            else { pending = name; set(name, "no result") }
+          } else if (pending != "" && (line == "ok" || line == "FAILED")) {
+            set(pending, line == "ok" ? "passed" : "failed"); pending = ""
+          }
+        }
+        END {
+          for (i = 1; i <= s; i++) {
+            name = skips[i]
+            if (result_of[name] == "failed") continue
+            count++
+            if (!(name in result_of)) { order[++n] = name; run_at[name] = skip_at[name] }
+            result_of[name] = "skipped: " skip[name]
+          }
+          for (i = 1; i <= n; i++) {
+            result = result_of[order[i]]; gsub(/\|/, "\\|", result)
+            print order[i] "\t" result "\t" run_at[order[i]] > results
+          }
+          close(results)
+          print count + 0
+        }' "$@"
+    }
+    results="$work/results"
+    skipped_passes=$(log_results "$results" "${logs[@]}")
+    passed=$(( passed > skipped_passes ? passed - skipped_passes : 0 ))
+    skipped=$(( ignored + skipped_passes ))
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
       failed=1 # a test binary died before libtest could report
       echo "gpu suite: a test binary exited with a failure status before reporting"
     fi
-    echo "$passed passed, $failed failed"
+    summary="$passed passed, $failed failed, $skipped skipped"
+    echo "$summary"
+    if [ "$skipped" -gt 0 ]; then
+      echo "skipped tests (ignored, or unable to run their checks here):"
+      awk -F'\t' '$2 ~ /^(skipped|ignored)/ { gsub(/\\\|/, "|", $2); print "  " $1 ": " $2 }' "$results"
+    fi
+    # The GPU ledger (tests/gpu-ledger.md): every test of the binary with its last result,
+    # the bundle's commit, the device and the date. The rows of the tests this run ran are
+    # replaced; the others keep what BURN_GRAPHED_LEDGER (default: the checkout's
+    # tests/gpu-ledger.md) says, so that runs in several calls (--rest, a filter) add up.
+    # Written to $OUT/gpu-ledger.md when OUT is set (copy it over tests/gpu-ledger.md), else
+    # over BURN_GRAPHED_LEDGER.
+    ledger_in="${BURN_GRAPHED_LEDGER:-$repo/tests/gpu-ledger.md}"
+    ledger_out="$ledger_in"
+    [ -n "${OUT:-}" ] && ledger_out="$OUT/gpu-ledger.md"
+    if [ -d "$(dirname "$ledger_out")" ]; then
+      "$bin" --list 2>/dev/null | sed -n 's/: test$//p' | LC_ALL=C sort >"$work/names"
+      # The results of the logs given to --rest first (tests of an earlier call that a time
+      # limit cut off, which this call does not run again), then this call's.
+      log_results "$work/earlier" ${earlier_logs[@]+"${earlier_logs[@]}"} >/dev/null
+      awk -F'\t' -v base="$ledger_in" -v summary="$summary" -v stamp="$stamp" '
+          FILENAME != ARGV[ARGC - 1] { ran[$1] = $2 " | " $3; next }
+          {
+            if ($1 in ran) row = ran[$1]
+            else if ($1 in kept) row = kept[$1]
+            else row = "not run | - | - | -"
+            rows[++n] = "| `" $1 "` | " row " |"
+            kind = row; sub(/[: |].*/, "", kind); sub(/^no$/, "no result", kind); sub(/^not$/, "not run", kind)
+            if (!(kind in count)) kinds[++k] = kind
+            count[kind]++
+          }
+          BEGIN {
+            # The base ledger'"'"'s rows: "| `NAME` | RESULT | COMMIT | DEVICE | DATE |".
+            while ((getline line < base) > 0) {
+              if (line !~ /^\| `/) continue
+              sub(/^\| `/, "", line); sub(/ \|$/, "", line)
+              split(line, cell, / \| /); name = cell[1]; sub(/`$/, "", name)
+              if (cell[2] != "not run") kept[name] = cell[2] " | " cell[3] " | " cell[4] " | " cell[5]
+            }
+          }
+          END {
+            print "# GPU ledger"
+            print ""
+            print "Every test of the GPU suite (`tests/gpu.rs`, the bundle'"'"'s `test-gpu`) with its last"
+            print "result on a GPU, the commit of the bundle it ran in, the device and the date (UTC)."
+            print "Written by `run.sh tests` (tests/README.md, \"GPU ledger\"): a run replaces the rows of"
+            print "the tests it ran and keeps the others. Results: passed; failed; `skipped: REASON` (the"
+            print "test could not run its checks on that machine: nothing was checked); `ignored: REASON`"
+            print "(`#[ignore]`: run by hand); no result (started, then cut off or crashed); not run (in no"
+            print "recorded run)."
+            print ""
+            totals = ""
+            for (i = 1; i <= k; i++) totals = totals (i > 1 ? ", " : "") count[kinds[i]] " " kinds[i]
+            print n " tests: " totals ". Last run: " summary " " stamp "."
+            print ""
+            print "| test | result | commit | device | date |"
+            print "| --- | --- | --- | --- | --- |"
+            for (i = 1; i <= n; i++) print rows[i]
+          }' "$work/earlier" "$results" "$work/names" >"$work/ledger" && cp "$work/ledger" "$ledger_out" &&
+        echo "run.sh: GPU ledger: $ledger_out"
+    else
+      echo "run.sh: no GPU ledger written: no folder $(dirname "$ledger_out") (set OUT or BURN_GRAPHED_LEDGER)"
+    fi
     [ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
     ;;
   nccl)

@@ -373,6 +373,12 @@ where
     /// into the graphs holds no values (an earlier allocation or launch that made it failed on
     /// the device; eager code would carry the failure on to its next read, a replay would run
     /// on stale values), and [`GraphedError::Replay`] when the device rejects a replay.
+    /// On a backend that cannot capture, where every call runs eagerly, a call is refused as
+    /// it would be where graphs exist when the reason is the call's and not the graphs':
+    /// [`GraphedError::ParametersChanged`], and under [`MismatchPolicy::Error`] a call
+    /// without autodiff (inference graphs off), in another train/eval mode, or with inputs of
+    /// another signature where the callable captures no more signatures (in a group, or
+    /// `max_graphs = 1`).
     ///
     /// # Panics
     ///
@@ -500,7 +506,7 @@ where
         flat: &[FlatTensor],
     ) -> Result<Result<ReplayPlan, FallbackReason>, GraphedError> {
         if let Some(reason) = &self.shared.eager_reason {
-            return Ok(Err(reason.clone()));
+            return self.plan_without_graphs(flat, reason);
         }
         if std::thread::current().id() != self.shared.thread {
             return Ok(Err(FallbackReason::OtherThread));
@@ -529,29 +535,67 @@ where
         if facts.mode_changed {
             return Ok(Err(FallbackReason::ModeChanged));
         }
-        let mismatch =
-            flat.iter()
-                .zip(&self.shared.inputs)
-                .enumerate()
-                .find_map(|(index, (tensor, spec))| {
-                    if tensor.shape != spec.shape {
-                        Some(FallbackReason::Shape { index })
-                    } else if tensor.dtype != spec.dtype {
-                        Some(FallbackReason::DType { index })
-                    } else if tensor.require_grad != spec.require_grad {
-                        Some(FallbackReason::RequireGrad { index })
-                    } else {
-                        None
-                    }
-                });
+        let mismatch = input_difference(flat, &self.shared.inputs);
         Ok(Ok(ReplayPlan::Training(module_params, mismatch)))
     }
 
-    fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
-        if self.shared.config.on_mismatch == MismatchPolicy::Error
-            && reason != FallbackReason::Unsupported
+    /// [`replay_plan`](Self::replay_plan) where the backend cannot capture: every call runs
+    /// eagerly for `reason`, but the module is checked as where graphs exist, since that check
+    /// needs none: parameters added, removed, replaced or reshaped since capture are
+    /// [`GraphedError::ParametersChanged`] on every backend alike.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ParametersChanged`].
+    fn plan_without_graphs(
+        &self,
+        flat: &[FlatTensor],
+        reason: &FallbackReason,
+    ) -> Result<Result<ReplayPlan, FallbackReason>, GraphedError> {
+        let facts = self
+            .facts
+            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
+        let autodiff = facts.autodiff || flat.iter().any(|t| t.device.is_autodiff());
+        // As with graphs: a call that would run eagerly anyway is not refused for them.
+        if (autodiff || self.shared.config.graph_inference)
+            && let Some(detail) = &facts.structural
         {
-            return Err(GraphedError::mismatch(reason, &flat, &self.shared.inputs));
+            return Err(GraphedError::ParametersChanged {
+                detail: detail.clone(),
+            });
+        }
+        Ok(Err(reason.clone()))
+    }
+
+    /// Under [`MismatchPolicy::Error`], on a backend that cannot capture: why graphs could not
+    /// serve this call whatever the device (a call without autodiff where inference graphs
+    /// are off, another train/eval mode, or inputs of another signature where this callable
+    /// captures no more signatures: one of a group, or `max_graphs = 1`), so that such a call
+    /// is refused on every backend alike. The reasons that concern graphs only (another
+    /// thread, a pending backward, the shape cache's state) are not asked.
+    fn differs_without_graphs(&self, flat: &[FlatTensor]) -> Option<FallbackReason> {
+        let facts = self
+            .facts
+            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
+        if !(facts.autodiff || flat.iter().any(|t| t.device.is_autodiff())) {
+            return (!self.shared.config.graph_inference).then_some(FallbackReason::NoAutodiff);
+        }
+        if facts.mode_changed {
+            return Some(FallbackReason::ModeChanged);
+        }
+        input_difference(flat, &self.shared.inputs).filter(|_| !self.shared.recapture)
+    }
+
+    fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
+        if self.shared.config.on_mismatch == MismatchPolicy::Error {
+            let refused = if reason == FallbackReason::Unsupported {
+                self.differs_without_graphs(&flat)
+            } else {
+                Some(reason.clone())
+            };
+            if let Some(refused) = refused {
+                return Err(GraphedError::mismatch(refused, &flat, &self.shared.inputs));
+            }
         }
         *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
         let input = I::unflatten(flat).ok_or(GraphedError::InputCount {
@@ -782,6 +826,25 @@ impl<M: Module + ModuleDisplay, I, O> fmt::Display for Graphed<M, I, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&ModuleDisplay::format(self, Default::default()))
     }
+}
+
+/// How a call's inputs first differ from the capture's signature (shape, dtype, then
+/// `require_grad`, input by input); `None` when they match.
+fn input_difference(flat: &[FlatTensor], captured: &[TensorSpec]) -> Option<FallbackReason> {
+    flat.iter()
+        .zip(captured)
+        .enumerate()
+        .find_map(|(index, (tensor, spec))| {
+            if tensor.shape != spec.shape {
+                Some(FallbackReason::Shape { index })
+            } else if tensor.dtype != spec.dtype {
+                Some(FallbackReason::DType { index })
+            } else if tensor.require_grad != spec.require_grad {
+                Some(FallbackReason::RequireGrad { index })
+            } else {
+                None
+            }
+        })
 }
 
 /// The key of a training call's graphs: its input signature.
