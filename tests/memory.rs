@@ -26,6 +26,31 @@ fn wgpu_soak() {
     let figures = scenarios::robust::soak(&device, scenarios::robust::sgd_momentum, 60, 10, 20, 20)
         .expect("wgpu captures graphs");
     println!("soak figures: {figures:?}");
+    assert_eq!(
+        (figures.checkpoints, figures.evals, figures.replays),
+        (3, 6, 66),
+        "{figures:?}"
+    );
+    // wgpu runs the same kernels graphed and eagerly: the parameters never drift apart.
+    assert_eq!(figures.max_drift, 0.0, "{figures:?}");
+}
+
+/// The same soak with burn's Adam, whose bias corrections change every step: wgpu passes
+/// kernel scalars in cubecl's cached metadata buffers, so every step leaves new ones
+/// (ROBUSTNESS.md, "Long runs"): live allocations grow after the first checkpoint, which is
+/// why `wgpu_soak` uses SGD. Training still equals eager (no drift).
+#[test]
+fn wgpu_adam_soak_grows_kernel_metadata() {
+    let _alone = alone();
+    let device = Device::wgpu(Default::default());
+    let figures = scenarios::robust::soak_run(&device, scenarios::robust::adam, 60, 10, 20, 20)
+        .expect("wgpu captures graphs");
+    println!("Adam soak figures: {figures:?}");
+    assert!(
+        figures.allocs_at_end > figures.allocs_after_settle + 40 * 4,
+        "Adam's per-step scalars: at least 4 more live allocations a step: {figures:?}"
+    );
+    assert_eq!(figures.max_drift, 0.0, "{figures:?}");
 }
 
 /// A capture returns the pages only its warm-ups used (`release_capture_memory`).

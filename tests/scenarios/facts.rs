@@ -227,6 +227,11 @@ pub fn structural_facts(device: &Device) {
         error_text(vec_inputs.forward(vec![batch([2, 4], 0, &device)]))
     )
     .unwrap();
+    assert_eq!(
+        vec_inputs.stats(),
+        Default::default(),
+        "a call refused for its input count runs nothing"
+    );
     // A small MLP captured with the default configuration.
     let captured_mlp = || {
         Graphed::new(

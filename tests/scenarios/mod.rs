@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod batch_norm;
 pub mod data_parallel;
 pub mod facts;
 pub mod group;

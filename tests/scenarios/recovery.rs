@@ -39,16 +39,28 @@ fn growing_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
     m.forward(x) + gram.sum().reshape([1, 1]).mul_scalar(0.0)
 }
 
-/// Captures that fail in each place a capture can fail are recovered:
-/// - an unsupported op in the forward (`argwhere` reads the device on the host): refused
-///   (`Capture` where the backend refuses the read, `ReplayDiffers` where the recorded graph
-///   would replay a stale count);
-/// - an allocation that the warm-up did not cover, inside the forward recording: CUDA ends the
-///   capture with an error (`must_fail`); a backend that can allocate while recording may
-///   capture, and the graph must then be right;
+/// Starts a host read of its output and never looks at it: burn reads lazily (`into_data`
+/// returns bytes copied on first access), so nothing is read, and the graph is right.
+fn unused_read_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    let y = m.forward(x);
+    let _ = y.clone().sum().into_data();
+    y
+}
+
+/// Captures that fail in each place a capture can fail are recovered (`GraphedError::Capture`
+/// of the phase that failed, the module untouched, the device trains and captures after):
+/// - an unsupported op in the forward (`argwhere` reads a mask on the host): the read fails
+///   inside the forward recording;
+/// - an allocation that the warm-up did not cover, inside the forward recording: the recording
+///   cannot seal (wgpu: an operation inside the capture window failed; CUDA:
+///   `graph_stop_capture` fails);
 /// - an error inside the backward recording (an input that requires grad but gets none,
-///   found while the backward is being recorded).
-pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
+///   found while the backward is being recorded): `UnusedInput`.
+///
+/// And one that is not a failure: a host read started and never looked at is captured, and
+/// its replays equal eager calls. `cuda`: the device is CUDA, whose error texts differ.
+pub fn capture_failures_are_recovered(device: &Device, cuda: bool) {
+    use burn_graphed::CapturePhase;
     let device = device.clone().autodiff();
     super::require_graphs(&device);
 
@@ -65,7 +77,10 @@ pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
     assert!(
         matches!(
             error,
-            GraphedError::Capture { .. } | GraphedError::ReplayDiffers { .. }
+            GraphedError::Capture {
+                phase: CapturePhase::Forward,
+                ..
+            }
         ),
         "argwhere: {error}"
     );
@@ -76,35 +91,55 @@ pub fn capture_failures_are_recovered(device: &Device, must_fail: bool) {
     let model = Mlp::new(16, 2, 4, &device);
     let before = deep_copy(&model);
     let config = GraphedConfig::new().with_max_warmup_iters(4);
-    match Graphed::new(
+    let error = Graphed::new(
         model.clone(),
         growing_forward,
         batch([8, 16], 0, &device),
         &config,
-    ) {
-        Err(error @ GraphedError::Capture { .. }) => println!("growth refused: {error}"),
-        Err(other) => panic!("allocation growth: expected a capture error, got {other}"),
-        Ok(_) if must_fail => panic!("an allocation inside the recording went unnoticed"),
-        Ok(graphed) => {
-            // The graph holds the temporary of the recording's size; every replay must still
-            // give the eager result.
-            for step in 1..3 {
-                let x = batch([8, 16], step, &device);
-                let expected = mlp_forward(graphed.module(), x.clone()).into_data();
-                let got = graphed.forward(x).expect("graphed call");
-                let _ = square_mean(got.clone()).backward();
-                let comparison = TensorComparison::new(
-                    format!("growing step {step}"),
-                    &expected,
-                    &got.into_data(),
-                    tolerance_for(&device),
-                );
-                assert!(comparison.passed(), "{comparison:?}");
-            }
-            println!("this backend allocates inside a recording: captured, replays right");
-        }
+    )
+    .map(|_| ())
+    .expect_err("an allocation inside the recording is refused");
+    match &error {
+        GraphedError::Capture {
+            phase: CapturePhase::Forward,
+            reason,
+        } => assert!(
+            cuda || reason.contains("the recording is missing an operation and cannot seal"),
+            "{error}"
+        ),
+        other => panic!("allocation growth: expected a forward capture error, got {other}"),
     }
+    println!("growth refused: {error}");
     assert_recovered(&device, &model, &before);
+
+    // A host read never looked at.
+    let model = Mlp::new(16, 2, 4, &device);
+    let graphed = Graphed::new(
+        model.clone(),
+        unused_read_forward,
+        batch([8, 16], 0, &device),
+        &GraphedConfig::new(),
+    )
+    .expect("a host read never looked at is captured");
+    for step in 1..3 {
+        let x = batch([8, 16], step, &device);
+        let expected = mlp_forward(&model, x.clone()).into_data();
+        let got = graphed.forward(x).expect("graphed call");
+        let comparison = TensorComparison::new(
+            format!("unused read, step {step}"),
+            &expected,
+            &got.clone().into_data(),
+            tolerance_for(&device),
+        );
+        assert!(comparison.passed(), "{comparison:?}");
+        let _ = square_mean(got).backward();
+    }
+    let stats = graphed.stats();
+    assert_eq!(
+        (stats.forward_replays, stats.total_fallbacks()),
+        (2, 0),
+        "{stats:?}"
+    );
 
     // Error inside the backward recording.
     let model = TwoHeads::new(&device);
@@ -451,4 +486,199 @@ pub fn dropping_the_model_before_backward(device: &Device) {
         "every parameter has a gradient"
     );
     super::assert_grads_close("after drop", (&eager, &e), (&model, &g), tolerance);
+}
+
+thread_local! {
+    /// Calls of [`panicking_forward`] / [`panicking_loss`] on this thread since the last
+    /// [`panic_at`].
+    static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The call that panics (`usize::MAX`: none).
+    static PANIC_AT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Makes call `call` (counted from 1, from now) of [`panicking_forward`] and [`panicking_loss`]
+/// on this thread panic; `usize::MAX`: none.
+fn panic_at(call: usize) {
+    CALLS.with(|calls| calls.set(0));
+    PANIC_AT.with(|at| at.set(call));
+}
+
+/// Counts a call, and panics if it is the one [`panic_at`] chose.
+fn count_call_or_panic(what: &str) {
+    let call = CALLS.with(|calls| {
+        calls.set(calls.get() + 1);
+        calls.get()
+    });
+    if call == PANIC_AT.with(std::cell::Cell::get) {
+        panic!("{what} panicked on purpose at call {call}");
+    }
+}
+
+/// The MLP's forward, panicking at the call [`panic_at`] chose.
+fn panicking_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    count_call_or_panic("the forward");
+    m.forward(x)
+}
+
+/// The MLP's mean square, panicking at the call [`panic_at`] chose.
+fn panicking_loss(m: &Mlp, x: Tensor<2>) -> Tensor<1> {
+    count_call_or_panic("the loss");
+    square_mean(m.forward(x))
+}
+
+/// Warm-ups of one or two runs: a capture calls the callable a handful of times.
+fn short_warmups() -> GraphedConfig {
+    GraphedConfig::new()
+        .with_warmup_iters(1)
+        .with_max_warmup_iters(2)
+}
+
+/// Captures again and again a forward that panics at its first call, then at its second, and
+/// so on, until one capture calls it fewer times than that and succeeds: a panic at every
+/// call a capture makes, in each phase that makes one (the forward's warm-up, the forward's
+/// recording, replay validation, the backward's warm-up). Each is
+/// `GraphedError::Capture { phase, .. }` naming the panic, the module is untouched, the
+/// capture ended (the next capture records and replays; the last one succeeds), and the device
+/// trains and captures afterwards.
+pub fn panicking_forward_is_recovered(device: &Device) {
+    use burn_graphed::CapturePhase;
+    let device = device.clone().autodiff();
+    super::require_graphs(&device);
+    let model = Mlp::new(16, 2, 4, &device);
+    let before = deep_copy(&model);
+    let mut phases = Vec::new();
+    let mut captured = None;
+    for call in 1..=32 {
+        panic_at(call);
+        match Graphed::new(
+            model.clone(),
+            panicking_forward,
+            batch([8, 16], 0, &device),
+            &short_warmups(),
+        ) {
+            Ok(graphed) => {
+                captured = Some((call, graphed));
+                break;
+            }
+            Err(GraphedError::Capture { phase, reason }) => {
+                let panic = format!(
+                    "the callable panicked: the forward panicked on purpose at call {call}"
+                );
+                assert_eq!(reason, panic, "call {call}, {phase}");
+                assert_params_unchanged(&model, &param_values(&before).expect("read back"));
+                if phases.last() != Some(&phase) {
+                    phases.push(phase);
+                }
+            }
+            Err(other) => panic!("a panic at call {call}: expected a capture error, got {other}"),
+        }
+    }
+    panic_at(usize::MAX);
+    let (calls, graphed) = captured.expect("a capture that calls the forward fewer than 32 times");
+    println!("a panic at each of {} calls, in {phases:?}", calls - 1);
+    assert_eq!(
+        phases,
+        [
+            CapturePhase::ForwardWarmup,
+            CapturePhase::Forward,
+            CapturePhase::Validation,
+            CapturePhase::BackwardWarmup
+        ],
+        "the phases that call the forward, in order"
+    );
+    // The capture after the failed ones replays and equals eager.
+    let eager = deep_copy(&model);
+    for step in 1..3 {
+        let x = batch([8, 16], step, &device);
+        let expected = mlp_forward(&eager, x.clone());
+        let got = graphed.forward(x).expect("graphed call");
+        let comparison = TensorComparison::new(
+            format!("step {step} after the panics"),
+            &expected.into_data(),
+            &got.clone().into_data(),
+            tolerance_for(&device),
+        );
+        assert!(comparison.passed(), "{comparison}");
+        let _ = square_mean(got).backward();
+    }
+    let stats = graphed.stats();
+    assert_eq!(
+        (
+            stats.forward_replays,
+            stats.backward_replays,
+            stats.total_fallbacks()
+        ),
+        (2, 2, 0),
+        "{stats:?}"
+    );
+    assert_recovered(&device, &model, &before);
+}
+
+/// A whole step's loss function that panics at its first call, then its second, and so on,
+/// until a capture calls it fewer times and succeeds: each panic (in the step's warm-up and in
+/// its recording) is `GraphedError::Capture { phase, .. }` naming it, the model is untouched,
+/// and the capture after them trains as burn's optimizer does.
+pub fn panicking_loss_is_recovered(device: &Device) {
+    use burn_graphed::{CapturePhase, GraphedStep};
+    let device = device.clone().autodiff();
+    super::require_graphs(&device);
+    let model = Mlp::new(16, 2, 4, &device);
+    let before = deep_copy(&model);
+    let mut phases = Vec::new();
+    let mut captured = None;
+    for call in 1..=32 {
+        panic_at(call);
+        match GraphedStep::new(
+            model.clone(),
+            panicking_loss,
+            &super::adam_config(),
+            batch([8, 16], 0, &device),
+            &short_warmups(),
+        ) {
+            Ok(step) => {
+                captured = Some((call, step));
+                break;
+            }
+            Err(GraphedError::Capture { phase, reason }) => {
+                let panic = format!(
+                    "the loss function panicked: the loss panicked on purpose at call {call}"
+                );
+                assert_eq!(reason, panic, "call {call}, {phase}");
+                assert_params_unchanged(&model, &param_values(&before).expect("read back"));
+                if phases.last() != Some(&phase) {
+                    phases.push(phase);
+                }
+            }
+            Err(other) => panic!("a panic at call {call}: expected a capture error, got {other}"),
+        }
+    }
+    panic_at(usize::MAX);
+    let (calls, mut step) = captured.expect("a capture that calls the loss fewer than 32 times");
+    println!("a panic at each of {} calls, in {phases:?}", calls - 1);
+    assert_eq!(
+        phases,
+        [CapturePhase::StepWarmup, CapturePhase::Step],
+        "the phases that call the loss, in order"
+    );
+    // The step captured after the failed ones trains as burn's Adam does.
+    let mut eager = deep_copy(&model);
+    let mut optimizer = super::adam_config().init();
+    // As the whole-step comparisons (`whole_step.rs`): the graph's forward and backward may
+    // run other kernels than eager burn's.
+    let base = tolerance_for(&device);
+    let tolerance = burn_graphed_testkit::Tolerance {
+        rel: base.rel.max(1e-4),
+        ..base
+    };
+    for index in 1..4 {
+        let x = batch([8, 16], index, &device);
+        let loss = panicking_loss(&eager, x.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &eager);
+        eager = optimizer.step(1e-2, eager, grads);
+        step.run(x, 1e-2).expect("whole step");
+        super::assert_params_close(&format!("step {index}"), &eager, &step.module(), tolerance);
+    }
+    let stats = step.stats();
+    assert_eq!((stats.replays, stats.total_eager()), (3, 0), "{stats:?}");
+    assert_recovered(&device, &model, &before);
 }

@@ -3,7 +3,7 @@
 //! memory that must stop growing, equality with eager at checkpoints).
 
 use burn::backend::{Backend, Dispatch};
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
 use burn::prelude::*;
 use burn::tensor::TensorData;
@@ -123,6 +123,36 @@ pub fn soak(
     checkpoint_every: usize,
     settle: usize,
 ) -> Option<SoakFigures> {
+    let figures = soak_run(
+        device,
+        optimizer,
+        steps,
+        eval_every,
+        checkpoint_every,
+        settle,
+    )?;
+    assert!(
+        figures.reserved_peak <= figures.reserved_after_settle,
+        "device memory grew after {settle} steps: {figures:?}"
+    );
+    assert!(
+        figures.allocs_at_end <= figures.allocs_after_settle,
+        "live allocations grew after {settle} steps: {figures:?}"
+    );
+    Some(figures)
+}
+
+/// [`soak`] without its memory checks: the run and its figures (every call replayed, no
+/// fallback, replays and eval calls equal eager execution, parameters within the drift
+/// tolerance at every checkpoint), whatever the device's memory did.
+pub fn soak_run(
+    device: &Device,
+    optimizer: fn() -> ModuleOptimizer,
+    steps: usize,
+    eval_every: usize,
+    checkpoint_every: usize,
+    settle: usize,
+) -> Option<SoakFigures> {
     let device = device.clone().autodiff();
     if !supports_graphs(&device) {
         return None;
@@ -235,14 +265,6 @@ pub fn soak(
         "every call replays: {stats:?}"
     );
     assert!(stats.fallbacks.is_empty(), "{stats:?}");
-    assert!(
-        figures.reserved_peak <= figures.reserved_after_settle,
-        "device memory grew after {settle} steps: {figures:?}"
-    );
-    assert!(
-        figures.allocs_at_end <= figures.allocs_after_settle,
-        "live allocations grew after {settle} steps: {figures:?}"
-    );
     Some(figures)
 }
 
@@ -304,9 +326,11 @@ fn host_scaled_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
     y.mul_scalar(scale)
 }
 
-/// Replay validation refuses what a graph would silently freeze (burn's dropout mask, a value
-/// read on the host) with an error that names the fix, leaves the module untouched and the
-/// device usable; `validate_replay = false` accepts frozen randomness.
+/// Replay validation refuses what a graph would silently freeze (burn's dropout mask) with an
+/// error that names the fix, leaves the module untouched and the device usable;
+/// `validate_replay = false` accepts frozen randomness. A value read on the host that decides
+/// the output is refused before that, by the backend, inside the forward recording
+/// (`GraphedError::Capture`), the module untouched.
 pub fn replay_validation_refuses_frozen_values(device: &Device) {
     let device = device.clone().autodiff();
     super::require_graphs(&device);
@@ -350,19 +374,26 @@ pub fn replay_validation_refuses_frozen_values(device: &Device) {
         "frozen randomness accepted on request"
     );
 
+    // The backend refuses the read inside the forward recording (wgpu: a capture window
+    // records dispatches only; CUDA: the read waits on an event of the capturing stream).
+    let mlp = Mlp::new(16, 1, 4, &device);
+    let before = param_values(&mlp).expect("read back");
     let host_read = Graphed::new(
-        Mlp::new(16, 1, 4, &device),
+        mlp.clone(),
         host_scaled_forward,
         batch([8, 16], 0, &device),
         &GraphedConfig::new(),
     );
     match host_read {
-        Err(burn_graphed::GraphedError::ReplayDiffers { .. }) => {}
-        Err(burn_graphed::GraphedError::Capture { phase, reason }) => {
-            println!("host read refused by the backend during {phase}: {reason}")
+        Err(burn_graphed::GraphedError::Capture {
+            phase: burn_graphed::CapturePhase::Forward,
+            reason,
+        }) => {
+            println!("host read refused by the backend during the forward capture: {reason}")
         }
         other => panic!("a host read that decides the output must be refused, got {other:?}"),
     }
+    super::assert_params_unchanged(&mlp, &before);
     // The device still trains and captures correctly.
     super::mlp_training_matches_eager(&device, 2);
 }
@@ -611,4 +642,380 @@ pub fn prepare_captures_ahead(device: &Device) {
     let y = graphed.forward(small(7)).expect("graphed call");
     let _ = square_mean(y).backward();
     assert_eq!(graphed.stats().forward_replays, 2);
+}
+
+/// The MLP's forward on its input cast to f32: a callable that runs on inputs of any float
+/// dtype (eagerly; its graphs hold the capture's dtype).
+fn cast_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
+    m.forward(x.cast(burn::tensor::FloatDType::F32))
+}
+
+/// An input of another dtype than the capture's f32 (f16, else bf16 or f64: the first the
+/// device supports). A callable that captures one signature only (`max_graphs = 1`) runs the
+/// call eagerly, counted as `FallbackReason::DType { index: 0 }` (`Unsupported` where nothing
+/// is captured), with the eager result; under `MismatchPolicy::Error` the call is
+/// `GraphedError::Mismatch` naming the input, the dtype given and the one captured, on every
+/// backend. With room in the shape cache (the default) the new dtype is a new signature,
+/// captured at its first call and replayed after.
+pub fn dtype_change_falls_back_or_errors(device: &Device) {
+    use burn::tensor::{DType, FloatDType};
+    use burn_graphed::{FallbackReason, GraphedError, MismatchPolicy};
+    let device = device.clone().autodiff();
+    let Some((dtype, float)) = [
+        (DType::F16, FloatDType::F16),
+        (DType::BF16, FloatDType::BF16),
+        (DType::F64, FloatDType::F64),
+    ]
+    .into_iter()
+    .find(|(dtype, _)| device.supports_dtype(*dtype)) else {
+        return super::skip::skip("the device supports no float dtype besides f32");
+    };
+    let graphs = supports_graphs(&device);
+    let other = |seed| batch([8, 16], seed, &device).cast(float);
+    let model = Mlp::new(16, 1, 4, &device);
+    let one = GraphedConfig::new().with_max_graphs(1);
+    let graphed = Graphed::new(
+        model.clone(),
+        cast_forward,
+        batch([8, 16], 0, &device),
+        &one,
+    )
+    .expect("capture");
+    let x = other(1);
+    let y = graphed.forward(x.clone()).expect("an eager call");
+    super::assert_data_close(
+        &device,
+        "the eager call",
+        &cast_forward(&model, x).into_data(),
+        &y.clone().into_data(),
+    );
+    let _ = square_mean(y).backward();
+    let reason = if graphs {
+        FallbackReason::DType { index: 0 }
+    } else {
+        FallbackReason::Unsupported
+    };
+    let stats = graphed.stats();
+    assert_eq!(stats.fallbacks.get(&reason), Some(&1), "{stats:?}");
+    assert_eq!(stats.total_fallbacks(), 1, "{stats:?}");
+
+    let strict = Graphed::new(
+        model.clone(),
+        cast_forward,
+        batch([8, 16], 0, &device),
+        &one.clone().with_on_mismatch(MismatchPolicy::Error),
+    )
+    .expect("capture");
+    assert_eq!(
+        strict.forward(other(2)).err(),
+        Some(GraphedError::Mismatch {
+            reason: FallbackReason::DType { index: 0 },
+            detail: format!("input 0: given Float {dtype:?} [8, 16], captured Float F32 [8, 16]"),
+        }),
+    );
+    assert_eq!(strict.stats().total_fallbacks(), 0);
+
+    if graphs {
+        let cached = Graphed::new(
+            model,
+            cast_forward,
+            batch([8, 16], 0, &device),
+            &GraphedConfig::new(),
+        )
+        .expect("capture");
+        for seed in 3..5 {
+            let y = cached.forward(other(seed)).expect("graphed call");
+            let _ = square_mean(y).backward();
+        }
+        let (stats, cache) = (cached.stats(), cached.shape_cache());
+        assert_eq!((cache.captures, cache.graphs), (1, 2), "{cache:?}");
+        assert_eq!(
+            (
+                stats.forward_replays,
+                stats.backward_replays,
+                stats.total_fallbacks()
+            ),
+            (2, 2, 0),
+            "{stats:?}"
+        );
+    }
+}
+
+/// What [`ChangeFirst`] does to the first float parameter (in visiting order).
+#[derive(Clone, Copy)]
+enum Change {
+    /// A new id, as replacing a layer after capture would.
+    NewId,
+    /// One more element along its last dimension, same id.
+    Reshape,
+}
+
+/// Changes the first float parameter (in visiting order) as its [`Change`] says.
+struct ChangeFirst(Option<Change>);
+
+impl ModuleMapper for ChangeFirst {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        match self.0.take() {
+            None => param,
+            Some(Change::NewId) => Param::initialized(ParamId::new(), param.val()),
+            Some(Change::Reshape) => {
+                let mut dims: [usize; D] = param.shape().dims();
+                dims[D - 1] += 1;
+                let value = Tensor::<D>::zeros(dims, &param.val().device()).require_grad();
+                Param::initialized(param.id, value)
+            }
+        }
+    }
+}
+
+/// Parameters replaced (a new id), reshaped, added (LoRA adapters attached after capture) or
+/// removed (adapters merged after a capture that had them): a call is
+/// `GraphedError::ParametersChanged`, whose detail names the parameter (replaced, reshaped: its
+/// index, and what it is now and was at capture) or the counts (added, removed), on every
+/// backend (the check needs no graphs). Nothing runs: the graphed values they were made from
+/// count no call, and still replay.
+pub fn changed_parameters_are_refused(device: &Device) {
+    use burn::module::Lora;
+    use burn_graphed::GraphedError;
+    let device = device.clone().autodiff();
+    let sample = || batch([4, 8], 0, &device);
+    let refused = |changed: &Graphed<Mlp, Tensor<2>, Tensor<2>>, what: &str| -> String {
+        match changed.forward(batch([4, 8], 1, &device)) {
+            Err(GraphedError::ParametersChanged { detail }) => detail,
+            other => panic!("{what}: expected ParametersChanged, got {other:?}"),
+        }
+    };
+    let ids = |module: &Graphed<Mlp, Tensor<2>, Tensor<2>>| -> Vec<ParamId> {
+        param_values(module)
+            .expect("read back")
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    let captured = Graphed::new(
+        Mlp::new(8, 1, 2, &device),
+        mlp_forward,
+        sample(),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let at_capture = ids(&captured);
+    assert_eq!(at_capture.len(), 4, "two layers' weights and biases");
+
+    let replaced = captured.clone().map(&mut ChangeFirst(Some(Change::NewId)));
+    let now = ids(&replaced)[0];
+    assert_eq!(
+        refused(&replaced, "replaced"),
+        format!("parameter 0 has id {now} now, {} at capture", at_capture[0])
+    );
+    let reshaped = captured
+        .clone()
+        .map(&mut ChangeFirst(Some(Change::Reshape)));
+    assert_eq!(
+        refused(&reshaped, "reshaped"),
+        "parameter 0 has shape [8, 9] now, [8, 8] at capture"
+    );
+    // LoRA attaches two factors to each of the two weights.
+    let adapted = captured.clone().apply_lora(Lora::new(2, 4.0));
+    assert_eq!(
+        refused(&adapted, "added"),
+        "8 float parameters now, 4 at capture"
+    );
+    // A model captured with its adapters (their bases frozen), merged after.
+    let with_adapters = Graphed::new(
+        Mlp::new(8, 1, 2, &device).apply_lora(Lora::new(2, 4.0)),
+        mlp_forward,
+        sample(),
+        &GraphedConfig::new().with_allow_non_trainable_params(true),
+    )
+    .expect("capture");
+    let merged = with_adapters.clone().materialize();
+    assert_eq!(
+        refused(&merged, "removed"),
+        "4 float parameters now, 8 at capture"
+    );
+
+    for graphed in [&captured, &with_adapters] {
+        assert_eq!(
+            graphed.stats(),
+            Default::default(),
+            "a refused call counts nothing"
+        );
+        let y = graphed.forward(batch([4, 8], 2, &device)).expect("a call");
+        let _ = square_mean(y).backward();
+        if supports_graphs(&device) {
+            let stats = graphed.stats();
+            assert_eq!(
+                (stats.forward_replays, stats.total_fallbacks()),
+                (1, 0),
+                "{stats:?}"
+            );
+        }
+    }
+}
+
+/// A bad callable in a group of several is named: the error is `GraphedError::InGroup` with
+/// the callable's position and its own error ("callable 1 of the group: ..."), for a module
+/// without autodiff (found before anything runs) and an input that requires grad but is
+/// unused (found in the backward recording). `chain_errors` (`group.rs`) has the frozen
+/// parameter and the chains that do not fit.
+pub fn group_errors_name_the_callable(device: &Device) {
+    use burn_graphed::{Callable, GraphedError, make_graphed_callables};
+    let device = device.clone().autodiff();
+    super::require_graphs(&device);
+    let inner = device.clone().inner();
+    let first = || {
+        Callable::new(
+            Mlp::new(16, 1, 4, &device),
+            mlp_forward,
+            batch([8, 16], 0, &device),
+        )
+    };
+    let error = make_graphed_callables(
+        (
+            first(),
+            Callable::new(
+                Mlp::new(16, 1, 4, &inner),
+                mlp_forward,
+                batch([8, 16], 0, &inner),
+            ),
+        ),
+        &GraphedConfig::new(),
+    )
+    .map(|_| ())
+    .expect_err("callable 1's module is not on autodiff");
+    match &error {
+        GraphedError::InGroup { callable: 1, error } => assert!(
+            matches!(
+                **error,
+                GraphedError::NotAutodiff {
+                    what: "the module",
+                    ..
+                }
+            ),
+            "{error}"
+        ),
+        other => panic!("expected InGroup for callable 1, got {other}"),
+    }
+    assert!(
+        error
+            .to_string()
+            .starts_with("callable 1 of the group: capture needs the module"),
+        "{error}"
+    );
+
+    let unused = (
+        batch([4, 16], 0, &device),
+        batch([4, 8], 0, &device),
+        batch([4, 3], 0, &device).require_grad(),
+    );
+    let error = make_graphed_callables(
+        (
+            first(),
+            Callable::new(
+                super::TwoHeads::new(&device),
+                super::two_heads_forward,
+                unused,
+            ),
+        ),
+        &GraphedConfig::new(),
+    )
+    .map(|_| ())
+    .expect_err("callable 1's third input is unused");
+    assert_eq!(
+        error,
+        GraphedError::InGroup {
+            callable: 1,
+            error: Box::new(GraphedError::UnusedInput { index: 2 }),
+        }
+    );
+    // The device captures and trains after both.
+    super::mlp_training_matches_eager(&device, 2);
+}
+
+/// `model = optim.step(lr, model.clone(), grads)` with `FusedAdam`: the clone holds the
+/// parameters during the step. Training equals eager training with burn's `Adam`, every call
+/// replays (the clone is gone by the next call), and the parameters are copied into the graphs
+/// at every other call: the first call copies the module's own tensors in; a step whose
+/// parameters are other tensors than the graphs' buffers writes its update into those buffers
+/// (the next call copies nothing), and the step after, whose parameters are then the graphs'
+/// buffers, held twice, writes new buffers (the next call copies them in). Without the clone
+/// (`optim.rs::graphed_fused_adam_matches_eager`) only the first call copies.
+pub fn fused_adam_stepping_a_clone_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    super::require_graphs(&device);
+    let steps = 4;
+    let model = Mlp::new(16, 2, 4, &device);
+    let mut eager = deep_copy(&model);
+    let mut graphed = capture_mlp(model, batch([8, 16], 0, &device));
+    let params = graphed.summary().params as u64;
+    let mut fused_adam = super::fused_adam_config().init();
+    let mut adam = adam_config().init();
+    for call in 1..=steps {
+        let x = batch([8, 16], call, &device);
+        let loss = square_mean(graphed.forward(x.clone()).expect("graphed call"));
+        let stats = graphed.stats();
+        assert_eq!(
+            stats.param_copies,
+            params * call.div_ceil(2) as u64,
+            "copies at calls 1, 3, ...: {stats:?}"
+        );
+        let grads = GradientsParams::from_grads(loss.backward(), &graphed);
+        graphed = fused_adam.step(1e-2, graphed.clone(), grads);
+        let loss = square_mean(mlp_forward(&eager, x));
+        let grads = GradientsParams::from_grads(loss.backward(), &eager);
+        eager = adam.step(1e-2, eager, grads);
+        super::assert_params_close(
+            &format!("step {call}"),
+            &eager,
+            &graphed,
+            tolerance_for(&device),
+        );
+    }
+    let stats = graphed.stats();
+    assert_eq!(
+        (
+            stats.forward_replays,
+            stats.backward_replays,
+            stats.total_fallbacks()
+        ),
+        (steps as u64, steps as u64, 0),
+        "{stats:?}"
+    );
+}
+
+/// `GraphedConfig::require_graphs`: where the backend cannot capture (Flex), `Graphed::new` and
+/// `GraphedStep::new` are `GraphedError::Unsupported` naming the device instead of a model
+/// whose every call runs eagerly; where it can, both capture.
+pub fn require_graphs_refuses_a_backend_without_graphs(device: &Device) {
+    use burn_graphed::{GraphedError, GraphedStep};
+    let device = device.clone().autodiff();
+    let config = GraphedConfig::new().with_require_graphs(true);
+    let graphed = Graphed::new(
+        Mlp::new(16, 1, 4, &device),
+        mlp_forward,
+        batch([8, 16], 0, &device),
+        &config,
+    );
+    fn mean_square(model: &Mlp, x: Tensor<2>) -> Tensor<1> {
+        square_mean(model.forward(x))
+    }
+    let step = GraphedStep::new(
+        Mlp::new(16, 1, 4, &device),
+        mean_square,
+        &adam_config(),
+        batch([8, 16], 0, &device),
+        &config,
+    );
+    if supports_graphs(&device) {
+        assert!(graphed.expect("capture").summary().graphed);
+        assert!(step.expect("capture").is_graphed());
+    } else {
+        let refused = |error: Option<GraphedError>| match error {
+            Some(GraphedError::Unsupported { device }) => assert!(!device.is_empty()),
+            other => panic!("expected Unsupported, got {other:?}"),
+        };
+        refused(graphed.err());
+        refused(step.err());
+    }
 }

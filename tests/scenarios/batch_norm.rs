@@ -1,0 +1,229 @@
+//! burn's `BatchNorm` in training mode: its running statistics are float state that the forward
+//! updates and no optimizer trains (`RunningState`), so a graph must either keep them up to date
+//! or refuse the model.
+
+use burn::module::Module;
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn_graphed::{FallbackReason, Graphed, GraphedConfig, GraphedError, GraphedStep};
+use burn_graphed_testkit::{TensorComparison, Tolerance, deep_copy, host_data, param_values};
+
+use super::{adam_config, supports_graphs, tolerance_for};
+
+/// Linear(8, 16), burn's `BatchNorm` over the 16 features, ReLU, Linear(16, 4).
+#[derive(Module, Debug)]
+pub struct NormNet {
+    pub input: Linear,
+    pub norm: BatchNorm,
+    pub head: Linear,
+}
+
+impl NormNet {
+    pub fn new(device: &Device) -> Self {
+        Self {
+            input: LinearConfig::new(8, 16).init(device),
+            norm: BatchNormConfig::new(16).init(device),
+            head: LinearConfig::new(16, 4).init(device),
+        }
+    }
+
+    /// A second model with this one's values, sharing nothing with it. Not `deep_copy`: a
+    /// `RunningState` keeps its value behind an `Arc` that every clone shares, and mapping a
+    /// clone (as `deep_copy` does) writes the new value into that shared state, so a deep copy
+    /// of a batch-norm model would share its running statistics with the original. burn's
+    /// `BatchNorm` starts from constants (weights 1, biases 0, mean 0, variance 1): a new one is
+    /// a copy of an untrained one.
+    pub fn twin(&self, device: &Device) -> Self {
+        Self {
+            input: deep_copy(&self.input),
+            norm: BatchNormConfig::new(16).init(device),
+            head: deep_copy(&self.head),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let h = self.norm.forward(self.input.forward(x));
+        self.head.forward(Relu::new().forward(h))
+    }
+}
+
+fn norm_forward(model: &NormNet, x: Tensor<2>) -> Tensor<2> {
+    model.forward(x)
+}
+
+fn norm_mse(model: &NormNet, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+    (model.forward(x) - target).powi_scalar(2).mean()
+}
+
+/// Step `step`'s batch: 8 rows whose features have means and spreads far from the running
+/// statistics' start (0 and 1), and that change from step to step, so that every update moves
+/// them.
+fn norm_batch(device: &Device, step: usize) -> (Tensor<2>, Tensor<2>) {
+    let rows = 8;
+    let x: Vec<f32> = (0..rows * 8)
+        .map(|i| {
+            let (row, col) = (i / 8, i % 8);
+            let wave = ((row * 7 + col * 3 + step * 5) % 13) as f32 / 13.0 - 0.5;
+            1.5 + col as f32 * 0.5 + (1.0 + step as f32 * 0.25) * 3.0 * wave
+        })
+        .collect();
+    let target: Vec<f32> = (0..rows * 4)
+        .map(|i| ((i * 5 + step * 3) % 11) as f32 / 11.0)
+        .collect();
+    (
+        Tensor::from_data(TensorData::new(x, [rows, 8]), device),
+        Tensor::from_data(TensorData::new(target, [rows, 4]), device),
+    )
+}
+
+/// The running mean and variance of `model`'s batch norm, after folding in the updates its
+/// forwards left pending (`RunningState` keeps each thread's last update aside until the next
+/// read: `valid()` folds them in).
+fn running_stats(model: &NormNet) -> [TensorData; 2] {
+    let norm = model.norm.valid();
+    [
+        host_data(norm.running_mean.value()).expect("read the running mean"),
+        host_data(norm.running_var.value()).expect("read the running variance"),
+    ]
+}
+
+/// The trainable parameters of `model` (the running statistics left out), in visiting order.
+fn trained_params(model: &NormNet) -> Vec<TensorData> {
+    param_values(&(
+        model.input.clone(),
+        model.norm.gamma.clone(),
+        model.norm.beta.clone(),
+        model.head.clone(),
+    ))
+    .expect("read back")
+    .into_iter()
+    .map(|(_, data)| data)
+    .collect()
+}
+
+/// How close the whole step must be to eager training: to the bit where both run the same
+/// kernels on the same values (Flex, where every step runs burn's optimizer; wgpu, where the
+/// trained parameters and losses of this model equal eager's to the bit); on CUDA the
+/// device's tolerance, since the graph's forward and backward may run other kernels than
+/// eager's (a TF32 product in one and not the other, another reduction order in the batch
+/// statistics).
+fn whole_step_tolerance(device: &Device) -> Tolerance {
+    let device_tolerance = tolerance_for(device);
+    if device_tolerance == Tolerance::default() {
+        Tolerance::exact()
+    } else {
+        device_tolerance
+    }
+}
+
+/// A `GraphedStep` (burn's Adam) over a model with burn's `BatchNorm` in training mode,
+/// against eager training with burn's Adam, `steps` steps on the same batches: after every
+/// step the loss, every trained parameter, the running mean and the running variance agree
+/// ([`whole_step_tolerance`]). Negative control: the eager model's statistics against their
+/// start (the values a step that never updated them would show) fail the same comparison at
+/// every step.
+///
+/// On wgpu this fails at the running statistics (the CPU suite runs it with `--ignored`
+/// only): the whole-step graph reads the running statistics burn's `RunningState` held when
+/// it was recorded and writes their update into a buffer of its own, never into the step's
+/// parameter buffers, so `GraphedStep::module` shows them at their start while the trained
+/// parameters equal eager's to the bit (ROBUSTNESS.md).
+pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
+    let device = device.clone().autodiff();
+    let eager_start = NormNet::new(&device);
+    let twin = eager_start.twin(&device);
+    let start = running_stats(&eager_start);
+    let tolerance = whole_step_tolerance(&device);
+    let mut eager = eager_start;
+    let mut optimizer = adam_config().init();
+    let mut step = GraphedStep::new(
+        twin,
+        norm_mse,
+        &adam_config(),
+        norm_batch(&device, 0),
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let lr = 1e-2;
+    let mut failures = Vec::new();
+    let stats_names = ["running mean", "running variance"];
+    for index in 0..steps {
+        let batch = norm_batch(&device, index);
+        let eager_loss = norm_mse(&eager, batch.clone());
+        let eager_loss_data = host_data(eager_loss.clone().inner()).expect("eager loss");
+        let grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
+        eager = optimizer.step(lr, eager, grads);
+        let graphed_loss = host_data(step.run(batch, lr).expect("step")).expect("graphed loss");
+        let graphed = step.module();
+        let mut compare = |what: String, e: &TensorData, g: &TensorData| {
+            let comparison = TensorComparison::new(what, e, g, tolerance);
+            if !comparison.passed() {
+                failures.push(comparison.to_string());
+            }
+        };
+        compare(
+            format!("step {index} loss"),
+            &eager_loss_data,
+            &graphed_loss,
+        );
+        let (e, g) = (trained_params(&eager), trained_params(&graphed));
+        assert_eq!(e.len(), g.len());
+        for (param, (e, g)) in e.iter().zip(&g).enumerate() {
+            compare(format!("step {index} param {param}"), e, g);
+        }
+        let (e, g) = (running_stats(&eager), running_stats(&graphed));
+        for (name, (e, g)) in stats_names.iter().zip(e.iter().zip(&g)) {
+            compare(format!("step {index} {name}"), e, g);
+        }
+        for (name, (e, start)) in stats_names.iter().zip(e.iter().zip(&start)) {
+            let control = TensorComparison::new(
+                format!("negative control: step {index} {name} against its start"),
+                e,
+                start,
+                tolerance,
+            );
+            assert!(!control.passed(), "the statistics did not move: {control}");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let stats = step.stats();
+    if supports_graphs(&device) {
+        assert_eq!(
+            (stats.replays, stats.total_eager()),
+            (steps as u64, 0),
+            "{stats:?}"
+        );
+    } else {
+        assert_eq!(
+            stats.eager.get(&FallbackReason::Unsupported),
+            Some(&(steps as u64)),
+            "{stats:?}"
+        );
+    }
+}
+
+/// `Graphed` refuses the same model: the running statistics do not require grad while the
+/// model trains (`NonTrainableState`, naming the running mean: parameter 4 in visiting order,
+/// after the first layer's weight and bias and the norm's weight and bias). On every backend:
+/// the check needs no graphs.
+pub fn batch_norm_graphed_is_refused(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = NormNet::new(&device);
+    let error = Graphed::new(
+        model,
+        norm_forward,
+        norm_batch(&device, 0).0,
+        &GraphedConfig::new(),
+    )
+    .map(|_| ())
+    .expect_err("a batch-norm model in training mode is refused");
+    assert_eq!(
+        error,
+        GraphedError::NonTrainableState {
+            index: 4,
+            shape: vec![16]
+        }
+    );
+}
