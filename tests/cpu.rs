@@ -116,6 +116,7 @@ on_devices! {
     whole_step_sgd_records_round_trip => |d| scenarios::whole_step::whole_step_records_round_trip(d, scenarios::whole_step::sgd_momentum());
     default_loop_replays_every_step => |d| scenarios::guarded::default_loop_replays_every_step(d, 4);
     batch_norm_graphed_is_refused => scenarios::batch_norm::batch_norm_graphed_is_refused;
+    batch_norm_whole_step_is_refused => scenarios::batch_norm::batch_norm_whole_step_is_refused;
     dtype_change_falls_back_or_errors => scenarios::robust::dtype_change_falls_back_or_errors;
     changed_parameters_are_refused => scenarios::robust::changed_parameters_are_refused;
     require_graphs_refuses_a_backend_without_graphs => scenarios::robust::require_graphs_refuses_a_backend_without_graphs;
@@ -123,6 +124,15 @@ on_devices! {
     panicking_loss_is_recovered => scenarios::recovery::panicking_loss_is_recovered, needs_graphs: "Flex cannot capture: a panic inside a whole step's warm-ups and recording";
     group_errors_name_the_callable => scenarios::robust::group_errors_name_the_callable, needs_graphs: "Flex cannot capture: an unused input is found in the recorded backward";
     fused_adam_stepping_a_clone_matches_eager => scenarios::robust::fused_adam_stepping_a_clone_matches_eager, needs_graphs: "Flex cannot capture: the copies into the graphs' parameter buffers";
+    controls_training_sgd => |d| scenarios::controls::training_controls(d, scenarios::controls::Regime::Sgd);
+    controls_training_adam_lr_1e3 => |d| scenarios::controls::training_controls(d, scenarios::controls::Regime::Adam(1e-3));
+    controls_training_adam_lr_1e4 => |d| scenarios::controls::training_controls(d, scenarios::controls::Regime::Adam(1e-4));
+    controls_graphs_sgd => |d| scenarios::controls::graph_controls(d, scenarios::controls::Regime::Sgd), needs_graphs: "Flex cannot capture: the injected faults act on the recorded graphs";
+    controls_graphs_adam_lr_1e3 => |d| scenarios::controls::graph_controls(d, scenarios::controls::Regime::Adam(1e-3)), needs_graphs: "Flex cannot capture: the injected faults act on the recorded graphs";
+    controls_graphs_adam_lr_1e4 => |d| scenarios::controls::graph_controls(d, scenarios::controls::Regime::Adam(1e-4)), needs_graphs: "Flex cannot capture: the injected faults act on the recorded graphs";
+    controls_inference => scenarios::controls::inference_controls;
+    whole_step_update_controls_f32 => |d| scenarios::whole_step::whole_step_update_controls_in(d, burn::tensor::FloatDType::F32), needs_graphs: "Flex cannot capture: the injected faults act on the recorded update";
+    whole_step_update_controls_f16 => |d| scenarios::whole_step::whole_step_update_controls_in(d, burn::tensor::FloatDType::F16), needs_graphs: "Flex cannot capture: the injected faults act on the recorded update";
     /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).
     #[cfg(feature = "train")]
     learner_trains_graphed_like_eager => scenarios::learner::learner_trains_graphed_like_eager;
@@ -228,8 +238,8 @@ fn data_parallel_replica_moves_every_parameter() {
     scenarios::data_parallel::replica_moves_every_parameter(&wgpu(), &Device::flex());
 }
 
-/// burn's `BatchNorm` in a whole step: where every step runs burn's optimizer (Flex), the
-/// running statistics follow eager training.
+/// burn's `BatchNorm` in a whole step built with `allow_non_trainable_params`: where every step
+/// runs burn's optimizer (Flex), the running statistics follow eager training.
 #[test]
 fn flex_batch_norm_whole_step_matches_eager() {
     scenarios::batch_norm::batch_norm_whole_step_matches_eager(&Device::flex(), 6);

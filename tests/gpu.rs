@@ -493,6 +493,48 @@ fn learner_trains_graphed_like_eager() {
     scenarios::learner::learner_trains_graphed_like_eager(&cuda());
 }
 
+/// Negative controls (`scenarios/controls.rs`): every regime's comparisons fail with the
+/// smallest real error they must see injected; each prints its margin.
+mod controls {
+    use super::{cuda, scenarios};
+    use scenarios::controls::*;
+
+    #[test]
+    fn training_sgd() {
+        training_controls(&cuda(), Regime::Sgd);
+    }
+
+    #[test]
+    fn training_adam_lr_1e3() {
+        training_controls(&cuda(), Regime::Adam(1e-3));
+    }
+
+    #[test]
+    fn training_adam_lr_1e4() {
+        training_controls(&cuda(), Regime::Adam(1e-4));
+    }
+
+    #[test]
+    fn graphs_sgd() {
+        graph_controls(&cuda(), Regime::Sgd);
+    }
+
+    #[test]
+    fn graphs_adam_lr_1e3() {
+        graph_controls(&cuda(), Regime::Adam(1e-3));
+    }
+
+    #[test]
+    fn graphs_adam_lr_1e4() {
+        graph_controls(&cuda(), Regime::Adam(1e-4));
+    }
+
+    #[test]
+    fn inference() {
+        inference_controls(&cuda());
+    }
+}
+
 mod whole_step {
     use super::{cuda, scenarios};
     use burn_graphed::Clipping;
@@ -540,6 +582,14 @@ mod whole_step {
     #[test]
     fn negative_controls() {
         whole_step_negative_controls(&cuda());
+    }
+
+    #[test]
+    fn update_controls_in_bf16_f16_f32() {
+        use burn::tensor::FloatDType::{BF16, F16, F32};
+        for dtype in [BF16, F16, F32] {
+            whole_step_update_controls_in(&cuda(), dtype);
+        }
     }
 
     #[test]
@@ -889,6 +939,11 @@ mod robustness {
     #[test]
     fn batch_norm_graphed_is_refused() {
         scenarios::batch_norm::batch_norm_graphed_is_refused(&cuda());
+    }
+
+    #[test]
+    fn batch_norm_whole_step_is_refused() {
+        scenarios::batch_norm::batch_norm_whole_step_is_refused(&cuda());
     }
 
     /// Fails on wgpu at the running statistics (ROBUSTNESS.md); run by hand on CUDA:

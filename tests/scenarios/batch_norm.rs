@@ -125,11 +125,13 @@ fn whole_step_tolerance(device: &Device) -> Tolerance {
 /// start (the values a step that never updated them would show) fail the same comparison at
 /// every step.
 ///
-/// On wgpu this fails at the running statistics (the CPU suite runs it with `--ignored`
-/// only): the whole-step graph reads the running statistics burn's `RunningState` held when
-/// it was recorded and writes their update into a buffer of its own, never into the step's
-/// parameter buffers, so `GraphedStep::module` shows them at their start while the trained
-/// parameters equal eager's to the bit (ROBUSTNESS.md).
+/// The step is built with `allow_non_trainable_params` (without it, the step is refused:
+/// [`batch_norm_whole_step_is_refused`]). On wgpu this fails at the running statistics (the
+/// CPU suite runs it with `--ignored` only: it is the acceptance test of real support): the
+/// whole-step graph reads the running statistics burn's `RunningState` held when it was
+/// recorded and writes their update into a buffer of its own, never into the step's parameter
+/// buffers, so `GraphedStep::module` shows them at their start while the trained parameters
+/// equal eager's to the bit (ROBUSTNESS.md).
 pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
     let device = device.clone().autodiff();
     let eager_start = NormNet::new(&device);
@@ -143,7 +145,7 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
         norm_mse,
         &adam_config(),
         norm_batch(&device, 0),
-        &GraphedConfig::new(),
+        &GraphedConfig::new().with_allow_non_trainable_params(true),
     )
     .expect("capture");
     let lr = 1e-2;
@@ -215,6 +217,31 @@ pub fn batch_norm_graphed_is_refused(device: &Device) {
         model,
         norm_forward,
         norm_batch(&device, 0).0,
+        &GraphedConfig::new(),
+    )
+    .map(|_| ())
+    .expect_err("a batch-norm model in training mode is refused");
+    assert_eq!(
+        error,
+        GraphedError::NonTrainableState {
+            index: 4,
+            shape: vec![16]
+        }
+    );
+}
+
+/// `GraphedStep` refuses the same model as `Graphed` does, before anything runs: a replayed
+/// step would leave the running statistics at their start (the wgpu run of
+/// [`batch_norm_whole_step_matches_eager`] shows it). On every backend alike, so that a model
+/// that builds on Flex builds on CUDA.
+pub fn batch_norm_whole_step_is_refused(device: &Device) {
+    let device = device.clone().autodiff();
+    let model = NormNet::new(&device);
+    let error = GraphedStep::new(
+        model,
+        norm_mse,
+        &adam_config(),
+        norm_batch(&device, 0),
         &GraphedConfig::new(),
     )
     .map(|_| ())

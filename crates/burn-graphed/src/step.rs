@@ -141,7 +141,10 @@ where
     /// (AMSGrad, cautious weight decay) or `clipping` for global-norm clipping where graphs
     /// cannot be used, [`GraphedError::Capture`] or [`GraphedError::ReplayDiffers`] when the
     /// step cannot be captured (the device is left usable), [`GraphedError::Unsupported`] when
-    /// [`GraphedConfig::require_graphs`] is set and the backend cannot capture.
+    /// [`GraphedConfig::require_graphs`] is set and the backend cannot capture,
+    /// [`GraphedError::NonTrainableState`] for a float parameter that does not require grad
+    /// (burn's `BatchNorm` running statistics, which a replayed step would leave stale) unless
+    /// [`GraphedConfig::allow_non_trainable_params`] says such parameters are constants.
     pub fn new(
         model: M,
         loss: fn(&M, I) -> Tensor<1>,
@@ -237,6 +240,22 @@ where
             return Err(GraphedError::NotAutodiff {
                 what: "the model",
                 device: format!("{device:?}"),
+            });
+        }
+        // burn's `BatchNorm` keeps its running statistics in float parameters that do not
+        // require grad and that the forward updates on the host's side of burn's module; a
+        // replayed step would leave them at their start while training on. Refused as
+        // `Graphed` refuses it, on every backend alike, unless the caller says they are
+        // constants.
+        if !config.allow_non_trainable_params
+            && let Some((index, param)) = param_entries
+                .iter()
+                .enumerate()
+                .find(|(_, param)| !param.tensor.require_grad)
+        {
+            return Err(GraphedError::NonTrainableState {
+                index,
+                shape: param.tensor.shape.clone(),
             });
         }
         let parallel = match (parallel, params::device_of(&param_entries)) {
