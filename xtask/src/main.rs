@@ -876,4 +876,55 @@ mod tests {
             );
         }
     }
+
+    /// Every table in README.md and BENCHMARKS.md is what `benches/report.py` prints for the
+    /// results files its block names (`<!-- report.py NAME FILES -->` ... `<!-- end
+    /// report.py -->`): no figure of a table is edited by hand. Each doc holds such blocks, and
+    /// a cell changed by hand is caught (the same check on a tampered copy fails).
+    #[test]
+    fn docs_tables_are_report_py_output() {
+        let root = root();
+        let report = root.join("benches/report.py");
+        let check = |docs: &[PathBuf]| {
+            Command::new("python3")
+                .arg(&report)
+                .arg("--docs")
+                .args(docs)
+                .output()
+                .expect("python3 (.ci/run installs it)")
+        };
+        let docs = [root.join("README.md"), root.join("BENCHMARKS.md")];
+        for doc in &docs {
+            let text = std::fs::read_to_string(doc).expect("the doc");
+            assert!(
+                text.contains("<!-- report.py "),
+                "{} has no generated table",
+                doc.display()
+            );
+        }
+        let out = check(&docs);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The control: one cell of README's first generated table changed by hand.
+        let readme = std::fs::read_to_string(&docs[0]).expect("README.md");
+        let start = readme.find("<!-- report.py ").expect("a block");
+        let row = start + readme[start..].find("\n| ").expect("a table row") + 1;
+        let row = row + readme[row..].find("\n| ").expect("a second row") + 1;
+        let cell = row + readme[row..].find(" us").expect("a time cell");
+        let mut tampered = readme.clone();
+        tampered.replace_range(cell..cell, "0");
+        let copy = std::env::temp_dir().join(format!("xtask-docs-{}.md", std::process::id()));
+        std::fs::write(&copy, tampered).expect("a temporary copy");
+        let out = check(std::slice::from_ref(&copy));
+        std::fs::remove_file(&copy).ok();
+        assert!(
+            !out.status.success(),
+            "a hand-edited cell passed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }
