@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod batch_norm;
+pub mod controls;
 pub mod data_parallel;
 pub mod facts;
 pub mod group;

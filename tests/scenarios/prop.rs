@@ -314,6 +314,7 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
     let ran = Cell::new(0u32);
     let bitwise = Cell::new(0u32);
     let max_ulps = Cell::new(0u64);
+    let worst = Cell::new(0.0f64);
     let result = runner.run(&arch(), |arch| {
         let report = compare_training(TrainingComparison {
             model: PropNet::new(&arch, &device),
@@ -338,6 +339,7 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
         ran.set(ran.get() + 1);
         bitwise.set(bitwise.get() + u32::from(report.bitwise()));
         max_ulps.set(max_ulps.get().max(report.max_ulps()));
+        worst.set(worst.get().max(report.worst().map_or(0.0, |t| t.worst)));
         Ok(())
     });
     if let Err(error) = result {
@@ -345,17 +347,24 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
     }
     println!(
         "proptest graphed_training_equals_eager: {} cases passed ({cases} asked), \
-         {} bitwise, max ulps {}",
+         {} bitwise, max ulps {}, worst {:.3} of its allowance",
         ran.get(),
         bitwise.get(),
-        max_ulps.get()
+        max_ulps.get(),
+        worst.get()
     );
 }
 
 /// The architectures proptest shrank two CUDA failures to (H100, November 2026): two heads of
 /// the same shape on one trunk, where the second head's output (from its element 1 on)
 /// differed from eager at step 0. Each is trained under both output policies, and the report
-/// of every run is printed, so that a failure shows which policy and which tensors.
+/// of every run is printed, so that a failure shows which policy and which tensors. Except
+/// SGD with momentum under `Static`: its first velocity is the first step's gradient tensor,
+/// which `Static` hands out as the graph's own buffer, and the next replay overwrites it (as
+/// PyTorch's static outputs are overwritten), so that run trains differently from eager by
+/// design. (Measured on an H100: its parameters 5.1 allowances off eager after step 2, where
+/// the same run under `Copy` stays within 0.034; the bound relative to a parameter's path
+/// sees it, the earlier bound relative to its value did not.)
 pub fn same_shape_heads_match_eager(device: &Device) {
     let device = device.clone().autodiff();
     let cases = [
@@ -396,10 +405,14 @@ pub fn same_shape_heads_match_eager(device: &Device) {
     ];
     let mut failures = Vec::new();
     for arch in &cases {
+        let keeps_gradients = arch.optimizer == 2;
         for outputs in [
             burn_graphed::OutputPolicy::Copy,
             burn_graphed::OutputPolicy::Static,
         ] {
+            if keeps_gradients && outputs == burn_graphed::OutputPolicy::Static {
+                continue;
+            }
             let report = compare_training(TrainingComparison {
                 model: PropNet::new(arch, &device),
                 call: prop_forward,
@@ -475,6 +488,7 @@ pub fn whole_step_equals_eager(device: &Device, default_cases: u32) {
     let cases = cases(default_cases);
     let mut runner = runner(cases, "proptest-regressions/whole_step_equals_eager.txt");
     let ran = Cell::new(0u32);
+    let worst = Cell::new(0.0f64);
     let result = runner.run(&arch(), |arch| {
         let (optimizer, clipping) = step_optimizer(&arch);
         let micro = 1 + (arch.seed >> 8) as usize % 2;
@@ -507,13 +521,20 @@ pub fn whole_step_equals_eager(device: &Device, default_cases: u32) {
             prop_assert_eq!(report.stats.total_eager(), 0, "{:?}", report.stats);
         }
         ran.set(ran.get() + 1);
+        worst.set(
+            worst
+                .get()
+                .max(report.report.worst().map_or(0.0, |t| t.worst)),
+        );
         Ok(())
     });
     if let Err(error) = result {
         panic!("whole steps differ from eager: {error}");
     }
     println!(
-        "proptest whole_step_equals_eager: {} cases passed ({cases} asked)",
-        ran.get()
+        "proptest whole_step_equals_eager: {} cases passed ({cases} asked), worst {:.3} of \
+         its allowance",
+        ran.get(),
+        worst.get()
     );
 }

@@ -55,7 +55,11 @@ pub struct WholeStepReport {
 
 /// Trains `comparison.model` eagerly with burn's optimizer and, from a deep copy, with a
 /// [`GraphedStep`], on the same batches and learning rates, and compares every step's losses,
-/// parameters and optimizer state.
+/// parameters and optimizer state element by element: losses and states (moments, velocity)
+/// relative to their own largest value ([`TensorComparison::new`]), parameters relative to the
+/// path they travelled ([`crate::ParamMovement`]; [`Tolerance`] says why).
+/// The counts must agree too: parameters, parameters with states, and state tensors per
+/// parameter (burn's optimizer keeps one state per parameter it stepped).
 ///
 /// # Errors
 ///
@@ -80,6 +84,7 @@ where
         graphed,
         tolerance,
     } = comparison;
+    let mut movement = crate::ParamMovement::new(crate::values_only(crate::param_values(&model)?));
     let mut eager = Reference::new(crate::deep_copy(&model), optimizer, clipping);
     let first = batches(0);
     let mut step = GraphedStep::accumulating(
@@ -112,21 +117,35 @@ where
         ));
         let eager_params = crate::param_values(&eager.model)?;
         let graphed_params = crate::param_values(&step.module())?;
-        for (param, (e, g)) in eager_params.iter().zip(&graphed_params).enumerate() {
-            tensors.push(TensorComparison::new(
-                format!("step {index} param {param}"),
-                &e.1,
-                &g.1,
-                tolerance,
-            ));
-        }
-        if eager_params.len() != graphed_params.len() {
-            tensors.push(failed(format!("step {index} parameter count")));
-        }
+        let values = |params: &[(ParamId, TensorData)]| -> Vec<TensorData> {
+            params.iter().map(|(_, data)| data.clone()).collect()
+        };
+        tensors.extend(movement.compare(
+            &format!("step {index}"),
+            &values(&eager_params),
+            &values(&graphed_params),
+            tolerance,
+        ));
         if step.is_graphed() {
             let graphed_states = step.optimizer_state();
             let eager_states = eager.states(&eager_params)?;
+            // Every parameter's states, and as many of them: a state missing on one side
+            // would otherwise fall out of the zip below.
+            if eager_states.len() != graphed_states.len() {
+                tensors.push(failed(format!(
+                    "step {index} states: {} parameters eager, {} graphed",
+                    eager_states.len(),
+                    graphed_states.len()
+                )));
+            }
             for (param, (e, g)) in eager_states.iter().zip(&graphed_states).enumerate() {
+                if e.len() != g.len() {
+                    tensors.push(failed(format!(
+                        "step {index} state {param}: {} tensors eager, {} graphed",
+                        e.len(),
+                        g.len()
+                    )));
+                }
                 for (slot, (e, g)) in e.iter().zip(g).enumerate() {
                     let g = read(
                         Tensor::<1>::from_dispatch(g.tensor().clone()),

@@ -21,8 +21,19 @@
 //! (sqrt(v / (1-b2^t)) + eps)`, then `p = p*keep - delta*lr`); both compute `b^t` by the host's
 //! square-and-multiply `powi`. Adam's update is `p - delta*lr`. SGD: `v = g` at the first
 //! update, else `g*(1-d) + v*mu`, `g = nesterov ? v*mu + g : v`, `p - g*lr`. An L2 penalty
-//! makes the gradient `p*penalty + g` first. Compilers may contract a multiply and an add, in
-//! this kernel as in burn's fused ones, so results agree with burn's to that rounding.
+//! makes the gradient `p*penalty + g` first.
+//!
+//! Multiply-adds: cubecl's optimizer (cubecl-opt's `InstCombine`) turns `a*b + c`, `a*b - c`
+//! and `c - a*b` into one `fma`, taking the product on the left when it feeds nothing else,
+//! else the one on the right. burn's fused kernels go through the same pass, so each
+//! expression here is written as burn-optim writes it, operands in its order and products
+//! not hidden behind variables: the same product is then fused and the other rounded. On
+//! CUDA an `fma` rounds once, so picking the other product changes results: AdamW's
+//! `p*keep - delta*lr` was written through a variable and contracted as
+//! `fma(-delta, lr, p*keep)` where burn's kernel computes `fma(p, keep, -(delta*lr))`,
+//! which parted from burn's by up to 34 units in the last place in f32 (24 in f16, 14 in
+//! bf16, after cancellation; H100). wgpu's software Vulkan agreed either way (its `fma`
+//! rounds like a multiply and an add, as measured: both forms gave burn's values).
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata, backend_extension};
@@ -235,11 +246,17 @@ fn update_kernel<F: Float>(
                     } else {
                         (m * scale_1) / (v.sqrt() + epsilon)
                     };
-                    let mut kept = p;
+                    // One expression in burn's operand order, `p * keep - delta * lr`
+                    // (`tensor.mul_scalar(1 - lr * decay) - delta.mul_scalar(lr)`), so that
+                    // the multiply-add contraction picks the same product as in burn's fused
+                    // kernel (module docs). Through a variable, the left product was hidden
+                    // from it and the right one contracted: `fma(-delta, lr, p * keep)`
+                    // against burn's `fma(p, keep, -(delta * lr))`.
                     if rule.decoupled {
-                        kept = p * keep;
+                        param[i] = p * keep - delta * lr;
+                    } else {
+                        param[i] = p - delta * lr;
                     }
-                    param[i] = kept - delta * lr;
                     i += stride;
                 }
             } else if rule.momentum {
