@@ -19,9 +19,9 @@ pub mod random;
 pub mod reads;
 pub mod recovery;
 pub mod robust;
+pub mod skip;
 pub mod tokens;
 pub mod whole_step;
-pub mod skip;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, LinearLayout, Relu};
@@ -781,8 +781,6 @@ pub fn supports_graphs(device: &Device) -> bool {
     burn_graphed::supports_graphs(device)
 }
 
-/// Whether a capture of a small MLP on `device` recorded graphs (`summary().graphed`); a
-/// failed capture fails the caller.
 /// For a scenario that checks only what graphs do: on a backend that cannot capture it fails
 /// rather than passing with nothing checked. The suites run such scenarios only where graphs
 /// are captured (`cpu.rs` marks their Flex instances ignored, with the reason).
@@ -794,6 +792,8 @@ pub fn require_graphs(device: &Device) {
     );
 }
 
+/// Whether a capture of a small MLP on `device` recorded graphs (`summary().graphed`); a
+/// failed capture fails the caller.
 pub fn capture_records_graphs(device: &Device) -> bool {
     let device = device.clone().autodiff();
     let graphed = Graphed::new(
