@@ -115,8 +115,7 @@ on_devices! {
     whole_step_adam_records_round_trip => |d| scenarios::whole_step::whole_step_records_round_trip(d, scenarios::whole_step::adam());
     whole_step_sgd_records_round_trip => |d| scenarios::whole_step::whole_step_records_round_trip(d, scenarios::whole_step::sgd_momentum());
     default_loop_replays_every_step => |d| scenarios::guarded::default_loop_replays_every_step(d, 4);
-    batch_norm_graphed_is_refused => scenarios::batch_norm::batch_norm_graphed_is_refused;
-    batch_norm_whole_step_is_refused => scenarios::batch_norm::batch_norm_whole_step_is_refused;
+    batch_norm_is_refused => scenarios::batch_norm::batch_norm_is_refused;
     dtype_change_falls_back_or_errors => scenarios::robust::dtype_change_falls_back_or_errors;
     changed_parameters_are_refused => scenarios::robust::changed_parameters_are_refused;
     require_graphs_refuses_a_backend_without_graphs => scenarios::robust::require_graphs_refuses_a_backend_without_graphs;

@@ -937,13 +937,8 @@ mod robustness {
     }
 
     #[test]
-    fn batch_norm_graphed_is_refused() {
-        scenarios::batch_norm::batch_norm_graphed_is_refused(&cuda());
-    }
-
-    #[test]
-    fn batch_norm_whole_step_is_refused() {
-        scenarios::batch_norm::batch_norm_whole_step_is_refused(&cuda());
+    fn batch_norm_is_refused() {
+        scenarios::batch_norm::batch_norm_is_refused(&cuda());
     }
 
     /// Fails on wgpu at the running statistics (ROBUSTNESS.md); run by hand on CUDA:

@@ -126,7 +126,7 @@ fn whole_step_tolerance(device: &Device) -> Tolerance {
 /// every step.
 ///
 /// The step is built with `allow_non_trainable_params` (without it, the step is refused:
-/// [`batch_norm_whole_step_is_refused`]). On wgpu this fails at the running statistics (the
+/// [`batch_norm_is_refused`]). On wgpu this fails at the running statistics (the
 /// CPU suite runs it with `--ignored` only: it is the acceptance test of real support): the
 /// whole-step graph reads the running statistics burn's `RunningState` held when it was
 /// recorded and writes their update into a buffer of its own, never into the step's parameter
@@ -206,51 +206,34 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-/// `Graphed` refuses the same model: the running statistics do not require grad while the
-/// model trains (`NonTrainableState`, naming the running mean: parameter 4 in visiting order,
-/// after the first layer's weight and bias and the norm's weight and bias). On every backend:
-/// the check needs no graphs.
-pub fn batch_norm_graphed_is_refused(device: &Device) {
+/// `Graphed` and `GraphedStep` refuse the same model before anything runs: the running
+/// statistics do not require grad while the model trains, and a replayed graph would leave
+/// them at their start (the wgpu run of [`batch_norm_whole_step_matches_eager`] shows it for
+/// the whole step). Both name the running mean: `NonTrainableState`, parameter 4 in visiting
+/// order, after the first layer's weight and bias and the norm's weight and bias. On every
+/// backend alike (the check needs no graphs), so that a model that builds on Flex builds on
+/// CUDA.
+pub fn batch_norm_is_refused(device: &Device) {
     let device = device.clone().autodiff();
-    let model = NormNet::new(&device);
-    let error = Graphed::new(
-        model,
+    let refused = GraphedError::NonTrainableState {
+        index: 4,
+        shape: vec![16],
+    };
+    let graphed = Graphed::new(
+        NormNet::new(&device),
         norm_forward,
         norm_batch(&device, 0).0,
         &GraphedConfig::new(),
     )
-    .map(|_| ())
-    .expect_err("a batch-norm model in training mode is refused");
-    assert_eq!(
-        error,
-        GraphedError::NonTrainableState {
-            index: 4,
-            shape: vec![16]
-        }
-    );
-}
-
-/// `GraphedStep` refuses the same model as `Graphed` does, before anything runs: a replayed
-/// step would leave the running statistics at their start (the wgpu run of
-/// [`batch_norm_whole_step_matches_eager`] shows it). On every backend alike, so that a model
-/// that builds on Flex builds on CUDA.
-pub fn batch_norm_whole_step_is_refused(device: &Device) {
-    let device = device.clone().autodiff();
-    let model = NormNet::new(&device);
-    let error = GraphedStep::new(
-        model,
+    .map(|_| ());
+    assert_eq!(graphed, Err(refused.clone()), "Graphed");
+    let step = GraphedStep::new(
+        NormNet::new(&device),
         norm_mse,
         &adam_config(),
         norm_batch(&device, 0),
         &GraphedConfig::new(),
     )
-    .map(|_| ())
-    .expect_err("a batch-norm model in training mode is refused");
-    assert_eq!(
-        error,
-        GraphedError::NonTrainableState {
-            index: 4,
-            shape: vec![16]
-        }
-    );
+    .map(|_| ());
+    assert_eq!(step, Err(refused), "GraphedStep");
 }

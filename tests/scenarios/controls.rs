@@ -157,7 +157,7 @@ fn clean(what: &str, report: &EquivalenceReport) {
 }
 
 /// Prints a control's margin (its worst comparison) and requires the comparison to fail.
-fn must_fail(what: &str, tolerance: &Tolerance, report: &EquivalenceReport) {
+pub fn must_fail(what: &str, tolerance: &Tolerance, report: &EquivalenceReport) {
     let worst = report.worst().expect("something compared");
     println!(
         "control {what}: {tolerance:?}; injected error up to {:.3e} ({}), {:.1} of its \

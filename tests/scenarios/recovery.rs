@@ -533,6 +533,41 @@ fn short_warmups() -> GraphedConfig {
         .with_max_warmup_iters(2)
 }
 
+/// Captures with `capture` again and again, its callable panicking at its first call, then
+/// at its second, and so on ([`panic_at`]), until one capture calls it fewer times than that
+/// and succeeds. Each refused capture must be `GraphedError::Capture` whose reason is
+/// `"{what} panicked on purpose at call N"` and must leave `model` as `before`. Returns the
+/// capture that succeeded and the phases the panics fell in, in order.
+fn capture_through_panics<T>(
+    what: &str,
+    model: &Mlp,
+    before: &Mlp,
+    capture: impl Fn() -> Result<T, GraphedError>,
+) -> (T, Vec<burn_graphed::CapturePhase>) {
+    let mut phases = Vec::new();
+    for call in 1..=32 {
+        panic_at(call);
+        match capture() {
+            Ok(captured) => {
+                panic_at(usize::MAX);
+                println!("a panic at each of {} calls, in {phases:?}", call - 1);
+                return (captured, phases);
+            }
+            Err(GraphedError::Capture { phase, reason }) => {
+                let panic = format!("{what} panicked on purpose at call {call}");
+                assert_eq!(reason, panic, "call {call}, {phase}");
+                assert_params_unchanged(model, &param_values(before).expect("read back"));
+                if phases.last() != Some(&phase) {
+                    phases.push(phase);
+                }
+            }
+            Err(other) => panic!("a panic at call {call}: expected a capture error, got {other}"),
+        }
+    }
+    panic_at(usize::MAX);
+    panic!("no capture called {what} fewer than 32 times");
+}
+
 /// Captures again and again a forward that panics at its first call, then at its second, and
 /// so on, until one capture calls it fewer times than that and succeeds: a panic at every
 /// call a capture makes, in each phase that makes one (the forward's warm-up, the forward's
@@ -546,36 +581,19 @@ pub fn panicking_forward_is_recovered(device: &Device) {
     super::require_graphs(&device);
     let model = Mlp::new(16, 2, 4, &device);
     let before = deep_copy(&model);
-    let mut phases = Vec::new();
-    let mut captured = None;
-    for call in 1..=32 {
-        panic_at(call);
-        match Graphed::new(
-            model.clone(),
-            panicking_forward,
-            batch([8, 16], 0, &device),
-            &short_warmups(),
-        ) {
-            Ok(graphed) => {
-                captured = Some((call, graphed));
-                break;
-            }
-            Err(GraphedError::Capture { phase, reason }) => {
-                let panic = format!(
-                    "the callable panicked: the forward panicked on purpose at call {call}"
-                );
-                assert_eq!(reason, panic, "call {call}, {phase}");
-                assert_params_unchanged(&model, &param_values(&before).expect("read back"));
-                if phases.last() != Some(&phase) {
-                    phases.push(phase);
-                }
-            }
-            Err(other) => panic!("a panic at call {call}: expected a capture error, got {other}"),
-        }
-    }
-    panic_at(usize::MAX);
-    let (calls, graphed) = captured.expect("a capture that calls the forward fewer than 32 times");
-    println!("a panic at each of {} calls, in {phases:?}", calls - 1);
+    let (graphed, phases) = capture_through_panics(
+        "the callable panicked: the forward",
+        &model,
+        &before,
+        || {
+            Graphed::new(
+                model.clone(),
+                panicking_forward,
+                batch([8, 16], 0, &device),
+                &short_warmups(),
+            )
+        },
+    );
     assert_eq!(
         phases,
         [
@@ -624,37 +642,20 @@ pub fn panicking_loss_is_recovered(device: &Device) {
     super::require_graphs(&device);
     let model = Mlp::new(16, 2, 4, &device);
     let before = deep_copy(&model);
-    let mut phases = Vec::new();
-    let mut captured = None;
-    for call in 1..=32 {
-        panic_at(call);
-        match GraphedStep::new(
-            model.clone(),
-            panicking_loss,
-            &super::adam_config(),
-            batch([8, 16], 0, &device),
-            &short_warmups(),
-        ) {
-            Ok(step) => {
-                captured = Some((call, step));
-                break;
-            }
-            Err(GraphedError::Capture { phase, reason }) => {
-                let panic = format!(
-                    "the loss function panicked: the loss panicked on purpose at call {call}"
-                );
-                assert_eq!(reason, panic, "call {call}, {phase}");
-                assert_params_unchanged(&model, &param_values(&before).expect("read back"));
-                if phases.last() != Some(&phase) {
-                    phases.push(phase);
-                }
-            }
-            Err(other) => panic!("a panic at call {call}: expected a capture error, got {other}"),
-        }
-    }
-    panic_at(usize::MAX);
-    let (calls, mut step) = captured.expect("a capture that calls the loss fewer than 32 times");
-    println!("a panic at each of {} calls, in {phases:?}", calls - 1);
+    let (mut step, phases) = capture_through_panics(
+        "the loss function panicked: the loss",
+        &model,
+        &before,
+        || {
+            GraphedStep::new(
+                model.clone(),
+                panicking_loss,
+                &super::adam_config(),
+                batch([8, 16], 0, &device),
+                &short_warmups(),
+            )
+        },
+    );
     assert_eq!(
         phases,
         [CapturePhase::StepWarmup, CapturePhase::Step],

@@ -208,19 +208,10 @@ pub fn whole_step_negative_controls(device: &Device) {
         for fault in [FaultInjection::SkipUpdate, FaultInjection::FreezeLr] {
             let _guard = inject(fault);
             let report = run(optimizer, lr).report;
-            let worst = report.worst().expect("compared");
-            println!(
-                "control whole step {regime} {fault:?}: {tolerance:?}; injected error up to \
-                 {:.3e} ({}), {:.1} of its allowance; {} of {} comparisons fail",
-                worst.max_abs,
-                worst.name,
-                worst.worst,
-                report.failures().count(),
-                report.tensors.len()
-            );
-            assert!(
-                !report.passed(),
-                "{regime}: {fault:?} must fail the comparison: {report}"
+            super::controls::must_fail(
+                &format!("whole step {regime} {fault:?}"),
+                &tolerance,
+                &report,
             );
         }
     }
@@ -553,20 +544,10 @@ pub fn whole_step_update_controls_in(device: &Device, dtype: burn::tensor::Float
     for optimizer in [adam(), adamw(), sgd_momentum()] {
         for fault in [FaultInjection::SkipUpdate, FaultInjection::FreezeLr] {
             let report = update_comparison(device, dtype, optimizer, 3, fault).report;
-            let worst = report.worst().expect("compared");
-            println!(
-                "control update {dtype:?} {optimizer:?} {fault:?}: {:?}; injected error up to \
-                 {:.3e} ({}), {:.1} of its allowance; {} of {} comparisons fail",
-                update_tolerance(dtype, optimizer),
-                worst.max_abs,
-                worst.name,
-                worst.worst,
-                report.failures().count(),
-                report.tensors.len()
-            );
-            assert!(
-                !report.passed(),
-                "{dtype:?} {optimizer:?}: {fault:?} must fail the comparison: {report}"
+            super::controls::must_fail(
+                &format!("update {dtype:?} {optimizer:?} {fault:?}"),
+                &update_tolerance(dtype, optimizer),
+                &report,
             );
         }
     }
