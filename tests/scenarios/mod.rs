@@ -731,6 +731,20 @@ pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, toler
     }
 }
 
+/// Asserts that `calls` graphed training calls each replayed their forward and backward
+/// graphs and none ran eagerly.
+pub fn assert_every_call_replayed(stats: &burn_graphed::GraphStats, calls: u64) {
+    assert_eq!(
+        (
+            stats.forward_replays,
+            stats.backward_replays,
+            stats.total_fallbacks()
+        ),
+        (calls, calls, 0),
+        "{stats:?}"
+    );
+}
+
 /// Asserts that every parameter gradient of `graphed` agrees with `eager`'s within `tolerance`
 /// (or both are missing), comparisons named `what`, and that there was one to compare.
 pub fn assert_grads_close<E: Module, G: Module>(
