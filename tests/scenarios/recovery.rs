@@ -302,6 +302,19 @@ pub fn unwritten_input_call_recovers(device: &Device, config: GraphedConfig) {
     // its shapes, and met on unwritten operands the tune can leave the weights it read
     // unreadable (UPSTREAM.md 6), which would break the reference, not the graphed call.
     let probe = deep_copy(&eager);
+    // The same work on written tensors first, so that every kernel the probe's work below
+    // meets is tuned already: a tune that meets unwritten operands fails every candidate and
+    // can leave written buffers of its fused block unreadable too (UPSTREAM.md 6). Without
+    // this the test depends on what ran before it in its process: in a GPU suite share where
+    // no earlier test had tuned the head's fused matmul, `x` below stopped reading back
+    // (H100, bundle 0e1982d, `--jobs 16`).
+    let warm =
+        square_mean(mlp_forward(&probe, batch([8, 16], 7, &device)) * batch([1, 1], 7, &device));
+    drop(warm.backward());
+    square_mean(mlp_forward(&probe, batch([8, 16], 8, &device)))
+        .inner()
+        .try_into_data()
+        .expect("written work reads back");
     let bad = unwritten([8, 16], &device);
     let eager_loss = square_mean(mlp_forward(&probe, bad.clone()));
     assert!(

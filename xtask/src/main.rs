@@ -572,7 +572,8 @@ mod tests {
 
     /// `run.sh tests --rest LOG` runs the tests that the log shows no result for: a result
     /// on the test's own line or on a bare line after its output counts, a test cut off by
-    /// the time limit does not; with none left it is an error.
+    /// the time limit does not; with none left nothing runs and the counts and the ledger are
+    /// the logs'; without a log it is an error.
     #[test]
     fn run_sh_tests_rest_runs_what_a_log_did_not_finish() {
         let names = ["a_test", "b_test", "c_test", "d_test", "e_test"];
@@ -597,7 +598,13 @@ mod tests {
         let lines: String = names.iter().map(|n| format!("test {n} ... ok\n")).collect();
         write(&all_done, &lines).expect("log");
         let all_done = all_done.to_str().expect("utf-8 path");
-        assert_eq!(bundle.run(&["--rest", all_done], None).0, Some(2));
+        let out = bundle.dir.join("ledger-only");
+        let (code, stdout) = bundle.run(&["--rest", all_done], Some(&out));
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(!stdout.contains("ARGS:"), "nothing may run: {stdout}");
+        assert!(stdout.contains("5 passed, 0 failed, 0 skipped"), "{stdout}");
+        let ledger = std::fs::read_to_string(out.join("gpu-ledger.md")).expect("ledger in $OUT");
+        assert!(ledger.contains("5 tests: 5 passed."), "{ledger}");
         assert_eq!(bundle.run(&["--rest"], None).0, Some(2));
     }
 

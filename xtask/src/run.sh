@@ -149,7 +149,7 @@ case "$mode" in
   tests)
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
     shift $(( $# > 0 ? 1 : 0 ))
-    jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0
+    jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0 only_ledger=0
     while [ $# -gt 0 ]; do
       case "$1" in
         --jobs) jobs="${2:?run.sh tests --jobs needs a number}"; shift 2 ;;
@@ -190,82 +190,94 @@ case "$mode" in
           { echo "run.sh: cannot read ${rest_logs[*]}"; exit 2; }
         mapfile -t names < <(printf '%s\n' "${names[@]}" | LC_ALL=C grep -vxF -f "$done_file")
       fi
-      [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ] && { echo "run.sh: no test left to run"; exit 2; }
+      if [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ]; then
+        # Every test has a result in the --rest logs: nothing runs, and the ledger and the
+        # counts come from those logs (each result at its own log's commit and device).
+        [ ${#rest_logs[@]} -gt 0 ] || { echo "run.sh: no test left to run"; exit 2; }
+        only_ledger=1
+        echo "run.sh: every test has a result in the logs given to --rest: nothing to run; the counts and the GPU ledger are theirs"
+      fi
     fi
     # Logs go straight to $OUT when it is set, so that a run cut off by a time limit leaves
     # them (and `--rest` can take them up).
     logdir="${OUT:-$work}"
     mkdir -p "$logdir"
-    # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default 60)
-    # in every log, so that a log cut off by a time limit tells a slow test from a stuck one.
-    start=$(date +%s)
     logs=()
-    if [ "$jobs" -eq 1 ]; then logs=("$logdir/gpu-tests.log"); else
-      for ((j = 1; j <= jobs; j++)); do logs+=("$logdir/gpu-tests-$j.log"); done
-    fi
-    # Each log starts with what ran where: the bundle's commit, the device, the date (UTC),
-    # which the GPU ledger reads back from logs given to --rest.
-    commit="$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$here/manifest.json" 2>/dev/null | head -n 1)"
-    device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
-      awk 'NF { n++; name = $0 } END { if (n > 1) print n " x " name; else if (n) print name }')"
-    stamp="[run.sh: bundle ${commit:-unknown} on ${device:-unknown device}, $(date -u +%Y-%m-%d)]"
-    echo "$stamp"
-    for log in "${logs[@]}"; do printf '%s\n' "$stamp" >"$log"; done
-    # The sleep runs in the background of the loop so that the kill below ends it too (a
-    # sleep left behind would hold the caller's output open until it ran out).
-    # Its own EXIT trap reset: bash may run the script's (which removes $work) in a subshell
-    # that a TERM trap ends.
-    (trap - EXIT; trap 'kill "$nap" 2>/dev/null; exit 0' TERM
-     while :; do
-       sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
-       wait "$nap"
-       line="[run.sh: $(( $(date +%s) - start ))s]"
-       printf '\n%s\n' "$line"
-       for log in "${logs[@]}"; do printf '\n%s\n' "$line" >>"$log"; done
-     done) &
-    beat=$!
-    rc=0
-    if [ "$jobs" -eq 1 ]; then
-      args=(--test-threads=1)
-      if [ "$chosen" -eq 1 ]; then args+=(--exact "${names[@]}")
-      elif [ -n "${BURN_GRAPHED_FILTER:-}" ]; then args+=("$BURN_GRAPHED_FILTER"); fi
-      (cd "$repo" && "$bin" "${args[@]}" "$@" --nocapture) 2>&1 | tee -a "${logs[0]}"
-      rc=${PIPESTATUS[0]}
+    if [ "$only_ledger" -eq 1 ]; then
+      logs=("${earlier_logs[@]}") rc=0
+      stamp="[run.sh: counts of ${#logs[@]} earlier logs, $(date -u +%Y-%m-%d)]"
     else
-      # --jobs N: N test processes at once, test i in share i mod N (sorted
-      # names, so that the slow tests spread), each one test at a time with a log of its own;
-      # the terminal shows each share's lines prefixed with [share]. NVRTC compiles every
-      # kernel once per process, on the CPU, so two processes take well under the time of one.
-      # On a machine with several GPUs, share j's device 0 is GPU (j - 1) mod G: the shares
-      # spread over the GPUs, and each still sees them all (CUDA_VISIBLE_DEVICES rotated), so
-      # that the tests of several GPUs run in any share.
-      # nvidia-smi numbers the GPUs in PCI order, which CUDA then follows too.
-      gpus=()
-      if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
-      else
-        mapfile -t gpus < <(nvidia-smi -L 2>/dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p')
-        [ ${#gpus[@]} -gt 1 ] && export CUDA_DEVICE_ORDER=PCI_BUS_ID
+      start=$(date +%s)
+      if [ "$jobs" -eq 1 ]; then logs=("$logdir/gpu-tests.log"); else
+        for ((j = 1; j <= jobs; j++)); do logs+=("$logdir/gpu-tests-$j.log"); done
       fi
-      pids=()
-      for ((j = 1; j <= jobs; j++)); do
-        share=()
-        for ((k = j - 1; k < ${#names[@]}; k += jobs)); do share+=("${names[k]}"); done
-        [ ${#share[@]} -eq 0 ] && continue
-        if [ ${#gpus[@]} -gt 1 ]; then
-          first=$(( (j - 1) % ${#gpus[@]} ))
-          rotated=("${gpus[@]:first}" "${gpus[@]:0:first}")
-          visible="$(IFS=,; echo "${rotated[*]}")"
-        else visible="${CUDA_VISIBLE_DEVICES-}"; fi
-        ( [ -n "$visible" ] && export CUDA_VISIBLE_DEVICES="$visible"
-          (cd "$repo" && "$bin" --test-threads=1 --exact "${share[@]}" "$@" --nocapture) 2>&1 |
-            tee -a "${logs[j - 1]}" | sed -u "s/^/[$j] /"
-          exit "${PIPESTATUS[0]}") &
-        pids+=($!)
-      done
-      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+      # Each log starts with what ran where: the bundle's commit, the device, the date (UTC),
+      # which the GPU ledger reads back from logs given to --rest.
+      commit="$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$here/manifest.json" 2>/dev/null | head -n 1)"
+      device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
+        awk 'NF { n++; name = $0 } END { if (n > 1) print n " x " name; else if (n) print name }')"
+      stamp="[run.sh: bundle ${commit:-unknown} on ${device:-unknown device}, $(date -u +%Y-%m-%d)]"
+      echo "$stamp"
+      for log in "${logs[@]}"; do printf '%s\n' "$stamp" >"$log"; done
+      # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default
+      # 60) in every log, so that a log cut off by a time limit tells a slow test from a stuck
+      # one.
+      # The sleep runs in the background of the loop so that the kill below ends it too (a
+      # sleep left behind would hold the caller's output open until it ran out).
+      # Its own EXIT trap reset: bash may run the script's (which removes $work) in a subshell
+      # that a TERM trap ends.
+      (trap - EXIT; trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+       while :; do
+         sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
+         wait "$nap"
+         line="[run.sh: $(( $(date +%s) - start ))s]"
+         printf '\n%s\n' "$line"
+         for log in "${logs[@]}"; do printf '\n%s\n' "$line" >>"$log"; done
+       done) &
+      beat=$!
+      rc=0
+      if [ "$jobs" -eq 1 ]; then
+        args=(--test-threads=1)
+        if [ "$chosen" -eq 1 ]; then args+=(--exact "${names[@]}")
+        elif [ -n "${BURN_GRAPHED_FILTER:-}" ]; then args+=("$BURN_GRAPHED_FILTER"); fi
+        (cd "$repo" && "$bin" "${args[@]}" "$@" --nocapture) 2>&1 | tee -a "${logs[0]}"
+        rc=${PIPESTATUS[0]}
+      else
+        # --jobs N: N test processes at once, test i in share i mod N (sorted
+        # names, so that the slow tests spread), each one test at a time with a log of its own;
+        # the terminal shows each share's lines prefixed with [share]. NVRTC compiles every
+        # kernel once per process, on the CPU, so two processes take well under the time of one.
+        # On a machine with several GPUs, share j's device 0 is GPU (j - 1) mod G: the shares
+        # spread over the GPUs, and each still sees them all (CUDA_VISIBLE_DEVICES rotated), so
+        # that the tests of several GPUs run in any share.
+        # nvidia-smi numbers the GPUs in PCI order, which CUDA then follows too.
+        gpus=()
+        if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then IFS=, read -ra gpus <<<"$CUDA_VISIBLE_DEVICES"
+        else
+          mapfile -t gpus < <(nvidia-smi -L 2>/dev/null | sed -n 's/^GPU \([0-9]*\):.*/\1/p')
+          [ ${#gpus[@]} -gt 1 ] && export CUDA_DEVICE_ORDER=PCI_BUS_ID
+        fi
+        pids=()
+        for ((j = 1; j <= jobs; j++)); do
+          share=()
+          for ((k = j - 1; k < ${#names[@]}; k += jobs)); do share+=("${names[k]}"); done
+          [ ${#share[@]} -eq 0 ] && continue
+          if [ ${#gpus[@]} -gt 1 ]; then
+            first=$(( (j - 1) % ${#gpus[@]} ))
+            rotated=("${gpus[@]:first}" "${gpus[@]:0:first}")
+            visible="$(IFS=,; echo "${rotated[*]}")"
+          else visible="${CUDA_VISIBLE_DEVICES-}"; fi
+          ( [ -n "$visible" ] && export CUDA_VISIBLE_DEVICES="$visible"
+            (cd "$repo" && "$bin" --test-threads=1 --exact "${share[@]}" "$@" --nocapture) 2>&1 |
+              tee -a "${logs[j - 1]}" | sed -u "s/^/[$j] /"
+            exit "${PIPESTATUS[0]}") &
+          pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+      fi
+      kill "$beat" 2>/dev/null
+      wait "$beat" 2>/dev/null
     fi
-    kill "$beat" 2>/dev/null
-    wait "$beat" 2>/dev/null
     # The summaries of every log summed ("test result: ok. 16 passed; 0 failed; 2 ignored; ..."),
     # one read.
     read -r passed failed ignored < <(awk '/^test result:/ {
@@ -338,6 +350,12 @@ case "$mode" in
     skipped_passes=$(log_results "$results" "${logs[@]}")
     passed=$(( passed > skipped_passes ? passed - skipped_passes : 0 ))
     skipped=$(( ignored + skipped_passes ))
+    if [ "$only_ledger" -eq 1 ]; then
+      # Counted test by test: a log cut off by a time limit has no summary line.
+      read -r passed failed skipped < <(awk -F'\t' '$2 == "passed" { p++ }
+          $2 == "failed" || $2 == "no result" { f++ } $2 ~ /^(skipped|ignored)/ { s++ }
+          END { print p + 0, f + 0, s + 0 }' "$results")
+    fi
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
       failed=1 # a test binary died before libtest could report
       echo "gpu suite: a test binary exited with a failure status before reporting"
