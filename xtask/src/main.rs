@@ -158,7 +158,11 @@ fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
         "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"{GPU_FEATURES}\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
     ));
     write(&bundle.join("manifest.json"), &manifest)?;
-    write(&bundle.join("run.sh"), RUN_SH)?;
+    // Copied from the checkout, not the copy compiled into xtask: cargo decides whether to
+    // rebuild xtask by file times, and a run.sh written with an old time (a copy that kept its
+    // time) once left a stale runner in the bundle.
+    std::fs::copy(root.join("xtask/src/run.sh"), bundle.join("run.sh"))
+        .map_err(|e| format!("copying run.sh: {e}"))?;
     std::fs::copy(
         root.join("benches/torch_reference.py"),
         bundle.join("torch_reference.py"),
@@ -311,7 +315,9 @@ fn dir_size(dir: &Path) -> Result<u64, String> {
     Ok(total)
 }
 
-/// The runner that travels with the bundle. Needs bash and xz (or python3) only.
+/// The runner that travels with the bundle (its tests; the bundle copies the checkout's file).
+/// Needs bash and xz (or python3) only.
+#[cfg(test)]
 const RUN_SH: &str = include_str!("run.sh");
 
 #[cfg(test)]
