@@ -949,3 +949,28 @@ mod robustness {
         scenarios::batch_norm::batch_norm_whole_step_matches_eager(&cuda(), 10);
     }
 }
+
+/// The fused layer norm against the exact norm and burn-nn's, forward and gradients, in each
+/// float dtype (`scenarios::fused_norm`).
+#[test]
+fn layer_norm_matches_exact() {
+    for dtype in [
+        burn::tensor::FloatDType::F32,
+        burn::tensor::FloatDType::F16,
+        burn::tensor::FloatDType::BF16,
+    ] {
+        scenarios::fused_norm::layer_norm_matches_exact(&cuda(), dtype);
+    }
+}
+
+/// The fused layer norm inside a graphed call equals its eager call, bit for bit.
+#[test]
+fn layer_norm_graphed_matches_eager() {
+    scenarios::fused_norm::layer_norm_graphed_matches_eager(&cuda());
+}
+
+/// burn-nn's layer norm checkpoint loads into the fused module and back.
+#[test]
+fn layer_norm_checkpoints_load_both_ways() {
+    scenarios::fused_norm::layer_norm_checkpoints_load_both_ways(&cuda());
+}

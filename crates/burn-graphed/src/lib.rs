@@ -120,6 +120,7 @@ mod data_parallel;
 mod graphed;
 mod group;
 mod multi_adam;
+pub mod nn;
 mod optim;
 mod rng;
 mod step;
@@ -179,4 +180,11 @@ pub mod testing {
     pub use crate::counter_rng::{reference_mask, reference_normal, reference_uniform};
     pub use crate::faults::{FaultGuard, FaultInjection, inject};
     pub use crate::host_phases::{HostPhase, phase_times, time_phases};
+
+    /// How many layer norms this process ran through the fused kernels of
+    /// [`crate::nn::layer_norm`] (not burn's composition): a test's proof that the fused path
+    /// ran.
+    pub fn fused_layer_norms() -> usize {
+        crate::cube::fused_norm_forwards()
+    }
 }

@@ -33,6 +33,8 @@ mod lifecycle;
 #[cfg(feature = "cube")]
 mod node;
 #[cfg(feature = "cube")]
+mod norm_op;
+#[cfg(feature = "cube")]
 mod param_claim;
 #[cfg(feature = "cube")]
 mod random_op;
@@ -59,6 +61,7 @@ pub(crate) use self::{
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
+    norm_op::{forwards as fused_norm_forwards, layer_norm},
     random_state::RandomState,
     step_graph::{StepGraph, StepState, capture_step},
 };
@@ -69,5 +72,5 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, enable_kernel_cache,
-    supports_graphs,
+    fused_norm_forwards, layer_norm, supports_graphs,
 };

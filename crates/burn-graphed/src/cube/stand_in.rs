@@ -255,3 +255,21 @@ pub(crate) fn capture_step(
 pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
     true
 }
+
+/// Without cubecl nothing is fused: burn's own layer norm.
+pub(crate) fn layer_norm(
+    input: burn::backend::DispatchTensor,
+    gamma: burn::backend::DispatchTensor,
+    beta: Option<burn::backend::DispatchTensor>,
+    epsilon: f64,
+) -> burn::backend::DispatchTensor {
+    use burn::backend::ops::ModuleOps;
+    <burn::backend::Dispatch as ModuleOps<burn::backend::Dispatch>>::layer_norm(
+        input, gamma, beta, epsilon,
+    )
+}
+
+/// Without cubecl no layer norm is fused.
+pub(crate) fn fused_norm_forwards() -> usize {
+    0
+}

@@ -1,0 +1,559 @@
+//! Layer norm in one kernel forward and two backward, with its own autodiff node: what
+//! [`crate::nn::layer_norm`] runs on burn's cubecl backends, where burn composes the norm from
+//! two mean reductions and five elementwise operations forward and about twice that backward.
+//!
+//! Arithmetic: every element is read in its dtype and computed in `f32` (burn-nn's `LayerNorm`
+//! casts `f16` and `bf16` inputs to `f32` for the norm and back, so the output is rounded once,
+//! as there). Forward, per row of `width` elements: `mean = sum(x) / width`, `var = sum((x -
+//! mean)^2) / width` (two passes, as burn's composition), `y = (x - mean) / sqrt(var + eps) *
+//! gamma + beta`. The row's mean and `rstd = 1 / sqrt(var + eps)` are kept for the backward:
+//! `xhat = (x - mean) * rstd`, `g = dy * gamma`, `dx = rstd * (g - mean(g) - xhat *
+//! mean(g * xhat))`; `dgamma = sum over rows of dy * xhat`, `dbeta = sum over rows of dy`, summed
+//! in `f32` per chunk of rows by one kernel and over the chunks by burn's sum. The sums inside a
+//! row run in a fixed tree order, so a replay computes what the eager call computed, bit for
+//! bit; against burn's composition they differ by the order of the sums (see the tests'
+//! tolerance).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Cube, TensorMetadata, backend_extension};
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::adam_op::kernel_elem;
+use super::buffers::FusedTensor;
+use super::dense::Dense;
+
+/// The autodiff tensor of burn's cubecl backend.
+type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
+
+/// The most threads of a row's cube; a wider row takes several elements per thread.
+const MAX_THREADS: usize = 256;
+/// The fewest threads of a row's cube (one plane on every GPU here).
+const MIN_THREADS: usize = 32;
+/// Cubes along x before a grid takes a second dimension (wgpu's limit per dimension).
+const MAX_CUBES_X: usize = 65_535;
+/// Chunks of rows the parameter gradients are summed over by the second backward kernel (each
+/// chunk's sum is one row of partial sums; burn's sum adds the chunks).
+const GRAD_CHUNKS: usize = 128;
+
+/// The threads of a row's cube for rows of `width` elements: the next power of two, within
+/// [`MIN_THREADS`, `MAX_THREADS`].
+fn threads_for(width: usize) -> usize {
+    width.next_power_of_two().clamp(MIN_THREADS, MAX_THREADS)
+}
+
+/// One cube per row: a grid of `rows` cubes, in two dimensions past [`MAX_CUBES_X`].
+fn row_grid(rows: usize) -> CubeCount {
+    let x = rows.clamp(1, MAX_CUBES_X);
+    CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
+}
+
+/// The sum of every unit's `value` over the cube, in a fixed tree order; every unit gets it.
+/// Every unit of the cube must call it (it meets the cube at barriers).
+#[cube]
+fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
+    let mut shared = Shared::<[f32]>::new_slice(threads);
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut active = threads.runtime();
+    while active > 1 {
+        active /= 2;
+        if unit < active {
+            let other = shared[unit + active];
+            shared[unit] += other;
+        }
+        sync_cube();
+    }
+    shared[0]
+}
+
+/// The row this cube normalizes (cubes past the last row have none).
+#[cube]
+fn row_of_cube() -> usize {
+    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+}
+
+/// Forward: row `r` of `input` normalized into `output`, its mean and `rstd` into `mean[r]`
+/// and `rstd[r]`. `beta` is read only with `has_beta`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel<F: Float>(
+    input: &[F],
+    gamma: &[F],
+    beta: &[F],
+    output: &mut [F],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    width: u32,
+    epsilon: f32,
+    #[comptime] threads: usize,
+    #[comptime] has_beta: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = row_of_cube();
+    // Uniform over the cube: every unit of a cube has the same row, so the barriers inside
+    // are met by all of them or none.
+    if row < mean.len() {
+        let width = width as usize;
+        let base = row * width;
+        let unit = UNIT_POS as usize;
+        let count = f32::cast_from(width);
+        let mut sum = 0.0f32;
+        let mut i = unit;
+        while i < width {
+            sum += f32::cast_from(input[base + i]);
+            i += threads;
+        }
+        let row_mean = cube_sum(sum, threads) / count;
+        let mut squares = 0.0f32;
+        i = unit;
+        while i < width {
+            let centered = f32::cast_from(input[base + i]) - row_mean;
+            squares += centered * centered;
+            i += threads;
+        }
+        let var = cube_sum(squares, threads) / count;
+        let denom = (var + epsilon).sqrt();
+        i = unit;
+        while i < width {
+            let normalized = (f32::cast_from(input[base + i]) - row_mean) / denom;
+            let mut y = normalized * f32::cast_from(gamma[i]);
+            if has_beta {
+                y += f32::cast_from(beta[i]);
+            }
+            output[base + i] = F::cast_from(y);
+            i += threads;
+        }
+        if unit == 0 {
+            mean[row] = row_mean;
+            rstd[row] = 1.0f32 / denom;
+        }
+    }
+}
+
+/// Backward of the input: row `r` of `dx` from the same row of `grad` and `input`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn input_grad_kernel<F: Float>(
+    grad: &[F],
+    input: &[F],
+    gamma: &[F],
+    mean: &[f32],
+    rstd: &[f32],
+    dx: &mut [F],
+    width: u32,
+    #[comptime] threads: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = row_of_cube();
+    // Uniform over the cube, as in the forward.
+    if row < mean.len() {
+        let width = width as usize;
+        let base = row * width;
+        let unit = UNIT_POS as usize;
+        let count = f32::cast_from(width);
+        let row_mean = mean[row];
+        let row_rstd = rstd[row];
+        let mut sum_g = 0.0f32;
+        let mut sum_gx = 0.0f32;
+        let mut i = unit;
+        while i < width {
+            let g = f32::cast_from(grad[base + i]) * f32::cast_from(gamma[i]);
+            let xhat = (f32::cast_from(input[base + i]) - row_mean) * row_rstd;
+            sum_g += g;
+            sum_gx += g * xhat;
+            i += threads;
+        }
+        let mean_g = cube_sum(sum_g, threads) / count;
+        let mean_gx = cube_sum(sum_gx, threads) / count;
+        i = unit;
+        while i < width {
+            let g = f32::cast_from(grad[base + i]) * f32::cast_from(gamma[i]);
+            let xhat = (f32::cast_from(input[base + i]) - row_mean) * row_rstd;
+            dx[base + i] = F::cast_from(row_rstd * (g - mean_g - xhat * mean_gx));
+            i += threads;
+        }
+    }
+}
+
+/// Backward of gamma and beta, in partial sums: unit `c` of cube `(x, k)` sums column
+/// `x * CUBE_DIM_X + c` over the rows of chunk `k` into row `k` of `dgamma` and `dbeta`
+/// (`[chunks, width]`, `f32`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn param_grad_kernel<F: Float>(
+    grad: &[F],
+    input: &[F],
+    mean: &[f32],
+    rstd: &[f32],
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+    width: u32,
+    rows_per_chunk: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let width = width as usize;
+    let column = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let chunk = CUBE_POS_Y as usize;
+    if column < width {
+        let rows = mean.len();
+        let mut row = chunk * rows_per_chunk as usize;
+        let mut end = row + rows_per_chunk as usize;
+        if end > rows {
+            end = rows;
+        }
+        let mut sum_gamma = 0.0f32;
+        let mut sum_beta = 0.0f32;
+        while row < end {
+            let dy = f32::cast_from(grad[row * width + column]);
+            let xhat = (f32::cast_from(input[row * width + column]) - mean[row]) * rstd[row];
+            sum_gamma += dy * xhat;
+            sum_beta += dy;
+            row += 1;
+        }
+        dgamma[chunk * width + column] = sum_gamma;
+        dbeta[chunk * width + column] = sum_beta;
+    }
+}
+
+/// The kernels as lazy fusion operations on burn's cubecl backend.
+#[backend_extension(Cube, Fusion)]
+pub(crate) trait LayerNormKernels: Backend {
+    /// The forward: `(output, mean, rstd)`, the output of `input`'s shape and dtype, the row
+    /// statistics `[rows]` in `f32`. `beta` is read only with `has_beta` (pass any tensor of
+    /// gamma's shape otherwise). Shapes and dtypes were checked by the caller.
+    #[fusion(meta = |input, _gamma, _beta, _epsilon, _has_beta| {
+        let rows = rows_of(&input.shape);
+        let stats = burn::backend::fusion::custom::TensorSpec::new(Shape::new([rows]), DType::F32);
+        (input.clone(), stats.clone(), stats)
+    })]
+    fn layer_norm_forward(
+        input: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        epsilon: f32,
+        has_beta: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The backward: `(dx, dgamma, dbeta)`, `dx` of `input`'s shape and dtype, the parameter
+    /// gradients as `[chunks, width]` partial sums in `f32` (sum them over dimension 0).
+    #[fusion(meta = |_grad, input, _gamma, mean, _rstd| {
+        let width = input.shape[input.shape.num_dims() - 1];
+        let partial = burn::backend::fusion::custom::TensorSpec::new(
+            Shape::new([grad_chunks(mean.shape[0]).0, width]),
+            DType::F32,
+        );
+        (input.clone(), partial.clone(), partial)
+    })]
+    fn layer_norm_backward(
+        grad: FloatTensor<Self>,
+        input: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// Rows of a tensor of `shape` normalized over its last dimension.
+fn rows_of(shape: &Shape) -> usize {
+    let width = shape[shape.num_dims() - 1];
+    shape.num_elements().checked_div(width).unwrap_or(0)
+}
+
+/// `(chunks, rows per chunk)` of the parameter gradients' partial sums over `rows` rows.
+fn grad_chunks(rows: usize) -> (usize, usize) {
+    let per_chunk = rows.div_ceil(GRAD_CHUNKS).max(1);
+    (rows.div_ceil(per_chunk).max(1), per_chunk)
+}
+
+/// The element type of a float tensor the kernels take; checked by the caller
+/// ([`supported`]), so another one here breaks this module's invariant.
+fn elem_of(tensor: &CubeTensor) -> ElemType {
+    kernel_elem(tensor.dtype).unwrap_or_else(|| {
+        panic!(
+            "burn-graphed: layer norm kernel given {:?} (the caller checks the dtype)",
+            tensor.dtype
+        )
+    })
+}
+
+impl LayerNormKernels for CubeBackend {
+    fn layer_norm_forward(
+        input: CubeTensor,
+        gamma: CubeTensor,
+        beta: CubeTensor,
+        epsilon: f32,
+        has_beta: bool,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let shape = input.meta.shape().clone();
+        let rows = rows_of(&shape);
+        let width = shape[shape.num_dims() - 1];
+        let elem = elem_of(&input);
+        let (client, device) = (input.client.clone(), input.device.clone());
+        let (input, gamma, beta) = (Dense::of(&input), Dense::of(&gamma), Dense::of(&beta));
+        let output = Dense::new_empty(client.clone(), device.clone(), shape, input.tensor().dtype);
+        let stats = || {
+            Dense::new_empty(
+                client.clone(),
+                device.clone(),
+                Shape::new([rows]),
+                DType::F32,
+            )
+        };
+        let (mean, rstd) = (stats(), stats());
+        let threads = threads_for(width);
+        // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, gamma and beta
+        // (one dtype, checked by the caller) and of the output (made with it); mean and rstd
+        // are f32. A cube reads and writes row `r < rows` only, at indices below `rows *
+        // width` (the lengths of input and output) and, for gamma and beta, below `width`
+        // (their length, checked by the caller); the written buffers are new allocations,
+        // distinct from each other and from the read ones.
+        unsafe {
+            forward_kernel::launch_unchecked(
+                &client,
+                row_grid(rows),
+                CubeDim::new_1d(threads as u32),
+                input.arg(),
+                gamma.arg(),
+                beta.arg(),
+                output.arg(),
+                mean.arg(),
+                rstd.arg(),
+                width as u32,
+                epsilon,
+                threads,
+                has_beta,
+                elem,
+            );
+        }
+        (output.into_tensor(), mean.into_tensor(), rstd.into_tensor())
+    }
+
+    fn layer_norm_backward(
+        grad: CubeTensor,
+        input: CubeTensor,
+        gamma: CubeTensor,
+        mean: CubeTensor,
+        rstd: CubeTensor,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let shape = input.meta.shape().clone();
+        let rows = rows_of(&shape);
+        let width = shape[shape.num_dims() - 1];
+        let elem = elem_of(&input);
+        let (client, device) = (input.client.clone(), input.device.clone());
+        let (grad, input, gamma) = (Dense::of(&grad), Dense::of(&input), Dense::of(&gamma));
+        let (mean, rstd) = (Dense::of(&mean), Dense::of(&rstd));
+        let dx = Dense::new_empty(client.clone(), device.clone(), shape, input.tensor().dtype);
+        let (chunks, per_chunk) = grad_chunks(rows);
+        let partial = || {
+            Dense::new_empty(
+                client.clone(),
+                device.clone(),
+                Shape::new([chunks, width]),
+                DType::F32,
+            )
+        };
+        let (dgamma, dbeta) = (partial(), partial());
+        let threads = threads_for(width);
+        // SAFETY: as in the forward: one dtype `elem` for grad, input, gamma and dx, f32 for
+        // the statistics and the partial sums; a cube of the first kernel touches row `r <
+        // rows` only (indices below `rows * width`, gamma below `width`); a unit of the second
+        // touches column `c < width` of the rows of its chunk `k < chunks` (at most `rows`)
+        // and row `k` of the partial sums (`chunks * width` elements). The written buffers are
+        // new allocations, distinct from each other and from the read ones.
+        unsafe {
+            input_grad_kernel::launch_unchecked(
+                &client,
+                row_grid(rows),
+                CubeDim::new_1d(threads as u32),
+                grad.arg(),
+                input.arg(),
+                gamma.arg(),
+                mean.arg(),
+                rstd.arg(),
+                dx.arg(),
+                width as u32,
+                threads,
+                elem,
+            );
+            param_grad_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(width.div_ceil(MAX_THREADS).max(1) as u32, chunks as u32, 1),
+                CubeDim::new_1d(MAX_THREADS as u32),
+                grad.arg(),
+                input.arg(),
+                mean.arg(),
+                rstd.arg(),
+                dgamma.arg(),
+                dbeta.arg(),
+                width as u32,
+                per_chunk as u32,
+                elem,
+            );
+        }
+        (dx.into_tensor(), dgamma.into_tensor(), dbeta.into_tensor())
+    }
+}
+
+/// The layer norm with its own backward, reached from `Tensor` through burn's dispatch.
+#[backend_extension(Cube, Autodiff)]
+pub(crate) trait FusedNormOps: Backend {
+    /// `input` normalized over its last dimension, scaled by `gamma`, shifted by `beta` where
+    /// `has_beta` (otherwise `beta` is not read and gets no gradient: pass gamma). An optional
+    /// tensor argument does not cross burn 0.22's generated dispatch into `Autodiff`, hence
+    /// the flag.
+    fn fused_layer_norm(
+        input: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        has_beta: bool,
+        epsilon: f64,
+    ) -> FloatTensor<Self>;
+}
+
+/// Fused layer norms queued in this process (the `testing` feature's proof that the fused path
+/// ran).
+static FORWARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many fused layer norms this process queued.
+pub(crate) fn forwards() -> usize {
+    FORWARDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The forward through the fusion kernels: `(output, mean, rstd)`.
+fn forward(
+    input: FusedTensor,
+    gamma: FusedTensor,
+    beta: FusedTensor,
+    has_beta: bool,
+    epsilon: f64,
+) -> (FusedTensor, FusedTensor, FusedTensor) {
+    FORWARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    <Cube as LayerNormKernels>::layer_norm_forward(input, gamma, beta, epsilon as f32, has_beta)
+}
+
+/// Without autodiff: the forward alone.
+impl FusedNormOps for Cube {
+    fn fused_layer_norm(
+        input: FusedTensor,
+        gamma: FusedTensor,
+        beta: FusedTensor,
+        has_beta: bool,
+        epsilon: f64,
+    ) -> FusedTensor {
+        forward(input, gamma, beta, has_beta, epsilon).0
+    }
+}
+
+/// What the backward keeps of the forward.
+#[derive(Debug, Clone)]
+struct Saved {
+    input: FusedTensor,
+    gamma: FusedTensor,
+    mean: FusedTensor,
+    rstd: FusedTensor,
+}
+
+/// The backward node: parents input, gamma and beta (an untracked stand-in without beta).
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl Backward<Cube, 3> for LayerNormBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_input, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<Cube>(&ops.node);
+        let Saved {
+            input,
+            gamma,
+            mean,
+            rstd,
+        } = ops.state;
+        let dtype = gamma.dtype();
+        let width = gamma.shape()[0];
+        let (dx, dgamma, dbeta) =
+            <Cube as LayerNormKernels>::layer_norm_backward(grad, input, gamma, mean, rstd);
+        // The partial sums `[chunks, width]` in f32, added over the chunks, in the parameter's
+        // dtype.
+        let finish = |partial: FusedTensor| {
+            let summed = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::new([width]));
+            if dtype == DType::F32 {
+                summed
+            } else {
+                Cube::float_cast(summed, dtype.into())
+            }
+        };
+        if let Some(node) = node_input {
+            grads.register::<Cube>(node.id, dx);
+        }
+        if let Some(node) = node_gamma {
+            grads.register::<Cube>(node.id, finish(dgamma));
+        }
+        if let Some(node) = node_beta {
+            grads.register::<Cube>(node.id, finish(dbeta));
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
+    fn fused_layer_norm(
+        input: AutodiffTensor,
+        gamma: AutodiffTensor,
+        beta: AutodiffTensor,
+        has_beta: bool,
+        epsilon: f64,
+    ) -> AutodiffTensor {
+        let (input, input_node) = input.into_parts();
+        let (gamma, gamma_node) = gamma.into_parts();
+        let (beta, beta_node) = beta.into_parts();
+        // Without beta, an untracked parent in its place: it asks for no gradient.
+        let beta_node = if has_beta {
+            beta_node
+        } else {
+            AutodiffTensor::new(gamma.clone()).node()
+        };
+        let prepared = LayerNormBackward
+            .prepare::<C>([input_node, gamma_node, beta_node])
+            .compute_bound()
+            .stateful();
+        let (output, mean, rstd) = forward(input.clone(), gamma.clone(), beta, has_beta, epsilon);
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish(
+                Saved {
+                    input,
+                    gamma,
+                    mean,
+                    rstd,
+                },
+                output,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        }
+    }
+}
+
+/// The fused layer norm of tensors of burn's cubecl backend (autodiff or not), through burn's
+/// dispatch. The caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`,
+/// `bf16` for all) and the shapes (gamma and beta `[width]`, the input's last dimension `width
+/// > 0`).
+pub(crate) fn layer_norm(
+    input: burn::backend::DispatchTensor,
+    gamma: burn::backend::DispatchTensor,
+    beta: Option<burn::backend::DispatchTensor>,
+    epsilon: f64,
+) -> burn::backend::DispatchTensor {
+    let has_beta = beta.is_some();
+    let beta = beta.unwrap_or_else(|| gamma.clone());
+    <burn::backend::Dispatch as FusedNormOps>::fused_layer_norm(
+        input, gamma, beta, has_beta, epsilon,
+    )
+}

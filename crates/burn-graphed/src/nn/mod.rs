@@ -1,0 +1,14 @@
+//! Fused layers with their own backward, for graphs and eager code alike: change a `use` line
+//! (`burn::nn::LayerNorm` to `burn_graphed::nn::LayerNorm`) and the model runs one kernel where
+//! burn composes several, inside a graph as outside. Each op runs its fused kernels on burn's
+//! cubecl backends (CUDA, wgpu) and falls back to burn's own composition elsewhere (Flex) and
+//! for inputs its kernels do not take; the parameters carry burn-nn's names and shapes, so a
+//! module's saved parameters load into either.
+//!
+//! | op | fused on cubecl backends | falls back to burn's composition |
+//! | --- | --- | --- |
+//! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
+
+mod norm;
+
+pub use norm::{LayerNorm, LayerNormConfig, layer_norm};

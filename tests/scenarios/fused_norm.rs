@@ -1,0 +1,465 @@
+//! `burn_graphed::nn::layer_norm` and `LayerNorm` against the exact norm (computed on the host
+//! in `f64` from the very values the device holds) and against burn-nn's, forward and all three
+//! gradients, in `f32`, `f16` and `bf16`, with and without beta, odd widths, widths above one
+//! cube's threads, more rows than one grid dimension holds, a non-contiguous input; inside a
+//! graphed call; and burn-nn's parameters loading into the fused module and back.
+//!
+//! Tolerance, derived: both the fused kernels and burn's composition compute the same formula;
+//! they differ in the order of the sums (a tree per row here, burn's reductions there), in
+//! where they round (the fused path computes in `f32` and rounds once to the dtype; burn-nn
+//! rounds every operation in `bf16`, computes `f16` in `f32`) and in the parameter gradients'
+//! summation over rows. So the fused error against the exact values must be at most twice
+//! burn-nn's own error on the same data, plus one rounding of the result to its dtype (`u`,
+//! half a unit in the last place, relative to the tensor's largest magnitude). Errors are
+//! measured as the largest distance over the tensor divided by its largest exact magnitude. The
+//! negative controls show the bound is far below the smallest real error it must catch: the
+//! exact values of a neighbouring row (an off-by-one row, a stale row), and in `f32` a norm with
+//! the wrong epsilon (`1e-3` for `1e-5`).
+
+use super::skip::skip;
+use super::*;
+use burn::module::Param;
+use burn::tensor::{DType, FloatDType};
+use burn_graphed::nn::{LayerNorm, LayerNormConfig, layer_norm};
+
+/// One case: the input's shape (normalized over its last dimension), beta or not, and whether
+/// the input is a transposed (non-contiguous) view.
+struct Case {
+    shape: Vec<usize>,
+    beta: bool,
+    transposed: bool,
+}
+
+fn case(shape: &[usize], beta: bool) -> Case {
+    Case {
+        shape: shape.to_vec(),
+        beta,
+        transposed: false,
+    }
+}
+
+/// Deterministic values in about [-2, 2], with an offset per row so that the mean matters.
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|i| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+            unit * 4.0 - 2.0 + ((i / 7) % 5) as f32 * 0.3
+        })
+        .collect()
+}
+
+/// Unit roundoff of `dtype`.
+fn unit_roundoff(dtype: FloatDType) -> f64 {
+    match dtype {
+        FloatDType::F16 => 2f64.powi(-11),
+        FloatDType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-24),
+    }
+}
+
+fn host(data: TensorData) -> Vec<f64> {
+    data.convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("float values")
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// The exact forward and gradients of a layer norm over rows of `width`: `(y, dx, dgamma,
+/// dbeta)` for the output gradient `dy`.
+fn exact(
+    x: &[f64],
+    gamma: &[f64],
+    beta: Option<&[f64]>,
+    dy: &[f64],
+    width: usize,
+    epsilon: f64,
+) -> [Vec<f64>; 4] {
+    let rows = x.len() / width;
+    let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    let (mut dgamma, mut dbeta) = (vec![0.0; width], vec![0.0; width]);
+    for r in 0..rows {
+        let row = &x[r * width..(r + 1) * width];
+        let mean = row.iter().sum::<f64>() / width as f64;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / width as f64;
+        let rstd = 1.0 / (var + epsilon).sqrt();
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let g: Vec<f64> = (0..width).map(|i| dy[r * width + i] * gamma[i]).collect();
+        let mean_g = g.iter().sum::<f64>() / width as f64;
+        let mean_gx = (0..width).map(|i| g[i] * xhat[i]).sum::<f64>() / width as f64;
+        for i in 0..width {
+            y[r * width + i] = xhat[i] * gamma[i] + beta.map_or(0.0, |b| b[i]);
+            dx[r * width + i] = rstd * (g[i] - mean_g - xhat[i] * mean_gx);
+            dgamma[i] += dy[r * width + i] * xhat[i];
+            dbeta[i] += dy[r * width + i];
+        }
+    }
+    [y, dx, dgamma, dbeta]
+}
+
+/// Largest distance over the tensor divided by the exact tensor's largest magnitude.
+fn error(got: &[f64], exact: &[f64]) -> f64 {
+    let scale = exact
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs()))
+        .max(f64::MIN_POSITIVE);
+    got.iter()
+        .zip(exact)
+        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
+        / scale
+}
+
+/// Forward and gradients `(y, dx, dgamma, dbeta)` of `norm` on `x` with output gradient `dy`
+/// (through `loss = sum(y * dy)`), read back.
+fn run<F: Fn(Tensor<2>) -> Tensor<2>>(
+    norm: F,
+    x: Tensor<2>,
+    dy: Tensor<2>,
+    params: (&Param<Tensor<1>>, Option<&Param<Tensor<1>>>),
+) -> [Vec<f64>; 4] {
+    let x = x.require_grad();
+    let y = norm(x.clone());
+    let grads = (y.clone() * dy).sum().backward();
+    let grad = |t: &Tensor<1>| host(t.grad(&grads).expect("a gradient").into_data());
+    [
+        host(y.into_data()),
+        host(x.grad(&grads).expect("the input's gradient").into_data()),
+        grad(&params.0.val()),
+        params.1.map_or_else(Vec::new, |b| grad(&b.val())),
+    ]
+}
+
+/// The case on `device` in `dtype`: the fused module's errors within the bound, the controls
+/// far outside it; on a backend without the fused kernels the module is burn-nn's, bit for bit.
+fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
+    let width = *case.shape.last().expect("a shape");
+    let count: usize = case.shape.iter().product();
+    let rows = count / width;
+    let epsilon = 1e-5;
+    let made = |values: Vec<f32>, shape: Vec<usize>| {
+        Tensor::<1>::from_data(
+            TensorData::new(values, [shape.iter().product::<usize>()]),
+            device,
+        )
+        .cast(dtype)
+    };
+    // The input as `[rows, width]`, or a transposed view of its `[width, rows]` transpose.
+    let x = if case.transposed {
+        made(values(count, seed), vec![count])
+            .reshape([width, rows])
+            .transpose()
+    } else {
+        made(values(count, seed), vec![count]).reshape([rows, width])
+    };
+    let dy = made(values(count, seed + 1), vec![count]).reshape([rows, width]);
+    let gamma: Vec<f32> = values(width, seed + 2)
+        .iter()
+        .map(|v| 1.0 + v * 0.25)
+        .collect();
+    let beta: Vec<f32> = values(width, seed + 3).iter().map(|v| v * 0.5).collect();
+
+    let mut fused_module = LayerNormConfig::new(width)
+        .with_bias(case.beta)
+        .init(device);
+    fused_module.gamma = Param::from_tensor(made(gamma.clone(), vec![width]));
+    fused_module.beta = case
+        .beta
+        .then(|| Param::from_tensor(made(beta.clone(), vec![width])));
+    let burn_module = fused_module.clone().into_burn();
+
+    // The exact values from what the device holds (rounded to the dtype).
+    let x_host = host(x.clone().into_data());
+    let dy_host = host(dy.clone().into_data());
+    let gamma_host = host(fused_module.gamma.val().into_data());
+    let beta_host = fused_module
+        .beta
+        .as_ref()
+        .map(|b| host(b.val().into_data()));
+    let truth = exact(
+        &x_host,
+        &gamma_host,
+        beta_host.as_deref(),
+        &dy_host,
+        width,
+        epsilon,
+    );
+
+    let fused_before = burn_graphed::testing::fused_layer_norms();
+    let fused = run(
+        |x| fused_module.forward(x),
+        x.clone(),
+        dy.clone(),
+        (&fused_module.gamma, fused_module.beta.as_ref()),
+    );
+    let burn = run(
+        |x| burn_module.forward(x),
+        x,
+        dy,
+        (&burn_module.gamma, burn_module.beta.as_ref()),
+    );
+    let names = [
+        "output",
+        "input gradient",
+        "gamma gradient",
+        "beta gradient",
+    ];
+    let u = unit_roundoff(dtype);
+    let label = format!(
+        "{dtype:?} {:?} beta {} transposed {}",
+        case.shape, case.beta, case.transposed
+    );
+    for k in 0..4 {
+        if k == 3 && !case.beta {
+            continue;
+        }
+        let (fused_error, burn_error) = (error(&fused[k], &truth[k]), error(&burn[k], &truth[k]));
+        let bound = 2.0 * burn_error + u;
+        println!(
+            "layer norm {label} {}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}",
+            names[k]
+        );
+        assert!(
+            fused_error <= bound,
+            "layer norm {label} {}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})",
+            names[k]
+        );
+        // Negative control: the exact values of the neighbouring row (gradients of gamma and
+        // beta: of the data shifted by one row) must fail the bound by far.
+        if rows > 1 && k < 2 {
+            let shifted: Vec<f64> = truth[k][width..]
+                .iter()
+                .chain(&truth[k][..width])
+                .copied()
+                .collect();
+            let control = error(&shifted, &truth[k]);
+            assert!(
+                control > 10.0 * bound,
+                "control {label} {}: a neighbouring row is off {control:.3e}, not 10x the bound {bound:.3e}",
+                names[k]
+            );
+        }
+    }
+    if dtype == FloatDType::F32 {
+        let wrong = exact(
+            &x_host,
+            &gamma_host,
+            beta_host.as_deref(),
+            &dy_host,
+            width,
+            1e-3,
+        );
+        let control = error(&wrong[0], &truth[0]);
+        let bound = 2.0 * error(&burn[0], &truth[0]) + u;
+        assert!(
+            control > 10.0 * bound,
+            "control {label}: epsilon 1e-3 for 1e-5 is off {control:.3e}, not 10x the bound {bound:.3e}"
+        );
+    }
+    if supports_graphs(device) {
+        assert!(
+            burn_graphed::testing::fused_layer_norms() > fused_before,
+            "{label}: the fused kernels did not run"
+        );
+        // The fused path ran: in bf16 it is the more accurate one by far (burn-nn rounds every
+        // operation), which burn's composition cannot be.
+        if dtype == FloatDType::BF16 {
+            let (fused_error, burn_error) =
+                (error(&fused[0], &truth[0]), error(&burn[0], &truth[0]));
+            assert!(
+                fused_error * 2.0 < burn_error,
+                "bf16 {label}: the fused output ({fused_error:.3e}) is not clearly more exact than burn-nn's ({burn_error:.3e}): did the fused kernel run?"
+            );
+        }
+    } else {
+        // No fused kernels here: the module is burn-nn's, bit for bit.
+        assert_eq!(
+            fused, burn,
+            "{label}: the fallback is not burn-nn's computation"
+        );
+    }
+}
+
+/// The cases of one dtype; a device without the dtype skips them, and says so.
+pub fn layer_norm_matches_exact(device: &Device, dtype: FloatDType) {
+    let device = device.clone().autodiff();
+    if !device.supports_dtype(DType::from(dtype)) {
+        skip(&format!("{device:?} has no {dtype:?}"));
+        return;
+    }
+    let mut cases = vec![
+        case(&[4, 7], true),
+        case(&[3, 5, 33], false),
+        case(&[2, 300], true),
+        case(&[16, 96], true),
+        Case {
+            shape: vec![6, 33],
+            beta: true,
+            transposed: true,
+        },
+    ];
+    if dtype == FloatDType::F32 {
+        // More rows than one grid dimension holds (65535 cubes), and a wide row.
+        cases.push(case(&[66_000, 3], true));
+        cases.push(case(&[8, 1000], false));
+    }
+    for (seed, case) in cases.iter().enumerate() {
+        let shape = case.shape.clone();
+        // Rank 3 and above: the module normalizes the last dimension of any rank; the cases
+        // run as `[rows, width]`, which is the same computation.
+        let flat = Case {
+            shape: vec![
+                shape[..shape.len() - 1].iter().product(),
+                shape[shape.len() - 1],
+            ],
+            beta: case.beta,
+            transposed: case.transposed,
+        };
+        check_case(&device, dtype, &flat, seed as u64 * 10);
+    }
+    // Rank 3 through the function: the same values as rank 2.
+    let x = Tensor::<1>::from_data(TensorData::new(values(60, 77), [60]), &device).cast(dtype);
+    let gamma = Tensor::<1>::from_data(TensorData::new(values(5, 78), [5]), &device).cast(dtype);
+    let rank_3 = layer_norm(x.clone().reshape([3, 4, 5]), gamma.clone(), None, 1e-5);
+    let rank_2 = layer_norm(x.reshape([12, 5]), gamma, None, 1e-5);
+    assert_eq!(
+        rank_3.reshape([12, 5]).into_data(),
+        rank_2.into_data(),
+        "rank 3 and rank 2 normalize alike"
+    );
+}
+
+/// The fused module inside a graphed call equals the same module called eagerly (same kernels,
+/// fixed summation order: bit for bit), forward and gradients, over several calls.
+pub fn layer_norm_graphed_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    let mut module = LayerNormConfig::new(48).init(&device);
+    module.gamma = Param::from_tensor(Tensor::<1>::from_data(
+        TensorData::new(values(48, 5), [48]),
+        &device,
+    ));
+    let eager = burn_graphed_testkit::deep_copy(&module);
+    let input = |step: u64| {
+        Tensor::<1>::from_data(
+            TensorData::new(values(8 * 48, 100 + step), [8 * 48]),
+            &device,
+        )
+        .reshape([8, 48])
+    };
+    let forward = |m: &LayerNorm, x: Tensor<2>| m.forward(x).tanh();
+    let graphed = burn_graphed::Graphed::new(
+        module,
+        forward,
+        input(0),
+        &burn_graphed::GraphedConfig::new(),
+    )
+    .expect("capture");
+    for step in 1..4 {
+        let x = input(step);
+        let expected = forward(&eager, x.clone());
+        let got = graphed.forward(x).expect("graphed call");
+        assert_eq!(
+            got.clone().into_data(),
+            expected.clone().into_data(),
+            "step {step} output"
+        );
+        let g = got.sum().backward();
+        let e = expected.sum().backward();
+        let grad = |m: &LayerNorm, grads: &burn::tensor::Gradients| {
+            m.gamma
+                .val()
+                .grad(grads)
+                .expect("gamma's gradient")
+                .into_data()
+        };
+        assert_eq!(
+            grad(graphed.module(), &g),
+            grad(&eager, &e),
+            "step {step} gamma gradient"
+        );
+    }
+    if supports_graphs(&device) {
+        assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
+        assert!(
+            burn_graphed::testing::fused_layer_norms() > 0,
+            "the fused kernels did not run"
+        );
+    }
+}
+
+/// A checkpoint loads both ways: burn-nn's `LayerNorm` saved to a file loads into the fused
+/// module, and the fused module's file into burn-nn's, parameters equal; both then compute
+/// the same norm within the bound of `layer_norm_matches_exact` (here: equal on Flex, where
+/// the fused module is burn-nn's composition). A module of another width refuses the file.
+pub fn layer_norm_checkpoints_load_both_ways(device: &Device) {
+    let dir = std::env::temp_dir().join(format!(
+        "burn-graphed-layer-norm-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let width = 24;
+    let mut burn_module = burn::nn::LayerNormConfig::new(width).init(device);
+    burn_module.gamma = Param::from_tensor(Tensor::from_data(
+        TensorData::new(values(width, 1), [width]),
+        device,
+    ));
+    burn_module.beta = Some(Param::from_tensor(Tensor::from_data(
+        TensorData::new(values(width, 2), [width]),
+        device,
+    )));
+    let burn_file = dir.join("burn_nn.bpk");
+    burn_module
+        .clone()
+        .save_file(&burn_file)
+        .expect("burn-nn's module saves");
+    let fused = LayerNormConfig::new(width)
+        .init(device)
+        .load_file(&burn_file);
+    let values_of = |gamma: &Param<Tensor<1>>, beta: Option<&Param<Tensor<1>>>| {
+        (gamma.val().into_data(), beta.map(|b| b.val().into_data()))
+    };
+    assert_eq!(
+        values_of(&fused.gamma, fused.beta.as_ref()),
+        values_of(&burn_module.gamma, burn_module.beta.as_ref()),
+        "burn-nn's file in the fused module"
+    );
+
+    let mut fused = fused;
+    fused.gamma = Param::from_tensor(Tensor::from_data(
+        TensorData::new(values(width, 3), [width]),
+        device,
+    ));
+    let fused_file = dir.join("fused.bpk");
+    fused
+        .clone()
+        .save_file(&fused_file)
+        .expect("the fused module saves");
+    let back = burn::nn::LayerNormConfig::new(width)
+        .init(device)
+        .load_file(&fused_file);
+    assert_eq!(
+        values_of(&back.gamma, back.beta.as_ref()),
+        values_of(&fused.gamma, fused.beta.as_ref()),
+        "the fused module's file in burn-nn's"
+    );
+    let x = Tensor::<2>::from_data(TensorData::new(values(5 * width, 4), [5, width]), device);
+    let (ours, theirs) = (fused.forward(x.clone()), back.forward(x));
+    let distance = error(&host(ours.into_data()), &host(theirs.into_data()));
+    assert!(
+        distance < 1e-6,
+        "the loaded modules compute apart: {distance:.3e}"
+    );
+
+    let wrong = LayerNormConfig::new(width + 1)
+        .init(device)
+        .try_load_file(&burn_file);
+    assert!(wrong.is_err(), "a module of another width took the file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
