@@ -35,6 +35,8 @@ on_devices! {
     layer_norm_matches_exact_f16 => |d| scenarios::fused_norm::layer_norm_matches_exact(d, burn::tensor::FloatDType::F16);
     layer_norm_matches_exact_bf16 => |d| scenarios::fused_norm::layer_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_graphed_matches_eager => scenarios::fused_norm::layer_norm_graphed_matches_eager;
+    rms_norm_matches_exact_f32 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::F32);
+    rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
     loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);

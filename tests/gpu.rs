@@ -950,7 +950,7 @@ mod robustness {
     }
 }
 
-/// The fused layer norm against the exact norm and burn-nn's, forward and gradients, in each
+/// The fused layer norm and RMS norm against the exact norm and burn-nn's, forward and gradients, in each
 /// float dtype (`scenarios::fused_norm`).
 #[test]
 fn layer_norm_matches_exact() {
@@ -960,6 +960,7 @@ fn layer_norm_matches_exact() {
         burn::tensor::FloatDType::BF16,
     ] {
         scenarios::fused_norm::layer_norm_matches_exact(&cuda(), dtype);
+        scenarios::fused_norm::rms_norm_matches_exact(&cuda(), dtype);
     }
 }
 

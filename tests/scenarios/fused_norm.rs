@@ -20,7 +20,7 @@ use super::skip::skip;
 use super::*;
 use burn::module::Param;
 use burn::tensor::{DType, FloatDType};
-use burn_graphed::nn::{LayerNorm, LayerNormConfig, layer_norm};
+use burn_graphed::nn::{LayerNorm, LayerNormConfig, RmsNorm, layer_norm};
 
 /// One case: the input's shape (normalized over its last dimension), beta or not, and whether
 /// the input is a transposed (non-contiguous) view.
@@ -81,18 +81,27 @@ fn exact(
     dy: &[f64],
     width: usize,
     epsilon: f64,
+    centered: bool,
 ) -> [Vec<f64>; 4] {
     let rows = x.len() / width;
     let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
     let (mut dgamma, mut dbeta) = (vec![0.0; width], vec![0.0; width]);
     for r in 0..rows {
         let row = &x[r * width..(r + 1) * width];
-        let mean = row.iter().sum::<f64>() / width as f64;
+        let mean = if centered {
+            row.iter().sum::<f64>() / width as f64
+        } else {
+            0.0
+        };
         let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / width as f64;
         let rstd = 1.0 / (var + epsilon).sqrt();
         let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
         let g: Vec<f64> = (0..width).map(|i| dy[r * width + i] * gamma[i]).collect();
-        let mean_g = g.iter().sum::<f64>() / width as f64;
+        let mean_g = if centered {
+            g.iter().sum::<f64>() / width as f64
+        } else {
+            0.0
+        };
         let mean_gx = (0..width).map(|i| g[i] * xhat[i]).sum::<f64>() / width as f64;
         for i in 0..width {
             y[r * width + i] = xhat[i] * gamma[i] + beta.map_or(0.0, |b| b[i]);
@@ -138,7 +147,8 @@ fn run<F: Fn(Tensor<2>) -> Tensor<2>>(
 
 /// The case on `device` in `dtype`: the fused module's errors within the bound, the controls
 /// far outside it; on a backend without the fused kernels the module is burn-nn's, bit for bit.
-fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
+/// `centered`: the layer norm, else the RMS norm (no beta).
+fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, centered: bool) {
     let width = *case.shape.last().expect("a shape");
     let count: usize = case.shape.iter().product();
     let rows = count / width;
@@ -173,6 +183,11 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         .beta
         .then(|| Param::from_tensor(made(beta.clone(), vec![width])));
     let burn_module = fused_module.clone().into_burn();
+    let rms_module = RmsNorm {
+        gamma: fused_module.gamma.clone(),
+        epsilon,
+    };
+    let burn_rms: burn::nn::RmsNorm = rms_module.clone().into();
 
     // The exact values from what the device holds (rounded to the dtype).
     let x_host = host(x.clone().into_data());
@@ -182,6 +197,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         .beta
         .as_ref()
         .map(|b| host(b.val().into_data()));
+    let beta_host = beta_host.filter(|_| centered);
     let truth = exact(
         &x_host,
         &gamma_host,
@@ -189,21 +205,41 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         &dy_host,
         width,
         epsilon,
+        centered,
     );
 
     let fused_before = burn_graphed::testing::fused_layer_norms();
-    let fused = run(
-        |x| fused_module.forward(x),
-        x.clone(),
-        dy.clone(),
-        (&fused_module.gamma, fused_module.beta.as_ref()),
-    );
-    let burn = run(
-        |x| burn_module.forward(x),
-        x,
-        dy,
-        (&burn_module.gamma, burn_module.beta.as_ref()),
-    );
+    let (fused, burn) = if centered {
+        (
+            run(
+                |x| fused_module.forward(x),
+                x.clone(),
+                dy.clone(),
+                (&fused_module.gamma, fused_module.beta.as_ref()),
+            ),
+            run(
+                |x| burn_module.forward(x),
+                x,
+                dy,
+                (&burn_module.gamma, burn_module.beta.as_ref()),
+            ),
+        )
+    } else {
+        (
+            run(
+                |x| rms_module.forward(x),
+                x.clone(),
+                dy.clone(),
+                (&rms_module.gamma, None),
+            ),
+            run(|x| burn_rms.forward(x), x, dy, (&burn_rms.gamma, None)),
+        )
+    };
+    let case = &Case {
+        beta: case.beta && centered,
+        shape: case.shape.clone(),
+        transposed: case.transposed,
+    };
     let names = [
         "output",
         "input gradient",
@@ -211,8 +247,9 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         "beta gradient",
     ];
     let u = unit_roundoff(dtype);
+    let kind = if centered { "layer norm" } else { "rms norm" };
     let label = format!(
-        "{dtype:?} {:?} beta {} transposed {}",
+        "{kind} {dtype:?} {:?} beta {} transposed {}",
         case.shape, case.beta, case.transposed
     );
     for k in 0..4 {
@@ -222,12 +259,12 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         let (fused_error, burn_error) = (error(&fused[k], &truth[k]), error(&burn[k], &truth[k]));
         let bound = 2.0 * burn_error + u;
         println!(
-            "layer norm {label} {}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}",
+            "{label} {}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}",
             names[k]
         );
         assert!(
             fused_error <= bound,
-            "layer norm {label} {}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})",
+            "{label} {}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})",
             names[k]
         );
         // Negative control: the exact values of the neighbouring row (gradients of gamma and
@@ -254,6 +291,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
             &dy_host,
             width,
             1e-3,
+            centered,
         );
         let control = error(&wrong[0], &truth[0]);
         let bound = 2.0 * error(&burn[0], &truth[0]) + u;
@@ -267,9 +305,9 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
             burn_graphed::testing::fused_layer_norms() > fused_before,
             "{label}: the fused kernels did not run"
         );
-        // The fused path ran: in bf16 it is the more accurate one by far (burn-nn rounds every
-        // operation), which burn's composition cannot be.
-        if dtype == FloatDType::BF16 {
+        // In bf16 the fused layer norm is the more exact one by far (burn-nn rounds every
+        // operation of its layer norm in bf16; its RMS norm only three).
+        if dtype == FloatDType::BF16 && centered {
             let (fused_error, burn_error) =
                 (error(&fused[0], &truth[0]), error(&burn[0], &truth[0]));
             assert!(
@@ -288,6 +326,15 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
 
 /// The cases of one dtype; a device without the dtype skips them, and says so.
 pub fn layer_norm_matches_exact(device: &Device, dtype: FloatDType) {
+    norm_matches_exact(device, dtype, true);
+}
+
+/// The RMS norm's cases (the layer norm's, without beta).
+pub fn rms_norm_matches_exact(device: &Device, dtype: FloatDType) {
+    norm_matches_exact(device, dtype, false);
+}
+
+fn norm_matches_exact(device: &Device, dtype: FloatDType, centered: bool) {
     let device = device.clone().autodiff();
     if !device.supports_dtype(DType::from(dtype)) {
         skip(&format!("{device:?} has no {dtype:?}"));
@@ -321,7 +368,7 @@ pub fn layer_norm_matches_exact(device: &Device, dtype: FloatDType) {
             beta: case.beta,
             transposed: case.transposed,
         };
-        check_case(&device, dtype, &flat, seed as u64 * 10);
+        check_case(&device, dtype, &flat, seed as u64 * 10, centered);
     }
     // Rank 3 through the function: the same values as rank 2.
     let x = Tensor::<1>::from_data(TensorData::new(values(60, 77), [60]), &device).cast(dtype);

@@ -27,6 +27,8 @@ const FEATURES: &[&str] = &[
     "graphed",
     "group",
     "multi_adam",
+    "nn/mod",
+    "nn/norm",
     "optim",
     "rng",
     "step",

@@ -10,7 +10,7 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Bucket, Replayed, StepCut};
+pub(crate) use values::{AdamHyper, Bucket, NormInputs, Replayed, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
@@ -61,7 +61,7 @@ pub(crate) use self::{
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
-    norm_op::{forwards as fused_norm_forwards, layer_norm},
+    norm_op::{forwards as fused_norm_forwards, norm},
     random_state::RandomState,
     step_graph::{StepGraph, StepState, capture_step},
 };
@@ -72,5 +72,5 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, enable_kernel_cache,
-    fused_norm_forwards, layer_norm, supports_graphs,
+    fused_norm_forwards, norm, supports_graphs,
 };

@@ -26,6 +26,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::NormInputs;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
@@ -96,6 +97,7 @@ fn forward_kernel<F: Float>(
     epsilon: f32,
     #[comptime] threads: usize,
     #[comptime] has_beta: bool,
+    #[comptime] centered: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = row_of_cube();
@@ -106,13 +108,16 @@ fn forward_kernel<F: Float>(
         let base = row * width;
         let unit = UNIT_POS as usize;
         let count = f32::cast_from(width);
-        let mut sum = 0.0f32;
         let mut i = unit;
-        while i < width {
-            sum += f32::cast_from(input[base + i]);
-            i += threads;
+        let mut row_mean = 0.0f32;
+        if centered {
+            let mut sum = 0.0f32;
+            while i < width {
+                sum += f32::cast_from(input[base + i]);
+                i += threads;
+            }
+            row_mean = cube_sum(sum, threads) / count;
         }
-        let row_mean = cube_sum(sum, threads) / count;
         let mut squares = 0.0f32;
         i = unit;
         while i < width {
@@ -151,6 +156,7 @@ fn input_grad_kernel<F: Float>(
     dx: &mut [F],
     width: u32,
     #[comptime] threads: usize,
+    #[comptime] centered: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = row_of_cube();
@@ -172,7 +178,10 @@ fn input_grad_kernel<F: Float>(
             sum_gx += g * xhat;
             i += threads;
         }
-        let mean_g = cube_sum(sum_g, threads) / count;
+        let mut mean_g = 0.0f32;
+        if centered {
+            mean_g = cube_sum(sum_g, threads) / count;
+        }
         let mean_gx = cube_sum(sum_gx, threads) / count;
         i = unit;
         while i < width {
@@ -229,8 +238,9 @@ fn param_grad_kernel<F: Float>(
 pub(crate) trait LayerNormKernels: Backend {
     /// The forward: `(output, mean, rstd)`, the output of `input`'s shape and dtype, the row
     /// statistics `[rows]` in `f32`. `beta` is read only with `has_beta` (pass any tensor of
-    /// gamma's shape otherwise). Shapes and dtypes were checked by the caller.
-    #[fusion(meta = |input, _gamma, _beta, _epsilon, _has_beta| {
+    /// gamma's shape otherwise). Without `centered`, the RMS norm: no mean is subtracted (the
+    /// saved mean is 0). Shapes and dtypes were checked by the caller.
+    #[fusion(meta = |input, _gamma, _beta, _epsilon, _has_beta, _centered| {
         let rows = rows_of(&input.shape);
         let stats = burn::backend::fusion::custom::TensorSpec::new(Shape::new([rows]), DType::F32);
         (input.clone(), stats.clone(), stats)
@@ -241,11 +251,13 @@ pub(crate) trait LayerNormKernels: Backend {
         beta: FloatTensor<Self>,
         epsilon: f32,
         has_beta: bool,
+        centered: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The backward: `(dx, dgamma, dbeta)`, `dx` of `input`'s shape and dtype, the parameter
     /// gradients as `[chunks, width]` partial sums in `f32` (sum them over dimension 0).
-    #[fusion(meta = |_grad, input, _gamma, mean, _rstd| {
+    /// `centered` as in the forward.
+    #[fusion(meta = |_grad, input, _gamma, mean, _rstd, _centered| {
         let width = input.shape[input.shape.num_dims() - 1];
         let partial = burn::backend::fusion::custom::TensorSpec::new(
             Shape::new([grad_chunks(mean.shape[0]).0, width]),
@@ -259,6 +271,7 @@ pub(crate) trait LayerNormKernels: Backend {
         gamma: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
+        centered: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -285,6 +298,41 @@ fn elem_of(tensor: &CubeTensor) -> ElemType {
     })
 }
 
+/// Where a launch goes and what it covers: the input's rows of `width` elements of `elem`.
+struct Layout {
+    shape: Shape,
+    rows: usize,
+    width: usize,
+    elem: ElemType,
+    client: cubecl::client::Client,
+    device: burn_cubecl::CubeDevice,
+}
+
+impl Layout {
+    fn of(input: &CubeTensor) -> Self {
+        let shape = input.meta.shape().clone();
+        Self {
+            rows: rows_of(&shape),
+            width: shape[shape.num_dims() - 1],
+            shape,
+            elem: elem_of(input),
+            client: input.client.clone(),
+            device: input.device.clone(),
+        }
+    }
+
+    /// A new dense buffer of `dtype` (the input's dtype when `None`), of `shape` (the
+    /// input's when `None`).
+    fn new_buffer(&self, shape: Option<Shape>, dtype: DType) -> Dense {
+        Dense::new_empty(
+            self.client.clone(),
+            self.device.clone(),
+            shape.unwrap_or_else(|| self.shape.clone()),
+            dtype,
+        )
+    }
+}
+
 impl LayerNormKernels for CubeBackend {
     fn layer_norm_forward(
         input: CubeTensor,
@@ -292,22 +340,13 @@ impl LayerNormKernels for CubeBackend {
         beta: CubeTensor,
         epsilon: f32,
         has_beta: bool,
+        centered: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let shape = input.meta.shape().clone();
-        let rows = rows_of(&shape);
-        let width = shape[shape.num_dims() - 1];
-        let elem = elem_of(&input);
-        let (client, device) = (input.client.clone(), input.device.clone());
+        let layout = Layout::of(&input);
+        let (rows, width, elem, client) = (layout.rows, layout.width, layout.elem, &layout.client);
+        let output = layout.new_buffer(None, input.dtype);
         let (input, gamma, beta) = (Dense::of(&input), Dense::of(&gamma), Dense::of(&beta));
-        let output = Dense::new_empty(client.clone(), device.clone(), shape, input.tensor().dtype);
-        let stats = || {
-            Dense::new_empty(
-                client.clone(),
-                device.clone(),
-                Shape::new([rows]),
-                DType::F32,
-            )
-        };
+        let stats = || layout.new_buffer(Some(Shape::new([rows])), DType::F32);
         let (mean, rstd) = (stats(), stats());
         let threads = threads_for(width);
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, gamma and beta
@@ -318,7 +357,7 @@ impl LayerNormKernels for CubeBackend {
         // distinct from each other and from the read ones.
         unsafe {
             forward_kernel::launch_unchecked(
-                &client,
+                client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),
                 input.arg(),
@@ -331,6 +370,7 @@ impl LayerNormKernels for CubeBackend {
                 epsilon,
                 threads,
                 has_beta,
+                centered,
                 elem,
             );
         }
@@ -343,24 +383,15 @@ impl LayerNormKernels for CubeBackend {
         gamma: CubeTensor,
         mean: CubeTensor,
         rstd: CubeTensor,
+        centered: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let shape = input.meta.shape().clone();
-        let rows = rows_of(&shape);
-        let width = shape[shape.num_dims() - 1];
-        let elem = elem_of(&input);
-        let (client, device) = (input.client.clone(), input.device.clone());
+        let layout = Layout::of(&input);
+        let (rows, width, elem, client) = (layout.rows, layout.width, layout.elem, &layout.client);
+        let dx = layout.new_buffer(None, input.dtype);
         let (grad, input, gamma) = (Dense::of(&grad), Dense::of(&input), Dense::of(&gamma));
         let (mean, rstd) = (Dense::of(&mean), Dense::of(&rstd));
-        let dx = Dense::new_empty(client.clone(), device.clone(), shape, input.tensor().dtype);
         let (chunks, per_chunk) = grad_chunks(rows);
-        let partial = || {
-            Dense::new_empty(
-                client.clone(),
-                device.clone(),
-                Shape::new([chunks, width]),
-                DType::F32,
-            )
-        };
+        let partial = || layout.new_buffer(Some(Shape::new([chunks, width])), DType::F32);
         let (dgamma, dbeta) = (partial(), partial());
         let threads = threads_for(width);
         // SAFETY: as in the forward: one dtype `elem` for grad, input, gamma and dx, f32 for
@@ -371,7 +402,7 @@ impl LayerNormKernels for CubeBackend {
         // new allocations, distinct from each other and from the read ones.
         unsafe {
             input_grad_kernel::launch_unchecked(
-                &client,
+                client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),
                 grad.arg(),
@@ -382,10 +413,11 @@ impl LayerNormKernels for CubeBackend {
                 dx.arg(),
                 width as u32,
                 threads,
+                centered,
                 elem,
             );
             param_grad_kernel::launch_unchecked(
-                &client,
+                client,
                 CubeCount::Static(width.div_ceil(MAX_THREADS).max(1) as u32, chunks as u32, 1),
                 CubeDim::new_1d(MAX_THREADS as u32),
                 grad.arg(),
@@ -403,18 +435,20 @@ impl LayerNormKernels for CubeBackend {
     }
 }
 
-/// The layer norm with its own backward, reached from `Tensor` through burn's dispatch.
+/// The layer norm (and, without `centered`, the RMS norm) with its own backward, reached from
+/// `Tensor` through burn's dispatch.
 #[backend_extension(Cube, Autodiff)]
 pub(crate) trait FusedNormOps: Backend {
     /// `input` normalized over its last dimension, scaled by `gamma`, shifted by `beta` where
     /// `has_beta` (otherwise `beta` is not read and gets no gradient: pass gamma). An optional
     /// tensor argument does not cross burn 0.22's generated dispatch into `Autodiff`, hence
-    /// the flag.
-    fn fused_layer_norm(
+    /// the flag (UPSTREAM.md 14). Without `centered`: the RMS norm.
+    fn fused_norm(
         input: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         has_beta: bool,
+        centered: bool,
         epsilon: f64,
     ) -> FloatTensor<Self>;
 }
@@ -434,22 +468,31 @@ fn forward(
     gamma: FusedTensor,
     beta: FusedTensor,
     has_beta: bool,
+    centered: bool,
     epsilon: f64,
 ) -> (FusedTensor, FusedTensor, FusedTensor) {
     FORWARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    <Cube as LayerNormKernels>::layer_norm_forward(input, gamma, beta, epsilon as f32, has_beta)
+    <Cube as LayerNormKernels>::layer_norm_forward(
+        input,
+        gamma,
+        beta,
+        epsilon as f32,
+        has_beta,
+        centered,
+    )
 }
 
 /// Without autodiff: the forward alone.
 impl FusedNormOps for Cube {
-    fn fused_layer_norm(
+    fn fused_norm(
         input: FusedTensor,
         gamma: FusedTensor,
         beta: FusedTensor,
         has_beta: bool,
+        centered: bool,
         epsilon: f64,
     ) -> FusedTensor {
-        forward(input, gamma, beta, has_beta, epsilon).0
+        forward(input, gamma, beta, has_beta, centered, epsilon).0
     }
 }
 
@@ -460,6 +503,7 @@ struct Saved {
     gamma: FusedTensor,
     mean: FusedTensor,
     rstd: FusedTensor,
+    centered: bool,
 }
 
 /// The backward node: parents input, gamma and beta (an untracked stand-in without beta).
@@ -477,11 +521,13 @@ impl Backward<Cube, 3> for LayerNormBackward {
             gamma,
             mean,
             rstd,
+            centered,
         } = ops.state;
         let dtype = gamma.dtype();
         let width = gamma.shape()[0];
-        let (dx, dgamma, dbeta) =
-            <Cube as LayerNormKernels>::layer_norm_backward(grad, input, gamma, mean, rstd);
+        let (dx, dgamma, dbeta) = <Cube as LayerNormKernels>::layer_norm_backward(
+            grad, input, gamma, mean, rstd, centered,
+        );
         // The partial sums `[chunks, width]` in f32, added over the chunks, in the parameter's
         // dtype.
         let finish = |partial: FusedTensor| {
@@ -505,11 +551,12 @@ impl Backward<Cube, 3> for LayerNormBackward {
 }
 
 impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
-    fn fused_layer_norm(
+    fn fused_norm(
         input: AutodiffTensor,
         gamma: AutodiffTensor,
         beta: AutodiffTensor,
         has_beta: bool,
+        centered: bool,
         epsilon: f64,
     ) -> AutodiffTensor {
         let (input, input_node) = input.into_parts();
@@ -525,7 +572,14 @@ impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
             .prepare::<C>([input_node, gamma_node, beta_node])
             .compute_bound()
             .stateful();
-        let (output, mean, rstd) = forward(input.clone(), gamma.clone(), beta, has_beta, epsilon);
+        let (output, mean, rstd) = forward(
+            input.clone(),
+            gamma.clone(),
+            beta,
+            has_beta,
+            centered,
+            epsilon,
+        );
         match prepared {
             OpsKind::Tracked(prep) => prep.finish(
                 Saved {
@@ -533,6 +587,7 @@ impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
                     gamma,
                     mean,
                     rstd,
+                    centered,
                 },
                 output,
             ),
@@ -541,19 +596,19 @@ impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
     }
 }
 
-/// The fused layer norm of tensors of burn's cubecl backend (autodiff or not), through burn's
-/// dispatch. The caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`,
-/// `bf16` for all) and the shapes (gamma and beta `[width]`, the input's last dimension `width
-/// > 0`).
-pub(crate) fn layer_norm(
-    input: burn::backend::DispatchTensor,
-    gamma: burn::backend::DispatchTensor,
-    beta: Option<burn::backend::DispatchTensor>,
+/// The fused layer norm (`centered`) or RMS norm of tensors of burn's cubecl backend (autodiff
+/// or not), through burn's dispatch. The caller checked the device (a cubecl one), the dtypes
+/// (one of `f32`, `f16`, `bf16` for all) and the shapes (gamma and beta `[width]`, the input's
+/// last dimension `width > 0`).
+/// Never `Err` here (see the stand-in, which hands the tensors back).
+pub(crate) fn norm(
+    (input, gamma, beta): NormInputs,
+    centered: bool,
     epsilon: f64,
-) -> burn::backend::DispatchTensor {
+) -> Result<burn::backend::DispatchTensor, Box<NormInputs>> {
     let has_beta = beta.is_some();
     let beta = beta.unwrap_or_else(|| gamma.clone());
-    <burn::backend::Dispatch as FusedNormOps>::fused_layer_norm(
-        input, gamma, beta, has_beta, epsilon,
-    )
+    Ok(<burn::backend::Dispatch as FusedNormOps>::fused_norm(
+        input, gamma, beta, has_beta, centered, epsilon,
+    ))
 }

@@ -256,17 +256,13 @@ pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
     true
 }
 
-/// Without cubecl nothing is fused: burn's own layer norm.
-pub(crate) fn layer_norm(
-    input: burn::backend::DispatchTensor,
-    gamma: burn::backend::DispatchTensor,
-    beta: Option<burn::backend::DispatchTensor>,
-    epsilon: f64,
-) -> burn::backend::DispatchTensor {
-    use burn::backend::ops::ModuleOps;
-    <burn::backend::Dispatch as ModuleOps<burn::backend::Dispatch>>::layer_norm(
-        input, gamma, beta, epsilon,
-    )
+/// Without cubecl nothing is fused: the tensors go back for burn's composition.
+pub(crate) fn norm(
+    inputs: super::NormInputs,
+    _centered: bool,
+    _epsilon: f64,
+) -> Result<burn::backend::DispatchTensor, Box<super::NormInputs>> {
+    Err(Box::new(inputs))
 }
 
 /// Without cubecl no layer norm is fused.

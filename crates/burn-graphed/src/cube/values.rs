@@ -93,3 +93,10 @@ impl BucketLayout {
             })
     }
 }
+
+/// The tensors of a fused norm: input, gamma, beta (when the norm has one).
+pub(crate) type NormInputs = (
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+    Option<burn::backend::DispatchTensor>,
+);

@@ -8,7 +8,8 @@
 //! | op | fused on cubecl backends | falls back to burn's composition |
 //! | --- | --- | --- |
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
+//! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
 
 mod norm;
 
-pub use norm::{LayerNorm, LayerNormConfig, layer_norm};
+pub use norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig, layer_norm, rms_norm};

@@ -1,4 +1,4 @@
-//! Layer norm: the function and a module with burn-nn's parameters.
+//! Layer norm and RMS norm: the functions and modules with burn-nn's parameters.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
@@ -37,14 +37,70 @@ pub fn layer_norm<const D: usize>(
         beta.as_ref().map(Tensor::dims),
     );
     if fused(&input, &gamma, beta.as_ref()) {
-        return Tensor::from_dispatch(cube::layer_norm(
+        let inputs = (
             input.into_dispatch(),
             gamma.into_dispatch(),
             beta.map(Tensor::into_dispatch),
-            epsilon,
-        ));
+        );
+        match cube::norm(inputs, true, epsilon) {
+            Ok(output) => return Tensor::from_dispatch(output),
+            Err(inputs) => {
+                let (input, gamma, beta) = *inputs;
+                return composed(
+                    Tensor::from_dispatch(input),
+                    Tensor::from_dispatch(gamma),
+                    beta.map(Tensor::from_dispatch),
+                    epsilon,
+                );
+            }
+        }
     }
     composed(input, gamma, beta, epsilon)
+}
+
+/// `input` divided by its root mean square over the last dimension, scaled by `gamma`: what
+/// burn-nn's `RmsNorm` computes, `x / sqrt(mean(x^2) + epsilon) * gamma`, in one kernel forward
+/// and two backward on burn's cubecl backends. Precision as [`layer_norm`]'s (every element in
+/// `f32`, one rounding; burn-nn takes the mean of squares in `f32` and divides in the input's
+/// dtype); elsewhere burn-nn's computation.
+///
+/// # Panics
+///
+/// When gamma is not `[d]` for an input `[.., d]`.
+pub fn rms_norm<const D: usize>(input: Tensor<D>, gamma: Tensor<1>, epsilon: f64) -> Tensor<D> {
+    let [width] = gamma.dims();
+    let dims = input.dims();
+    assert!(
+        D > 0 && dims[D - 1] == width,
+        "rms_norm: gamma must be [{}] for an input of shape {dims:?}, got {:?}",
+        dims.get(D.wrapping_sub(1)).copied().unwrap_or(0),
+        gamma.dims(),
+    );
+    if fused(&input, &gamma, None) {
+        match cube::norm(
+            (input.into_dispatch(), gamma.into_dispatch(), None),
+            false,
+            epsilon,
+        ) {
+            Ok(output) => return Tensor::from_dispatch(output),
+            Err(inputs) => {
+                let (input, gamma, _) = *inputs;
+                return rms_composed(
+                    Tensor::from_dispatch(input),
+                    Tensor::from_dispatch(gamma),
+                    epsilon,
+                );
+            }
+        }
+    }
+    rms_composed(input, gamma, epsilon)
+}
+
+/// burn-nn's RMS norm (`RmsNorm::forward` of burn-nn 0.22.1).
+fn rms_composed<const D: usize>(input: Tensor<D>, gamma: Tensor<1>, epsilon: f64) -> Tensor<D> {
+    let dtype = input.dtype();
+    let rms = (input.clone().cast(DType::F32).square().mean_dim(D - 1) + epsilon).sqrt();
+    (input / rms.cast(dtype)) * gamma.unsqueeze()
 }
 
 /// Whether the fused kernels take these tensors.
@@ -157,5 +213,70 @@ impl LayerNorm {
             beta: module.beta,
             epsilon,
         }
+    }
+}
+
+/// Configuration of an [`RmsNorm`]: burn-nn's `RmsNormConfig`, field for field.
+#[derive(Debug, Config)]
+pub struct RmsNormConfig {
+    /// The size of the last dimension of the input.
+    pub d_model: usize,
+    /// A value required for numerical stability.
+    #[config(default = 1e-5)]
+    pub epsilon: f64,
+}
+
+impl RmsNormConfig {
+    /// An RMS norm with gamma ones, as burn-nn's.
+    ///
+    /// # Panics
+    ///
+    /// When epsilon is not positive (as burn-nn's).
+    pub fn init(&self, device: &Device) -> RmsNorm {
+        assert!(self.epsilon > 0.0, "epsilon must be positive.");
+        RmsNorm {
+            gamma: Param::from_tensor(Tensor::ones([self.d_model], device)),
+            epsilon: self.epsilon,
+        }
+    }
+}
+
+/// burn-nn's `RmsNorm` with the fused [`rms_norm`]: the same fields, so saved parameters load
+/// into either, and `From` converts both ways.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// The learnable scale, `[d_model]`.
+    pub gamma: Param<Tensor<1>>,
+    /// The epsilon added to the mean of squares.
+    pub epsilon: f64,
+}
+
+impl RmsNorm {
+    /// Normalizes `input` (`[..., d_model]`) over its last dimension.
+    ///
+    /// # Panics
+    ///
+    /// When the input's last dimension is not `d_model`.
+    pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        rms_norm(input, self.gamma.val(), self.epsilon)
+    }
+}
+
+impl From<burn::nn::RmsNorm> for RmsNorm {
+    fn from(module: burn::nn::RmsNorm) -> Self {
+        Self {
+            gamma: module.gamma,
+            epsilon: module.epsilon,
+        }
+    }
+}
+
+impl From<RmsNorm> for burn::nn::RmsNorm {
+    fn from(module: RmsNorm) -> Self {
+        let mut burn_module = burn::nn::RmsNormConfig::new(module.gamma.dims()[0])
+            .with_epsilon(module.epsilon)
+            .init(&module.gamma.device());
+        burn_module.gamma = module.gamma;
+        burn_module
     }
 }
