@@ -38,6 +38,7 @@ on_devices! {
     rms_norm_matches_exact_f32 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::F32);
     rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
+    encoder_matches_burn_nn => scenarios::fused_norm::encoder_matches_burn_nn;
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
     loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);

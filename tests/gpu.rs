@@ -975,3 +975,10 @@ fn layer_norm_graphed_matches_eager() {
 fn layer_norm_checkpoints_load_both_ways() {
     scenarios::fused_norm::layer_norm_checkpoints_load_both_ways(&cuda());
 }
+
+/// The encoder with fused norms against burn-nn's: checkpoints both ways, outputs within the
+/// bound.
+#[test]
+fn encoder_matches_burn_nn() {
+    scenarios::fused_norm::encoder_matches_burn_nn(&cuda());
+}

@@ -510,3 +510,117 @@ pub fn layer_norm_checkpoints_load_both_ways(device: &Device) {
     assert!(wrong.is_err(), "a module of another width took the file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The encoder with fused norms (`burn_graphed::nn::TransformerEncoder`) against burn-nn's with
+/// the same parameters, pre-norm and post-norm, under a causal mask: checkpoints load both ways
+/// (every parameter equal after the round trip), and the outputs agree within what burn-nn's
+/// own encoder moves by when its input moves by the fused norm's error. Tolerance, derived: the
+/// two encoders differ only in their layer norms, each within about 3e-7 of its output's
+/// magnitude of burn-nn's (`layer_norm_matches_exact`); how much two layers of attention and
+/// feed-forward blocks amplify such a difference depends on the device (on CUDA a matmul in
+/// TF32 may round an input one unit of 2^-11 apart), so the bound is measured, not assumed:
+/// twice the distance burn-nn's encoder moves when each input element is moved by 3e-7 of
+/// itself, plus 2^-20. The negative control, gamma of one norm moved by 1e-2 (one Adam step at
+/// lr 1e-2), must move the output by more than three times the bound.
+pub fn encoder_matches_burn_nn(device: &Device) {
+    use burn_graphed::nn::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+    let [batch, length, d_model] = [2, 16, 64];
+    let x = Tensor::<1>::from_data(
+        TensorData::new(
+            values(batch * length * d_model, 9),
+            [batch * length * d_model],
+        ),
+        device,
+    )
+    .reshape([batch, length, d_model]);
+    let mask = Tensor::<1, Int>::arange(0..length as i64, device);
+    let causal = mask
+        .clone()
+        .reshape([1, length])
+        .greater(mask.reshape([length, 1]))
+        .unsqueeze::<3>()
+        .repeat_dim(0, batch);
+    let dir = std::env::temp_dir().join(format!(
+        "burn-graphed-encoder-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    for norm_first in [true, false] {
+        let config = TransformerEncoderConfig::new(d_model, 4 * d_model, 4, 2)
+            .with_dropout(0.0)
+            .with_norm_first(norm_first);
+        let ours: TransformerEncoder = config.init(device);
+        let file = dir.join(format!("ours-{norm_first}.bpk"));
+        ours.clone()
+            .save_file(&file)
+            .expect("the fused encoder saves");
+        let theirs = config.to_burn().init(device).load_file(&file);
+        let back_file = dir.join(format!("theirs-{norm_first}.bpk"));
+        theirs
+            .clone()
+            .save_file(&back_file)
+            .expect("burn-nn's encoder saves");
+        let back = config.init(device).load_file(&back_file);
+        let params = |m: &TransformerEncoder| param_values(m).expect("read back");
+        assert_eq!(
+            params(&back),
+            params(&ours),
+            "norm_first {norm_first}: a round trip through burn-nn's file changed a parameter"
+        );
+
+        let output = |m: &TransformerEncoder| {
+            host(
+                m.forward(TransformerEncoderInput::new(x.clone()).mask_attn(causal.clone()))
+                    .into_data(),
+            )
+        };
+        let burn_out = host(
+            theirs
+                .forward(
+                    burn::nn::transformer::TransformerEncoderInput::new(x.clone())
+                        .mask_attn(causal.clone()),
+                )
+                .into_data(),
+        );
+        let burn_output = |x: Tensor<3>| {
+            host(
+                theirs
+                    .forward(
+                        burn::nn::transformer::TransformerEncoderInput::new(x)
+                            .mask_attn(causal.clone()),
+                    )
+                    .into_data(),
+            )
+        };
+        // burn-nn's sensitivity: every element moved by 3e-7 of itself, alternately up and down.
+        let count = batch * length * d_model;
+        let signs: Vec<f32> = (0..count)
+            .map(|i| if i % 2 == 0 { 3e-7 } else { -3e-7 })
+            .collect();
+        let nudged = x.clone()
+            * (Tensor::<1>::from_data(TensorData::new(signs, [count]), device)
+                .reshape([batch, length, d_model])
+                + 1.0);
+        let sensitivity = error(&burn_output(nudged), &burn_out);
+        let bound = 2.0 * sensitivity + 2f64.powi(-20);
+        let distance = error(&output(&ours), &burn_out);
+        println!(
+            "encoder norm_first {norm_first}: fused against burn-nn {distance:.3e}, burn-nn's \
+             sensitivity {sensitivity:.3e}, bound {bound:.3e}"
+        );
+        assert!(
+            distance <= bound,
+            "norm_first {norm_first}: the fused encoder is {distance:.3e} from burn-nn's"
+        );
+        let mut moved = ours.clone();
+        let gamma = moved.layers[0].norm_1.gamma.val();
+        moved.layers[0].norm_1.gamma = Param::from_tensor(gamma + 1e-2);
+        let control = error(&output(&moved), &burn_out);
+        assert!(
+            control > 3.0 * bound,
+            "control norm_first {norm_first}: one step on a norm's gamma moved the output by only {control:.3e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

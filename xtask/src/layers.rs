@@ -27,6 +27,7 @@ const FEATURES: &[&str] = &[
     "graphed",
     "group",
     "multi_adam",
+    "nn/encoder",
     "nn/mod",
     "nn/norm",
     "optim",

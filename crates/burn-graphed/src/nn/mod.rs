@@ -9,7 +9,12 @@
 //! | --- | --- | --- |
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
+//! | [`TransformerEncoder`] | its layer norms (attention and feed-forward are burn-nn's) | as the layer norm |
 
+mod encoder;
 mod norm;
 
+pub use encoder::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput, TransformerEncoderLayer,
+};
 pub use norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig, layer_norm, rms_norm};

@@ -1,0 +1,244 @@
+//! burn-nn's transformer encoder with the fused layer norms: the same fields, names and forward
+//! (burn-nn 0.22.1 `transformer/encoder.rs`), so a saved encoder loads into either. Attention
+//! and the feed-forward block are burn-nn's own modules.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::attention::{MhaInput, MultiHeadAttention};
+use burn::nn::transformer::PositionWiseFeedForward;
+use burn::nn::{Dropout, Initializer, activation::ActivationConfig};
+use burn::tensor::{Bool, Device, Tensor};
+
+use super::norm::LayerNorm;
+
+/// Configuration of a [`TransformerEncoder`]: burn-nn's `TransformerEncoderConfig`, field for
+/// field and default for default.
+#[derive(Config, Debug)]
+pub struct TransformerEncoderConfig {
+    /// The size of the model.
+    pub d_model: usize,
+    /// The size of the position-wise feed-forward network.
+    pub d_ff: usize,
+    /// The number of attention heads.
+    pub n_heads: usize,
+    /// The number of layers.
+    pub n_layers: usize,
+    /// The dropout rate.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Layer norm before the attention and the feed-forward block (pre-norm), else after.
+    #[config(default = false)]
+    pub norm_first: bool,
+    /// `quiet_softmax` in the attention.
+    #[config(default = false)]
+    pub quiet_softmax: bool,
+    /// The initializer of the parameters (burn-nn's default: Kaiming uniform, gain
+    /// `1/sqrt(3)`).
+    #[config(
+        default = "Initializer::KaimingUniform{gain: 0.5773502691896258, fan_out_only:false}"
+    )]
+    pub initializer: Initializer,
+    /// The activation of the feed-forward block.
+    #[config(default = "ActivationConfig::Gelu")]
+    pub activation: ActivationConfig,
+    /// The epsilon of the layer norms.
+    #[config(default = 1e-5)]
+    pub layer_norm_eps: f64,
+}
+
+impl TransformerEncoderConfig {
+    /// burn-nn's configuration with the same values.
+    pub fn to_burn(&self) -> burn::nn::transformer::TransformerEncoderConfig {
+        burn::nn::transformer::TransformerEncoderConfig::new(
+            self.d_model,
+            self.d_ff,
+            self.n_heads,
+            self.n_layers,
+        )
+        .with_dropout(self.dropout)
+        .with_norm_first(self.norm_first)
+        .with_quiet_softmax(self.quiet_softmax)
+        .with_initializer(self.initializer.clone())
+        .with_activation(self.activation.clone())
+        .with_layer_norm_eps(self.layer_norm_eps)
+    }
+
+    /// An encoder initialized as burn-nn's (burn-nn builds it; its layer norms become the
+    /// fused ones).
+    pub fn init(&self, device: &Device) -> TransformerEncoder {
+        TransformerEncoder::from_burn(self.to_burn().init(device), self.layer_norm_eps)
+    }
+}
+
+/// The input of a [`TransformerEncoder`]: burn-nn's `TransformerEncoderInput`.
+#[derive(Debug)]
+pub struct TransformerEncoderInput {
+    tensor: Tensor<3>,
+    mask_pad: Option<Tensor<2, Bool>>,
+    mask_attn: Option<Tensor<3, Bool>>,
+}
+
+impl TransformerEncoderInput {
+    /// The input `[batch, length, d_model]`, no mask.
+    pub fn new(tensor: Tensor<3>) -> Self {
+        Self {
+            tensor,
+            mask_pad: None,
+            mask_attn: None,
+        }
+    }
+
+    /// The padding mask `[batch, length]` (true: padding).
+    pub fn mask_pad(mut self, mask_pad: Tensor<2, Bool>) -> Self {
+        self.mask_pad = Some(mask_pad);
+        self
+    }
+
+    /// The attention mask `[batch, length, length]` (true: masked).
+    pub fn mask_attn(mut self, mask_attn: Tensor<3, Bool>) -> Self {
+        self.mask_attn = Some(mask_attn);
+        self
+    }
+}
+
+/// burn-nn's `TransformerEncoder` with fused layer norms.
+#[derive(Module, Debug)]
+pub struct TransformerEncoder {
+    /// The layers.
+    pub layers: Vec<TransformerEncoderLayer>,
+    /// The size of the model.
+    pub d_model: usize,
+    /// The size of the feed-forward block.
+    pub d_ff: usize,
+    /// The number of attention heads.
+    pub n_heads: usize,
+    /// The number of layers.
+    pub n_layers: usize,
+    /// The dropout rate.
+    pub dropout: f64,
+    /// Pre-norm.
+    pub norm_first: bool,
+    /// `quiet_softmax` in the attention.
+    pub quiet_softmax: bool,
+}
+
+impl TransformerEncoder {
+    /// Applies every layer in turn (burn-nn's forward).
+    pub fn forward(&self, input: TransformerEncoderInput) -> Tensor<3> {
+        let mut x = input.tensor;
+        for layer in &self.layers {
+            x = layer.forward(x, input.mask_pad.clone(), input.mask_attn.clone());
+        }
+        x
+    }
+
+    /// burn-nn's `encoder` with its layer norms fused; `layer_norm_eps` must be the epsilon it
+    /// was configured with (burn-nn keeps it private).
+    pub fn from_burn(
+        encoder: burn::nn::transformer::TransformerEncoder,
+        layer_norm_eps: f64,
+    ) -> Self {
+        Self {
+            layers: encoder
+                .layers
+                .into_iter()
+                .map(|layer| TransformerEncoderLayer {
+                    mha: layer.mha,
+                    pwff: layer.pwff,
+                    norm_1: LayerNorm::from_burn(layer.norm_1, layer_norm_eps),
+                    norm_2: LayerNorm::from_burn(layer.norm_2, layer_norm_eps),
+                    dropout: layer.dropout,
+                    norm_first: layer.norm_first,
+                })
+                .collect(),
+            d_model: encoder.d_model,
+            d_ff: encoder.d_ff,
+            n_heads: encoder.n_heads,
+            n_layers: encoder.n_layers,
+            dropout: encoder.dropout,
+            norm_first: encoder.norm_first,
+            quiet_softmax: encoder.quiet_softmax,
+        }
+    }
+
+    /// This encoder as burn-nn's (the same parameters, burn's layer norms).
+    pub fn into_burn(self) -> burn::nn::transformer::TransformerEncoder {
+        burn::nn::transformer::TransformerEncoder {
+            layers: self
+                .layers
+                .into_iter()
+                .map(|layer| burn::nn::transformer::TransformerEncoderLayer {
+                    mha: layer.mha,
+                    pwff: layer.pwff,
+                    norm_1: layer.norm_1.into_burn(),
+                    norm_2: layer.norm_2.into_burn(),
+                    dropout: layer.dropout,
+                    norm_first: layer.norm_first,
+                })
+                .collect(),
+            d_model: self.d_model,
+            d_ff: self.d_ff,
+            n_heads: self.n_heads,
+            n_layers: self.n_layers,
+            dropout: self.dropout,
+            norm_first: self.norm_first,
+            quiet_softmax: self.quiet_softmax,
+        }
+    }
+}
+
+/// burn-nn's `TransformerEncoderLayer` with fused layer norms.
+#[derive(Module, Debug)]
+pub struct TransformerEncoderLayer {
+    /// Self-attention (burn-nn's).
+    pub mha: MultiHeadAttention,
+    /// The feed-forward block (burn-nn's).
+    pub pwff: PositionWiseFeedForward,
+    /// The norm around the feed-forward block (pre-norm: before it; post-norm: after the
+    /// attention's residual).
+    pub norm_1: LayerNorm,
+    /// The other norm (pre-norm: before the attention; post-norm: at the end).
+    pub norm_2: LayerNorm,
+    /// Dropout on both residual paths.
+    pub dropout: Dropout,
+    /// Pre-norm.
+    pub norm_first: bool,
+}
+
+impl TransformerEncoderLayer {
+    /// burn-nn's forward, with its norms in the same places.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        mask_pad: Option<Tensor<2, Bool>>,
+        mask_attn: Option<Tensor<3, Bool>>,
+    ) -> Tensor<3> {
+        let mut residual = x.clone();
+        if self.norm_first {
+            residual = self.norm_2.forward(residual);
+        }
+        let mut attention_input = MhaInput::self_attn(residual);
+        if let Some(mask_pad) = mask_pad {
+            attention_input = attention_input.mask_pad(mask_pad);
+        }
+        if let Some(mask_attn) = mask_attn {
+            attention_input = attention_input.mask_attn(mask_attn);
+        }
+        let residual = self
+            .dropout
+            .forward(self.mha.forward(attention_input).context);
+        let mut x = x + residual;
+        let residual = if self.norm_first {
+            self.norm_1.forward(x.clone())
+        } else {
+            x = self.norm_1.forward(x);
+            x.clone()
+        };
+        let residual = self.dropout.forward(self.pwff.forward(residual));
+        let mut x = x + residual;
+        if !self.norm_first {
+            x = self.norm_2.forward(x);
+        }
+        x
+    }
+}
