@@ -275,6 +275,39 @@ def whole_step_table(rows):
     return "\n".join(out) + "\n"
 
 
+def fused_layers_table(rows):
+    # The whole step of the models with burn_graphed::nn's fused layers (`--models
+    # transformer_fused,lm_fused`, mode `whole_step_fused_layers`) beside the same model with
+    # burn-nn's layers and PyTorch's whole-network capture (fused capturable Adam; in f32 also
+    # with TF32); the check column covers the fused whole step and its floor.
+    by = group(rows)
+    out = header(
+        "| model | dtype | burn whole step, burn-nn layers | burn whole step, fused layers "
+        "| fused floor | fused checks | torch whole step (fused) "
+        "| torch whole step (fused, TF32) | fused / burn-nn layers | fused / torch whole step "
+        "| fused / torch whole step, TF32 |"
+    )
+    for (model, dtype), r in by.items():
+        if ("burn", "whole_step_fused_layers") not in r:
+            continue
+        us, cell = medians(r), cells(r)
+        fused = us("burn", "whole_step_fused_layers")
+        tf32 = dtype == "f32"
+        checks = [check_cell(r.get(("burn", m)))
+                  for m in ("whole_step_fused_layers", "whole_step_floor_fused_layers")]
+        out.append(
+            f"| {model} | {dtype} | {cell('burn', 'whole_step')} "
+            f"| {cell('burn', 'whole_step_fused_layers')} "
+            f"| {cell('burn', 'whole_step_floor_fused_layers')} | {'; '.join(checks)} "
+            f"| {cell('torch', 'whole_step_fused_adam')} "
+            f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
+            f"| {num(fused / us('burn', 'whole_step'), '.2f')} "
+            f"| {num(fused / us('torch', 'whole_step_fused_adam'), '.2f')} "
+            f"| {num(fused / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def has_whole_step(rows):
     return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
 
@@ -716,6 +749,8 @@ def sections(paths):
     out = OrderedDict()
     if has_whole_step(rows):
         out["whole_step"] = ("Whole step", whole_step_table(rows))
+    if has_modes(rows, ("whole_step_fused_layers",)):
+        out["fused_layers"] = ("Whole step with fused layers", fused_layers_table(rows))
     if has_modes(singles, FIRST_STEP_MODES):
         out["first_step"] = ("Time to the first trained step", first_step_table(singles))
     if has_modes(rows, GOAL_MODES):

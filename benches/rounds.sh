@@ -10,13 +10,14 @@
 #   bash benches/rounds.sh inference    # GPUs 0-3: the inference table, f32 and bf16
 #   bash benches/rounds.sh all          # both, each group's models in both tables' modes
 #   ROUND_GROUPS="bf16 mlp|f32 cnn" bash benches/rounds.sh groups  # chosen groups, both tables
+#   bash benches/rounds.sh fused        # transformer and lm: burn-nn layers, fused layers, PyTorch
 #
 # cubecl's autotune log of each group goes into the logs too: which candidate won each matmul
 # key (a tensor-core candidate, `*mma*`, runs f32 as TF32).
 #
 # Environment: ROUNDS (default 2), LIMIT_S (seconds each group may take, default 560), OUT.
 set -uo pipefail
-what="${1:?usage: rounds.sh whole_step|inference|all|groups}"
+what="${1:?usage: rounds.sh whole_step|inference|all|fused|groups}"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 rounds="${ROUNDS:-2}" limit="${LIMIT_S:-560}"
@@ -33,12 +34,17 @@ case "$what" in
   all)
     modes=$whole_step,$inference
     groups=("f32 mlp,mlp256;bf16 mlp,mlp256" "f32 cnn,transformer" "f32 lm;bf16 lm" "bf16 transformer") ;;
+  fused)
+    # burn_graphed::nn's fused layers against the same models with burn-nn's layers and
+    # PyTorch's whole step (BENCHMARKS.md, "Whole step with fused layers").
+    modes=whole_step,whole_step_floor,whole_step_fused_adam
+    groups=("f32 transformer,transformer_fused" "f32 lm,lm_fused" "bf16 transformer,transformer_fused" "bf16 lm,lm_fused") ;;
   groups)
     # The gaps of an earlier run: ROUND_GROUPS="DTYPE MODELS[;...]|DTYPE MODELS|...", one
     # group per GPU, in both tables' modes.
     modes=$whole_step,$inference
     IFS='|' read -ra groups <<<"${ROUND_GROUPS:?rounds.sh groups needs ROUND_GROUPS}" ;;
-  *) echo "rounds.sh: whole_step, inference, all or groups, not $what"; exit 2 ;;
+  *) echo "rounds.sh: whole_step, inference, all, fused or groups, not $what"; exit 2 ;;
 esac
 # A group: "DTYPE MODELS[;DTYPE MODELS...]", run in turn on one GPU, in one cubecl environment.
 run_group() {

@@ -840,7 +840,10 @@ def main():
     args = parser.parse_args()
     if args.ranks < 1:
         parser.error("--ranks takes a positive number")
-    runs = [(key, mode) for key in args.models.split(",") for mode in MODES
+    # `*_fused` models are the Burn side's fused-layer variants of a model (rows of their own
+    # modes, `*_fused_layers`); PyTorch's rows for them are the base model's.
+    keys = [key for key in args.models.split(",") if not key.endswith("_fused")]
+    runs = [(key, mode) for key in keys for mode in MODES
             if mode in args.modes.split(",")]
     if not args.in_process and len(runs) > 1:
         failed = 0

@@ -5,7 +5,8 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm] [--dtype f32|bf16] [--steps 50] [--reps 30]
+//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,transformer_fused,lm_fused]
+//!            [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
@@ -14,6 +15,10 @@
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost] [--ranks 2]
 //! ```
+//!
+//! `transformer_fused` and `lm_fused` are `transformer` and `lm` with `burn_graphed::nn`'s fused
+//! layers (the same parameters); their rows carry the model's name and the mode with
+//! `_fused_layers` appended (`whole_step_fused_layers`, ...), PyTorch having no such variant.
 //!
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
 //! pair, `--in-process` turns that off): cubecl's pools only return whole empty pages, so in one
@@ -139,6 +144,18 @@ fn encoder_forward(m: &Encoder, x: Tensor<3>) -> Tensor<3> {
     m.encoder.forward(TransformerEncoderInput::new(x))
 }
 
+/// The `transformer` with `burn_graphed::nn`'s fused layers: burn-nn's encoder, initialized
+/// alike, converted (the same parameters, layer norms fused).
+#[derive(Module, Debug)]
+struct FusedEncoder {
+    encoder: burn_graphed::nn::TransformerEncoder,
+}
+
+fn fused_encoder_forward(m: &FusedEncoder, x: Tensor<3>) -> Tensor<3> {
+    m.encoder
+        .forward(burn_graphed::nn::TransformerEncoderInput::new(x))
+}
+
 #[derive(Module, Debug)]
 struct Cnn {
     conv1: Conv2d,
@@ -189,6 +206,40 @@ fn make_lm(device: &Device) -> Lm {
     }
 }
 
+/// The `lm` with `burn_graphed::nn`'s fused layers (blocks and final norm; its loss is the
+/// fused cross-entropy, [`fused_lm_loss_of`]), converted from [`make_lm`]'s model: the same
+/// parameters.
+#[derive(Module, Debug)]
+struct FusedLm {
+    tokens: Embedding,
+    positions: Embedding,
+    blocks: burn_graphed::nn::TransformerEncoder,
+    norm: burn_graphed::nn::LayerNorm,
+    head: Linear,
+}
+
+fn make_fused_lm(device: &Device) -> FusedLm {
+    let lm = make_lm(device);
+    FusedLm {
+        tokens: lm.tokens,
+        positions: lm.positions,
+        blocks: burn_graphed::nn::TransformerEncoder::from_burn(lm.blocks, 1e-5),
+        norm: burn_graphed::nn::LayerNorm::from_burn(lm.norm, 1e-5),
+        head: lm.head,
+    }
+}
+
+/// [`lm_forward`] of the fused model.
+fn fused_lm_forward(m: &FusedLm, (ids, mask, _targets): LmBatch) -> Tensor<3> {
+    let [_, length] = ids.dims();
+    let positions = m.positions.weight.val().slice([0..length, 0..256]);
+    let x = m.tokens.forward(ids) + positions.unsqueeze::<3>();
+    let x = m
+        .blocks
+        .forward(burn_graphed::nn::TransformerEncoderInput::new(x).mask_attn(mask));
+    m.head.forward(m.norm.forward(x))
+}
+
 /// The logits of the ids under the mask (the targets are the loss's).
 fn lm_forward(m: &Lm, (ids, mask, _targets): LmBatch) -> Tensor<3> {
     let [_, length] = ids.dims();
@@ -204,6 +255,14 @@ fn lm_forward(m: &Lm, (ids, mask, _targets): LmBatch) -> Tensor<3> {
 fn lm_loss_of(logits: Tensor<3>, batch: &LmBatch) -> Tensor<1> {
     let [rows, length, vocab] = logits.dims();
     CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.reshape([rows * length, vocab]), batch.2.clone())
+}
+
+/// [`lm_loss_of`] with `burn_graphed::nn`'s fused cross-entropy (the `lm_fused` model).
+fn fused_lm_loss_of(logits: Tensor<3>, batch: &LmBatch) -> Tensor<1> {
+    let [rows, length, vocab] = logits.dims();
+    burn_graphed::nn::loss::CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits.reshape([rows * length, vocab]), batch.2.clone())
 }
@@ -463,6 +522,10 @@ struct Case<M, I, O> {
     input: fn(&Device, usize) -> I,
     /// The training batch size.
     batch: usize,
+    /// Appended to every row's mode: `_fused_layers` for the models whose layers are
+    /// `burn_graphed::nn`'s fused ones (`--models transformer_fused,lm_fused`), so that their
+    /// rows pair with the same model's burn-nn rows and PyTorch's; empty otherwise.
+    variant: &'static str,
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
@@ -726,7 +789,7 @@ where
 {
     device.memory_cleanup();
     let before = reserved(device);
-    let label = format!("{} {}", case.name, mode.label());
+    let label = format!("{} {}{}", case.name, mode.label(), case.variant);
     trace_phase("setup");
     let unmeasured_before = warn_log::unmeasured();
     #[cfg(feature = "cube")]
@@ -2003,7 +2066,12 @@ where
     O: TensorGroup,
 {
     for &mode in selected_modes(options) {
-        let row = run(&case, mode, device, options);
+        let mut row = run(&case, mode, device, options);
+        if !case.variant.is_empty() {
+            // One short string per run (a run is a process of its own): leaked for the row's
+            // `&'static str`.
+            row.mode = Box::leak(format!("{}{}", row.mode, case.variant).into_boxed_str());
+        }
         row.print();
         if let Some(failure) = row.check_failure() {
             eprintln!("# {} {}: {failure}", row.model, row.mode);
@@ -2187,6 +2255,7 @@ fn main() {
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
                         batch,
+                        variant: "",
                     },
                     &device,
                     &options,
@@ -2205,6 +2274,28 @@ fn main() {
                     call_loss: |m, x| mean_square(encoder_forward(m, x)),
                     input: |d, rows| Tensor::random([rows, 128, 256], Distribution::Default, d),
                     batch: 8,
+                    variant: "",
+                },
+                &device,
+                &options,
+            ),
+            "transformer_fused" => bench(
+                Case {
+                    name: "transformer 2x256 s128 b8".into(),
+                    make: |d| FusedEncoder {
+                        encoder: burn_graphed::nn::TransformerEncoder::from_burn(
+                            TransformerEncoderConfig::new(256, 1024, 8, 2)
+                                .with_dropout(0.0)
+                                .init(d),
+                            1e-5,
+                        ),
+                    },
+                    call: fused_encoder_forward,
+                    loss: mean_square_of,
+                    call_loss: |m, x| mean_square(fused_encoder_forward(m, x)),
+                    input: |d, rows| Tensor::random([rows, 128, 256], Distribution::Default, d),
+                    batch: 8,
+                    variant: "_fused_layers",
                 },
                 &device,
                 &options,
@@ -2227,6 +2318,7 @@ fn main() {
                     call_loss: |m, x| mean_square(cnn_forward(m, x)),
                     input: |d, rows| Tensor::random([rows, 3, 32, 32], Distribution::Default, d),
                     batch: 32,
+                    variant: "",
                 },
                 &device,
                 &options,
@@ -2243,6 +2335,24 @@ fn main() {
                     },
                     input: lm_batch,
                     batch: LM_BATCH,
+                    variant: "",
+                },
+                &device,
+                &options,
+            ),
+            "lm_fused" => bench(
+                Case {
+                    name: format!("lm 2x256 s{LM_LENGTH} b{LM_BATCH} v{LM_VOCAB}"),
+                    make: make_fused_lm,
+                    call: fused_lm_forward,
+                    loss: fused_lm_loss_of,
+                    call_loss: |m, batch| {
+                        let targets = (batch.0.clone(), batch.1.clone(), batch.2.clone());
+                        fused_lm_loss_of(fused_lm_forward(m, batch), &targets)
+                    },
+                    input: lm_batch,
+                    batch: LM_BATCH,
+                    variant: "_fused_layers",
                 },
                 &device,
                 &options,

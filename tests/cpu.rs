@@ -39,6 +39,11 @@ on_devices! {
     rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
     encoder_matches_burn_nn => scenarios::fused_norm::encoder_matches_burn_nn;
+    cross_entropy_matches_exact_f32 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F32);
+    cross_entropy_matches_exact_f16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F16);
+    cross_entropy_matches_exact_bf16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::BF16);
+    cross_entropy_other_forms_are_burn_nn => scenarios::fused_loss::cross_entropy_other_forms_are_burn_nn;
+    cross_entropy_graphed_matches_eager => scenarios::fused_loss::cross_entropy_graphed_matches_eager;
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
     loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);

@@ -982,3 +982,28 @@ fn layer_norm_checkpoints_load_both_ways() {
 fn encoder_matches_burn_nn() {
     scenarios::fused_norm::encoder_matches_burn_nn(&cuda());
 }
+
+/// The fused cross-entropy against the exact loss and burn-nn's, loss and gradient, in each
+/// float dtype (`scenarios::fused_loss`).
+#[test]
+fn cross_entropy_matches_exact() {
+    for dtype in [
+        burn::tensor::FloatDType::F32,
+        burn::tensor::FloatDType::F16,
+        burn::tensor::FloatDType::BF16,
+    ] {
+        scenarios::fused_loss::cross_entropy_matches_exact(&cuda(), dtype);
+    }
+}
+
+/// The forms the fused cross-entropy does not take are burn-nn's.
+#[test]
+fn cross_entropy_other_forms_are_burn_nn() {
+    scenarios::fused_loss::cross_entropy_other_forms_are_burn_nn(&cuda());
+}
+
+/// A graphed call holding the fused cross-entropy equals its eager call, bit for bit.
+#[test]
+fn cross_entropy_graphed_matches_eager() {
+    scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
+}

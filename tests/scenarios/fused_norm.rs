@@ -208,7 +208,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, center
         centered,
     );
 
-    let fused_before = burn_graphed::testing::fused_layer_norms();
+    let fused_before = burn_graphed::testing::fused_ops();
     let (fused, burn) = if centered {
         (
             run(
@@ -302,7 +302,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, center
     }
     if supports_graphs(device) {
         assert!(
-            burn_graphed::testing::fused_layer_norms() > fused_before,
+            burn_graphed::testing::fused_ops() > fused_before,
             "{label}: the fused kernels did not run"
         );
         // In bf16 the fused layer norm is the more exact one by far (burn-nn rounds every
@@ -434,7 +434,7 @@ pub fn layer_norm_graphed_matches_eager(device: &Device) {
     if supports_graphs(&device) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
         assert!(
-            burn_graphed::testing::fused_layer_norms() > 0,
+            burn_graphed::testing::fused_ops() > 0,
             "the fused kernels did not run"
         );
     }

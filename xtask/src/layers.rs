@@ -28,6 +28,7 @@ const FEATURES: &[&str] = &[
     "group",
     "multi_adam",
     "nn/encoder",
+    "nn/loss",
     "nn/mod",
     "nn/norm",
     "optim",

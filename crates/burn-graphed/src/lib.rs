@@ -181,10 +181,9 @@ pub mod testing {
     pub use crate::faults::{FaultGuard, FaultInjection, inject};
     pub use crate::host_phases::{HostPhase, phase_times, time_phases};
 
-    /// How many norms this process ran through the fused kernels of [`crate::nn::layer_norm`]
-    /// and [`crate::nn::rms_norm`] (not burn's composition): a test's proof that the fused path
-    /// ran.
-    pub fn fused_layer_norms() -> usize {
+    /// How many ops this process ran through the fused kernels of [`crate::nn`] (norms,
+    /// cross-entropy; not burn's composition): a test's proof that the fused path ran.
+    pub fn fused_ops() -> usize {
         crate::cube::fused_norm_forwards()
     }
 }

@@ -10,7 +10,7 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Bucket, NormInputs, Replayed, StepCut};
+pub(crate) use values::{AdamHyper, Bucket, LossInputs, NormInputs, Replayed, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
@@ -22,6 +22,8 @@ mod buffers;
 mod capture;
 #[cfg(feature = "cube")]
 mod copy_op;
+#[cfg(feature = "cube")]
+mod cross_entropy_op;
 #[cfg(feature = "cube")]
 mod dense;
 #[cfg(feature = "cube")]
@@ -58,6 +60,7 @@ pub(crate) use self::{
     buffers::check_written,
     capture::{capture_group, capture_inference},
     copy_op::collective_buffer,
+    cross_entropy_op::cross_entropy_rows,
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
@@ -71,6 +74,6 @@ mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
-    capture_inference, capture_step, check_written, collective_buffer, enable_kernel_cache,
-    fused_norm_forwards, norm, supports_graphs,
+    capture_inference, capture_step, check_written, collective_buffer, cross_entropy_rows,
+    enable_kernel_cache, fused_norm_forwards, norm, supports_graphs,
 };

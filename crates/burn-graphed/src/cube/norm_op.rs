@@ -46,12 +46,12 @@ const GRAD_CHUNKS: usize = 128;
 
 /// The threads of a row's cube for rows of `width` elements: the next power of two, within
 /// [`MIN_THREADS`, `MAX_THREADS`].
-fn threads_for(width: usize) -> usize {
+pub(super) fn threads_for(width: usize) -> usize {
     width.next_power_of_two().clamp(MIN_THREADS, MAX_THREADS)
 }
 
 /// One cube per row: a grid of `rows` cubes, in two dimensions past [`MAX_CUBES_X`].
-fn row_grid(rows: usize) -> CubeCount {
+pub(super) fn row_grid(rows: usize) -> CubeCount {
     let x = rows.clamp(1, MAX_CUBES_X);
     CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
 }
@@ -59,7 +59,7 @@ fn row_grid(rows: usize) -> CubeCount {
 /// The sum of every unit's `value` over the cube, in a fixed tree order; every unit gets it.
 /// Every unit of the cube must call it (it meets the cube at barriers).
 #[cube]
-fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
+pub(super) fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(threads);
     let unit = UNIT_POS as usize;
     shared[unit] = value;
@@ -76,9 +76,29 @@ fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
     shared[0]
 }
 
+/// The largest of every unit's `value` over the cube; every unit gets it. Every unit of the
+/// cube must call it.
+#[cube]
+pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
+    let mut shared = Shared::<[f32]>::new_slice(threads);
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut active = threads.runtime();
+    while active > 1 {
+        active /= 2;
+        if unit < active {
+            let other = shared[unit + active];
+            shared[unit] = f32::max(shared[unit], other);
+        }
+        sync_cube();
+    }
+    shared[0]
+}
+
 /// The row this cube normalizes (cubes past the last row have none).
 #[cube]
-fn row_of_cube() -> usize {
+pub(super) fn row_of_cube() -> usize {
     (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
 }
 
@@ -453,13 +473,18 @@ pub(crate) trait FusedNormOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Fused layer norms queued in this process (the `testing` feature's proof that the fused path
-/// ran).
+/// Fused ops (norms, cross-entropies) queued in this process (the `testing` feature's proof
+/// that the fused path ran).
 static FORWARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// How many fused layer norms this process queued.
+/// How many fused ops this process queued.
 pub(crate) fn forwards() -> usize {
     FORWARDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts one fused op's forward.
+pub(super) fn count_forward() {
+    FORWARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The forward through the fusion kernels: `(output, mean, rstd)`.
@@ -471,7 +496,7 @@ fn forward(
     centered: bool,
     epsilon: f64,
 ) -> (FusedTensor, FusedTensor, FusedTensor) {
-    FORWARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    count_forward();
     <Cube as LayerNormKernels>::layer_norm_forward(
         input,
         gamma,

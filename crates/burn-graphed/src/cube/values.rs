@@ -100,3 +100,6 @@ pub(crate) type NormInputs = (
     burn::backend::DispatchTensor,
     Option<burn::backend::DispatchTensor>,
 );
+
+/// The tensors of a fused cross-entropy: logits, targets.
+pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
