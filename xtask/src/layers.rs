@@ -128,4 +128,48 @@ mod tests {
             wrong.join("\n")
         );
     }
+
+    /// Whether ARCHITECTURE.md's `text` names the source file `relative` (a path under `src/`):
+    /// as `` `relative` ``, or, for a file in a folder, on a line that names the folder
+    /// (`` `nn/` ``) and the file (`` `norm.rs` ``; a folder's `mod.rs` by the folder alone).
+    fn names_file(text: &str, relative: &str) -> bool {
+        if text.contains(&format!("`{relative}`")) {
+            return true;
+        }
+        let Some((folder, file)) = relative.rsplit_once('/') else {
+            return false;
+        };
+        text.lines().any(|line| {
+            line.contains(&format!("`{folder}/`"))
+                && (file == "mod.rs" || line.contains(&format!("`{file}`")))
+        })
+    }
+
+    /// ARCHITECTURE.md's code map names every source file of the library, so that it stays
+    /// true to the tree (a file added without its row fails here).
+    #[test]
+    fn architecture_names_every_source_file() {
+        let src = crate::root().join("crates/burn-graphed/src");
+        let text = std::fs::read_to_string(crate::root().join("ARCHITECTURE.md"))
+            .expect("ARCHITECTURE.md");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let missing: Vec<String> = files
+            .iter()
+            .map(|file| {
+                file.strip_prefix(&src)
+                    .expect("under src")
+                    .to_string_lossy()
+                    .replace('\\', "/")
+            })
+            .filter(|relative| relative != "lib.rs" && !names_file(&text, relative))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "ARCHITECTURE.md's code map does not name: {missing:?}"
+        );
+        // The control: a file that is not in the map is found missing.
+        assert!(!names_file(&text, "cube/not_a_module.rs"));
+        assert!(!names_file(&text, "nn/not_a_module.rs"));
+    }
 }
