@@ -39,6 +39,10 @@ on_devices! {
     rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
     encoder_matches_burn_nn => scenarios::fused_norm::encoder_matches_burn_nn;
+    linear_matches_exact_f32 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F32);
+    linear_matches_exact_f16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F16);
+    linear_matches_exact_bf16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::BF16);
+    linear_graphed_matches_eager => scenarios::fused_linear::linear_graphed_matches_eager;
     cross_entropy_matches_exact_f32 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F32);
     cross_entropy_matches_exact_f16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F16);
     cross_entropy_matches_exact_bf16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::BF16);

@@ -1007,3 +1007,22 @@ fn cross_entropy_other_forms_are_burn_nn() {
 fn cross_entropy_graphed_matches_eager() {
     scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
 }
+
+/// The few-row linear layer against the exact product and burn-nn's, output and gradients, in
+/// each float dtype (`scenarios::fused_linear`).
+#[test]
+fn linear_matches_exact() {
+    for dtype in [
+        burn::tensor::FloatDType::F32,
+        burn::tensor::FloatDType::F16,
+        burn::tensor::FloatDType::BF16,
+    ] {
+        scenarios::fused_linear::linear_matches_exact(&cuda(), dtype);
+    }
+}
+
+/// A graphed call of the few-row linear layers equals its eager call, bit for bit.
+#[test]
+fn linear_graphed_matches_eager() {
+    scenarios::fused_linear::linear_graphed_matches_eager(&cuda());
+}

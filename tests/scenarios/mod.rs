@@ -7,6 +7,7 @@ pub mod batch_norm;
 pub mod controls;
 pub mod data_parallel;
 pub mod facts;
+pub mod fused_linear;
 pub mod fused_loss;
 pub mod fused_norm;
 pub mod group;

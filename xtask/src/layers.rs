@@ -28,6 +28,7 @@ const FEATURES: &[&str] = &[
     "group",
     "multi_adam",
     "nn/encoder",
+    "nn/linear",
     "nn/loss",
     "nn/mod",
     "nn/norm",

@@ -10,7 +10,7 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Bucket, LossInputs, NormInputs, Replayed, StepCut};
+pub(crate) use values::{AdamHyper, Bucket, LossInputs, OpInputs, Replayed, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
@@ -45,6 +45,8 @@ mod random_state;
 #[cfg(feature = "cube")]
 mod session;
 #[cfg(feature = "cube")]
+mod small_linear_op;
+#[cfg(feature = "cube")]
 mod step_graph;
 #[cfg(feature = "cube")]
 mod step_update_op;
@@ -66,6 +68,7 @@ pub(crate) use self::{
     lifecycle::supports_graphs,
     norm_op::{forwards as fused_norm_forwards, norm},
     random_state::RandomState,
+    small_linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, small_linear},
     step_graph::{StepGraph, StepState, capture_step},
 };
 
@@ -75,5 +78,8 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, cross_entropy_rows,
-    enable_kernel_cache, fused_norm_forwards, norm, supports_graphs,
+    enable_kernel_cache, fused_norm_forwards, norm, small_linear, supports_graphs,
 };
+/// Without cubecl no linear layer is fused (the value is never used).
+#[cfg(not(feature = "cube"))]
+pub(crate) const SMALL_LINEAR_ROWS: usize = 0;

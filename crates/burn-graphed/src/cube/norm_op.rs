@@ -26,7 +26,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::NormInputs;
+use super::OpInputs;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
@@ -627,10 +627,10 @@ impl<C: CheckpointStrategy> FusedNormOps for Autodiff<Cube, C> {
 /// last dimension `width > 0`).
 /// Never `Err` here (see the stand-in, which hands the tensors back).
 pub(crate) fn norm(
-    (input, gamma, beta): NormInputs,
+    (input, gamma, beta): OpInputs,
     centered: bool,
     epsilon: f64,
-) -> Result<burn::backend::DispatchTensor, Box<NormInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<OpInputs>> {
     let has_beta = beta.is_some();
     let beta = beta.unwrap_or_else(|| gamma.clone());
     Ok(<burn::backend::Dispatch as FusedNormOps>::fused_norm(

@@ -258,10 +258,10 @@ pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn norm(
-    inputs: super::NormInputs,
+    inputs: super::OpInputs,
     _centered: bool,
     _epsilon: f64,
-) -> Result<burn::backend::DispatchTensor, Box<super::NormInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
     Err(Box::new(inputs))
 }
 
@@ -276,4 +276,11 @@ pub(crate) fn cross_entropy_rows(
     targets: burn::backend::DispatchTensor,
 ) -> Result<burn::backend::DispatchTensor, Box<super::LossInputs>> {
     Err(Box::new((logits, targets)))
+}
+
+/// Without cubecl nothing is fused: the tensors go back for burn's composition.
+pub(crate) fn small_linear(
+    inputs: super::OpInputs,
+) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
+    Err(Box::new(inputs))
 }

@@ -94,8 +94,9 @@ impl BucketLayout {
     }
 }
 
-/// The tensors of a fused norm: input, gamma, beta (when the norm has one).
-pub(crate) type NormInputs = (
+/// The tensors of a fused op with parameters: the input, its parameter and an optional second
+/// one (a norm's gamma and beta, a linear layer's weight and bias).
+pub(crate) type OpInputs = (
     burn::backend::DispatchTensor,
     burn::backend::DispatchTensor,
     Option<burn::backend::DispatchTensor>,

@@ -10,13 +10,16 @@
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
 //! | [`TransformerEncoder`] | its layer norms (attention and feed-forward are burn-nn's) | as the layer norm |
+//! | [`Linear`] | at most 8 rows: one kernel forward (burn's matmuls backward) | more rows; as the layer norm |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
 
 mod encoder;
+mod linear;
 pub mod loss;
 mod norm;
 
 pub use encoder::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput, TransformerEncoderLayer,
 };
+pub use linear::Linear;
 pub use norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig, layer_norm, rms_norm};

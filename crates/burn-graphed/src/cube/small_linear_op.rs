@@ -1,0 +1,236 @@
+//! A linear layer on a few rows (batch 1 inference, small batches): `y = x W + b` for at most
+//! [`MAX_ROWS`] rows by a kernel that spreads each output column's dot product over a cube,
+//! where cubecl's tuned matmul never times its gemv candidates for a row-major weight
+//! (UPSTREAM.md 13). The backward is burn's own matmuls (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db =
+//! sum(dy)`), with its own autodiff node.
+//!
+//! Arithmetic: products and sums in `f32` whatever the dtype, one rounding at the store; each
+//! column's sum in a fixed order (the cube's eight slices of `k`, each in order, then the slices
+//! in order), so a replay equals the eager call bit for bit.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Cube, TensorMetadata, backend_extension};
+use burn::tensor::Shape;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::adam_op::kernel_elem;
+use super::buffers::FusedTensor;
+use super::dense::Dense;
+use super::norm_op::count_forward;
+
+/// The autodiff tensor of burn's cubecl backend.
+type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
+
+/// The most rows the kernel takes (a cube row per input row; the weight is read once per row).
+pub(crate) const MAX_ROWS: usize = 8;
+/// Output columns per cube (one plane reads 32 consecutive weights of a row of `W`).
+const COLUMNS: usize = 32;
+/// Slices of `k` per cube: each column's dot product is split over this many units.
+const SLICES: usize = 8;
+
+/// `out[r, c] = sum_k x[r, k] * w[k, c] (+ bias[c])`: cube `(i, r)` computes columns `i * 32 ..`
+/// of row `r`; unit `(c, s)` sums `k = s, s + 8, ...` of column `c`, then unit `(c, 0)` adds the
+/// eight partial sums in order.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn small_linear_kernel<F: Float>(
+    x: &[F],
+    w: &[F],
+    bias: &[F],
+    out: &mut [F],
+    d_in: u32,
+    d_out: u32,
+    #[comptime] has_bias: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let d_in = d_in as usize;
+    let d_out = d_out as usize;
+    let column = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let row = CUBE_POS_Y as usize;
+    let slice = UNIT_POS_Y as usize;
+    let mut partial = 0.0f32;
+    if column < d_out {
+        let mut k = slice;
+        while k < d_in {
+            partial += f32::cast_from(x[row * d_in + k]) * f32::cast_from(w[k * d_out + column]);
+            k += SLICES;
+        }
+    }
+    let mut shared = Shared::<[f32]>::new_slice(COLUMNS * SLICES);
+    shared[slice * COLUMNS + UNIT_POS_X as usize] = partial;
+    sync_cube();
+    if slice == 0 && column < d_out {
+        let mut sum = 0.0f32;
+        #[unroll]
+        for s in 0..SLICES {
+            sum += shared[s * COLUMNS + UNIT_POS_X as usize];
+        }
+        if has_bias {
+            sum += f32::cast_from(bias[column]);
+        }
+        out[row * d_out + column] = F::cast_from(sum);
+    }
+}
+
+/// The kernel as a lazy fusion operation on burn's cubecl backend.
+#[backend_extension(Cube, Fusion)]
+pub(crate) trait SmallLinearKernels: Backend {
+    /// `x W (+ bias)` for `x` `[rows, d_in]` (`rows <= MAX_ROWS`), `W` `[d_in, d_out]`, `bias`
+    /// `[d_out]` read only with `has_bias` (pass any tensor otherwise): `[rows, d_out]` in the
+    /// dtype of all three (checked by the caller).
+    #[fusion(meta = |x, w, _bias, _has_bias| {
+        let mut spec = x.clone();
+        spec.shape = Shape::new([x.shape[0], w.shape[1]]);
+        spec
+    })]
+    fn small_linear(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self>;
+}
+
+impl SmallLinearKernels for CubeBackend {
+    fn small_linear(x: CubeTensor, w: CubeTensor, bias: CubeTensor, has_bias: bool) -> CubeTensor {
+        let [rows, d_in] = x.meta.shape().dims::<2>();
+        let [_, d_out] = w.meta.shape().dims::<2>();
+        let elem = kernel_elem(x.dtype).unwrap_or_else(|| {
+            panic!(
+                "burn-graphed: small linear kernel given {:?} (the caller checks the dtype)",
+                x.dtype
+            )
+        });
+        let (client, device) = (x.client.clone(), x.device.clone());
+        let out = Dense::new_empty(client.clone(), device, Shape::new([rows, d_out]), x.dtype);
+        let (x, w, bias) = (Dense::of(&x), Dense::of(&w), Dense::of(&bias));
+        // SAFETY: the kernel is instantiated for `elem`, the dtype of x, w, bias (one dtype,
+        // checked by the caller) and out (made with it). Cube `(i, r)` reads row `r < rows` of
+        // x (indices below `rows * d_in`), rows `k < d_in` of w at columns below `d_out`
+        // (below `d_in * d_out`), bias below `d_out` (its length, checked by the caller, read
+        // only with `has_bias`) and writes row `r` of out, a new allocation; the shared array
+        // holds `COLUMNS * SLICES` values, indexed by the unit's position in the cube of that
+        // size.
+        unsafe {
+            small_linear_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(d_out.div_ceil(COLUMNS) as u32, rows as u32, 1),
+                CubeDim::new_2d(COLUMNS as u32, SLICES as u32),
+                x.arg(),
+                w.arg(),
+                bias.arg(),
+                out.arg(),
+                d_in as u32,
+                d_out as u32,
+                has_bias,
+                elem,
+            );
+        }
+        out.into_tensor()
+    }
+}
+
+/// The small linear layer with its own backward, reached from `Tensor` through burn's dispatch.
+#[backend_extension(Cube, Autodiff)]
+pub(crate) trait FusedLinearOps: Backend {
+    /// `x W (+ bias where has_bias)`, `x` `[rows, d_in]` with `rows <= MAX_ROWS`.
+    fn fused_small_linear(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+    ) -> FloatTensor<Self>;
+}
+
+impl FusedLinearOps for Cube {
+    fn fused_small_linear(
+        x: FusedTensor,
+        w: FusedTensor,
+        bias: FusedTensor,
+        has_bias: bool,
+    ) -> FusedTensor {
+        count_forward();
+        <Cube as SmallLinearKernels>::small_linear(x, w, bias, has_bias)
+    }
+}
+
+/// What the backward keeps: the input and the weight.
+#[derive(Debug, Clone)]
+struct Saved {
+    x: FusedTensor,
+    w: FusedTensor,
+}
+
+/// The backward node: parents x, W and the bias (an untracked stand-in without one).
+#[derive(Debug)]
+struct SmallLinearBackward;
+
+impl Backward<Cube, 3> for SmallLinearBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_w, node_bias] = ops.parents;
+        let dy = grads.consume::<Cube>(&ops.node);
+        let Saved { x, w } = ops.state;
+        if let Some(node) = node_x {
+            let dx = Cube::float_matmul(dy.clone(), Cube::float_transpose(w));
+            grads.register::<Cube>(node.id, dx);
+        }
+        if let Some(node) = node_w {
+            let dw = Cube::float_matmul(Cube::float_transpose(x), dy.clone());
+            grads.register::<Cube>(node.id, dw);
+        }
+        if let Some(node) = node_bias {
+            let d_out = dy.shape()[1];
+            let db = Cube::float_reshape(Cube::float_sum_dim(dy, 0), Shape::new([d_out]));
+            grads.register::<Cube>(node.id, db);
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
+    fn fused_small_linear(
+        x: AutodiffTensor,
+        w: AutodiffTensor,
+        bias: AutodiffTensor,
+        has_bias: bool,
+    ) -> AutodiffTensor {
+        let (x, x_node) = x.into_parts();
+        let (w, w_node) = w.into_parts();
+        let (bias, bias_node) = bias.into_parts();
+        // Without a bias, an untracked parent in its place: it asks for no gradient.
+        let bias_node = if has_bias {
+            bias_node
+        } else {
+            AutodiffTensor::new(w.clone()).node()
+        };
+        let prepared = SmallLinearBackward
+            .prepare::<C>([x_node, w_node, bias_node])
+            .compute_bound()
+            .stateful();
+        count_forward();
+        let out = <Cube as SmallLinearKernels>::small_linear(x.clone(), w.clone(), bias, has_bias);
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish(Saved { x, w }, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}
+
+/// `x W (+ bias)` for `x` `[rows, d_in]`, `rows <= MAX_ROWS`, through burn's dispatch. The
+/// caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`, `bf16` for all)
+/// and the shapes. Never `Err` here (see the stand-in, which hands the tensors back).
+pub(crate) fn small_linear(
+    (x, w, bias): super::OpInputs,
+) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
+    let has_bias = bias.is_some();
+    let bias = bias.unwrap_or_else(|| w.clone());
+    Ok(<burn::backend::Dispatch as FusedLinearOps>::fused_small_linear(x, w, bias, has_bias))
+}

@@ -1,0 +1,284 @@
+//! `burn_graphed::nn::Linear` on a few rows against the exact product (host `f64` from the
+//! very values the device holds) and against burn-nn's, the output and every gradient, in
+//! `f32`, `f16` and `bf16`, 1 to 8 rows (rank 2 and 3), odd widths, with and without bias;
+//! more rows run burn-nn's computation; inside a graphed call.
+//!
+//! Tolerance, derived as for the norms (`fused_norm.rs`): the kernel and burn's matmul compute
+//! the same sums in another order, each in `f32` and rounded once to the dtype (on CUDA burn's
+//! f32 matmul may also run in TF32: its error then sets the bound, which only widens it). So the
+//! fused error against the exact values must be at most twice burn-nn's own error plus one
+//! rounding of the dtype, relative to the largest exact magnitude. Negative control: the exact
+//! output of the neighbouring row (a stale or shifted row) must exceed the bound tenfold.
+
+use super::skip::skip;
+use super::*;
+use burn::module::Param;
+use burn::tensor::{DType, FloatDType};
+
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(7);
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn unit_roundoff(dtype: FloatDType) -> f64 {
+    match dtype {
+        FloatDType::F16 => 2f64.powi(-11),
+        FloatDType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-24),
+    }
+}
+
+fn host(data: TensorData) -> Vec<f64> {
+    data.convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("float values")
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+fn error(got: &[f64], exact: &[f64]) -> f64 {
+    let scale = exact
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs()))
+        .max(f64::MIN_POSITIVE);
+    got.iter()
+        .zip(exact)
+        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
+        / scale
+}
+
+/// `(y, dx, dW, db)` exactly, for `x` `[rows, d_in]`, `w` `[d_in, d_out]`, output gradient `dy`.
+fn exact(
+    x: &[f64],
+    w: &[f64],
+    b: Option<&[f64]>,
+    dy: &[f64],
+    rows: usize,
+    d_in: usize,
+    d_out: usize,
+) -> [Vec<f64>; 4] {
+    let mut y = vec![0.0; rows * d_out];
+    let mut dx = vec![0.0; rows * d_in];
+    let mut dw = vec![0.0; d_in * d_out];
+    let mut db = vec![0.0; d_out];
+    for r in 0..rows {
+        for c in 0..d_out {
+            let mut sum = b.map_or(0.0, |b| b[c]);
+            for k in 0..d_in {
+                sum += x[r * d_in + k] * w[k * d_out + c];
+                dx[r * d_in + k] += dy[r * d_out + c] * w[k * d_out + c];
+                dw[k * d_out + c] += x[r * d_in + k] * dy[r * d_out + c];
+            }
+            y[r * d_out + c] = sum;
+            db[c] += dy[r * d_out + c];
+        }
+    }
+    [y, dx, dw, db]
+}
+
+/// The cases of one dtype; a device without the dtype skips them, and says so.
+pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
+    let device = device.clone().autodiff();
+    if !device.supports_dtype(DType::from(dtype)) {
+        skip(&format!("{device:?} has no {dtype:?}"));
+        return;
+    }
+    // (leading dims, d_in, d_out, bias): 1, 3 and 8 rows, and 9 (burn-nn's path).
+    let cases: [(&[usize], usize, usize, bool); 6] = [
+        (&[1], 256, 256, true),
+        (&[3], 7, 5, false),
+        (&[8], 300, 33, true),
+        (&[2, 4], 64, 40, true),
+        (&[1], 1000, 3, false),
+        (&[9], 16, 12, true),
+    ];
+    for (seed, (lead, d_in, d_out, with_bias)) in cases.into_iter().enumerate() {
+        let seed = seed as u64 * 10;
+        let rows: usize = lead.iter().product();
+        let made = |values: Vec<f32>| {
+            let count = values.len();
+            Tensor::<1>::from_data(TensorData::new(values, [count]), &device).cast(dtype)
+        };
+        let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
+            .with_bias(with_bias)
+            .init(&device);
+        burn_linear.weight =
+            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
+        if with_bias {
+            burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
+        }
+        let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
+        let x2 = made(values(rows * d_in, seed + 2)).reshape([rows, d_in]);
+        let dy2 = made(values(rows * d_out, seed + 3)).reshape([rows, d_out]);
+        let truth = exact(
+            &host(x2.clone().into_data()),
+            &host(burn_linear.weight.val().into_data()),
+            burn_linear
+                .bias
+                .as_ref()
+                .map(|b| host(b.val().into_data()))
+                .as_deref(),
+            &host(dy2.clone().into_data()),
+            rows,
+            d_in,
+            d_out,
+        );
+        // Both layers on the input in its own rank (2 or 3), gradients through `sum(y * dy)`.
+        let run = |forward: &dyn Fn(Tensor<3>) -> Tensor<3>,
+                   weight: &Param<Tensor<2>>,
+                   bias: Option<&Param<Tensor<1>>>| {
+            let lead3 = if lead.len() == 1 {
+                [1, rows]
+            } else {
+                [lead[0], lead[1]]
+            };
+            let x = x2
+                .clone()
+                .reshape([lead3[0], lead3[1], d_in])
+                .require_grad();
+            let y = forward(x.clone());
+            let grads = (y.clone() * dy2.clone().reshape([lead3[0], lead3[1], d_out]))
+                .sum()
+                .backward();
+            [
+                host(y.into_data()),
+                host(x.grad(&grads).expect("the input's gradient").into_data()),
+                host(
+                    weight
+                        .val()
+                        .grad(&grads)
+                        .expect("the weight's gradient")
+                        .into_data(),
+                ),
+                bias.map_or_else(Vec::new, |b| {
+                    host(
+                        b.val()
+                            .grad(&grads)
+                            .expect("the bias's gradient")
+                            .into_data(),
+                    )
+                }),
+            ]
+        };
+        let before = burn_graphed::testing::fused_ops();
+        let ours = run(&|x| fused.forward(x), &fused.weight, fused.bias.as_ref());
+        let ran_fused = burn_graphed::testing::fused_ops() > before;
+        let theirs = run(
+            &|x| burn_linear.forward(x),
+            &burn_linear.weight,
+            burn_linear.bias.as_ref(),
+        );
+        let label = format!("linear {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias}");
+        let u = unit_roundoff(dtype);
+        for (k, what) in [
+            "output",
+            "input gradient",
+            "weight gradient",
+            "bias gradient",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if k == 3 && !with_bias {
+                continue;
+            }
+            let (fused_error, burn_error) =
+                (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
+            let bound = 2.0 * burn_error + u;
+            println!(
+                "{label} {what}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}"
+            );
+            assert!(
+                fused_error <= bound,
+                "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})"
+            );
+        }
+        if rows > 1 {
+            let shifted: Vec<f64> = truth[0][d_out..]
+                .iter()
+                .chain(&truth[0][..d_out])
+                .copied()
+                .collect();
+            let control = error(&shifted, &truth[0]);
+            let bound = 2.0 * error(&theirs[0], &truth[0]) + u;
+            assert!(
+                control > 10.0 * bound,
+                "control {label}: the neighbouring row is off {control:.3e}, not 10x the bound {bound:.3e}"
+            );
+        }
+        // The fused path ran where it should (the counter is the process's: tests beside this
+        // one may raise it too, so only its rise is evidence); elsewhere the layer computes
+        // burn-nn's values bit for bit.
+        if supports_graphs(&device) && rows <= 8 {
+            assert!(ran_fused, "{label}: the fused kernel did not run");
+        } else {
+            assert_eq!(
+                ours, theirs,
+                "{label}: burn-nn's path is not burn-nn's computation"
+            );
+        }
+    }
+}
+
+/// A graphed call of two fused linear layers on one row equals its eager call, bit for bit,
+/// output and weight gradients, over several calls.
+pub fn linear_graphed_matches_eager(device: &Device) {
+    let device = device.clone().autodiff();
+    #[derive(Module, Debug)]
+    struct TwoLayers {
+        first: burn_graphed::nn::Linear,
+        second: burn_graphed::nn::Linear,
+    }
+    let model = TwoLayers {
+        first: burn::nn::LinearConfig::new(48, 64).init(&device).into(),
+        second: burn::nn::LinearConfig::new(64, 10).init(&device).into(),
+    };
+    let eager = burn_graphed_testkit::deep_copy(&model);
+    let input = |step: u64| {
+        Tensor::<1>::from_data(TensorData::new(values(48, 100 + step), [48]), &device)
+            .reshape([1, 48])
+    };
+    let forward = |m: &TwoLayers, x: Tensor<2>| m.second.forward(m.first.forward(x).tanh());
+    let graphed = burn_graphed::Graphed::new(model, forward, input(0), &GraphedConfig::new())
+        .expect("capture");
+    for step in 1..4 {
+        let x = input(step);
+        let expected = forward(&eager, x.clone());
+        let got = graphed.forward(x).expect("graphed call");
+        assert_eq!(
+            got.clone().into_data(),
+            expected.clone().into_data(),
+            "step {step} output"
+        );
+        let (g, e) = (got.sum().backward(), expected.sum().backward());
+        assert_eq!(
+            graphed
+                .module()
+                .first
+                .weight
+                .val()
+                .grad(&g)
+                .expect("graphed gradient")
+                .into_data(),
+            eager
+                .first
+                .weight
+                .val()
+                .grad(&e)
+                .expect("eager gradient")
+                .into_data(),
+            "step {step} weight gradient"
+        );
+    }
+    if supports_graphs(&device) {
+        assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
+    }
+}
