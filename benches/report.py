@@ -609,6 +609,40 @@ def inference_table(rows):
     return "\n".join(out) + "\n"
 
 
+def inference_fused_table(rows):
+    # The graphed forward of the models with burn_graphed::nn's fused layers (`--models
+    # mlp_fused,...`, modes suffixed `_fused_layers`) beside the same model with burn-nn's layers
+    # and PyTorch's captured forward (in f32 also with TF32), at each batch size.
+    by = group(rows)
+    out = header(
+        "| model | dtype | batch | burn graphed, burn-nn layers | burn graphed, fused layers "
+        "| fused floor | fused checks | torch graphed | torch graphed, TF32 "
+        "| fused / burn-nn layers | fused / torch graphed | fused / torch graphed, TF32 |"
+    )
+    for (model, dtype), r in by.items():
+        us, cell = medians(r), cells(r)
+        for batch, _, graphed, floor in INFERENCE_BATCHES:
+            fused, fused_floor = graphed + FUSED, (floor + FUSED) if floor else None
+            if ("burn", fused) not in r:
+                continue
+            bf, tf32 = us("burn", fused), dtype == "f32"
+            out.append(
+                f"| {model} | {dtype} | {batch} | {cell('burn', graphed)} | {cell('burn', fused)} "
+                f"| {cell('burn', fused_floor) if fused_floor else '-'} "
+                f"| {'; '.join(check_cell(r.get(('burn', m))) for m in (fused, fused_floor) if m)} "
+                f"| {cell('torch', graphed)} "
+                f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} "
+                f"| {num(bf / us('burn', graphed), '.2f')} | {num(bf / us('torch', graphed), '.2f')} "
+                f"| {num(bf / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+# The suffix of the modes of the bench's fused-layer models (`mlp_fused`, `transformer_fused`,
+# `lm_fused`).
+FUSED = "_fused_layers"
+
+
 # The one-GPU mode each data-parallel mode's scaling efficiency compares with, per framework.
 DDP_BASELINES = {
     ("burn", "ddp_eager"): "eager_multi_adam",
@@ -749,7 +783,7 @@ def sections(paths):
     out = OrderedDict()
     if has_whole_step(rows):
         out["whole_step"] = ("Whole step", whole_step_table(rows))
-    if has_modes(rows, ("whole_step_fused_layers",)):
+    if has_modes(rows, ("whole_step" + FUSED,)):
         out["fused_layers"] = ("Whole step with fused layers", fused_layers_table(rows))
     if has_modes(singles, FIRST_STEP_MODES):
         out["first_step"] = ("Time to the first trained step", first_step_table(singles))
@@ -768,6 +802,9 @@ def sections(paths):
             out[f"ab{index}"] = (title, ab_table(rows, *columns_and_modes))
     if inference:
         out["inference"] = ("Inference (the forward alone, per call)", inference_table(inference))
+    if any(r["mode"].endswith(FUSED) for r in inference):
+        out["inference_fused"] = ("Inference with fused layers (per call)",
+                                  inference_fused_table(inference))
     if has_ddp:
         out["ddp"] = ("Data parallel (each rank a batch of the model's size; efficiency: "
                       "samples/s over ranks x the 1-GPU baseline's)", ddp_table(data_parallel))

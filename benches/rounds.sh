@@ -10,7 +10,7 @@
 #   bash benches/rounds.sh inference    # GPUs 0-3: the inference table, f32 and bf16
 #   bash benches/rounds.sh all          # both, each group's models in both tables' modes
 #   ROUND_GROUPS="bf16 mlp|f32 cnn" bash benches/rounds.sh groups  # chosen groups, both tables
-#   bash benches/rounds.sh fused        # transformer and lm: burn-nn layers, fused layers, PyTorch
+#   bash benches/rounds.sh fused        # mlp, transformer, lm: burn-nn layers, fused layers, PyTorch
 #
 # cubecl's autotune log of each group goes into the logs too: which candidate won each matmul
 # key (a tensor-core candidate, `*mma*`, runs f32 as TF32).
@@ -36,9 +36,9 @@ case "$what" in
     groups=("f32 mlp,mlp256;bf16 mlp,mlp256" "f32 cnn,transformer" "f32 lm;bf16 lm" "bf16 transformer") ;;
   fused)
     # burn_graphed::nn's fused layers against the same models with burn-nn's layers and
-    # PyTorch's whole step (BENCHMARKS.md, "Whole step with fused layers").
-    modes=whole_step,whole_step_floor,whole_step_fused_adam
-    groups=("f32 transformer,transformer_fused" "f32 lm,lm_fused" "bf16 transformer,transformer_fused" "bf16 lm,lm_fused") ;;
+    # PyTorch (report.py's fused_layers and inference_fused tables).
+    modes=whole_step,whole_step_floor,whole_step_fused_adam,inference_graphed,inference_graphed_b1,inference_graphed_b1_floor
+    groups=("f32 transformer,transformer_fused" "f32 lm,lm_fused" "bf16 transformer,transformer_fused;bf16 lm,lm_fused" "f32 mlp,mlp_fused;bf16 mlp,mlp_fused") ;;
   groups)
     # The gaps of an earlier run: ROUND_GROUPS="DTYPE MODELS[;...]|DTYPE MODELS|...", one
     # group per GPU, in both tables' modes.

@@ -5,7 +5,7 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,transformer_fused,lm_fused]
+//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,transformer_fused,lm_fused]
 //!            [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
@@ -16,8 +16,8 @@
 //!            [--check-cost] [--ranks 2]
 //! ```
 //!
-//! `transformer_fused` and `lm_fused` are `transformer` and `lm` with `burn_graphed::nn`'s fused
-//! layers (the same parameters); their rows carry the model's name and the mode with
+//! `mlp_fused`, `transformer_fused` and `lm_fused` are `mlp`, `transformer` and `lm` with
+//! `burn_graphed::nn`'s fused layers (the same parameters); their rows carry the model's name and the mode with
 //! `_fused_layers` appended (`whole_step_fused_layers`, ...), PyTorch having no such variant.
 //!
 //! Each (model, mode) run happens in a process of its own (this binary runs itself once per
@@ -126,6 +126,20 @@ fn mlp_of(layout: LinearLayout, device: &Device) -> Mlp {
             .map(|_| LinearConfig::new(256, 256).with_layout(layout).init(device))
             .collect(),
     }
+}
+
+/// The `mlp` with `burn_graphed::nn::Linear` layers (`mlp_fused`): the same parameters; on at
+/// most 8 rows (the batch-1 inference modes) its layers run their own kernel.
+#[derive(Module, Debug)]
+struct FusedMlp {
+    layers: Vec<burn_graphed::nn::Linear>,
+}
+
+fn fused_mlp_forward(m: &FusedMlp, mut x: Tensor<2>) -> Tensor<2> {
+    for layer in &m.layers {
+        x = Relu::new().forward(layer.forward(x));
+    }
+    x
 }
 
 fn mlp_forward(m: &Mlp, mut x: Tensor<2>) -> Tensor<2> {
@@ -2261,6 +2275,26 @@ fn main() {
                     &options,
                 );
             }
+            "mlp_fused" => bench(
+                Case {
+                    name: "mlp 8x256 b32".into(),
+                    make: |d| FusedMlp {
+                        layers: mlp_of(LinearLayout::Row, d)
+                            .layers
+                            .into_iter()
+                            .map(Into::into)
+                            .collect(),
+                    },
+                    call: fused_mlp_forward,
+                    loss: mean_square_of,
+                    call_loss: |m, x| mean_square(fused_mlp_forward(m, x)),
+                    input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
+                    batch: 32,
+                    variant: "_fused_layers",
+                },
+                &device,
+                &options,
+            ),
             "transformer" => bench(
                 Case {
                     name: "transformer 2x256 s128 b8".into(),
