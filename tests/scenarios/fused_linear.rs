@@ -10,49 +10,15 @@
 //! rounding of the dtype, relative to the largest exact magnitude. Negative control: the exact
 //! output of the neighbouring row (a stale or shifted row) must exceed the bound tenfold.
 
+use super::exact::{host, relative_error as error, seeded, unit_roundoff};
 use super::skip::skip;
 use super::*;
 use burn::module::Param;
 use burn::tensor::{DType, FloatDType};
 
+/// Deterministic values in [-1.0, 1.0).
 fn values(count: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(7);
-    (0..count)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn unit_roundoff(dtype: FloatDType) -> f64 {
-    match dtype {
-        FloatDType::F16 => 2f64.powi(-11),
-        FloatDType::BF16 => 2f64.powi(-8),
-        _ => 2f64.powi(-24),
-    }
-}
-
-fn host(data: TensorData) -> Vec<f64> {
-    data.convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("float values")
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
-fn error(got: &[f64], exact: &[f64]) -> f64 {
-    let scale = exact
-        .iter()
-        .fold(0.0f64, |m, v| m.max(v.abs()))
-        .max(f64::MIN_POSITIVE);
-    got.iter()
-        .zip(exact)
-        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
-        / scale
+    seeded(count, seed, -1.0, 1.0)
 }
 
 /// `(y, dx, dW, db)` exactly, for `x` `[rows, d_in]`, `w` `[d_in, d_out]`, output gradient `dy`.

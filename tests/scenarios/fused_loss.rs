@@ -10,40 +10,16 @@
 //! relative to the largest exact magnitude. Negative control: the exact gradient for targets
 //! one class off must exceed that bound tenfold.
 
+use super::exact::{host, relative_error as error, seeded, unit_roundoff};
 use super::skip::skip;
 use super::*;
 use burn::tensor::{DType, FloatDType};
-use burn_graphed::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 
-/// Deterministic values in about [-3, 3].
+/// Deterministic values in [-3.0, 3.0).
 fn values(count: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..count)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
-        })
-        .collect()
+    seeded(count, seed, -3.0, 3.0)
 }
-
-fn unit_roundoff(dtype: FloatDType) -> f64 {
-    match dtype {
-        FloatDType::F16 => 2f64.powi(-11),
-        FloatDType::BF16 => 2f64.powi(-8),
-        _ => 2f64.powi(-24),
-    }
-}
-
-fn host(data: TensorData) -> Vec<f64> {
-    data.convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("float values")
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
+use burn_graphed::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 
 /// The exact mean loss and the logits' gradient.
 fn exact(x: &[f64], targets: &[usize], classes: usize) -> (f64, Vec<f64>) {
@@ -61,17 +37,6 @@ fn exact(x: &[f64], targets: &[usize], classes: usize) -> (f64, Vec<f64>) {
         }
     }
     (loss / rows as f64, grad)
-}
-
-fn error(got: &[f64], exact: &[f64]) -> f64 {
-    let scale = exact
-        .iter()
-        .fold(0.0f64, |m, v| m.max(v.abs()))
-        .max(f64::MIN_POSITIVE);
-    got.iter()
-        .zip(exact)
-        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
-        / scale
 }
 
 /// The loss and the logits' gradient of `loss` on `logits` and `targets`, read back.

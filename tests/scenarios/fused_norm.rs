@@ -16,11 +16,22 @@
 //! exact values of a neighbouring row (an off-by-one row, a stale row), and in `f32` a norm with
 //! the wrong epsilon (`1e-3` for `1e-5`).
 
+use super::exact::{host, relative_error as error, seeded, unit_roundoff};
 use super::skip::skip;
 use super::*;
 use burn::module::Param;
 use burn::tensor::{DType, FloatDType};
 use burn_graphed::nn::{LayerNorm, LayerNormConfig, RmsNorm, layer_norm};
+
+/// Deterministic values in about [-2, 2], with an offset every seven elements so that the
+/// mean matters.
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    seeded(count, seed, -2.0, 2.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v + ((i / 7) % 5) as f32 * 0.3)
+        .collect()
+}
 
 /// One case: the input's shape (normalized over its last dimension), beta or not, and whether
 /// the input is a transposed (non-contiguous) view.
@@ -36,40 +47,6 @@ fn case(shape: &[usize], beta: bool) -> Case {
         beta,
         transposed: false,
     }
-}
-
-/// Deterministic values in about [-2, 2], with an offset per row so that the mean matters.
-fn values(count: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..count)
-        .map(|i| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
-            unit * 4.0 - 2.0 + ((i / 7) % 5) as f32 * 0.3
-        })
-        .collect()
-}
-
-/// Unit roundoff of `dtype`.
-fn unit_roundoff(dtype: FloatDType) -> f64 {
-    match dtype {
-        FloatDType::F16 => 2f64.powi(-11),
-        FloatDType::BF16 => 2f64.powi(-8),
-        _ => 2f64.powi(-24),
-    }
-}
-
-fn host(data: TensorData) -> Vec<f64> {
-    data.convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("float values")
-        .into_iter()
-        .map(f64::from)
-        .collect()
 }
 
 /// The exact forward and gradients of a layer norm over rows of `width`: `(y, dx, dgamma,
@@ -111,18 +88,6 @@ fn exact(
         }
     }
     [y, dx, dgamma, dbeta]
-}
-
-/// Largest distance over the tensor divided by the exact tensor's largest magnitude.
-fn error(got: &[f64], exact: &[f64]) -> f64 {
-    let scale = exact
-        .iter()
-        .fold(0.0f64, |m, v| m.max(v.abs()))
-        .max(f64::MIN_POSITIVE);
-    got.iter()
-        .zip(exact)
-        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
-        / scale
 }
 
 /// Forward and gradients `(y, dx, dgamma, dbeta)` of `norm` on `x` with output gradient `dy`

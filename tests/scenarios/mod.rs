@@ -6,6 +6,7 @@
 pub mod batch_norm;
 pub mod controls;
 pub mod data_parallel;
+pub mod exact;
 pub mod facts;
 pub mod fused_linear;
 pub mod fused_loss;

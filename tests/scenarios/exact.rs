@@ -1,0 +1,52 @@
+//! What the fused ops' tests (`fused_norm`, `fused_loss`, `fused_linear`) share: deterministic
+//! inputs, the unit roundoff of a dtype, values read back in `f64`, and the error measure
+//! against exact values (host `f64`).
+
+use burn::tensor::{FloatDType, TensorData};
+
+/// `count` deterministic values in `[low, high)` from `seed` (a linear congruential sequence).
+pub fn seeded(count: usize, seed: u64, low: f32, high: f32) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+            low + unit * (high - low)
+        })
+        .collect()
+}
+
+/// The unit roundoff of `dtype` (half a unit in the last place at 1).
+pub fn unit_roundoff(dtype: FloatDType) -> f64 {
+    match dtype {
+        FloatDType::F16 => 2f64.powi(-11),
+        FloatDType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-24),
+    }
+}
+
+/// A float tensor's values, widened to `f64`.
+pub fn host(data: TensorData) -> Vec<f64> {
+    data.convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("float values")
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+/// The largest distance between `got` and `exact`, over the largest exact magnitude.
+pub fn relative_error(got: &[f64], exact: &[f64]) -> f64 {
+    let scale = exact
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs()))
+        .max(f64::MIN_POSITIVE);
+    got.iter()
+        .zip(exact)
+        .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
+        / scale
+}
