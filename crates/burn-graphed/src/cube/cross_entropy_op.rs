@@ -23,7 +23,7 @@ use cubecl::prelude::*;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
-use super::norm_op::{count_forward, cube_max, cube_sum, row_grid, row_of_cube, threads_for};
+use super::row_kernels::{count_forward, cube_max, cube_sum, row_grid, row_of_cube, threads_for};
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;

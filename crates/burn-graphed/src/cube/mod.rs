@@ -43,6 +43,8 @@ mod random_op;
 #[cfg(feature = "cube")]
 mod random_state;
 #[cfg(feature = "cube")]
+mod row_kernels;
+#[cfg(feature = "cube")]
 mod session;
 #[cfg(feature = "cube")]
 mod small_linear_op;
@@ -66,8 +68,9 @@ pub(crate) use self::{
     graphs::Graphs,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
-    norm_op::{forwards as fused_norm_forwards, norm},
+    norm_op::norm,
     random_state::RandomState,
+    row_kernels::forwards as fused_norm_forwards,
     small_linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, small_linear},
     step_graph::{StepGraph, StepState, capture_step},
 };

@@ -30,77 +30,16 @@ use super::OpInputs;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
+use super::row_kernels::{
+    MAX_THREADS, count_forward, cube_sum, row_grid, row_of_cube, threads_for,
+};
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
-/// The most threads of a row's cube; a wider row takes several elements per thread.
-const MAX_THREADS: usize = 256;
-/// The fewest threads of a row's cube (one plane on every GPU here).
-const MIN_THREADS: usize = 32;
-/// Cubes along x before a grid takes a second dimension (wgpu's limit per dimension).
-const MAX_CUBES_X: usize = 65_535;
 /// Chunks of rows the parameter gradients are summed over by the second backward kernel (each
 /// chunk's sum is one row of partial sums; burn's sum adds the chunks).
 const GRAD_CHUNKS: usize = 128;
-
-/// The threads of a row's cube for rows of `width` elements: the next power of two, within
-/// [`MIN_THREADS`, `MAX_THREADS`].
-pub(super) fn threads_for(width: usize) -> usize {
-    width.next_power_of_two().clamp(MIN_THREADS, MAX_THREADS)
-}
-
-/// One cube per row: a grid of `rows` cubes, in two dimensions past [`MAX_CUBES_X`].
-pub(super) fn row_grid(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, MAX_CUBES_X);
-    CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
-}
-
-/// The sum of every unit's `value` over the cube, in a fixed tree order; every unit gets it.
-/// Every unit of the cube must call it (it meets the cube at barriers).
-#[cube]
-pub(super) fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
-    let mut shared = Shared::<[f32]>::new_slice(threads);
-    let unit = UNIT_POS as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut active = threads.runtime();
-    while active > 1 {
-        active /= 2;
-        if unit < active {
-            let other = shared[unit + active];
-            shared[unit] += other;
-        }
-        sync_cube();
-    }
-    shared[0]
-}
-
-/// The largest of every unit's `value` over the cube; every unit gets it. Every unit of the
-/// cube must call it.
-#[cube]
-pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
-    let mut shared = Shared::<[f32]>::new_slice(threads);
-    let unit = UNIT_POS as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut active = threads.runtime();
-    while active > 1 {
-        active /= 2;
-        if unit < active {
-            let other = shared[unit + active];
-            shared[unit] = f32::max(shared[unit], other);
-        }
-        sync_cube();
-    }
-    shared[0]
-}
-
-/// The row this cube normalizes (cubes past the last row have none).
-#[cube]
-pub(super) fn row_of_cube() -> usize {
-    (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
-}
 
 /// Forward: row `r` of `input` normalized into `output`, its mean and `rstd` into `mean[r]`
 /// and `rstd[r]`. `beta` is read only with `has_beta`.
@@ -307,8 +246,8 @@ fn grad_chunks(rows: usize) -> (usize, usize) {
     (rows.div_ceil(per_chunk).max(1), per_chunk)
 }
 
-/// The element type of a float tensor the kernels take; checked by the caller
-/// ([`supported`]), so another one here breaks this module's invariant.
+/// The element type of a float tensor the kernels take; checked by the caller (`nn`), so another
+/// one here breaks this module's invariant.
 fn elem_of(tensor: &CubeTensor) -> ElemType {
     kernel_elem(tensor.dtype).unwrap_or_else(|| {
         panic!(
@@ -471,20 +410,6 @@ pub(crate) trait FusedNormOps: Backend {
         centered: bool,
         epsilon: f64,
     ) -> FloatTensor<Self>;
-}
-
-/// Fused ops (norms, cross-entropies) queued in this process (the `testing` feature's proof
-/// that the fused path ran).
-static FORWARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// How many fused ops this process queued.
-pub(crate) fn forwards() -> usize {
-    FORWARDS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Counts one fused op's forward.
-pub(super) fn count_forward() {
-    FORWARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The forward through the fusion kernels: `(output, mean, rstd)`.

@@ -23,7 +23,7 @@ use cubecl::prelude::*;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
-use super::norm_op::count_forward;
+use super::row_kernels::count_forward;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
