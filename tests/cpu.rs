@@ -48,6 +48,7 @@ on_devices! {
     cross_entropy_matches_exact_bf16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::BF16);
     cross_entropy_other_forms_are_burn_nn => scenarios::fused_loss::cross_entropy_other_forms_are_burn_nn;
     cross_entropy_graphed_matches_eager => scenarios::fused_loss::cross_entropy_graphed_matches_eager;
+    fused_model_whole_step_matches_eager => scenarios::fused_loss::fused_model_whole_step_matches_eager;
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
     loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);

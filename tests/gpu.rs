@@ -1026,3 +1026,9 @@ fn linear_matches_exact() {
 fn linear_graphed_matches_eager() {
     scenarios::fused_linear::linear_graphed_matches_eager(&cuda());
 }
+
+/// A model of fused layers only, trained in whole steps against burn's optimizer.
+#[test]
+fn fused_model_whole_step_matches_eager() {
+    scenarios::fused_loss::fused_model_whole_step_matches_eager(&cuda());
+}

@@ -228,3 +228,90 @@ pub fn cross_entropy_graphed_matches_eager(device: &Device) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
     }
 }
+
+/// A small model made only of `burn_graphed::nn`'s fused layers (an encoder with fused norms,
+/// a final fused norm, a few-row linear head, the fused cross-entropy) trained in whole steps
+/// against burn's optimizer on the same model, four steps with Adam and a decaying rate: every
+/// loss, parameter and optimizer state within the whole-step comparison's tolerance (the one
+/// `whole_step_negative_controls` shows catches a skipped update and a frozen rate), and every
+/// step replays where graphs exist.
+pub fn fused_model_whole_step_matches_eager(device: &Device) {
+    use burn_graphed::nn::{
+        LayerNorm, LayerNormConfig, Linear, TransformerEncoder, TransformerEncoderConfig,
+        TransformerEncoderInput,
+    };
+    use burn_graphed::{GraphedConfig, StepOptimizer};
+    use burn_graphed_testkit::{WholeStepComparison, compare_whole_step};
+
+    #[derive(Module, Debug)]
+    struct Tiny {
+        encoder: TransformerEncoder,
+        norm: LayerNorm,
+        head: Linear,
+    }
+    type Batch = (Tensor<3>, Tensor<1, Int>);
+    fn loss(m: &Tiny, (x, targets): Batch) -> Tensor<1> {
+        let [batch, length, _] = x.dims();
+        let hidden = m
+            .norm
+            .forward(m.encoder.forward(TransformerEncoderInput::new(x)));
+        let logits = m.head.forward(hidden).reshape([batch * length, 10]);
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, targets)
+    }
+
+    let device = device.clone().autodiff();
+    let model = Tiny {
+        encoder: TransformerEncoderConfig::new(16, 32, 2, 1)
+            .with_dropout(0.0)
+            .with_norm_first(true)
+            .init(&device),
+        norm: LayerNormConfig::new(16).init(&device),
+        head: burn::nn::LinearConfig::new(16, 10).init(&device).into(),
+    };
+    // Two sequences of four: eight rows, so the head runs the few-row kernel.
+    let batch = |step: usize| -> Vec<Batch> {
+        let step = step as u64;
+        vec![(
+            Tensor::<1>::from_data(
+                TensorData::new(values(2 * 4 * 16, 200 + step), [128]),
+                &device,
+            )
+            .reshape([2, 4, 16]),
+            Tensor::<1, Int>::from_data(
+                TensorData::new((0..8).map(|i| (i * 7 + step as i64) % 10).collect(), [8]),
+                &device,
+            ),
+        )]
+    };
+    let steps = 4;
+    let report = compare_whole_step(WholeStepComparison {
+        model,
+        twin: None,
+        loss,
+        optimizer: StepOptimizer::Adam {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-5,
+            weight_decay: None,
+        },
+        clipping: None,
+        batches: &mut |step| batch(step),
+        learning_rate: &|step| 1e-2 * 0.8f64.powi(step as i32),
+        steps,
+        graphed: GraphedConfig::new(),
+        tolerance: tolerance_for(&device),
+    })
+    .expect("whole step");
+    assert!(report.report.passed(), "{}", report.report);
+    if supports_graphs(&device) {
+        assert_eq!(
+            report.stats.total_eager(),
+            0,
+            "every step replays: {:?}",
+            report.stats
+        );
+        assert_eq!(report.stats.replays, steps as u64);
+    }
+}
