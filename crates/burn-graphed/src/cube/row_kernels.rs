@@ -28,26 +28,21 @@ pub(super) fn row_grid(rows: usize) -> CubeCount {
 /// Every unit of the cube must call it (it meets the cube at barriers).
 #[cube]
 pub(super) fn cube_sum(value: f32, #[comptime] threads: usize) -> f32 {
-    let mut shared = Shared::<[f32]>::new_slice(threads);
-    let unit = UNIT_POS as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut active = threads.runtime();
-    while active > 1 {
-        active /= 2;
-        if unit < active {
-            let other = shared[unit + active];
-            shared[unit] += other;
-        }
-        sync_cube();
-    }
-    shared[0]
+    cube_reduce(value, threads, false)
 }
 
 /// The largest of every unit's `value` over the cube; every unit gets it. Every unit of the
 /// cube must call it.
 #[cube]
 pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
+    cube_reduce(value, threads, true)
+}
+
+/// Every unit's `value` combined over the cube by a tree of `threads` (a power of two) units,
+/// in a fixed order: by `max` with `largest`, else by `+`. The result is read from a shared
+/// array of this call's own, so a next call needs no barrier before it writes.
+#[cube]
+fn cube_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(threads);
     let unit = UNIT_POS as usize;
     shared[unit] = value;
@@ -57,7 +52,11 @@ pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
         active /= 2;
         if unit < active {
             let other = shared[unit + active];
-            shared[unit] = f32::max(shared[unit], other);
+            if largest {
+                shared[unit] = f32::max(shared[unit], other);
+            } else {
+                shared[unit] += other;
+            }
         }
         sync_cube();
     }
