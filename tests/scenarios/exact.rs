@@ -50,3 +50,34 @@ pub fn relative_error(got: &[f64], exact: &[f64]) -> f64 {
         .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()))
         / scale
 }
+
+/// `graphed`'s call and `forward` on `eager` (a copy of the same module), on each of
+/// `inputs`: the outputs, and the gradient `grad` reads (of the output's sum), must be equal
+/// bit for bit (the fused kernels sum in a fixed order, so a replay computes what the eager
+/// call computes). Steps are numbered from 1 in the messages.
+pub fn assert_graphed_equals_eager<M, I, const D: usize>(
+    graphed: &burn_graphed::Graphed<M, I, burn::tensor::Tensor<D>>,
+    eager: &M,
+    forward: fn(&M, I) -> burn::tensor::Tensor<D>,
+    inputs: impl IntoIterator<Item = I>,
+    grad: fn(&M, &burn::tensor::Gradients) -> TensorData,
+) where
+    M: burn::module::Module,
+    I: burn_graphed::TensorGroup + Clone,
+{
+    for (step, x) in (1..).zip(inputs) {
+        let expected = forward(eager, x.clone());
+        let got = graphed.forward(x).expect("graphed call");
+        assert_eq!(
+            got.clone().into_data(),
+            expected.clone().into_data(),
+            "step {step} output"
+        );
+        let (g, e) = (got.sum().backward(), expected.sum().backward());
+        assert_eq!(
+            grad(graphed.module(), &g),
+            grad(eager, &e),
+            "step {step} gradient"
+        );
+    }
+}

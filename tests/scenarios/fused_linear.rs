@@ -10,7 +10,9 @@
 //! rounding of the dtype, relative to the largest exact magnitude. Negative control: the exact
 //! output of the neighbouring row (a stale or shifted row) must exceed the bound tenfold.
 
-use super::exact::{host, relative_error as error, seeded, unit_roundoff};
+use super::exact::{
+    assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
+};
 use super::skip::skip;
 use super::*;
 use burn::module::Param;
@@ -215,35 +217,14 @@ pub fn linear_graphed_matches_eager(device: &Device) {
     let forward = |m: &TwoLayers, x: Tensor<2>| m.second.forward(m.first.forward(x).tanh());
     let graphed = burn_graphed::Graphed::new(model, forward, input(0), &GraphedConfig::new())
         .expect("capture");
-    for step in 1..4 {
-        let x = input(step);
-        let expected = forward(&eager, x.clone());
-        let got = graphed.forward(x).expect("graphed call");
-        assert_eq!(
-            got.clone().into_data(),
-            expected.clone().into_data(),
-            "step {step} output"
-        );
-        let (g, e) = (got.sum().backward(), expected.sum().backward());
-        assert_eq!(
-            graphed
-                .module()
-                .first
-                .weight
-                .val()
-                .grad(&g)
-                .expect("graphed gradient")
-                .into_data(),
-            eager
-                .first
-                .weight
-                .val()
-                .grad(&e)
-                .expect("eager gradient")
-                .into_data(),
-            "step {step} weight gradient"
-        );
-    }
+    assert_graphed_equals_eager(&graphed, &eager, forward, (1..4).map(input), |m, grads| {
+        m.first
+            .weight
+            .val()
+            .grad(grads)
+            .expect("the weight's gradient")
+            .into_data()
+    });
     if supports_graphs(&device) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
     }

@@ -10,7 +10,9 @@
 //! relative to the largest exact magnitude. Negative control: the exact gradient for targets
 //! one class off must exceed that bound tenfold.
 
-use super::exact::{host, relative_error as error, seeded, unit_roundoff};
+use super::exact::{
+    assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
+};
 use super::skip::skip;
 use super::*;
 use burn::tensor::{DType, FloatDType};
@@ -179,7 +181,6 @@ pub fn cross_entropy_graphed_matches_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = burn::nn::LinearConfig::new(16, 10).init(&device);
     let eager = burn_graphed_testkit::deep_copy(&model);
-    let loss = CrossEntropyLossConfig::new().init(&device);
     let batch = |step: u64| {
         (
             Tensor::<1>::from_data(TensorData::new(values(8 * 16, 50 + step), [128]), &device)
@@ -197,33 +198,13 @@ pub fn cross_entropy_graphed_matches_eager(device: &Device) {
     };
     let graphed =
         burn_graphed::Graphed::new(model, call, batch(0), &GraphedConfig::new()).expect("capture");
-    for step in 1..4 {
-        let (x, t) = batch(step);
-        let expected = loss.forward(eager.forward(x.clone()), t.clone());
-        let got = graphed.forward((x, t)).expect("graphed call");
-        assert_eq!(
-            got.clone().into_data(),
-            expected.clone().into_data(),
-            "step {step} loss"
-        );
-        let (g, e) = (got.backward(), expected.backward());
-        assert_eq!(
-            graphed
-                .module()
-                .weight
-                .val()
-                .grad(&g)
-                .expect("graphed gradient")
-                .into_data(),
-            eager
-                .weight
-                .val()
-                .grad(&e)
-                .expect("eager gradient")
-                .into_data(),
-            "step {step} weight gradient"
-        );
-    }
+    assert_graphed_equals_eager(&graphed, &eager, call, (1..4).map(batch), |m, grads| {
+        m.weight
+            .val()
+            .grad(grads)
+            .expect("the weight's gradient")
+            .into_data()
+    });
     if supports_graphs(&device) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
     }

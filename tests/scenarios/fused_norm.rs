@@ -16,7 +16,9 @@
 //! exact values of a neighbouring row (an off-by-one row, a stale row), and in `f32` a norm with
 //! the wrong epsilon (`1e-3` for `1e-5`).
 
-use super::exact::{host, relative_error as error, seeded, unit_roundoff};
+use super::exact::{
+    assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
+};
 use super::skip::skip;
 use super::*;
 use burn::module::Param;
@@ -372,30 +374,13 @@ pub fn layer_norm_graphed_matches_eager(device: &Device) {
         &burn_graphed::GraphedConfig::new(),
     )
     .expect("capture");
-    for step in 1..4 {
-        let x = input(step);
-        let expected = forward(&eager, x.clone());
-        let got = graphed.forward(x).expect("graphed call");
-        assert_eq!(
-            got.clone().into_data(),
-            expected.clone().into_data(),
-            "step {step} output"
-        );
-        let g = got.sum().backward();
-        let e = expected.sum().backward();
-        let grad = |m: &LayerNorm, grads: &burn::tensor::Gradients| {
-            m.gamma
-                .val()
-                .grad(grads)
-                .expect("gamma's gradient")
-                .into_data()
-        };
-        assert_eq!(
-            grad(graphed.module(), &g),
-            grad(&eager, &e),
-            "step {step} gamma gradient"
-        );
-    }
+    assert_graphed_equals_eager(&graphed, &eager, forward, (1..4).map(input), |m, grads| {
+        m.gamma
+            .val()
+            .grad(grads)
+            .expect("gamma's gradient")
+            .into_data()
+    });
     if supports_graphs(&device) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
         assert!(
