@@ -39,6 +39,10 @@ on_devices! {
     rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
     encoder_matches_burn_nn => scenarios::fused_norm::encoder_matches_burn_nn;
+    attention_matches_exact_f32 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F32);
+    attention_matches_exact_f16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F16);
+    attention_matches_exact_bf16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::BF16);
+    mha_matches_burn_nn => scenarios::fused_attention::mha_matches_burn_nn;
     linear_matches_exact_f32 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F32);
     linear_matches_exact_f16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F16);
     linear_matches_exact_bf16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::BF16);
@@ -148,6 +152,7 @@ on_devices! {
     controls_graphs_adam_lr_1e3 => |d| scenarios::controls::graph_controls(d, scenarios::controls::Regime::Adam(1e-3)), needs_graphs: "Flex cannot capture: the injected faults act on the recorded graphs";
     controls_graphs_adam_lr_1e4 => |d| scenarios::controls::graph_controls(d, scenarios::controls::Regime::Adam(1e-4)), needs_graphs: "Flex cannot capture: the injected faults act on the recorded graphs";
     controls_inference => scenarios::controls::inference_controls;
+    controls_params_check_sees_one_step => scenarios::controls::params_check_sees_one_step;
     whole_step_update_controls_f32 => |d| scenarios::whole_step::whole_step_update_controls_in(d, burn::tensor::FloatDType::F32), needs_graphs: "Flex cannot capture: the injected faults act on the recorded update";
     whole_step_update_controls_f16 => |d| scenarios::whole_step::whole_step_update_controls_in(d, burn::tensor::FloatDType::F16), needs_graphs: "Flex cannot capture: the injected faults act on the recorded update";
     /// burn-train's `Learner` trains a graphed model like the plain one (feature `train`).

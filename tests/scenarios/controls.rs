@@ -22,7 +22,7 @@ use burn_graphed::testing::{FaultInjection, inject};
 use burn_graphed::{Graphed, GraphedConfig};
 use burn_graphed_testkit::{
     EquivalenceReport, ModuleStep, TensorComparison, Tolerance, TrainingComparison,
-    compare_training_with_optimizer, host_data,
+    compare_training_with_optimizer, deep_copy, host_data,
 };
 
 use super::{Mlp, adam_config, batch, copy_config, mlp_forward, square_mean, tolerance_for};
@@ -295,5 +295,63 @@ pub fn inference_controls(device: &Device) {
             !comparison.passed(),
             "a stale batch must fail: {comparison}"
         );
+    }
+}
+
+/// `ParamsCheck` under `Tolerance::tensor_cores` (the CUDA bound, forced here on any device):
+/// two eager Adam trainings at lr 1e-4 from the same start, one of which skips step 1's update,
+/// compared after every step. The clean twin passes (the same kernels: distance 0); the one
+/// a step behind fails from step 1 on, where a bound of 1e-2 of each parameter's largest value
+/// (what `assert_params_close` applied before parameters went through `ParamsCheck`) would
+/// accept it: printed beside, with its margin. Needs no graphs.
+pub fn params_check_sees_one_step(device: &Device) {
+    let device = device.clone().autodiff();
+    let tolerance = Tolerance::tensor_cores();
+    let lr = 1e-4;
+    let start = Mlp::new(16, 2, 4, &device);
+    let (mut reference, mut twin, mut behind) =
+        (deep_copy(&start), deep_copy(&start), deep_copy(&start));
+    let (mut adam, mut twin_adam, mut behind_adam) = (
+        adam_config().init(),
+        adam_config().init(),
+        adam_config().init(),
+    );
+    let mut check = super::ParamsCheck::with_tolerance(&start, tolerance);
+    for step in 0..4 {
+        let x = batch([8, 16], step, &device);
+        let grads = |model: &Mlp| {
+            let loss = square_mean(model.forward(x.clone()));
+            GradientsParams::from_grads(loss.backward(), model)
+        };
+        let (g, t, b) = (grads(&reference), grads(&twin), grads(&behind));
+        reference = adam.step(lr, reference, g);
+        twin = twin_adam.step(lr, twin, t);
+        if step != 1 {
+            behind = behind_adam.step(lr, behind, b);
+        }
+        let what = format!("step {step}");
+        let clean = check.compare(&format!("{what} clean"), &reference, &twin);
+        assert!(clean.iter().all(TensorComparison::passed), "{clean:?}");
+        let behind_now = check.compare(&format!("{what} a step behind"), &reference, &behind);
+        let worst = behind_now.iter().map(|c| c.worst).fold(0.0_f64, f64::max);
+        let by_largest =
+            burn_graphed_testkit::compare_params(&what, &reference, &behind, tolerance)
+                .expect("read back");
+        let by_largest_worst = by_largest.iter().map(|c| c.worst).fold(0.0_f64, f64::max);
+        println!(
+            "control ParamsCheck {what}: a step behind at lr {lr:e} is {worst:.1} of the path \
+             bound's allowance, {by_largest_worst:.2} of a bound by the largest value"
+        );
+        if step >= 1 {
+            assert!(
+                worst > 1.0,
+                "{what}: a step behind must fail: {behind_now:?}"
+            );
+            assert!(
+                by_largest_worst <= 1.0,
+                "{what}: the bound by the largest value was expected to accept a step at lr \
+                 {lr:e} (the reason for the path bound): {by_largest:?}"
+            );
+        }
     }
 }

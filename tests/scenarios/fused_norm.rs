@@ -461,12 +461,13 @@ pub fn layer_norm_checkpoints_load_both_ways(device: &Device) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The encoder with fused norms (`burn_graphed::nn::TransformerEncoder`) against burn-nn's with
-/// the same parameters, pre-norm and post-norm, under a causal mask: checkpoints load both ways
-/// (every parameter equal after the round trip), and the outputs agree within what burn-nn's
-/// own encoder moves by when its input moves by the fused norm's error. Tolerance, derived: the
-/// two encoders differ only in their layer norms, each within about 3e-7 of its output's
-/// magnitude of burn-nn's (`layer_norm_matches_exact`); how much two layers of attention and
+/// The encoder with fused norms and attention (`burn_graphed::nn::TransformerEncoder`) against
+/// burn-nn's with the same parameters, pre-norm and post-norm, under a causal mask: checkpoints
+/// load both ways (every parameter equal after the round trip), and the outputs agree within
+/// what burn-nn's own encoder moves by when its input moves by the fused ops' error. Tolerance,
+/// derived: the two encoders differ only in their layer norms and attention, each within about
+/// 3e-7 of its output's magnitude of burn-nn's (`layer_norm_matches_exact`,
+/// `attention_matches_exact`); how much two layers of attention and
 /// feed-forward blocks amplify such a difference depends on the device (on CUDA a matmul in
 /// TF32 may round an input one unit of 2^-11 apart), so the bound is measured, not assumed:
 /// twice the distance burn-nn's encoder moves when each input element is moved by 3e-7 of

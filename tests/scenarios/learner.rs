@@ -141,6 +141,7 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(32, 3, 8, &device);
     let eager = burn_graphed_testkit::deep_copy(&model);
+    let mut check = super::ParamsCheck::new(&device, &model);
     let (epochs, items, batch) = (2, 88, 16);
     let sample = Tensor::<2>::zeros([batch, 32], &device);
     let graphed = Graphed::new(
@@ -177,7 +178,9 @@ pub fn learner_trains_graphed_like_eager(device: &Device) {
         epochs,
         "eager",
     );
-    assert_params_close("learner", &eager, &graphed, tolerance_for(&device));
+    // Relative to how far the eager model moved from `start` (its net distance: `Learner`'s
+    // steps are not seen one by one, which makes the bound tighter than the path's).
+    check.assert("learner", &eager, &graphed);
 
     let stats = graphed.stats();
     let cache = graphed.shape_cache();

@@ -8,6 +8,7 @@ pub mod controls;
 pub mod data_parallel;
 pub mod exact;
 pub mod facts;
+pub mod fused_attention;
 pub mod fused_linear;
 pub mod fused_loss;
 pub mod fused_norm;
@@ -726,13 +727,82 @@ pub fn assert_data_close(device: &Device, what: &str, eager: &TensorData, graphe
 }
 
 /// Asserts that every float parameter of `a` and `b` (in number too) agrees within
-/// `tolerance`, comparisons named `what`.
+/// `tolerance`, comparisons named `what`. For tolerances without a norm-relative part (the same
+/// kernels, or a fixed number of units in the last place): a `norm_rel` relative to a
+/// parameter's largest value could swallow a whole optimizer step, so parameters of trainings
+/// that may round differently go through [`ParamsCheck`], which scales it by how far they moved.
 pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, tolerance: Tolerance) {
+    assert_eq!(
+        tolerance.norm_rel, 0.0,
+        "{what}: a norm-relative tolerance on parameters goes through ParamsCheck"
+    );
     for comparison in
         burn_graphed_testkit::compare_params(what, a, b, tolerance).expect("read back")
     {
         assert!(comparison.passed(), "{comparison}");
     }
+}
+
+/// Parameters of two trainings from the same start, compared relative to the path the
+/// reference travelled ([`burn_graphed_testkit::ParamMovement`]): where f32 products may round
+/// to TF32 in one training and not the other ([`tolerance_for`] on CUDA), that rounding reaches
+/// a parameter only through its updates, so its bound is `norm_rel` (1e-2) of the sum of the
+/// reference's per-step largest changes, which a skipped or stale step (about one whole step)
+/// exceeds; `Tolerance` (testkit) derives it, `params_check_sees_one_step` is its control.
+/// Elsewhere `norm_rel` is 0 and the path plays no part.
+///
+/// Call [`ParamsCheck::advance`] (or [`ParamsCheck::assert`]) after every reference step:
+/// steps it does not see are missing from the path, which makes the bound tighter (the net
+/// distance is at most the path), never looser.
+pub struct ParamsCheck {
+    movement: burn_graphed_testkit::ParamMovement,
+    tolerance: Tolerance,
+}
+
+impl ParamsCheck {
+    /// From `start`, the parameters before the first step, under [`tolerance_for`] `device`.
+    pub fn new<M: Module>(device: &Device, start: &M) -> Self {
+        Self::with_tolerance(start, tolerance_for(device))
+    }
+
+    /// From `start` under `tolerance`.
+    pub fn with_tolerance<M: Module>(start: &M, tolerance: Tolerance) -> Self {
+        Self {
+            movement: burn_graphed_testkit::ParamMovement::new(values_of(start)),
+            tolerance,
+        }
+    }
+
+    /// Adds the reference's step since the last call to the path, comparing nothing.
+    pub fn advance<M: Module>(&mut self, reference: &M) {
+        self.movement.advance(&values_of(reference));
+    }
+
+    /// Adds the reference's step to the path, then compares every parameter of `other` with
+    /// `reference`'s (one comparison per parameter, named `"{what} param {index}"`, and a failing
+    /// one where their counts differ).
+    pub fn compare<A: Module, B: Module>(
+        &mut self,
+        what: &str,
+        reference: &A,
+        other: &B,
+    ) -> Vec<burn_graphed_testkit::TensorComparison> {
+        let (reference, other) = (values_of(reference), values_of(other));
+        self.movement
+            .compare(what, &reference, &other, self.tolerance)
+    }
+
+    /// [`ParamsCheck::compare`], asserting that every comparison passed.
+    pub fn assert<A: Module, B: Module>(&mut self, what: &str, reference: &A, other: &B) {
+        for comparison in self.compare(what, reference, other) {
+            assert!(comparison.passed(), "{comparison}");
+        }
+    }
+}
+
+/// The values of `module`'s float parameters, in visiting order.
+fn values_of<M: Module>(module: &M) -> Vec<TensorData> {
+    burn_graphed_testkit::values_only(param_values(module).expect("read back"))
 }
 
 /// Asserts that `calls` graphed training calls each replayed their forward and backward

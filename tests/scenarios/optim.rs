@@ -81,6 +81,10 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
         let model = Mlp::new(11, 3, 3, &device);
         let mut reference = deep_copy(&model);
         let mut per_param = deep_copy(&model);
+        let (mut check, mut pair) = (
+            ParamsCheck::new(&device, &model),
+            ParamsCheck::new(&device, &model),
+        );
         let mut multi = model;
         let reference_config = adam_config()
             .with_weight_decay(decay.clone())
@@ -107,8 +111,8 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
             let expected = if on_cube { params } else { 0 };
             assert_eq!(multi_adam.last_batched(), expected, "{device:?}");
             let what = format!("step {step} ({multi_adam:?})");
-            assert_params_close(&what, &per_param, &multi, tolerance_for(&device));
-            assert_params_close(&what, &reference, &multi, tolerance_for(&device));
+            pair.assert(&what, &per_param, &multi);
+            check.assert(&what, &reference, &multi);
         }
     }
 }
@@ -120,6 +124,7 @@ pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let mut reference = deep_copy(&model);
+    let mut check = ParamsCheck::new(&device, &model);
     let mut multi = model;
     let mut adam = adam_config().init();
     let mut multi_adam = fused_adam_config().init_multi_tensor();
@@ -142,7 +147,7 @@ pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
         reference = adam.step(1e-2, reference, reference_grads);
         multi = multi_adam.step(1e-2, multi, multi_grads);
         let what = format!("step {step}");
-        assert_params_close(&what, &reference, &multi, tolerance_for(&device));
+        check.assert(&what, &reference, &multi);
     }
 }
 
@@ -165,6 +170,7 @@ pub fn fused_adam_matches_adam(device: &Device) {
         // Widths whose rows CUDA pitches (11 and 3 elements).
         let model = Mlp::new(11, 2, 3, &device);
         let mut reference = deep_copy(&model);
+        let mut check = ParamsCheck::new(&device, &model);
         let mut fused = model;
         let mut adam = adam_config().with_weight_decay(decay.clone()).init();
         let mut fused_adam = fused_adam_config().with_weight_decay(decay).init();
@@ -172,12 +178,7 @@ pub fn fused_adam_matches_adam(device: &Device) {
             let x = batch([8, 11], step, &device);
             reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
             fused = eager_step(fused, &mut fused_adam, x, 1e-2);
-            assert_params_close(
-                &format!("step {step}"),
-                &reference,
-                &fused,
-                tolerance_for(&device),
-            );
+            check.assert(&format!("step {step}"), &reference, &fused);
         }
     }
 }
@@ -223,10 +224,14 @@ pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
     let lr = 1e-2;
     let model = Mlp::new(16, 2, 4, &device);
     let mut eager = deep_copy(&model);
+    let mut check = ParamsCheck::new(&device, &model);
     let mut graphed = capture_mlp(model, batch([8, 16], 0, &device));
     let mut adam = adam_config().init();
     let mut step = 0;
-    let mut train = |graphed: Graphed<Mlp, Tensor<2>, Tensor<2>>, eager: Mlp, steps: usize| {
+    let mut train = |graphed: Graphed<Mlp, Tensor<2>, Tensor<2>>,
+                     eager: Mlp,
+                     steps: usize,
+                     check: &mut ParamsCheck| {
         let (mut graphed, mut eager) = (graphed, eager);
         for _ in 0..steps {
             let x = batch([8, 16], step, &device);
@@ -235,24 +240,20 @@ pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
             let grads = GradientsParams::from_grads(loss.backward(), &graphed);
             graphed = fused_adam.step_module(lr, graphed, grads);
             eager = eager_step(eager, &mut adam, x, lr);
+            check.advance(&eager);
         }
         (graphed, eager)
     };
-    (graphed, eager) = train(graphed, eager, 2);
+    (graphed, eager) = train(graphed, eager, 2, &mut check);
     let snapshot = graphed.clone();
     let frozen = param_values(&snapshot).expect("read back");
-    (graphed, eager) = train(graphed, eager, 3);
+    (graphed, eager) = train(graphed, eager, 3, &mut check);
     assert_params_unchanged(&snapshot, &frozen);
-    assert_params_close("with a snapshot", &eager, &graphed, tolerance_for(&device));
+    check.assert("with a snapshot", &eager, &graphed);
     let during = graphed.stats();
     drop(snapshot);
-    (graphed, eager) = train(graphed, eager, 3);
-    assert_params_close(
-        "after the snapshot",
-        &eager,
-        &graphed,
-        tolerance_for(&device),
-    );
+    (graphed, eager) = train(graphed, eager, 3, &mut check);
+    check.assert("after the snapshot", &eager, &graphed);
     let after = graphed.stats();
     if graphed.summary().graphed {
         let aliased = |stats: &burn_graphed::GraphStats| {
@@ -325,15 +326,16 @@ fn continue_each<A: ModuleStep, B: ModuleStep>(
     (second_name, mut second): (&str, B),
 ) {
     let (mut under_first, mut under_second) = (deep_copy(trained), deep_copy(trained));
+    let mut check = ParamsCheck::new(device, &reference);
     for step in 2..4 {
         let x = batch([8, 16], step, device);
         reference = eager_step(reference, &mut adam, x.clone(), lr);
+        check.advance(&reference);
         under_first = eager_step(under_first, &mut first, x.clone(), lr);
         under_second = eager_step(under_second, &mut second, x, lr);
     }
-    let tolerance = tolerance_for(device);
-    assert_params_close(first_name, &reference, &under_first, tolerance);
-    assert_params_close(second_name, &reference, &under_second, tolerance);
+    check.assert(first_name, &reference, &under_first);
+    check.assert(second_name, &reference, &under_second);
 }
 
 /// The multi-tensor optimizer's records are burn's: its record continues under burn's `Adam`,
@@ -363,6 +365,7 @@ pub fn fused_adam_leaves_shared_moments_alone(device: &Device, kind: Kind) {
     let (mut reference, mut adam, mut fused, mut fused_adam) = two_steps_each(&device, 1e-2, optim);
     let mut twin_optim = fused_adam.clone();
     let mut twin = deep_copy(&fused);
+    let mut check = ParamsCheck::new(&device, &reference);
     for step in 2..4 {
         let x = batch([8, 16], step, &device);
         reference = eager_step(reference, &mut adam, x.clone(), 1e-2);
@@ -370,7 +373,7 @@ pub fn fused_adam_leaves_shared_moments_alone(device: &Device, kind: Kind) {
         twin = eager_step(twin, &mut twin_optim, x, 1e-2);
         let what = format!("step {step}");
         assert_params_close(&what, &fused, &twin, Tolerance::exact());
-        assert_params_close(&what, &reference, &fused, tolerance_for(&device));
+        check.assert(&what, &reference, &fused);
     }
 }
 
@@ -425,6 +428,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
     let lr = 1e-2;
     let model = Mlp::new(11, 2, 3, &device);
     let mut eager = deep_copy(&model);
+    let mut check = ParamsCheck::new(&device, &model);
     let mut graphed = capture_mlp(model, batch([8, 11], 0, &device));
     let (mut fused_adam, mut adam) = (kind.optimizer(), adam_config().init());
     // One good step: the first call copies the parameters in, the optimizer then updates the
@@ -434,6 +438,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
     let grads = GradientsParams::from_grads(loss.backward(), &graphed);
     graphed = fused_adam.step_module(lr, graphed, grads);
     eager = eager_step(eager, &mut adam, x, lr);
+    check.advance(&eager);
     // Saved before the bad step, in buffers of their own (read, so that the copies ran).
     let (saved_graphed, saved_eager) = (deep_copy(&graphed), deep_copy(&eager));
     param_values(&saved_graphed).expect("saved graphed parameters read back");
@@ -489,12 +494,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
         let grads = GradientsParams::from_grads(loss.backward(), &graphed);
         graphed = fused_adam.step_module(lr, graphed, grads);
         eager = eager_step(eager, &mut adam, x, lr);
-        assert_params_close(
-            &format!("step {step}, after recovery"),
-            &eager,
-            &graphed,
-            tolerance_for(&device),
-        );
+        check.assert(&format!("step {step}, after recovery"), &eager, &graphed);
     }
     let after = graphed.stats();
     assert_eq!(

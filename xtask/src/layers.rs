@@ -27,6 +27,7 @@ const FEATURES: &[&str] = &[
     "graphed",
     "group",
     "multi_adam",
+    "nn/attention",
     "nn/encoder",
     "nn/linear",
     "nn/loss",

@@ -753,18 +753,42 @@ impl ParamMovement {
         tolerance: Tolerance,
     ) -> Vec<TensorComparison> {
         let mut comparisons = Vec::with_capacity(eager.len() + 1);
-        for (index, ((previous, path), (e, g))) in self
-            .previous
-            .iter()
-            .zip(self.path.iter_mut())
+        for (index, (changed, (e, g))) in self
+            .advance(eager)
+            .into_iter()
             .zip(eager.iter().zip(graphed))
             .enumerate()
         {
             let name = format!("{what} param {index}");
-            if previous.shape() != e.shape() {
+            if changed {
                 comparisons.push(failed(format!("{name}: changed shape")));
                 continue;
             }
+            let path = self.path(index);
+            comparisons.push(TensorComparison::with_scale(name, e, g, tolerance, path));
+        }
+        if self.previous.len() != graphed.len() || eager.len() != graphed.len() {
+            comparisons.push(failed(format!(
+                "{what} params: {} at the start, {} eager, {} graphed",
+                self.path.len(),
+                eager.len(),
+                graphed.len()
+            )));
+        }
+        comparisons
+    }
+
+    /// Adds the step from the previous eager parameters to `eager` to each path, comparing
+    /// nothing (for steps between comparisons). Returns, per parameter of `eager` (up to the
+    /// count at the start), whether it changed shape (its path then stays as it was).
+    pub fn advance(&mut self, eager: &[TensorData]) -> Vec<bool> {
+        let mut changed = Vec::with_capacity(eager.len());
+        for ((previous, path), e) in self.previous.iter().zip(self.path.iter_mut()).zip(eager) {
+            if previous.shape() != e.shape() {
+                changed.push(true);
+                continue;
+            }
+            changed.push(false);
             if let (Some(before), Some(after)) = (values_of(previous), values_of(e)) {
                 *path += largest(
                     before
@@ -773,18 +797,11 @@ impl ParamMovement {
                         .map(|(&b, &a)| f64::from(a) - f64::from(b)),
                 );
             }
-            comparisons.push(TensorComparison::with_scale(name, e, g, tolerance, *path));
         }
-        if self.previous.len() != eager.len() || eager.len() != graphed.len() {
-            comparisons.push(failed(format!(
-                "{what} params: {} at the start, {} eager, {} graphed",
-                self.previous.len(),
-                eager.len(),
-                graphed.len()
-            )));
+        if self.previous.len() == eager.len() {
+            self.previous = eager.to_vec();
         }
-        self.previous = eager.to_vec();
-        comparisons
+        changed
     }
 }
 
@@ -1072,6 +1089,23 @@ mod tests {
         let mut movement = ParamMovement::new(vec![data(&[0.5])]);
         movement.compare("p", &[data(&[0.501])], &[data(&[0.501])], tolerance);
         movement.compare("p", &[data(&[0.5])], &[data(&[0.5])], tolerance);
+        assert!(
+            (movement.path(0) - 2e-3).abs() < 1e-6,
+            "{}",
+            movement.path(0)
+        );
+        // Steps seen without a comparison (`advance`) add to the path as compared ones do; a
+        // second comparison against the same eager values adds nothing.
+        let mut movement = ParamMovement::new(vec![data(&[0.5])]);
+        assert_eq!(movement.advance(&[data(&[0.501])]), vec![false]);
+        movement.advance(&[data(&[0.5])]);
+        movement.compare("p", &[data(&[0.5])], &[data(&[0.5])], tolerance);
+        assert!(
+            (movement.path(0) - 2e-3).abs() < 1e-6,
+            "{}",
+            movement.path(0)
+        );
+        assert_eq!(movement.advance(&[data(&[0.5, 0.5])]), vec![true]);
         assert!(
             (movement.path(0) - 2e-3).abs() < 1e-6,
             "{}",

@@ -15,6 +15,17 @@ pub(crate) fn supports_graphs(device: &Device) -> bool {
     )
 }
 
+/// The most shared memory (bytes) a cube may use on `device`, or `None` off cubecl.
+pub(super) fn max_shared_memory(device: &Device) -> Option<usize> {
+    match device.clone().inner().as_dispatch() {
+        DispatchDevice::Cube(cube) => {
+            Some(cube.client().properties().hardware.max_shared_memory_size)
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
 /// Leaves the prepared state on drop unless a recording started: an error between
 /// `graph_prepare` and `graph_start_capture` (a failed warm-up) would otherwise leave the stream
 /// prepared, and every later capture on it would fail with "already prepared".

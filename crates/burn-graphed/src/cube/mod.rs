@@ -10,12 +10,16 @@
 
 mod values;
 
-pub(crate) use values::{AdamHyper, Bucket, LossInputs, OpInputs, Replayed, StepCut};
+pub(crate) use values::{
+    AdamHyper, AttentionInputs, AttentionSpec, Bucket, LossInputs, OpInputs, Replayed, StepCut,
+};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
 #[cfg(feature = "cube")]
 mod adam_op;
+#[cfg(feature = "cube")]
+mod attention_op;
 #[cfg(feature = "cube")]
 mod buffers;
 #[cfg(feature = "cube")]
@@ -61,6 +65,7 @@ mod write_check;
 pub(crate) use self::{
     adam_multi_op::Batch as AdamBatch,
     adam_op::step as adam_step,
+    attention_op::{attention, supports_dim as attention_supports_dim},
     buffers::check_written,
     capture::{capture_group, capture_inference},
     copy_op::collective_buffer,
@@ -79,9 +84,10 @@ pub(crate) use self::{
 mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
-    AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, capture_group,
-    capture_inference, capture_step, check_written, collective_buffer, cross_entropy_rows,
-    enable_kernel_cache, fused_norm_forwards, norm, small_linear, supports_graphs,
+    AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
+    attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
+    collective_buffer, cross_entropy_rows, enable_kernel_cache, fused_norm_forwards, norm,
+    small_linear, supports_graphs,
 };
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -279,6 +279,19 @@ pub(crate) fn cross_entropy_rows(
 }
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
+pub(crate) fn attention(
+    inputs: super::AttentionInputs,
+    _spec: super::AttentionSpec,
+) -> Result<burn::backend::DispatchTensor, Box<super::AttentionInputs>> {
+    Err(Box::new(inputs))
+}
+
+/// Without cubecl no head dimension is taken.
+pub(crate) fn attention_supports_dim(_device: &burn::tensor::Device, _dim: usize) -> bool {
+    false
+}
+
+/// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn small_linear(
     inputs: super::OpInputs,
 ) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {

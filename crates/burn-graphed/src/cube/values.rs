@@ -104,3 +104,27 @@ pub(crate) type OpInputs = (
 
 /// The tensors of a fused cross-entropy: logits, targets.
 pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
+
+/// The tensors of a fused attention: queries, keys, values (`[batch, len, heads, dim]`) and
+/// an `i32` mask (read only where the call is masked).
+pub(crate) type AttentionInputs = (
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+);
+
+/// What a fused attention computes besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AttentionSpec {
+    /// The mask tensor hides keys (nonzero).
+    pub(crate) masked: bool,
+    /// Keys after their query are hidden.
+    pub(crate) causal: bool,
+    /// burn's `quiet_softmax`: a virtual score 0 in every row's softmax.
+    pub(crate) quiet: bool,
+    /// The scores' scale.
+    pub(crate) scale: f32,
+    /// The score of a hidden key (`-inf` as burn's `attention`, or burn-nn's `min_float`).
+    pub(crate) fill: f32,
+}

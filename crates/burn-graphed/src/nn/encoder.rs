@@ -1,14 +1,14 @@
-//! burn-nn's transformer encoder with the fused layer norms: the same fields, names and forward
-//! (burn-nn 0.22.1 `transformer/encoder.rs`), so a saved encoder loads into either. Attention
-//! and the feed-forward block are burn-nn's own modules.
+//! burn-nn's transformer encoder with the fused layer norms and the fused multi-head attention:
+//! the same fields, names and forward (burn-nn 0.22.1 `transformer/encoder.rs`), so a saved
+//! encoder loads into either. The feed-forward block is burn-nn's own module.
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::attention::{MhaInput, MultiHeadAttention};
 use burn::nn::transformer::PositionWiseFeedForward;
 use burn::nn::{Dropout, Initializer, activation::ActivationConfig};
 use burn::tensor::{Bool, Device, Tensor};
 
+use super::attention::{MhaInput, MultiHeadAttention};
 use super::norm::LayerNorm;
 
 /// Configuration of a [`TransformerEncoder`]: burn-nn's `TransformerEncoderConfig`, field for
@@ -63,8 +63,8 @@ impl TransformerEncoderConfig {
         .with_layer_norm_eps(self.layer_norm_eps)
     }
 
-    /// An encoder initialized as burn-nn's (burn-nn builds it; its layer norms become the
-    /// fused ones).
+    /// An encoder initialized as burn-nn's (burn-nn builds it; its layer norms and attention
+    /// become the fused ones).
     pub fn init(&self, device: &Device) -> TransformerEncoder {
         TransformerEncoder::from_burn(self.to_burn().init(device), self.layer_norm_eps)
     }
@@ -101,7 +101,7 @@ impl TransformerEncoderInput {
     }
 }
 
-/// burn-nn's `TransformerEncoder` with fused layer norms.
+/// burn-nn's `TransformerEncoder` with fused layer norms and attention.
 #[derive(Module, Debug)]
 pub struct TransformerEncoder {
     /// The layers.
@@ -132,7 +132,7 @@ impl TransformerEncoder {
         x
     }
 
-    /// burn-nn's `encoder` with its layer norms fused; `layer_norm_eps` must be the epsilon it
+    /// burn-nn's `encoder` with its layer norms and attention fused; `layer_norm_eps` must be the epsilon it
     /// was configured with (burn-nn keeps it private).
     pub fn from_burn(
         encoder: burn::nn::transformer::TransformerEncoder,
@@ -143,7 +143,7 @@ impl TransformerEncoder {
                 .layers
                 .into_iter()
                 .map(|layer| TransformerEncoderLayer {
-                    mha: layer.mha,
+                    mha: layer.mha.into(),
                     pwff: layer.pwff,
                     norm_1: LayerNorm::from_burn(layer.norm_1, layer_norm_eps),
                     norm_2: LayerNorm::from_burn(layer.norm_2, layer_norm_eps),
@@ -161,14 +161,14 @@ impl TransformerEncoder {
         }
     }
 
-    /// This encoder as burn-nn's (the same parameters, burn's layer norms).
+    /// This encoder as burn-nn's (the same parameters, burn's layer norms and attention).
     pub fn into_burn(self) -> burn::nn::transformer::TransformerEncoder {
         burn::nn::transformer::TransformerEncoder {
             layers: self
                 .layers
                 .into_iter()
                 .map(|layer| burn::nn::transformer::TransformerEncoderLayer {
-                    mha: layer.mha,
+                    mha: layer.mha.into(),
                     pwff: layer.pwff,
                     norm_1: layer.norm_1.into_burn(),
                     norm_2: layer.norm_2.into_burn(),
@@ -187,10 +187,10 @@ impl TransformerEncoder {
     }
 }
 
-/// burn-nn's `TransformerEncoderLayer` with fused layer norms.
+/// burn-nn's `TransformerEncoderLayer` with fused layer norms and attention.
 #[derive(Module, Debug)]
 pub struct TransformerEncoderLayer {
-    /// Self-attention (burn-nn's).
+    /// Self-attention, fused.
     pub mha: MultiHeadAttention,
     /// The feed-forward block (burn-nn's).
     pub pwff: PositionWiseFeedForward,

@@ -9,10 +9,12 @@
 //! | --- | --- | --- |
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
-//! | [`TransformerEncoder`] | its layer norms (attention and feed-forward are burn-nn's) | as the layer norm |
+//! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
+//! | [`TransformerEncoder`] | its layer norms and attention (the feed-forward block is burn-nn's) | as each op |
 //! | [`Linear`] | at most 8 rows: one kernel forward (burn's matmuls backward) | more rows; as the layer norm |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
 
+pub mod attention;
 mod encoder;
 mod linear;
 pub mod loss;

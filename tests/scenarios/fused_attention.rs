@@ -1,0 +1,451 @@
+//! `burn_graphed::nn::attention` against the exact attention (host `f64` from the very values
+//! the device holds) and against burn's `attention`, the output and the gradients of queries,
+//! keys and values, in `f32`, `f16` and `bf16`, without a mask, with a padding mask, a full
+//! mask hiding every key of a row, causal with other query and key lengths, odd lengths and
+//! lengths over several blocks; the multi-head module against burn-nn's; inside a graphed call.
+//!
+//! Tolerance, derived as for the norms (`fused_norm.rs`): the fused kernels and burn's
+//! composition compute the same formula and differ in the order of their sums and where they
+//! round (the fused path in `f32`, one rounding to the dtype). So the fused error against the
+//! exact values must be at most twice burn's own error plus one rounding of the dtype, relative
+//! to the largest exact magnitude. Negative controls, each the exact result of a near miss that
+//! the bound must reject tenfold: the causal mask one key off (the diagonal hidden too), a
+//! mask row inverted, the scale `1 / dim` for `1 / sqrt(dim)`.
+
+use super::exact::{
+    assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
+};
+use super::skip::skip;
+use super::*;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, DType, FloatDType};
+use burn_graphed::nn::attention::attention;
+
+/// A mask of a case: which keys each query row sees.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Masking {
+    /// Every key.
+    None,
+    /// The keys up to the row (`options.is_causal`).
+    Causal,
+    /// Padding: batch `b` hides its last `b + 1` keys (`[batch, 1, 1, k_len]`).
+    Padding,
+    /// A full `[batch, heads, q_len, k_len]` mask hiding about a third of the keys, and every
+    /// key of row 0.
+    Full,
+}
+
+/// One case: `[batch, heads, q_len, k_len, dim]` and its mask.
+struct Case {
+    dims: [usize; 5],
+    masking: Masking,
+}
+
+/// The cases: odd lengths, other query and key lengths, lengths over several key blocks
+/// (64 keys per block at most) and query blocks (16 rows).
+const CASES: [Case; 5] = [
+    Case {
+        dims: [2, 2, 5, 7, 8],
+        masking: Masking::None,
+    },
+    Case {
+        dims: [1, 3, 33, 40, 16],
+        masking: Masking::Causal,
+    },
+    Case {
+        dims: [2, 2, 17, 17, 8],
+        masking: Masking::Padding,
+    },
+    Case {
+        dims: [2, 1, 9, 70, 8],
+        masking: Masking::Full,
+    },
+    Case {
+        dims: [1, 2, 65, 130, 32],
+        masking: Masking::None,
+    },
+];
+
+/// Whether key `j` is hidden from row `i` of batch `b`, head `h` (`inverted_row`: that row's
+/// visibility inverted, a negative control; `diagonal`: the causal mask hides `j == i` too).
+fn hides(
+    case: &Case,
+    [b, h, i, j]: [usize; 4],
+    inverted_row: Option<usize>,
+    diagonal: bool,
+) -> bool {
+    let k_len = case.dims[3];
+    let hidden = match case.masking {
+        Masking::None => false,
+        Masking::Causal => j > i || (diagonal && j == i),
+        Masking::Padding => j + b + 1 >= k_len,
+        Masking::Full => i == 0 || (b * 7 + h * 5 + i * 3 + j * 11) % 3 == 0,
+    };
+    hidden != (inverted_row == Some(i))
+}
+
+/// The case's mask as burn's `attention` takes it, or `None`.
+fn mask_tensor(case: &Case, device: &Device) -> Option<Tensor<4, Bool>> {
+    let [batch, heads, q_len, k_len, _] = case.dims;
+    let shape = match case.masking {
+        Masking::None | Masking::Causal => return None,
+        Masking::Padding => [batch, 1, 1, k_len],
+        Masking::Full => [batch, heads, q_len, k_len],
+    };
+    let mut values = Vec::new();
+    for b in 0..shape[0] {
+        for h in 0..shape[1] {
+            for i in 0..shape[2] {
+                for j in 0..shape[3] {
+                    values.push(hides(case, [b, h, i, j], None, false));
+                }
+            }
+        }
+    }
+    Some(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
+/// The exact output and gradients `(o, dq, dk, dv)` of `sum(o * w)` for `q`, `k`, `v`
+/// (`[batch, heads, len, dim]`, row-major) under `scale` and the case's mask (with a control's
+/// change). A row with every key hidden is 0 and passes no gradient.
+#[allow(clippy::too_many_arguments)]
+fn exact(
+    case: &Case,
+    (q, k, v, w): (&[f64], &[f64], &[f64], &[f64]),
+    scale: f64,
+    inverted_row: Option<usize>,
+    diagonal: bool,
+) -> [Vec<f64>; 4] {
+    let [batch, heads, q_len, k_len, dim] = case.dims;
+    let mut o = vec![0.0; q.len()];
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for b in 0..batch {
+        for h in 0..heads {
+            let qa = |i: usize| ((b * heads + h) * q_len + i) * dim;
+            let ka = |j: usize| ((b * heads + h) * k_len + j) * dim;
+            for i in 0..q_len {
+                let visible: Vec<bool> = (0..k_len)
+                    .map(|j| !hides(case, [b, h, i, j], inverted_row, diagonal))
+                    .collect();
+                if !visible.iter().any(|&v| v) {
+                    continue;
+                }
+                let s: Vec<f64> = (0..k_len)
+                    .map(|j| scale * (0..dim).map(|d| q[qa(i) + d] * k[ka(j) + d]).sum::<f64>())
+                    .collect();
+                let high = (0..k_len)
+                    .filter(|&j| visible[j])
+                    .fold(f64::MIN, |m, j| m.max(s[j]));
+                let e: Vec<f64> = (0..k_len)
+                    .map(|j| if visible[j] { (s[j] - high).exp() } else { 0.0 })
+                    .collect();
+                let sum: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
+                for d in 0..dim {
+                    o[qa(i) + d] = (0..k_len).map(|j| p[j] * v[ka(j) + d]).sum();
+                }
+                let dout = &w[qa(i)..qa(i) + dim];
+                let dp: Vec<f64> = (0..k_len)
+                    .map(|j| (0..dim).map(|d| dout[d] * v[ka(j) + d]).sum())
+                    .collect();
+                let delta: f64 = (0..k_len).map(|j| p[j] * dp[j]).sum();
+                for j in 0..k_len {
+                    let ds = p[j] * (dp[j] - delta);
+                    for d in 0..dim {
+                        dq[qa(i) + d] += scale * ds * k[ka(j) + d];
+                        dk[ka(j) + d] += scale * ds * q[qa(i) + d];
+                        dv[ka(j) + d] += p[j] * dout[d];
+                    }
+                }
+            }
+        }
+    }
+    [o, dq, dk, dv]
+}
+
+/// `f` of `q`, `k`, `v` (tracked), then `(o, dq, dk, dv)` of `sum(o * w)`, read back.
+fn run(
+    f: &dyn Fn(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+    (q, k, v, w): (&Tensor<4>, &Tensor<4>, &Tensor<4>, &Tensor<4>),
+) -> [Vec<f64>; 4] {
+    let (q, k, v) = (
+        q.clone().require_grad(),
+        k.clone().require_grad(),
+        v.clone().require_grad(),
+    );
+    let o = f(q.clone(), k.clone(), v.clone());
+    let grads = (o.clone() * w.clone()).sum().backward();
+    let grad = |t: &Tensor<4>| host(t.grad(&grads).expect("a gradient").into_data());
+    [host(o.into_data()), grad(&q), grad(&k), grad(&v)]
+}
+
+/// A tensor of `dims` with deterministic values in [-2, 2) from `seed`, in `dtype`.
+fn tensor(dims: [usize; 4], seed: u64, dtype: FloatDType, device: &Device) -> Tensor<4> {
+    let count = dims.iter().product();
+    Tensor::<1>::from_data(
+        TensorData::new(seeded(count, seed, -2.0, 2.0), [count]),
+        device,
+    )
+    .cast(dtype)
+    .reshape(dims)
+}
+
+/// The cases in one dtype: the fused attention within the bound of the exact values, every
+/// control outside it tenfold, the fused kernels run on cubecl backends (elsewhere burn's
+/// computation, bit for bit). A device without the dtype skips them, and says so.
+pub fn attention_matches_exact(device: &Device, dtype: FloatDType) {
+    let device = device.clone().autodiff();
+    if !device.supports_dtype(DType::from(dtype)) {
+        skip(&format!("{device:?} has no {dtype:?}"));
+        return;
+    }
+    for (seed, case) in CASES.iter().enumerate() {
+        let [batch, heads, q_len, k_len, dim] = case.dims;
+        let seed = seed as u64 * 10;
+        let q = tensor([batch, heads, q_len, dim], seed, dtype, &device);
+        let k = tensor([batch, heads, k_len, dim], seed + 1, dtype, &device);
+        let v = tensor([batch, heads, k_len, dim], seed + 2, dtype, &device);
+        let w = tensor([batch, heads, q_len, dim], seed + 3, dtype, &device);
+        let mask = mask_tensor(case, &device);
+        let options = AttentionModuleOptions {
+            is_causal: case.masking == Masking::Causal,
+            ..Default::default()
+        };
+        let values = [&q, &k, &v, &w].map(|t| host(t.clone().into_data()));
+        let inputs = (
+            &values[0][..],
+            &values[1][..],
+            &values[2][..],
+            &values[3][..],
+        );
+        let scale = 1.0 / (dim as f64).sqrt();
+        let truth = exact(case, inputs, scale, None, false);
+
+        let before = burn_graphed::testing::fused_ops();
+        let fused = run(
+            &|q, k, v| attention(q, k, v, mask.clone(), None, options),
+            (&q, &k, &v, &w),
+        );
+        let burn = run(
+            &|q, k, v| burn::tensor::module::attention(q, k, v, mask.clone(), None, options),
+            (&q, &k, &v, &w),
+        );
+        let control = match case.masking {
+            Masking::Causal => exact(case, inputs, scale, None, true),
+            Masking::Full | Masking::Padding => exact(case, inputs, scale, Some(1), false),
+            Masking::None => exact(case, inputs, 1.0 / dim as f64, None, false),
+        };
+        let u = unit_roundoff(dtype);
+        let label = format!("attention {dtype:?} {:?} {:?}", case.dims, case.masking);
+        for (index, what) in ["output", "dq", "dk", "dv"].into_iter().enumerate() {
+            let (fused_error, burn_error) = (
+                error(&fused[index], &truth[index]),
+                error(&burn[index], &truth[index]),
+            );
+            let bound = 2.0 * burn_error + u;
+            let missed = error(&control[index], &truth[index]);
+            println!(
+                "{label} {what}: fused error {fused_error:.3e}, burn's {burn_error:.3e}, bound \
+                 {bound:.3e}, control {missed:.3e}"
+            );
+            assert!(
+                fused_error <= bound,
+                "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn's {burn_error:.3e})"
+            );
+            if index == 0 {
+                assert!(
+                    missed > 10.0 * bound,
+                    "control {label} {what}: the near miss is off {missed:.3e}, not 10x the bound {bound:.3e}"
+                );
+            }
+        }
+        if supports_graphs(&device) && burn_graphed::testing::fused_ops() == before {
+            panic!("{label}: the fused kernels did not run");
+        }
+        if !supports_graphs(&device) {
+            assert_eq!(
+                fused, burn,
+                "{label}: the fallback is not burn's computation"
+            );
+        }
+    }
+}
+
+/// A small multi-head attention model for the graphed comparison.
+#[derive(Module, Debug)]
+pub struct Attending {
+    pub mha: burn_graphed::nn::attention::MultiHeadAttention,
+}
+
+fn attending_forward(model: &Attending, x: Tensor<3>) -> Tensor<3> {
+    use burn_graphed::nn::attention::MhaInput;
+    let [batch, length, _] = x.dims();
+    let pad = Tensor::<1, Int>::arange(0..length as i64, &x.device())
+        .greater_equal_elem(length as i64 - 2)
+        .reshape([1, length])
+        .repeat_dim(0, batch);
+    model
+        .mha
+        .forward(MhaInput::self_attn(x).mask_pad(pad))
+        .context
+}
+
+/// The fused multi-head attention against burn-nn's with the same parameters, with a padding
+/// and a causal mask and `quiet_softmax` on and off: checkpoints load both ways, the context
+/// and every parameter gradient agree within what burn-nn's module moves by when its input
+/// moves by the fused attention's error (measured, as `encoder_matches_burn_nn` does: twice the
+/// distance burn-nn's context moves when each input element moves by 3e-7 of itself, plus
+/// 2^-20). Negative control: the padding mask one key short must move the context by more than
+/// three times the bound. Then, graphed: every call replays and equals the eager module bit
+/// for bit (output and query weight gradient).
+pub fn mha_matches_burn_nn(device: &Device) {
+    use burn_graphed::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
+    let device = device.clone().autodiff();
+    let [batch, length, d_model, heads] = [2, 19, 32, 4];
+    let x = Tensor::<1>::from_data(
+        TensorData::new(
+            seeded(batch * length * d_model, 5, -2.0, 2.0),
+            [batch * length * d_model],
+        ),
+        &device,
+    )
+    .reshape([batch, length, d_model]);
+    let positions = Tensor::<1, Int>::arange(0..length as i64, &device);
+    let pad_from = |first: usize| {
+        positions
+            .clone()
+            .greater_equal_elem(first as i64)
+            .reshape([1, length])
+            .repeat_dim(0, batch)
+    };
+    let causal = positions
+        .clone()
+        .reshape([1, length])
+        .greater(positions.clone().reshape([length, 1]))
+        .unsqueeze::<3>()
+        .repeat_dim(0, batch);
+    for quiet in [false, true] {
+        let config = MultiHeadAttentionConfig::new(d_model, heads)
+            .with_dropout(0.0)
+            .with_quiet_softmax(quiet);
+        let ours: MultiHeadAttention = config.init(&device);
+        let theirs: burn::nn::attention::MultiHeadAttention = ours.clone().into();
+        let back: MultiHeadAttention = theirs.clone().into();
+        assert_eq!(
+            param_values(&back).expect("read back"),
+            param_values(&ours).expect("read back"),
+            "quiet {quiet}: a round trip through burn-nn's module changed a parameter"
+        );
+        let ours_at = |x: Tensor<3>, pad: Tensor<2, Bool>| {
+            ours.forward(
+                MhaInput::self_attn(x)
+                    .mask_pad(pad)
+                    .mask_attn(causal.clone()),
+            )
+            .context
+        };
+        let theirs_at = |x: Tensor<3>, pad: Tensor<2, Bool>| {
+            theirs
+                .forward(
+                    burn::nn::attention::MhaInput::self_attn(x)
+                        .mask_pad(pad)
+                        .mask_attn(causal.clone()),
+                )
+                .context
+        };
+        let pad = pad_from(length - 3);
+        let before = burn_graphed::testing::fused_ops();
+        let context = ours_at(x.clone(), pad.clone());
+        let ours_grads = context.clone().sum().backward();
+        let burn_context = theirs_at(x.clone(), pad.clone());
+        let burn_grads = burn_context.clone().sum().backward();
+        let burn_out = host(burn_context.into_data());
+        let count = batch * length * d_model;
+        let signs: Vec<f32> = (0..count)
+            .map(|i| if i % 2 == 0 { 3e-7 } else { -3e-7 })
+            .collect();
+        let nudged = x.clone()
+            * (Tensor::<1>::from_data(TensorData::new(signs, [count]), &device)
+                .reshape([batch, length, d_model])
+                + 1.0);
+        let sensitivity = error(&host(theirs_at(nudged, pad.clone()).into_data()), &burn_out);
+        let bound = 2.0 * sensitivity + 2f64.powi(-20);
+        let distance = error(&host(context.into_data()), &burn_out);
+        let control = error(
+            &host(theirs_at(x.clone(), pad_from(length - 2)).into_data()),
+            &burn_out,
+        );
+        println!(
+            "mha quiet {quiet}: fused against burn-nn {distance:.3e}, sensitivity \
+             {sensitivity:.3e}, bound {bound:.3e}, control {control:.3e}"
+        );
+        assert!(
+            distance <= bound,
+            "quiet {quiet}: context {distance:.3e} above {bound:.3e}"
+        );
+        assert!(
+            control > 3.0 * bound,
+            "control quiet {quiet}: one padding key fewer moves the context {control:.3e}, not 3x {bound:.3e}"
+        );
+        // The gradients: relative to each gradient's largest value, within the same bound.
+        let grad_of = |weight: &burn::module::Param<Tensor<2>>, grads: &burn::tensor::Gradients| {
+            host(weight.grad(grads).expect("a gradient").into_data())
+        };
+        for (what, ours_weight, their_weight) in [
+            ("query", &ours.query.weight, &theirs.query.weight),
+            ("key", &ours.key.weight, &theirs.key.weight),
+            ("value", &ours.value.weight, &theirs.value.weight),
+        ] {
+            let distance = error(
+                &grad_of(ours_weight, &ours_grads),
+                &grad_of(their_weight, &burn_grads),
+            );
+            println!("mha quiet {quiet}: {what} weight gradient {distance:.3e}");
+            assert!(
+                distance <= 4.0 * bound,
+                "quiet {quiet}: {what} weight gradient {distance:.3e} above {:.3e}",
+                4.0 * bound
+            );
+        }
+        if supports_graphs(&device) {
+            assert!(
+                burn_graphed::testing::fused_ops() > before,
+                "quiet {quiet}: the fused kernels did not run"
+            );
+        }
+    }
+    if supports_graphs(&device) {
+        let model = Attending {
+            mha: MultiHeadAttentionConfig::new(d_model, heads)
+                .with_dropout(0.0)
+                .init(&device),
+        };
+        let eager = burn_graphed_testkit::deep_copy(&model);
+        let graphed = burn_graphed::Graphed::new(
+            model,
+            attending_forward,
+            x.clone(),
+            &burn_graphed::GraphedConfig::new(),
+        )
+        .expect("capture");
+        let inputs = (0..3).map(|step| {
+            Tensor::<1>::from_data(
+                TensorData::new(
+                    seeded(batch * length * d_model, 40 + step, -2.0, 2.0),
+                    [batch * length * d_model],
+                ),
+                &device,
+            )
+            .reshape([batch, length, d_model])
+        });
+        assert_graphed_equals_eager(&graphed, &eager, attending_forward, inputs, |m, g| {
+            m.mha.query.weight.grad(g).expect("a gradient").into_data()
+        });
+        let stats = graphed.stats();
+        assert_eq!(
+            (stats.forward_replays, stats.total_fallbacks()),
+            (3, 0),
+            "{stats:?}"
+        );
+    }
+}
