@@ -81,3 +81,28 @@ pub fn assert_graphed_equals_eager<M, I, const D: usize>(
         );
     }
 }
+
+/// How far (relative) [`nudged`] moves each input element to measure how much a module of
+/// burn-nn's moves when its inputs move by one rounding: about five units of f32's roundoff
+/// (3e-7) where f32 products are computed in f32; TF32's unit roundoff (2^-11) where they may
+/// round to TF32 (CUDA: `tolerance_for`'s norm-relative part), since there burn-nn's own
+/// products are off by that much of their inputs and a nudge of 3e-7 vanishes in the rounding.
+pub fn nudge_size(device: &burn::tensor::Device) -> f32 {
+    if super::tolerance_for(device).norm_rel > 0.0 {
+        2f32.powi(-11)
+    } else {
+        3e-7
+    }
+}
+
+/// `x` with every element moved by `size` of itself, alternately up and down.
+pub fn nudged<const D: usize>(x: burn::tensor::Tensor<D>, size: f32) -> burn::tensor::Tensor<D> {
+    let dims = x.dims();
+    let count: usize = dims.iter().product();
+    let factors: Vec<f32> = (0..count)
+        .map(|i| if i % 2 == 0 { 1.0 + size } else { 1.0 - size })
+        .collect();
+    let device = x.device();
+    x * burn::tensor::Tensor::<1>::from_data(TensorData::new(factors, [count]), &device)
+        .reshape(dims)
+}

@@ -48,8 +48,11 @@ const CASES: [Case; 5] = [
         dims: [2, 2, 5, 7, 8],
         masking: Masking::None,
     },
+    // Causal with equal lengths: burn's `attention` on CUDA (its flash forward) hides other
+    // keys than its documented `col > row` when the lengths differ (measured on an H200: 1.3
+    // of the output's magnitude off the exact values at 33 queries over 40 keys).
     Case {
-        dims: [1, 3, 33, 40, 16],
+        dims: [1, 3, 40, 40, 16],
         masking: Masking::Causal,
     },
     Case {
@@ -293,9 +296,9 @@ fn attending_forward(model: &Attending, x: Tensor<3>) -> Tensor<3> {
 /// The fused multi-head attention against burn-nn's with the same parameters, with a padding
 /// and a causal mask and `quiet_softmax` on and off: checkpoints load both ways, the context
 /// and every parameter gradient agree within what burn-nn's module moves by when its input
-/// moves by the fused attention's error (measured, as `encoder_matches_burn_nn` does: twice the
-/// distance burn-nn's context moves when each input element moves by 3e-7 of itself, plus
-/// 2^-20). Negative control: the padding mask one key short must move the context by more than
+/// moves by one rounding (measured, as `encoder_matches_burn_nn` does: twice the distance
+/// burn-nn's context moves when each input element moves by `exact::nudge_size` of itself,
+/// plus 2^-20; the gradients within four times that, relative to their largest value). Negative control: the padding mask one key short must move the context by more than
 /// three times the bound. Then, graphed: every call replays and equals the eager module bit
 /// for bit (output and query weight gradient).
 pub fn mha_matches_burn_nn(device: &Device) {
@@ -360,14 +363,8 @@ pub fn mha_matches_burn_nn(device: &Device) {
         let burn_context = theirs_at(x.clone(), pad.clone());
         let burn_grads = burn_context.clone().sum().backward();
         let burn_out = host(burn_context.into_data());
-        let count = batch * length * d_model;
-        let signs: Vec<f32> = (0..count)
-            .map(|i| if i % 2 == 0 { 3e-7 } else { -3e-7 })
-            .collect();
-        let nudged = x.clone()
-            * (Tensor::<1>::from_data(TensorData::new(signs, [count]), &device)
-                .reshape([batch, length, d_model])
-                + 1.0);
+        let nudge = super::exact::nudge_size(&device);
+        let nudged = super::exact::nudged(x.clone(), nudge);
         let sensitivity = error(&host(theirs_at(nudged, pad.clone()).into_data()), &burn_out);
         let bound = 2.0 * sensitivity + 2f64.powi(-20);
         let distance = error(&host(context.into_data()), &burn_out);

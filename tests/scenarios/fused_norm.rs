@@ -468,10 +468,11 @@ pub fn layer_norm_checkpoints_load_both_ways(device: &Device) {
 /// derived: the two encoders differ only in their layer norms and attention, each within about
 /// 3e-7 of its output's magnitude of burn-nn's (`layer_norm_matches_exact`,
 /// `attention_matches_exact`); how much two layers of attention and
-/// feed-forward blocks amplify such a difference depends on the device (on CUDA a matmul in
-/// TF32 may round an input one unit of 2^-11 apart), so the bound is measured, not assumed:
-/// twice the distance burn-nn's encoder moves when each input element is moved by 3e-7 of
-/// itself, plus 2^-20. The negative control, gamma of one norm moved by 1e-2 (one Adam step at
+/// feed-forward blocks amplify such a difference depends on the device, and on CUDA burn-nn's
+/// own matmuls may round their inputs to TF32 (2^-11 apart, where the fused attention computes
+/// in f32), so the bound is measured, not assumed: twice the distance burn-nn's encoder moves
+/// when each input element is moved by one rounding of itself (`exact::nudge_size`: 3e-7, or
+/// 2^-11 where products may round to TF32), plus 2^-20. The negative control, gamma of one norm moved by 1e-2 (one Adam step at
 /// lr 1e-2), must move the output by more than three times the bound.
 pub fn encoder_matches_burn_nn(device: &Device) {
     use burn_graphed::nn::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
@@ -544,16 +545,12 @@ pub fn encoder_matches_burn_nn(device: &Device) {
                     .into_data(),
             )
         };
-        // burn-nn's sensitivity: every element moved by 3e-7 of itself, alternately up and down.
-        let count = batch * length * d_model;
-        let signs: Vec<f32> = (0..count)
-            .map(|i| if i % 2 == 0 { 3e-7 } else { -3e-7 })
-            .collect();
-        let nudged = x.clone()
-            * (Tensor::<1>::from_data(TensorData::new(signs, [count]), device)
-                .reshape([batch, length, d_model])
-                + 1.0);
-        let sensitivity = error(&burn_output(nudged), &burn_out);
+        // burn-nn's sensitivity to one rounding of its inputs (`exact::nudge_size`).
+        let nudge = super::exact::nudge_size(device);
+        let sensitivity = error(
+            &burn_output(super::exact::nudged(x.clone(), nudge)),
+            &burn_out,
+        );
         let bound = 2.0 * sensitivity + 2f64.powi(-20);
         let distance = error(&output(&ours), &burn_out);
         println!(
