@@ -38,15 +38,8 @@ use super::row_kernels::{
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
 /// Chunks of rows the parameter gradients are summed over by the second backward kernel (each
-/// chunk's sum is one row of partial sums; burn's sum adds the chunks): at least this many,
-/// for parallelism.
+/// chunk's sum is one row of partial sums; burn's sum adds the chunks).
 const GRAD_CHUNKS: usize = 128;
-/// The most rows a unit of the second backward kernel sums in sequence: a sequential sum of `n`
-/// terms is off by up to `(n - 1) u` of their absolute sum, so long chunks (516 rows at 66000
-/// rows: 2.3e-7 of the gradient's magnitude on an H200, four times f32's roundoff) leave the
-/// sum less exact than burn's tree reduction; chunks of 32 and burn's tree over the chunks
-/// keep it as exact.
-const MAX_ROWS_PER_CHUNK: usize = 32;
 
 /// Forward: row `r` of `input` normalized into `output`, its mean and `rstd` into `mean[r]`
 /// and `rstd[r]`. `beta` is read only with `has_beta`.
@@ -249,11 +242,7 @@ fn rows_of(shape: &Shape) -> usize {
 
 /// `(chunks, rows per chunk)` of the parameter gradients' partial sums over `rows` rows.
 fn grad_chunks(rows: usize) -> (usize, usize) {
-    // The chunks are the grid's second dimension: at most 65535 of them.
-    let per_chunk = rows
-        .div_ceil(GRAD_CHUNKS)
-        .clamp(1, MAX_ROWS_PER_CHUNK)
-        .max(rows.div_ceil(65_535));
+    let per_chunk = rows.div_ceil(GRAD_CHUNKS).max(1);
     (rows.div_ceil(per_chunk).max(1), per_chunk)
 }
 
