@@ -547,6 +547,65 @@ mod tests {
         assert_eq!(bundle.run(&["--jobs", "0"], None).0, Some(2));
     }
 
+    /// Names after `--jobs N` choose the tests (substrings) that the processes share: each
+    /// chosen test runs once, in one process, and the others not at all.
+    #[test]
+    fn run_sh_tests_jobs_share_the_chosen_tests() {
+        let bundle = FakeBundle::new("picks", &["a_test", "b_test", "c_test", "d_other"]);
+        let (code, stdout) = bundle.run(&["--jobs", "2", "a_", "c_"], None);
+        assert_eq!(code, Some(0), "{stdout}");
+        assert!(
+            stdout.contains("[1] ARGS: --test-threads=1 --exact a_test --nocapture"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("[2] ARGS: --test-threads=1 --exact c_test --nocapture"),
+            "{stdout}"
+        );
+        assert!(
+            !stdout.contains("b_test") && !stdout.contains("d_other"),
+            "{stdout}"
+        );
+    }
+
+    /// `run.sh tests --ledger LOG` runs nothing: the counts and the ledger are the log's, a
+    /// test cut off in it "no result" (and failed in the counts), a test it never started "not
+    /// run".
+    #[test]
+    fn run_sh_tests_ledger_writes_the_logs_results_only() {
+        let bundle = FakeBundle::new("ledger", &["a_test", "b_test", "c_test", "d_test"]);
+        let log = bundle.dir.join("cut.log");
+        write(
+            &log,
+            "[run.sh: bundle abc1234 on NVIDIA H100, 2026-11-28]\n\
+             test a_test ... ok\n\
+             test b_test ... FAILED\n\
+             test c_test ... \n\n[run.sh: 600s]\n",
+        )
+        .expect("log");
+        let out = bundle.dir.join("out");
+        let (code, stdout) =
+            bundle.run(&["--ledger", log.to_str().expect("utf-8 path")], Some(&out));
+        assert!(!stdout.contains("ARGS:"), "nothing may run: {stdout}");
+        assert!(
+            stdout.contains("(2 tests without a result in them)"),
+            "{stdout}"
+        );
+        // A test cut off counts as failed beside the failed one.
+        assert!(stdout.contains("1 passed, 2 failed"), "{stdout}");
+        assert_eq!(code, Some(1), "{stdout}");
+        let ledger = std::fs::read_to_string(out.join("gpu-ledger.md")).expect("ledger in $OUT");
+        for row in [
+            "| `a_test` | passed | abc1234 | NVIDIA H100 | 2026-11-28 |",
+            "| `b_test` | failed | abc1234 | NVIDIA H100 | 2026-11-28 |",
+            "| `c_test` | no result | abc1234 | NVIDIA H100 | 2026-11-28 |",
+            "| `d_test` | not run | - | - | - |",
+        ] {
+            assert!(ledger.contains(row), "{row}\n{ledger}");
+        }
+        assert_eq!(bundle.run(&["--ledger"], None).0, Some(2));
+    }
+
     /// On three GPUs, `run.sh tests --jobs 4` gives share j the GPUs rotated by j - 1: every
     /// share sees every GPU, and their first devices take the GPUs in turn.
     #[test]

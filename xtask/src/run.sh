@@ -17,7 +17,11 @@
 #                          `tests --from NAME [ARGS]` runs NAME and the tests after it in the
 #                          order the suite runs them (by name): the rest of a run that a
 #                          time limit cut off at NAME. `tests --rest LOG... [ARGS]` runs the
-#                          tests that the logs of earlier runs show no result for.
+#                          tests that the logs of earlier runs show no result for; `tests --ledger
+#                          LOG...` runs nothing and writes the counts and the GPU ledger from the
+#                          logs (tests they show no result for: "no result" or "not run").
+#                          With --jobs (or --rest, --from), names after the options are
+#                          substrings that choose the tests, shared among the processes.
 #                          `tests --jobs N` (or BURN_GRAPHED_JOBS=N) runs N test processes
 #                          at once, logs gpu-tests-1.log .. gpu-tests-N.log (one process:
 #                          gpu-tests.log), in $OUT when set; on several GPUs the
@@ -149,14 +153,16 @@ case "$mode" in
   tests)
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
     shift $(( $# > 0 ? 1 : 0 ))
-    jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0 only_ledger=0
+    jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0 only_ledger=0 ledger_asked=0
     while [ $# -gt 0 ]; do
       case "$1" in
         --jobs) jobs="${2:?run.sh tests --jobs needs a number}"; shift 2 ;;
         --from) from="${2:?run.sh tests --from needs a test name}"; chosen=1; shift 2 ;;
-        --rest)
+        --rest|--ledger)
           # --rest LOG...: the tests that these logs (of earlier runs, e.g. cut off by a time
-          # limit) show no result for; the logs end at the next option.
+          # limit) show no result for; the logs end at the next option. --ledger LOG...: none
+          # of them; the counts and the ledger from the logs alone.
+          [ "$1" = --ledger ] && ledger_asked=1
           shift
           while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do rest_logs+=("$1"); shift; done
           [ ${#rest_logs[@]} -eq 0 ] && { echo "run.sh: tests --rest needs log files"; exit 2; }
@@ -172,13 +178,26 @@ case "$mode" in
       cp "${rest_logs[k]}" "$work/earlier-$k.log" 2>/dev/null && earlier_logs+=("$work/earlier-$k.log")
     done
     [ "$jobs" -gt 1 ] && chosen=1
+    # Chosen tests: names (substrings, as libtest takes them) given after the options; with
+    # several processes they restrict the list that the processes share, rather than going to
+    # every process (which would run each chosen test in each). Arguments from the first one
+    # starting with `-` on go to the test binary.
+    picks=()
+    if [ "$chosen" -eq 1 ]; then
+      while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do picks+=("$1"); shift; done
+    fi
     names=()
     if [ "$chosen" -eq 1 ]; then
       # The names, sorted as libtest runs them; BURN_GRAPHED_FILTER as a substring, as libtest
       # would take it; --from: NAME and every later name; --rest: those without a result.
       mapfile -t names < <("$bin" --list 2>/dev/null | sed -n 's/: test$//p' | LC_ALL=C sort |
-        LC_ALL=C awk -v from="$from" -v filter="${BURN_GRAPHED_FILTER:-}" \
-          'index($0, filter) && $0 >= from')
+        LC_ALL=C awk -v from="$from" -v filter="${BURN_GRAPHED_FILTER:-}" -v picks="${picks[*]}" \
+          'BEGIN { n = split(picks, pick, " ") }
+           {
+             chosen = (n == 0)
+             for (i = 1; i <= n; i++) if (index($0, pick[i])) chosen = 1
+             if (chosen && index($0, filter) && $0 >= from) print
+           }')
       if [ ${#rest_logs[@]} -gt 0 ]; then
         # A test has a result when its line is "test NAME ... ok" (or FAILED, ignored), or a
         # bare ok/FAILED line follows it (its own output came in between; one test at a time
@@ -190,12 +209,16 @@ case "$mode" in
           { echo "run.sh: cannot read ${rest_logs[*]}"; exit 2; }
         mapfile -t names < <(printf '%s\n' "${names[@]}" | LC_ALL=C grep -vxF -f "$done_file")
       fi
-      if [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ]; then
+      if [ "$ledger_asked" -eq 1 ] || [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ]; then
         # Every test has a result in the --rest logs: nothing runs, and the ledger and the
         # counts come from those logs (each result at its own log's commit and device).
         [ ${#rest_logs[@]} -gt 0 ] || { echo "run.sh: no test left to run"; exit 2; }
         only_ledger=1
-        echo "run.sh: every test has a result in the logs given to --rest: nothing to run; the counts and the GPU ledger are theirs"
+        if [ "$ledger_asked" -eq 1 ]; then
+          echo "run.sh: --ledger: nothing runs; the counts and the GPU ledger are the logs' (${#names[@]} tests without a result in them)"
+        else
+          echo "run.sh: every test has a result in the logs given to --rest: nothing to run; the counts and the GPU ledger are theirs"
+        fi
       fi
     fi
     # Logs go straight to $OUT when it is set, so that a run cut off by a time limit leaves
