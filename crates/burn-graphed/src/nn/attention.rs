@@ -57,7 +57,8 @@ pub fn attention(
         let swap = |t: Tensor<4>| t.swap_dims(1, 2);
         match fused_heads_last(swap(query), swap(key), swap(value), mask, spec) {
             Ok(out) => return out.swap_dims(1, 2),
-            Err((query, key, value, mask)) => {
+            Err(declined) => {
+                let (query, key, value, mask) = *declined;
                 let (query, key, value) = (swap(query), swap(key), swap(value));
                 return burn::tensor::module::attention(query, key, value, mask, None, options);
             }
@@ -67,7 +68,7 @@ pub fn attention(
 }
 
 /// The tensors handed back where the kernels did not run: queries, keys, values, mask.
-type Declined = (Tensor<4>, Tensor<4>, Tensor<4>, Option<Tensor<4, Bool>>);
+type Declined = Box<(Tensor<4>, Tensor<4>, Tensor<4>, Option<Tensor<4, Bool>>)>;
 
 /// The fused attention of `q` over `k` and `v` in the heads-last layout `[batch, len, heads,
 /// dim]`, the output in that layout; `Err` with the tensors where the engine has no kernels.
@@ -95,12 +96,12 @@ fn fused_heads_last(
         Ok(out) => Ok(Tensor::from_dispatch(out)),
         Err(inputs) => {
             let (q, k, v, _) = *inputs;
-            Err((
+            Err(Box::new((
                 Tensor::from_dispatch(q),
                 Tensor::from_dispatch(k),
                 Tensor::from_dispatch(v),
                 mask,
-            ))
+            )))
         }
     }
 }
