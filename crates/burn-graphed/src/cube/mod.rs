@@ -19,6 +19,8 @@ mod adam_multi_op;
 #[cfg(feature = "cube")]
 mod adam_op;
 #[cfg(feature = "cube")]
+mod attention_kernels;
+#[cfg(feature = "cube")]
 mod attention_op;
 #[cfg(feature = "cube")]
 mod buffers;
