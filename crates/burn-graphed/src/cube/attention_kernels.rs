@@ -254,11 +254,7 @@ pub(super) fn forward_kernel<F: Float>(
         let mut j = t;
         while j < keys {
             let kj = base + j;
-            let mut s = 0.0f32;
-            for d in 0..dim {
-                s += qs[r * pitch + d] * ks[j * pitch + d];
-            }
-            s *= scale;
+            let mut s = dot(&qs, r * pitch, &ks, j * pitch, dim) * scale;
             let valid = i < q_len && kj < k_len;
             if valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal) {
                 s = fill;
@@ -322,6 +318,33 @@ fn probability(s: f32, row_lse: f32, valid: bool) -> f32 {
         p = (s - row_lse).exp();
     }
     p
+}
+
+/// The dot product of the `dim` elements at `a[a_at..]` and `b[b_at..]`, summed in order.
+#[cube]
+fn dot(
+    a: &Shared<[f32]>,
+    a_at: usize,
+    b: &Shared<[f32]>,
+    b_at: usize,
+    #[comptime] dim: usize,
+) -> f32 {
+    let mut sum = 0.0f32;
+    for d in 0..dim {
+        sum += a[a_at + d] * b[b_at + d];
+    }
+    sum
+}
+
+/// The score's gradient `p (dp - delta)`, 0 where the key is hidden (a fill has no gradient)
+/// or the pair is out of range.
+#[cube]
+fn score_gradient(p: f32, dp: f32, row_delta: f32, hide: bool, valid: bool) -> f32 {
+    let mut grad = p * (dp - row_delta);
+    if hide || !valid {
+        grad = 0.0f32;
+    }
+    grad
 }
 
 /// dQ and `delta`: rows `block * ROWS..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`.
@@ -399,22 +422,14 @@ pub(super) fn query_grad_kernel<F: Float>(
         while j < keys {
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
-            let mut s = 0.0f32;
-            let mut dp = 0.0f32;
-            for d in 0..dim {
-                s += qs[r * pitch + d] * ks[j * pitch + d];
-                dp += dos[r * pitch + d] * vs[j * pitch + d];
-            }
-            s *= scale;
+            let mut s = dot(&qs, r * pitch, &ks, j * pitch, dim) * scale;
+            let dp = dot(&dos, r * pitch, &vs, j * pitch, dim);
             let hide = valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal);
             if hide {
                 s = fill;
             }
-            let mut grad = probability(s, row_lse, valid) * (dp - row_delta);
-            if hide || !valid {
-                grad = 0.0f32;
-            }
-            ds[r * keys + j] = grad;
+            let p = probability(s, row_lse, valid);
+            ds[r * keys + j] = score_gradient(p, dp, row_delta, hide, valid);
             j += GROUP;
         }
         sync_cube();
@@ -521,24 +536,15 @@ pub(super) fn key_grad_kernel<F: Float>(
         while ii < rows {
             let qi = base + ii;
             let valid = qi < q_len && kj < k_len;
-            let mut s = 0.0f32;
-            let mut dp = 0.0f32;
-            for d in 0..dim {
-                s += qs[ii * pitch + d] * ks[j * pitch + d];
-                dp += dos[ii * pitch + d] * vs[j * pitch + d];
-            }
-            s *= scale;
+            let mut s = dot(&qs, ii * pitch, &ks, j * pitch, dim) * scale;
+            let dp = dot(&dos, ii * pitch, &vs, j * pitch, dim);
             let hide = valid && hidden(mask, &strides, b, h, qi, kj, valid, masked, causal);
             if hide {
                 s = fill;
             }
             let p = probability(s, lses[ii], valid);
-            let mut grad = p * (dp - deltas[ii]);
-            if hide || !valid {
-                grad = 0.0f32;
-            }
             ps[j * rows + ii] = p;
-            ds[j * rows + ii] = grad;
+            ds[j * rows + ii] = score_gradient(p, dp, deltas[ii], hide, valid);
             ii += GROUP;
         }
         sync_cube();

@@ -177,20 +177,6 @@ impl Call {
     }
 }
 
-/// A dense `i32` mask, or with no mask a one-element buffer never read.
-fn mask_of(mask: &CubeTensor, masked: bool) -> Dense {
-    if masked {
-        Dense::of(mask)
-    } else {
-        Dense::new_empty(
-            mask.client.clone(),
-            mask.device.clone(),
-            Shape::new([1]),
-            DType::I32,
-        )
-    }
-}
-
 impl AttentionKernels for CubeBackend {
     fn attention_forward(
         q: CubeTensor,
@@ -222,7 +208,7 @@ impl AttentionKernels for CubeBackend {
             Dense::of(&q),
             Dense::of(&k),
             Dense::of(&v),
-            mask_of(&mask, masked),
+            Dense::of(&mask),
         );
         // SAFETY: the kernel is instantiated for `elem`, the dtype of q, k, v (the caller
         // checked they agree) and of out (made with it); lse is f32 and the mask i32. A cube
@@ -294,7 +280,7 @@ impl AttentionKernels for CubeBackend {
         );
         let (q, k, v) = (Dense::of(&q), Dense::of(&k), Dense::of(&v));
         let (out, dout, lse) = (Dense::of(&out), Dense::of(&dout), Dense::of(&lse));
-        let mask = mask_of(&mask, masked);
+        let mask = Dense::of(&mask);
         // SAFETY: as in the forward: `elem` for q, k, v, out, dout and the gradients, f32 for
         // lse and delta, i32 for the mask, the same shapes and bounds. The first kernel writes
         // rows `i < q_len` of its block of dq and delta; the second reads delta (after the

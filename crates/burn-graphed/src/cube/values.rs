@@ -106,7 +106,8 @@ pub(crate) type OpInputs = (
 pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
 
 /// The tensors of a fused attention: queries, keys, values (`[batch, len, heads, dim]`) and
-/// an `i32` mask (read only where the call is masked).
+/// an `i32` mask (read only where the call is masked; otherwise any one-element int tensor,
+/// bound and never read).
 pub(crate) type AttentionInputs = (
     burn::backend::DispatchTensor,
     burn::backend::DispatchTensor,
