@@ -11,6 +11,7 @@
 #   bash benches/rounds.sh all          # both, each group's models in both tables' modes
 #   ROUND_GROUPS="bf16 mlp|f32 cnn" bash benches/rounds.sh groups  # chosen groups, both tables
 #   bash benches/rounds.sh fused        # mlp, transformer, lm: burn-nn layers, fused layers, PyTorch
+#   ROUND_GROUPS="f32 lm,lm_fused" bash benches/rounds.sh fused  # chosen fused groups
 #
 # cubecl's autotune log of each group goes into the logs too: which candidate won each matmul
 # key (a tensor-core candidate, `*mma*`, runs f32 as TF32).
@@ -38,7 +39,9 @@ case "$what" in
     # burn_graphed::nn's fused layers against the same models with burn-nn's layers and
     # PyTorch (report.py's fused_layers and inference_fused tables).
     modes=whole_step,whole_step_floor,whole_step_fused_adam,inference_graphed,inference_graphed_b1,inference_graphed_b1_floor
-    groups=("f32 transformer,transformer_fused" "f32 lm,lm_fused" "bf16 transformer,transformer_fused;bf16 lm,lm_fused" "f32 mlp,mlp_fused;bf16 mlp,mlp_fused") ;;
+    groups=("f32 transformer,transformer_fused" "f32 lm,lm_fused" "bf16 transformer,transformer_fused;bf16 lm,lm_fused" "f32 mlp,mlp_fused;bf16 mlp,mlp_fused")
+    # On fewer GPUs: ROUND_GROUPS chooses the groups ("DTYPE MODELS[;...]|..."), one per GPU.
+    [ -n "${ROUND_GROUPS:-}" ] && IFS='|' read -ra groups <<<"$ROUND_GROUPS" ;;
   groups)
     # The gaps of an earlier run: ROUND_GROUPS="DTYPE MODELS[;...]|DTYPE MODELS|...", one
     # group per GPU, in both tables' modes.

@@ -195,6 +195,7 @@ fn train<S: ModuleStep>(
             // Copies: SGD's momentum keeps a step's gradient as its state.
             graphed: copy_config(),
             tolerance: tolerance_for(&device),
+            noise_step: 0.0,
         },
         graphed_optimizer,
     )

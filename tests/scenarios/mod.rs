@@ -190,6 +190,7 @@ pub fn mlp_against_eager_with<S: burn_graphed_testkit::ModuleStep>(
             steps,
             graphed,
             tolerance: run.tolerance,
+            noise_step: 0.0,
         },
         graphed_optimizer,
     );
@@ -242,6 +243,7 @@ pub fn loss_inside_training_matches_eager(device: &Device, steps: usize, graphed
             steps,
             graphed,
             tolerance: tolerance_for(&device),
+            noise_step: 0.0,
         },
         fused_adam_config().init_multi_tensor(),
     )
@@ -279,6 +281,7 @@ pub fn col_layout_weights_match_eager(device: &Device) {
         steps,
         graphed: GraphedConfig::new(),
         tolerance: tolerance_for(&autodiff),
+        noise_step: 0.0,
     })
     .expect("comparison runs");
     assert!(report.passed(), "{report}");
@@ -337,6 +340,7 @@ pub fn multi_io_matches_eager(device: &Device, steps: usize) {
         steps,
         graphed: GraphedConfig::new().with_allow_unused_input(true),
         tolerance: tolerance_for(&device),
+        noise_step: 0.0,
     })
     .expect("comparison runs");
     println!("two heads: {report}");
@@ -675,6 +679,7 @@ pub fn harness_catches_faults(device: &Device) {
             steps: 3,
             graphed: GraphedConfig::new(),
             tolerance: tolerance_for(&device),
+            noise_step: 0.0,
         })
         .expect("comparison runs");
         assert!(!report.passed(), "{fault:?} went unnoticed: {report}");

@@ -327,6 +327,7 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
             // Copies: SGD's momentum keeps the first step's gradient as its state.
             graphed: super::copy_config().with_allow_unused_input(true),
             tolerance: super::tolerance_for(&device),
+            noise_step: 0.0,
         })
         .map_err(|error| TestCaseError::fail(format!("harness error: {error}")))?;
         prop_assert!(report.passed(), "{arch:?}\n{report}");
@@ -427,6 +428,7 @@ pub fn same_shape_heads_match_eager(device: &Device) {
                     .with_allow_unused_input(true)
                     .with_outputs(outputs),
                 tolerance: super::tolerance_for(&device),
+                noise_step: 0.0,
             })
             .expect("comparison runs");
             println!("same-shape heads {:?} {outputs:?}: {report}", arch.hidden);

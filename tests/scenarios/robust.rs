@@ -35,6 +35,7 @@ pub fn shape_cache_matches_eager(device: &Device) {
         steps: sizes.len(),
         graphed: GraphedConfig::new().with_max_graphs(2),
         tolerance: tolerance_for(&device),
+        noise_step: 0.0,
     })
     .expect("comparison runs");
     println!("shape cache: {report}; {:?}", report.shape_cache);

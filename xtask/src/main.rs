@@ -154,6 +154,18 @@ fn gpu_test(args: &[String], mode: &str) -> Result<(), String> {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
+    // A bundle built from changes not yet committed says so: its logs and the GPU ledger name
+    // this commit, and the commit alone would claim code it does not hold.
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(&root)
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    let commit = if dirty {
+        format!("{commit}+dirty")
+    } else {
+        commit
+    };
     manifest.push_str(&format!(
         "  ],\n  \"commit\": \"{commit}\",\n  \"profile\": \"release\",\n  \"features\": \"{GPU_FEATURES}\",\n  \"target\": \"x86_64-unknown-linux-gnu\"\n}}\n"
     ));

@@ -32,6 +32,7 @@
 //!     steps: 5,
 //!     graphed: GraphedConfig::new(),
 //!     tolerance: Tolerance::default(),
+//!     noise_step: 0.0,
 //! })
 //! .unwrap();
 //! assert!(report.passed(), "{report}");
@@ -119,7 +120,10 @@ impl ModuleStep for MultiTensorAdam {
 ///   most the relative change of its gradient where `|g| >> ε` (under 1e-2 of the step while
 ///   the gradient is within its bound) and by at most `lr |Δg| / ε` near zero (4e-3 lr for
 ///   `|Δg|` = 4e-6 and the suite's ε = 1e-3); SGD's step `lr v` by `lr |Δv|`, under 1e-2 of
-///   the step. Summed over steps, that is 1e-2 of the path. A skipped update leaves the element
+///   the step. Summed over steps, that is 1e-2 of the path, unless every gradient of the
+///   tensor is near zero: then the near-zero term is the whole step (a key projection's bias,
+///   whose gradient is rounding noise), which [`TrainingComparison::noise_step`] states and
+///   [`ParamMovement`] allows for. A skipped update leaves the element
 ///   that moved farthest in that step off by the whole step (about lr for Adam), against a
 ///   bound of `max(4e-6 + 1e-5 |p|, 1e-2 k lr)` after `k` steps of Adam: seen for
 ///   lr >= 1e-4, `|p| <= 1` and `k` below 100 (margin 7 at lr 1e-4 and `|p|` = 1, `100 / k`
@@ -498,6 +502,13 @@ pub struct TrainingComparison<'a, M, I, O> {
     pub graphed: GraphedConfig,
     /// How close values must be.
     pub tolerance: Tolerance,
+    /// The largest move `optimizer` makes in one step from a gradient no larger than
+    /// `tolerance.abs` anywhere (Adam: `learning_rate * abs / epsilon`; plain SGD:
+    /// `learning_rate * abs`): parameters whose gradient is rounding noise (a key projection's
+    /// bias) are allowed twice that per such step ([`ParamMovement`]). 0 allows nothing more:
+    /// right where both runs share their kernels (`tolerance.norm_rel` 0) or no parameter's
+    /// gradient is noise.
+    pub noise_step: f64,
 }
 
 /// A copy of `module` whose parameters live in buffers of their own (a clone would share them).
@@ -717,12 +728,26 @@ pub fn compare_params<E: Module, G: Module>(
 /// a fraction of its size, so the parameters' bound scales with this path
 /// ([`ParamMovement::compare`], [`Tolerance`]). The path, not the net distance from the
 /// start: where steps go back and forth, their differences still add up.
+///
+/// A parameter whose gradient is rounding noise (a key projection's bias, whose gradient is
+/// zero in exact arithmetic: softmax ignores a constant added to every score of a query) moves
+/// by what each side's noise makes of it, and the two sides' noises differ by their whole size:
+/// the gradient comparison cannot constrain them (they are under its absolute floor), so no
+/// fraction of the path can bound the parameters. Such parameters, marked step by step with
+/// [`ParamMovement::gradients_at_floor`], are allowed in addition the largest move each side's
+/// optimizer can make from such a gradient, twice per marked step (Adam: `lr abs / epsilon`,
+/// since `|m̂| <= abs`; plain SGD: `lr abs`). A wrong row or a stale value is still seen where
+/// it exceeds these moves; a skipped update of such a parameter cannot be seen by any bound
+/// (its update is noise).
 #[derive(Debug, Clone)]
 pub struct ParamMovement {
     /// The eager parameters after the last step (before the first: the start).
     previous: Vec<TensorData>,
     /// Per parameter, the path so far.
     path: Vec<f64>,
+    /// Per parameter, what both sides may have moved over the steps its gradient was at the
+    /// floor.
+    free: Vec<f64>,
 }
 
 impl ParamMovement {
@@ -730,9 +755,28 @@ impl ParamMovement {
     pub fn new(start: Vec<TensorData>) -> Self {
         let path = vec![0.0; start.len()];
         Self {
+            free: path.clone(),
             previous: start,
             path,
         }
+    }
+
+    /// Marks parameter `index` of each `true` in `flags`: its eager gradient of this step was
+    /// no larger than the gradient comparison's absolute floor (`Tolerance::abs`), so that its
+    /// update is rounding noise on both sides (see the type's docs), each side's move at most
+    /// `largest_step`: the two sides may differ by twice that more.
+    pub fn gradients_at_floor(&mut self, flags: &[bool], largest_step: f64) {
+        for (free, &flag) in self.free.iter_mut().zip(flags) {
+            if flag {
+                *free += 2.0 * largest_step;
+            }
+        }
+    }
+
+    /// What parameter `index` may be off in addition, for the moves of both sides while its
+    /// gradient was at the floor (0 for an index past the parameters).
+    pub fn free(&self, index: usize) -> f64 {
+        self.free.get(index).copied().unwrap_or(0.0)
     }
 
     /// The path of parameter `index` so far (0 for an index past the parameters).
@@ -764,8 +808,16 @@ impl ParamMovement {
                 comparisons.push(failed(format!("{name}: changed shape")));
                 continue;
             }
-            let path = self.path(index);
-            comparisons.push(TensorComparison::with_scale(name, e, g, tolerance, path));
+            // The free allowance in units of the path's: `norm_rel` scales both. Without a
+            // `norm_rel` the tolerance states the same kernels on both sides, whose noise is
+            // the same too.
+            let free = if tolerance.norm_rel > 0.0 {
+                self.free(index) / tolerance.norm_rel
+            } else {
+                0.0
+            };
+            let scale = self.path(index) + free;
+            comparisons.push(TensorComparison::with_scale(name, e, g, tolerance, scale));
         }
         if self.previous.len() != graphed.len() || eager.len() != graphed.len() {
             comparisons.push(failed(format!(
@@ -789,19 +841,23 @@ impl ParamMovement {
                 continue;
             }
             changed.push(false);
-            if let (Some(before), Some(after)) = (values_of(previous), values_of(e)) {
-                *path += largest(
-                    before
-                        .iter()
-                        .zip(&after)
-                        .map(|(&b, &a)| f64::from(a) - f64::from(b)),
-                );
-            }
+            *path += moved_by(previous, e);
         }
         if self.previous.len() == eager.len() {
             self.previous = eager.to_vec();
         }
         changed
+    }
+}
+
+/// The largest change of any element from `before` to `after` (0 where either cannot be read
+/// as floats or their lengths differ).
+fn moved_by(before: &TensorData, after: &TensorData) -> f64 {
+    match (values_of(before), values_of(after)) {
+        (Some(b), Some(a)) if b.len() == a.len() => {
+            largest(b.iter().zip(&a).map(|(&b, &a)| f64::from(a) - f64::from(b)))
+        }
+        _ => 0.0,
     }
 }
 
@@ -900,6 +956,7 @@ where
         steps,
         graphed,
         tolerance,
+        noise_step,
     } = comparison;
     let mut eager = deep_copy(&model);
     let mut movement = ParamMovement::new(values_only(param_values(&model)?));
@@ -938,6 +995,10 @@ where
             (&graphed, &graphed_grads),
             tolerance,
         )?);
+        if noise_step > 0.0 {
+            let flags = at_floor(&eager, &eager_grads, tolerance)?;
+            movement.gradients_at_floor(&flags, noise_step);
+        }
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step_module(learning_rate, graphed, graphed_grads);
         tensors.extend(movement.compare(
@@ -953,6 +1014,24 @@ where
         summary: graphed.summary().clone(),
         shape_cache: graphed.shape_cache(),
     })
+}
+
+/// Per parameter of `module`, whether its gradient in `grads` is no larger than
+/// `tolerance.abs` anywhere, the floor under which the gradient comparison allows any value
+/// ([`ParamMovement::gradients_at_floor`]); `false` without a gradient.
+fn at_floor<M: Module>(
+    module: &M,
+    grads: &GradientsParams,
+    tolerance: Tolerance,
+) -> Result<Vec<bool>, HarnessError> {
+    Ok(grad_values(module, grads)?
+        .iter()
+        .map(|grad| {
+            grad.as_ref()
+                .and_then(values_of)
+                .is_some_and(|g| largest(g.iter().map(|&v| f64::from(v))) <= tolerance.abs)
+        })
+        .collect())
 }
 
 /// The values of `params` as [`param_values`] reads them, without their ids.
@@ -1051,6 +1130,39 @@ mod tests {
             (Tolerance::ulps_of(burn::tensor::DType::F32, 4).distance(1.0, next, 1.0) - 0.5).abs()
                 < 1e-12
         );
+    }
+
+    #[test]
+    fn noise_gradients_allow_both_moves() {
+        // A key bias: its gradient is rounding noise on both sides, and Adam (lr 1e-2, eps
+        // 1e-3) turns noise under the floor of 4e-6 into steps of at most 4e-5 whose signs
+        // differ. Marked at the floor, the two may differ by 8e-5 more per step; unmarked, the
+        // path (the eager moves) bounds them to 1e-2 of those moves, and they fail.
+        let data = |values: &[f32]| TensorData::new(values.to_vec(), [values.len()]);
+        let tolerance = Tolerance::tensor_cores();
+        let largest_step = 1e-2 * tolerance.abs / 1e-3;
+        let mut marked = ParamMovement::new(vec![data(&[0.0, 0.3])]);
+        let mut unmarked = marked.clone();
+        let (mut e, mut g) = ([0.0f32, 0.3], [0.0f32, 0.3]);
+        for _ in 0..20 {
+            e[0] += 1e-7;
+            g[0] -= 1e-6;
+            marked.gradients_at_floor(&[true, false], largest_step);
+            let m = marked.compare("p", &[data(&e)], &[data(&g)], tolerance);
+            assert!(m.iter().all(TensorComparison::passed), "{}", m[0]);
+            unmarked.compare("p", &[data(&e)], &[data(&g)], tolerance);
+        }
+        // 20 steps apart by 1.1e-6 each: 2.2e-5, past the absolute floor of 4e-6.
+        let last = unmarked.compare("p", &[data(&e)], &[data(&g)], tolerance);
+        assert!(!last[0].passed(), "{}", last[0]);
+        assert!((marked.free(0) - 1.6e-3).abs() < 1e-9, "{}", marked.free(0));
+        assert_eq!(marked.free(1), 0.0);
+        // A wrong value beyond the moves (a stale 0.01 of a bias of 0.3) still fails, and NaN
+        // always does.
+        let wrong = marked.compare("p", &[data(&e)], &[data(&[1e-2, 0.3])], tolerance);
+        assert!(!wrong[0].passed(), "{}", wrong[0]);
+        let nan = marked.compare("p", &[data(&e)], &[data(&[f32::NAN, 0.3])], tolerance);
+        assert!(!nan[0].passed(), "{}", nan[0]);
     }
 
     #[test]
