@@ -38,7 +38,7 @@ on_devices! {
     rms_norm_matches_exact_f32 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::F32);
     rms_norm_matches_exact_bf16 => |d| scenarios::fused_norm::rms_norm_matches_exact(d, burn::tensor::FloatDType::BF16);
     layer_norm_checkpoints_load_both_ways => scenarios::fused_norm::layer_norm_checkpoints_load_both_ways;
-    encoder_matches_burn_nn => scenarios::fused_norm::encoder_matches_burn_nn;
+    encoder_matches_burn_nn => scenarios::fused_attention::encoder_matches_burn_nn;
     attention_matches_exact_f32 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F32);
     attention_matches_exact_f16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F16);
     attention_matches_exact_bf16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::BF16);

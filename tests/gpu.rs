@@ -986,7 +986,7 @@ fn layer_norm_checkpoints_load_both_ways() {
 /// bound.
 #[test]
 fn encoder_matches_burn_nn() {
-    scenarios::fused_norm::encoder_matches_burn_nn(&cuda());
+    scenarios::fused_attention::encoder_matches_burn_nn(&cuda());
 }
 
 /// The fused attention against the exact attention and burn's, output and gradients, in each

@@ -2,7 +2,8 @@
 //! the device holds) and against burn's `attention`, the output and the gradients of queries,
 //! keys and values, in `f32`, `f16` and `bf16`, without a mask, with a padding mask, a full
 //! mask hiding every key of a row, causal with other query and key lengths, odd lengths and
-//! lengths over several blocks; the multi-head module against burn-nn's; inside a graphed call.
+//! lengths over several blocks; the multi-head module and the transformer encoder against
+//! burn-nn's; inside a graphed call.
 //!
 //! Tolerance, derived as for the norms (`fused_norm.rs`): the fused kernels and burn's
 //! composition compute the same formula and differ in the order of their sums and where they
@@ -451,4 +452,131 @@ pub fn mha_matches_burn_nn(device: &Device) {
             "{stats:?}"
         );
     }
+}
+
+/// The encoder with fused norms and attention (`burn_graphed::nn::TransformerEncoder`) against
+/// burn-nn's with the same parameters, pre-norm and post-norm, under a causal mask: checkpoints
+/// load both ways (every parameter equal after the round trip), and the outputs agree within
+/// what burn-nn's own encoder moves by when its input moves by the fused ops' error. Tolerance,
+/// derived: the two encoders differ only in their layer norms and attention, each within about
+/// 3e-7 of its output's magnitude of burn-nn's (`layer_norm_matches_exact`,
+/// `attention_matches_exact`); how much two layers of attention and
+/// feed-forward blocks amplify such a difference depends on the device, and on CUDA burn-nn's
+/// own matmuls may round their inputs to TF32 (2^-11 apart, where the fused attention computes
+/// in f32), so the bound is measured, not assumed: twice the distance burn-nn's encoder moves
+/// when each input element is moved by one rounding of itself (`exact::nudge_size`: 3e-7, or
+/// 2^-11 where products may round to TF32), plus 2^-20. The negative control, the causal mask
+/// one key off (each row hides itself too: the smallest wiring error of a mask), must move the
+/// output by more than three times the bound. (One Adam step at lr 1e-2 on a norm's gamma, the
+/// earlier control, moves it by 2.1e-3 on an H100: under three times a bound that TF32's
+/// rounding in burn-nn's own matmuls sets at 1.1e-3.)
+pub fn encoder_matches_burn_nn(device: &Device) {
+    use burn_graphed::nn::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+    let [batch, length, d_model] = [2, 16, 64];
+    let x = Tensor::<1>::from_data(
+        TensorData::new(
+            super::fused_norm::values(batch * length * d_model, 9),
+            [batch * length * d_model],
+        ),
+        device,
+    )
+    .reshape([batch, length, d_model]);
+    let mask = Tensor::<1, Int>::arange(0..length as i64, device);
+    let causal = mask
+        .clone()
+        .reshape([1, length])
+        .greater(mask.clone().reshape([length, 1]))
+        .unsqueeze::<3>()
+        .repeat_dim(0, batch);
+    let mask_diagonal = mask
+        .clone()
+        .reshape([1, length])
+        .equal(mask.reshape([length, 1]))
+        .unsqueeze::<3>()
+        .repeat_dim(0, batch);
+    let dir = std::env::temp_dir().join(format!(
+        "burn-graphed-encoder-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    for norm_first in [true, false] {
+        let config = TransformerEncoderConfig::new(d_model, 4 * d_model, 4, 2)
+            .with_dropout(0.0)
+            .with_norm_first(norm_first);
+        let ours: TransformerEncoder = config.init(device);
+        let file = dir.join(format!("ours-{norm_first}.bpk"));
+        ours.clone()
+            .save_file(&file)
+            .expect("the fused encoder saves");
+        let theirs = config.to_burn().init(device).load_file(&file);
+        let back_file = dir.join(format!("theirs-{norm_first}.bpk"));
+        theirs
+            .clone()
+            .save_file(&back_file)
+            .expect("burn-nn's encoder saves");
+        let back = config.init(device).load_file(&back_file);
+        let params = |m: &TransformerEncoder| param_values(m).expect("read back");
+        assert_eq!(
+            params(&back),
+            params(&ours),
+            "norm_first {norm_first}: a round trip through burn-nn's file changed a parameter"
+        );
+
+        let output = |m: &TransformerEncoder| {
+            host(
+                m.forward(TransformerEncoderInput::new(x.clone()).mask_attn(causal.clone()))
+                    .into_data(),
+            )
+        };
+        let burn_out = host(
+            theirs
+                .forward(
+                    burn::nn::transformer::TransformerEncoderInput::new(x.clone())
+                        .mask_attn(causal.clone()),
+                )
+                .into_data(),
+        );
+        let burn_output = |x: Tensor<3>| {
+            host(
+                theirs
+                    .forward(
+                        burn::nn::transformer::TransformerEncoderInput::new(x)
+                            .mask_attn(causal.clone()),
+                    )
+                    .into_data(),
+            )
+        };
+        // burn-nn's sensitivity to one rounding of its inputs (`exact::nudge_size`).
+        let nudge = super::exact::nudge_size(device);
+        let sensitivity = error(
+            &burn_output(super::exact::nudged(x.clone(), nudge)),
+            &burn_out,
+        );
+        let bound = 2.0 * sensitivity + 2f64.powi(-20);
+        let distance = error(&output(&ours), &burn_out);
+        println!(
+            "encoder norm_first {norm_first}: fused against burn-nn {distance:.3e}, burn-nn's \
+             sensitivity {sensitivity:.3e}, bound {bound:.3e}"
+        );
+        assert!(
+            distance <= bound,
+            "norm_first {norm_first}: the fused encoder is {distance:.3e} from burn-nn's"
+        );
+        // The control: the causal mask one key off (each row hides itself too), the smallest
+        // wiring error of a mask.
+        let off_by_one = mask_diagonal.clone().bool_or(causal.clone());
+        let control = error(
+            &host(
+                ours.forward(TransformerEncoderInput::new(x.clone()).mask_attn(off_by_one))
+                    .into_data(),
+            ),
+            &burn_out,
+        );
+        assert!(
+            control > 3.0 * bound,
+            "control norm_first {norm_first}: the causal mask one key off moved the output by only {control:.3e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,11 +10,17 @@
 //! rounds every operation in `bf16`, computes `f16` in `f32`) and in the parameter gradients'
 //! summation over rows. So the fused error against the exact values must be at most twice
 //! burn-nn's own error on the same data, plus one rounding of the result to its dtype (`u`,
-//! half a unit in the last place, relative to the tensor's largest magnitude). Errors are
+//! half a unit in the last place, relative to the tensor's largest magnitude). The parameter
+//! gradients sum over every row, and there one sample of another order's error says little
+//! (on CUDA, `[66000, 3]`'s gamma gradient: burn-nn's tree 6.3e-8 from exact, the fused kernel's
+//! chunks of rows 2.3e-7; on lavapipe burn-nn's 1.6e-2, which would hide a dropped row): in
+//! `f32` their bound is twice what rounding may cost the fused kernel's own order of sums
+//! (`exact`'s probabilistic allowance), plus `u`. Errors are
 //! measured as the largest distance over the tensor divided by its largest exact magnitude. The
 //! negative controls show the bound is far below the smallest real error it must catch: the
 //! exact values of a neighbouring row (an off-by-one row, a stale row), and in `f32` a norm with
-//! the wrong epsilon (`1e-3` for `1e-5`).
+//! the wrong epsilon (`1e-3` for `1e-5`) and, for the parameter gradients, the exact gradient
+//! without the last row (a row dropped at the end of a chunk or of the rows).
 
 use super::exact::{
     assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
@@ -27,7 +33,7 @@ use burn_graphed::nn::{LayerNorm, LayerNormConfig, RmsNorm, layer_norm};
 
 /// Deterministic values in about [-2, 2], with an offset every seven elements so that the
 /// mean matters.
-fn values(count: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(count: usize, seed: u64) -> Vec<f32> {
     seeded(count, seed, -2.0, 2.0)
         .into_iter()
         .enumerate()
@@ -51,8 +57,19 @@ fn case(shape: &[usize], beta: bool) -> Case {
     }
 }
 
+/// Rows a chunk of the fused kernel's parameter-gradient sums runs down in order, for `rows`
+/// rows (`cube/norm_op.rs`: at most 128 chunks); the chunks' sums are then added by burn's sum.
+fn rows_per_chunk(rows: usize) -> usize {
+    rows.div_ceil(128).max(1)
+}
+
 /// The exact forward and gradients of a layer norm over rows of `width`: `(y, dx, dgamma,
-/// dbeta)` for the output gradient `dy`.
+/// dbeta)` for the output gradient `dy`; then, per element of `dgamma` and `dbeta`, what `f32`
+/// rounding may cost their sums in the fused kernel's order (chunks of
+/// [`rows_per_chunk`] rows in order, then the chunks, taken in order: the longest of burn's
+/// orders): each addition rounds its partial sum `S` by at most `u |S|`, each product `t` by `u
+/// |t|`, independently, so the error is within `4 u sqrt(sum S^2 + sum t^2)` but with a
+/// probability below 1e-4 (four standard deviations; Higham and Mary's probabilistic bound).
 fn exact(
     x: &[f64],
     gamma: &[f64],
@@ -61,10 +78,13 @@ fn exact(
     width: usize,
     epsilon: f64,
     centered: bool,
-) -> [Vec<f64>; 4] {
+) -> [Vec<f64>; 6] {
     let rows = x.len() / width;
     let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
     let (mut dgamma, mut dbeta) = (vec![0.0; width], vec![0.0; width]);
+    // Per element: the chunk's partial sums, and the squares the allowance adds up.
+    let (mut chunk_gamma, mut chunk_beta) = (vec![0.0; width], vec![0.0; width]);
+    let (mut squares_gamma, mut squares_beta) = (vec![0.0; width], vec![0.0; width]);
     for r in 0..rows {
         let row = &x[r * width..(r + 1) * width];
         let mean = if centered {
@@ -85,11 +105,29 @@ fn exact(
         for i in 0..width {
             y[r * width + i] = xhat[i] * gamma[i] + beta.map_or(0.0, |b| b[i]);
             dx[r * width + i] = rstd * (g[i] - mean_g - xhat[i] * mean_gx);
-            dgamma[i] += dy[r * width + i] * xhat[i];
-            dbeta[i] += dy[r * width + i];
+            let term = dy[r * width + i] * xhat[i];
+            chunk_gamma[i] += term;
+            chunk_beta[i] += dy[r * width + i];
+            squares_gamma[i] += chunk_gamma[i] * chunk_gamma[i] + term * term;
+            squares_beta[i] += chunk_beta[i] * chunk_beta[i];
+            if (r + 1) % rows_per_chunk(rows) == 0 || r + 1 == rows {
+                dgamma[i] += std::mem::take(&mut chunk_gamma[i]);
+                dbeta[i] += std::mem::take(&mut chunk_beta[i]);
+                squares_gamma[i] += dgamma[i] * dgamma[i];
+                squares_beta[i] += dbeta[i] * dbeta[i];
+            }
         }
     }
-    [y, dx, dgamma, dbeta]
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let allowance = |squares: Vec<f64>| squares.into_iter().map(|s| 4.0 * u * s.sqrt()).collect();
+    [
+        y,
+        dx,
+        dgamma,
+        dbeta,
+        allowance(squares_gamma),
+        allowance(squares_beta),
+    ]
 }
 
 /// Forward and gradients `(y, dx, dgamma, dbeta)` of `norm` on `x` with output gradient `dy`
@@ -224,7 +262,14 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, center
             continue;
         }
         let (fused_error, burn_error) = (error(&fused[k], &truth[k]), error(&burn[k], &truth[k]));
-        let bound = 2.0 * burn_error + u;
+        // The parameter gradients in `f32`, where the fused kernels run: the rounding their
+        // order of sums may cost (elsewhere the module is burn-nn's, checked bit for bit below).
+        let bound = if k >= 2 && dtype == FloatDType::F32 && supports_graphs(device) {
+            let largest = |v: &[f64]| v.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            2.0 * largest(&truth[k + 2]) / largest(&truth[k]).max(f64::MIN_POSITIVE) + u
+        } else {
+            2.0 * burn_error + u
+        };
         println!(
             "{label} {}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}",
             names[k]
@@ -234,8 +279,27 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, center
             "{label} {}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})",
             names[k]
         );
-        // Negative control: the exact values of the neighbouring row (gradients of gamma and
-        // beta: of the data shifted by one row) must fail the bound by far.
+        // Negative controls: the exact values of the neighbouring row, and for the gradients
+        // of gamma and beta the exact sums without the last row, must fail the bound by far
+        // (the latter in `f32`: in `f16` and `bf16` the bound is the result's rounding to the
+        // dtype, at which one row of sixteen can be under ten allowances).
+        if rows > 1 && k >= 2 && dtype == FloatDType::F32 && supports_graphs(device) {
+            let dropped = exact(
+                &x_host[..(rows - 1) * width],
+                &gamma_host,
+                beta_host.as_deref(),
+                &dy_host[..(rows - 1) * width],
+                width,
+                epsilon,
+                centered,
+            );
+            let control = error(&dropped[k], &truth[k]);
+            assert!(
+                control > 10.0 * bound,
+                "control {label} {}: the last row dropped is off {control:.3e}, not 10x the bound {bound:.3e}",
+                names[k]
+            );
+        }
         if rows > 1 && k < 2 {
             let shifted: Vec<f64> = truth[k][width..]
                 .iter()
@@ -458,132 +522,5 @@ pub fn layer_norm_checkpoints_load_both_ways(device: &Device) {
         .init(device)
         .try_load_file(&burn_file);
     assert!(wrong.is_err(), "a module of another width took the file");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The encoder with fused norms and attention (`burn_graphed::nn::TransformerEncoder`) against
-/// burn-nn's with the same parameters, pre-norm and post-norm, under a causal mask: checkpoints
-/// load both ways (every parameter equal after the round trip), and the outputs agree within
-/// what burn-nn's own encoder moves by when its input moves by the fused ops' error. Tolerance,
-/// derived: the two encoders differ only in their layer norms and attention, each within about
-/// 3e-7 of its output's magnitude of burn-nn's (`layer_norm_matches_exact`,
-/// `attention_matches_exact`); how much two layers of attention and
-/// feed-forward blocks amplify such a difference depends on the device, and on CUDA burn-nn's
-/// own matmuls may round their inputs to TF32 (2^-11 apart, where the fused attention computes
-/// in f32), so the bound is measured, not assumed: twice the distance burn-nn's encoder moves
-/// when each input element is moved by one rounding of itself (`exact::nudge_size`: 3e-7, or
-/// 2^-11 where products may round to TF32), plus 2^-20. The negative control, the causal mask
-/// one key off (each row hides itself too: the smallest wiring error of a mask), must move the
-/// output by more than three times the bound. (One Adam step at lr 1e-2 on a norm's gamma, the
-/// earlier control, moves it by 2.1e-3 on an H100: under three times a bound that TF32's
-/// rounding in burn-nn's own matmuls sets at 1.1e-3.)
-pub fn encoder_matches_burn_nn(device: &Device) {
-    use burn_graphed::nn::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
-    let [batch, length, d_model] = [2, 16, 64];
-    let x = Tensor::<1>::from_data(
-        TensorData::new(
-            values(batch * length * d_model, 9),
-            [batch * length * d_model],
-        ),
-        device,
-    )
-    .reshape([batch, length, d_model]);
-    let mask = Tensor::<1, Int>::arange(0..length as i64, device);
-    let causal = mask
-        .clone()
-        .reshape([1, length])
-        .greater(mask.clone().reshape([length, 1]))
-        .unsqueeze::<3>()
-        .repeat_dim(0, batch);
-    let mask_diagonal = mask
-        .clone()
-        .reshape([1, length])
-        .equal(mask.reshape([length, 1]))
-        .unsqueeze::<3>()
-        .repeat_dim(0, batch);
-    let dir = std::env::temp_dir().join(format!(
-        "burn-graphed-encoder-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    for norm_first in [true, false] {
-        let config = TransformerEncoderConfig::new(d_model, 4 * d_model, 4, 2)
-            .with_dropout(0.0)
-            .with_norm_first(norm_first);
-        let ours: TransformerEncoder = config.init(device);
-        let file = dir.join(format!("ours-{norm_first}.bpk"));
-        ours.clone()
-            .save_file(&file)
-            .expect("the fused encoder saves");
-        let theirs = config.to_burn().init(device).load_file(&file);
-        let back_file = dir.join(format!("theirs-{norm_first}.bpk"));
-        theirs
-            .clone()
-            .save_file(&back_file)
-            .expect("burn-nn's encoder saves");
-        let back = config.init(device).load_file(&back_file);
-        let params = |m: &TransformerEncoder| param_values(m).expect("read back");
-        assert_eq!(
-            params(&back),
-            params(&ours),
-            "norm_first {norm_first}: a round trip through burn-nn's file changed a parameter"
-        );
-
-        let output = |m: &TransformerEncoder| {
-            host(
-                m.forward(TransformerEncoderInput::new(x.clone()).mask_attn(causal.clone()))
-                    .into_data(),
-            )
-        };
-        let burn_out = host(
-            theirs
-                .forward(
-                    burn::nn::transformer::TransformerEncoderInput::new(x.clone())
-                        .mask_attn(causal.clone()),
-                )
-                .into_data(),
-        );
-        let burn_output = |x: Tensor<3>| {
-            host(
-                theirs
-                    .forward(
-                        burn::nn::transformer::TransformerEncoderInput::new(x)
-                            .mask_attn(causal.clone()),
-                    )
-                    .into_data(),
-            )
-        };
-        // burn-nn's sensitivity to one rounding of its inputs (`exact::nudge_size`).
-        let nudge = super::exact::nudge_size(device);
-        let sensitivity = error(
-            &burn_output(super::exact::nudged(x.clone(), nudge)),
-            &burn_out,
-        );
-        let bound = 2.0 * sensitivity + 2f64.powi(-20);
-        let distance = error(&output(&ours), &burn_out);
-        println!(
-            "encoder norm_first {norm_first}: fused against burn-nn {distance:.3e}, burn-nn's \
-             sensitivity {sensitivity:.3e}, bound {bound:.3e}"
-        );
-        assert!(
-            distance <= bound,
-            "norm_first {norm_first}: the fused encoder is {distance:.3e} from burn-nn's"
-        );
-        // The control: the causal mask one key off (each row hides itself too), the smallest
-        // wiring error of a mask.
-        let off_by_one = mask_diagonal.clone().bool_or(causal.clone());
-        let control = error(
-            &host(
-                ours.forward(TransformerEncoderInput::new(x.clone()).mask_attn(off_by_one))
-                    .into_data(),
-            ),
-            &burn_out,
-        );
-        assert!(
-            control > 3.0 * bound,
-            "control norm_first {norm_first}: the causal mask one key off moved the output by only {control:.3e}"
-        );
-    }
     let _ = std::fs::remove_dir_all(&dir);
 }
