@@ -336,16 +336,6 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64, center
             burn_graphed::testing::fused_ops() > fused_before,
             "{label}: the fused kernels did not run"
         );
-        // In bf16 the fused layer norm is the more exact one by far (burn-nn rounds every
-        // operation of its layer norm in bf16; its RMS norm only three).
-        if dtype == FloatDType::BF16 && centered {
-            let (fused_error, burn_error) =
-                (error(&fused[0], &truth[0]), error(&burn[0], &truth[0]));
-            assert!(
-                fused_error * 2.0 < burn_error,
-                "bf16 {label}: the fused output ({fused_error:.3e}) is not clearly more exact than burn-nn's ({burn_error:.3e}): did the fused kernel run?"
-            );
-        }
     } else {
         // No fused kernels here: the module is burn-nn's, bit for bit.
         assert_eq!(
