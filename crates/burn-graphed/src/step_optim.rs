@@ -165,6 +165,8 @@ impl StepOptimizer {
     /// The schedule words that depend on the learning rate, as burn-optim computes them: the
     /// rate as the kernels' `f32`, and AdamW's decay factor `1 - lr * weight_decay` (in `f64`,
     /// rounded once).
+    // Without cubecl no graph reads them (the unit tests do).
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
     pub(crate) fn schedule_for(&self, lr: f64) -> (f32, f32) {
         let keep = match *self {
             StepOptimizer::AdamW { weight_decay, .. } => {

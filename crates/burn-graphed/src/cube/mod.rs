@@ -77,19 +77,24 @@ pub(crate) use self::{
     lifecycle::supports_graphs,
     norm_op::norm,
     random_state::RandomState,
-    row_kernels::forwards as fused_norm_forwards,
     small_linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, small_linear},
     step_graph::{StepGraph, StepState, capture_step},
 };
 
+// Read by `burn_graphed::testing` only.
+#[cfg(all(feature = "cube", feature = "testing"))]
+pub(crate) use self::row_kernels::forwards as fused_norm_forwards;
+
 #[cfg(not(feature = "cube"))]
 mod stand_in;
+#[cfg(all(not(feature = "cube"), feature = "testing"))]
+pub(crate) use stand_in::fused_norm_forwards;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, cross_entropy_rows, enable_kernel_cache, fused_norm_forwards, norm,
-    small_linear, supports_graphs,
+    collective_buffer, cross_entropy_rows, enable_kernel_cache, norm, small_linear,
+    supports_graphs,
 };
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -74,6 +74,7 @@ pub(super) fn row_of_cube() -> usize {
 static FORWARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How many fused ops this process queued.
+#[cfg(feature = "testing")]
 pub(crate) fn forwards() -> usize {
     FORWARDS.load(std::sync::atomic::Ordering::Relaxed)
 }

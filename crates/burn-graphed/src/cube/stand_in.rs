@@ -266,6 +266,7 @@ pub(crate) fn norm(
 }
 
 /// Without cubecl no layer norm is fused.
+#[cfg(feature = "testing")]
 pub(crate) fn fused_norm_forwards() -> usize {
     0
 }

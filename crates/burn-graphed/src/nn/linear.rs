@@ -55,6 +55,8 @@ impl Linear {
         let rows = dims[..D - 1].iter().product::<usize>();
         let bias = self.bias.as_ref().map(Param::val);
         let dtype = input.dtype();
+        // Without cubecl the range is empty (`SMALL_LINEAR_ROWS` is 0): nothing is fused.
+        #[allow(clippy::reversed_empty_ranges)]
         let fused = (1..=cube::SMALL_LINEAR_ROWS).contains(&rows)
             && d_output > 0
             && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
