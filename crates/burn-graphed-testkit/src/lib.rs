@@ -408,9 +408,19 @@ pub fn compare_grads<E: Module, G: Module>(
 ) -> Result<Vec<TensorComparison>, HarnessError> {
     let e_grads = grad_values(eager, eager_grads)?;
     let g_grads = grad_values(graphed, graphed_grads)?;
+    Ok(compare_grad_values(what, &e_grads, &g_grads, tolerance))
+}
+
+/// [`compare_grads`] on gradients already read back ([`grad_values`]).
+fn compare_grad_values(
+    what: &str,
+    e_grads: &[Option<TensorData>],
+    g_grads: &[Option<TensorData>],
+    tolerance: Tolerance,
+) -> Vec<TensorComparison> {
     let mut comparisons: Vec<TensorComparison> = e_grads
         .iter()
-        .zip(&g_grads)
+        .zip(g_grads)
         .enumerate()
         .filter_map(|(index, pair)| match pair {
             (Some(e), Some(g)) => Some(TensorComparison::new(
@@ -432,7 +442,7 @@ pub fn compare_grads<E: Module, G: Module>(
             g_grads.len()
         )));
     }
-    Ok(comparisons)
+    comparisons
 }
 
 /// Trains `comparison.model` eagerly and, from identical parameters, a graphed copy, on the same
@@ -520,15 +530,16 @@ where
         ));
         let eager_grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
         let graphed_grads = GradientsParams::from_grads(graphed_loss.backward(), &graphed);
-        tensors.extend(compare_grads(
+        let e_grads = grad_values(&eager, &eager_grads)?;
+        let g_grads = grad_values(&graphed, &graphed_grads)?;
+        tensors.extend(compare_grad_values(
             &format!("step {step}"),
-            (&eager, &eager_grads),
-            (&graphed, &graphed_grads),
+            &e_grads,
+            &g_grads,
             tolerance,
-        )?);
+        ));
         if noise_step > 0.0 {
-            let flags = at_floor(&eager, &eager_grads, tolerance)?;
-            movement.gradients_at_floor(&flags, noise_step);
+            movement.gradients_at_floor(&at_floor(&e_grads, tolerance), noise_step);
         }
         eager = eager_optimizer.step(learning_rate, eager, eager_grads);
         graphed = graphed_optimizer.step_module(learning_rate, graphed, graphed_grads);
@@ -547,22 +558,18 @@ where
     })
 }
 
-/// Per parameter of `module`, whether its gradient in `grads` is no larger than
-/// `tolerance.abs` anywhere, the floor under which the gradient comparison allows any value
+/// Per parameter, whether its gradient (`grads`, read back) is no larger than `tolerance.abs`
+/// anywhere, the floor under which the gradient comparison allows any value
 /// ([`ParamMovement::gradients_at_floor`]); `false` without a gradient.
-fn at_floor<M: Module>(
-    module: &M,
-    grads: &GradientsParams,
-    tolerance: Tolerance,
-) -> Result<Vec<bool>, HarnessError> {
-    Ok(grad_values(module, grads)?
+fn at_floor(grads: &[Option<TensorData>], tolerance: Tolerance) -> Vec<bool> {
+    grads
         .iter()
         .map(|grad| {
             grad.as_ref()
                 .and_then(values_of)
                 .is_some_and(|g| largest(g.iter().map(|&v| f64::from(v))) <= tolerance.abs)
         })
-        .collect())
+        .collect()
 }
 
 /// The values of `params` as [`param_values`] reads them, without their ids.
