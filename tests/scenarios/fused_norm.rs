@@ -85,6 +85,7 @@ fn exact(
     // Per element: the chunk's partial sums, and the squares the allowance adds up.
     let (mut chunk_gamma, mut chunk_beta) = (vec![0.0; width], vec![0.0; width]);
     let (mut squares_gamma, mut squares_beta) = (vec![0.0; width], vec![0.0; width]);
+    let per_chunk = rows_per_chunk(rows);
     for r in 0..rows {
         let row = &x[r * width..(r + 1) * width];
         let mean = if centered {
@@ -110,7 +111,7 @@ fn exact(
             chunk_beta[i] += dy[r * width + i];
             squares_gamma[i] += chunk_gamma[i] * chunk_gamma[i] + term * term;
             squares_beta[i] += chunk_beta[i] * chunk_beta[i];
-            if (r + 1) % rows_per_chunk(rows) == 0 || r + 1 == rows {
+            if (r + 1) % per_chunk == 0 || r + 1 == rows {
                 dgamma[i] += std::mem::take(&mut chunk_gamma[i]);
                 dbeta[i] += std::mem::take(&mut chunk_beta[i]);
                 squares_gamma[i] += dgamma[i] * dgamma[i];
