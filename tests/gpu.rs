@@ -956,18 +956,41 @@ mod robustness {
     }
 }
 
-/// The fused layer norm and RMS norm against the exact norm and burn-nn's, forward and gradients, in each
-/// float dtype (`scenarios::fused_norm`).
-#[test]
-fn layer_norm_matches_exact() {
-    for dtype in [
-        burn::tensor::FloatDType::F32,
-        burn::tensor::FloatDType::F16,
-        burn::tensor::FloatDType::BF16,
-    ] {
-        scenarios::fused_norm::layer_norm_matches_exact(&cuda(), dtype);
-        scenarios::fused_norm::rms_norm_matches_exact(&cuda(), dtype);
-    }
+/// `NAME => SCENARIO, DTYPE;` makes the test `NAME` running the scenario on CUDA in that float
+/// dtype. The exact comparisons are one test per dtype (named as the CPU suite's): each
+/// compiles and tunes its own kernels, so that `run.sh tests --jobs` runs the dtypes in
+/// parallel processes rather than one process running the three in turn.
+macro_rules! per_dtype {
+    ($($(#[$doc:meta])* $name:ident => $scenario:path, $dtype:ident;)+) => {
+        $($(#[$doc])* #[test] fn $name() { $scenario(&cuda(), burn::tensor::FloatDType::$dtype); })+
+    };
+}
+
+per_dtype! {
+    /// The fused layer norm against the exact norm and burn-nn's, forward and gradients
+    /// (`scenarios::fused_norm`).
+    layer_norm_matches_exact_f32 => scenarios::fused_norm::layer_norm_matches_exact, F32;
+    layer_norm_matches_exact_f16 => scenarios::fused_norm::layer_norm_matches_exact, F16;
+    layer_norm_matches_exact_bf16 => scenarios::fused_norm::layer_norm_matches_exact, BF16;
+    /// The fused RMS norm, likewise.
+    rms_norm_matches_exact_f32 => scenarios::fused_norm::rms_norm_matches_exact, F32;
+    rms_norm_matches_exact_f16 => scenarios::fused_norm::rms_norm_matches_exact, F16;
+    rms_norm_matches_exact_bf16 => scenarios::fused_norm::rms_norm_matches_exact, BF16;
+    /// The fused attention against the exact attention and burn's, output and gradients, with
+    /// and without masks (`scenarios::fused_attention`).
+    attention_matches_exact_f32 => scenarios::fused_attention::attention_matches_exact, F32;
+    attention_matches_exact_f16 => scenarios::fused_attention::attention_matches_exact, F16;
+    attention_matches_exact_bf16 => scenarios::fused_attention::attention_matches_exact, BF16;
+    /// The few-row linear layer against the exact product and burn-nn's, output and gradients
+    /// (`scenarios::fused_linear`).
+    linear_matches_exact_f32 => scenarios::fused_linear::linear_matches_exact, F32;
+    linear_matches_exact_f16 => scenarios::fused_linear::linear_matches_exact, F16;
+    linear_matches_exact_bf16 => scenarios::fused_linear::linear_matches_exact, BF16;
+    /// The fused softmax cross-entropy against the exact loss and burn-nn's, loss and logit
+    /// gradient (`scenarios::fused_loss`).
+    cross_entropy_matches_exact_f32 => scenarios::fused_loss::cross_entropy_matches_exact, F32;
+    cross_entropy_matches_exact_f16 => scenarios::fused_loss::cross_entropy_matches_exact, F16;
+    cross_entropy_matches_exact_bf16 => scenarios::fused_loss::cross_entropy_matches_exact, BF16;
 }
 
 /// The fused layer norm inside a graphed call equals its eager call, bit for bit.
@@ -989,37 +1012,11 @@ fn encoder_matches_burn_nn() {
     scenarios::fused_attention::encoder_matches_burn_nn(&cuda());
 }
 
-/// The fused attention against the exact attention and burn's, output and gradients, in each
-/// float dtype, with and without masks (`scenarios::fused_attention`).
-#[test]
-fn attention_matches_exact() {
-    for dtype in [
-        burn::tensor::FloatDType::F32,
-        burn::tensor::FloatDType::F16,
-        burn::tensor::FloatDType::BF16,
-    ] {
-        scenarios::fused_attention::attention_matches_exact(&cuda(), dtype);
-    }
-}
-
 /// The fused multi-head attention against burn-nn's (checkpoints both ways, context and
 /// gradients within the bound), and graphed against eager, bit for bit.
 #[test]
 fn mha_matches_burn_nn() {
     scenarios::fused_attention::mha_matches_burn_nn(&cuda());
-}
-
-/// The fused cross-entropy against the exact loss and burn-nn's, loss and gradient, in each
-/// float dtype (`scenarios::fused_loss`).
-#[test]
-fn cross_entropy_matches_exact() {
-    for dtype in [
-        burn::tensor::FloatDType::F32,
-        burn::tensor::FloatDType::F16,
-        burn::tensor::FloatDType::BF16,
-    ] {
-        scenarios::fused_loss::cross_entropy_matches_exact(&cuda(), dtype);
-    }
 }
 
 /// The forms the fused cross-entropy does not take are burn-nn's.
@@ -1032,19 +1029,6 @@ fn cross_entropy_other_forms_are_burn_nn() {
 #[test]
 fn cross_entropy_graphed_matches_eager() {
     scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
-}
-
-/// The few-row linear layer against the exact product and burn-nn's, output and gradients, in
-/// each float dtype (`scenarios::fused_linear`).
-#[test]
-fn linear_matches_exact() {
-    for dtype in [
-        burn::tensor::FloatDType::F32,
-        burn::tensor::FloatDType::F16,
-        burn::tensor::FloatDType::BF16,
-    ] {
-        scenarios::fused_linear::linear_matches_exact(&cuda(), dtype);
-    }
 }
 
 /// A graphed call of the few-row linear layers equals its eager call, bit for bit.
