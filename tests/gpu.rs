@@ -956,6 +956,19 @@ mod robustness {
     }
 }
 
+/// Diagnostic, run by hand (under contention, several processes per GPU): the same eager
+/// gradients, repeated on one model and on a deep copy, bit for bit
+/// (`scenarios::optim::eager_gradients_repeat`).
+#[test]
+#[ignore = "diagnostic: run by hand, several processes per GPU"]
+fn eager_gradients_repeat() {
+    let differed = scenarios::optim::eager_gradients_repeat(&cuda(), 50);
+    assert_eq!(
+        differed, 0,
+        "the same eager gradients differed {differed} times"
+    );
+}
+
 /// `NAME => SCENARIO, DTYPE;` makes the test `NAME` running the scenario on CUDA in that float
 /// dtype. The exact comparisons are one test per dtype (named as the CPU suite's): each
 /// compiles and tunes its own kernels, so that `run.sh tests --jobs` runs the dtypes in

@@ -504,3 +504,52 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
     );
     assert_eq!(after.total_fallbacks(), 0, "{after:?}");
 }
+
+/// Diagnostic, run by hand (the GPU suite's `eager_gradients_repeat`, ignored): the same eager
+/// forward and backward of `fused_adam_matches_adam`'s model, `repeats` times on the model and
+/// on a deep copy of it, each gradient compared bit for bit with the first one's. Prints every
+/// difference and returns how many gradients differed: a kernel whose result depends on timing
+/// (atomics, a race) differs on the same model; a pick that depends on the layout (another
+/// autotune key tuned apart) differs on the copy only.
+pub fn eager_gradients_repeat(device: &Device, repeats: usize) -> usize {
+    use burn_graphed_testkit::grad_values;
+    let device = device.clone().autodiff();
+    let model = Mlp::new(11, 2, 3, &device);
+    let copy = deep_copy(&model);
+    let x = batch([8, 11], 0, &device);
+    let gradients = |m: &Mlp| {
+        let loss = square_mean(m.forward(x.clone()));
+        let grads = GradientsParams::from_grads(loss.backward(), m);
+        grad_values(m, &grads).expect("gradients read back")
+    };
+    let first = gradients(&model);
+    let mut differed = 0;
+    for repeat in 0..repeats {
+        for (which, m) in [("model", &model), ("copy", &copy)] {
+            for (index, (a, b)) in first.iter().zip(gradients(m)).enumerate() {
+                if a.as_ref() != b.as_ref() {
+                    differed += 1;
+                    let (a, b) = (
+                        a.as_ref()
+                            .map(|d| d.to_vec::<f32>().unwrap())
+                            .unwrap_or_default(),
+                        b.map(|d| d.to_vec::<f32>().unwrap()).unwrap_or_default(),
+                    );
+                    let worst = a
+                        .iter()
+                        .zip(&b)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    println!(
+                        "repeat {repeat} {which}: gradient {index} differs, max abs {worst:.3e}"
+                    );
+                }
+            }
+        }
+    }
+    println!(
+        "eager gradients: {differed} of {} differed",
+        repeats * 2 * first.len()
+    );
+    differed
+}
