@@ -624,9 +624,11 @@ mod whole_step {
     }
 }
 
-/// The first `n` CUDA devices, or `None` on a machine with fewer (`nvidia-smi -L` counts
-/// them), after a `skipped: TEST: ...` line that the runner counts as a skip, not a pass
-/// ([`scenarios::skip::skip`]).
+/// The first `n` CUDA devices, or `None` where this process sees fewer, after a `skipped:
+/// TEST: ...` line that the runner counts as a skip, not a pass ([`scenarios::skip::skip`]).
+/// `nvidia-smi -L` counts the machine's GPUs and ignores `CUDA_VISIBLE_DEVICES`, which CUDA
+/// honours: the process sees the fewer of the two (a run restricted to one GPU of two would
+/// otherwise ask CUDA for a device it does not have).
 fn gpus(n: usize) -> Option<Vec<Device>> {
     warnings::install();
     let listed = std::process::Command::new("nvidia-smi")
@@ -639,8 +641,14 @@ fn gpus(n: usize) -> Option<Vec<Device>> {
                 .count()
         })
         .unwrap_or(0);
-    if listed < n {
-        scenarios::skip::skip(&format!("needs {n} GPUs, this machine has {listed}"));
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count())
+        .unwrap_or(listed);
+    let seen = listed.min(visible);
+    if seen < n {
+        scenarios::skip::skip(&format!(
+            "needs {n} GPUs, this process sees {seen} (the machine lists {listed})"
+        ));
         return None;
     }
     Some((0..n).map(Device::cuda).collect())

@@ -54,7 +54,12 @@ pub fn relative_error(got: &[f64], exact: &[f64]) -> f64 {
 /// `graphed`'s call and `forward` on `eager` (a copy of the same module), on each of
 /// `inputs`: the outputs, and the gradient `grad` reads (of the output's sum), must be equal
 /// bit for bit (the fused kernels sum in a fixed order, so a replay computes what the eager
-/// call computes). Steps are numbered from 1 in the messages.
+/// call computes) where both run the same kernels. On CUDA they need not: burn's own products
+/// around the fused ops are tuned per layout (the graph's parameter buffers and the eager
+/// copy's are laid out apart), and the picks, TF32 tensor cores or f32, follow the timing of
+/// each tuning (seen with eight test processes on a GPU); there the comparison is the suite's
+/// tensor-core bound ([`super::tolerance_for`]), which a stale batch or a wrong row still
+/// exceeds about a hundredfold. Steps are numbered from 1 in the messages.
 pub fn assert_graphed_equals_eager<M, I, const D: usize>(
     graphed: &burn_graphed::Graphed<M, I, burn::tensor::Tensor<D>>,
     eager: &M,
@@ -68,16 +73,24 @@ pub fn assert_graphed_equals_eager<M, I, const D: usize>(
     for (step, x) in (1..).zip(inputs) {
         let expected = forward(eager, x.clone());
         let got = graphed.forward(x).expect("graphed call");
-        assert_eq!(
+        let device = got.device();
+        let same = |what: String, got: TensorData, expected: TensorData| {
+            if super::tolerance_for(&device).norm_rel == 0.0 {
+                assert_eq!(got, expected, "{what}");
+            } else {
+                super::assert_data_close(&device, &what, &expected, &got);
+            }
+        };
+        same(
+            format!("step {step} output"),
             got.clone().into_data(),
             expected.clone().into_data(),
-            "step {step} output"
         );
         let (g, e) = (got.sum().backward(), expected.sum().backward());
-        assert_eq!(
+        same(
+            format!("step {step} gradient"),
             grad(graphed.module(), &g),
             grad(eager, &e),
-            "step {step} gradient"
         );
     }
 }
