@@ -67,6 +67,12 @@ use crate::{ParamMovement, TrainingComparison};
 ///   lr >= 1e-4, `|p| <= 1` and `k` below 100 (margin 7 at lr 1e-4 and `|p|` = 1, `100 / k`
 ///   where the path term is the larger). Measured on an H100 (the controls and the CUDA
 ///   scenarios): clean runs within 0.24 of this bound; injected errors 15 to 337 times it.
+///   Not a proof: the absolute floor (4e-6) and the Adam term near a zero gradient are
+///   measured samples, not derived from the products summed. With eight test processes per
+///   GPU (2 x H200), where picks differ most (docs/decisions.md, "Under contention"), two
+///   whole-training comparisons exceeded the bound once each, 2.3 and 6.5 times (a
+///   one-element bias gradient 9.2e-6 off; Adam parameters after a 1e-5 gradient difference
+///   near zero), and passed when rerun under the same load.
 /// - [`Tolerance::ulps_of`]: `n` units in the last place of a narrower float, for two
 ///   computations in that dtype that round differently.
 #[derive(Debug, Clone, Copy, PartialEq)]
