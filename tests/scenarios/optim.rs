@@ -211,9 +211,10 @@ pub fn fused_adam_matches_adam(device: &Device) {
         let mut fused_adam = fused_adam_config().with_weight_decay(decay).init();
         for step in 0..4 {
             let x = batch([8, 11], step, &device);
-            let [for_reference, for_fused]: [GradientsParams; 2] = shared_gradients(&reference, x, 2)
-                .try_into()
-                .unwrap_or_else(|_| unreachable!());
+            let [for_reference, for_fused]: [GradientsParams; 2] =
+                shared_gradients(&reference, x, 2)
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!());
             reference = adam.step_module(1e-2, reference, for_reference);
             fused = fused_adam.step_module(1e-2, fused, for_fused);
             check.assert(&format!("step {step}"), &reference, &fused);
@@ -571,7 +572,8 @@ pub fn eager_gradients_repeat(device: &Device, repeats: usize) -> usize {
                         a.as_ref()
                             .map(|d| d.try_to_vec::<f32>().unwrap())
                             .unwrap_or_default(),
-                        b.map(|d| d.try_to_vec::<f32>().unwrap()).unwrap_or_default(),
+                        b.map(|d| d.try_to_vec::<f32>().unwrap())
+                            .unwrap_or_default(),
                     );
                     let worst = a
                         .iter()
