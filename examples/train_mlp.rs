@@ -117,7 +117,25 @@ fn max_diff(
     Ok((diff, scale))
 }
 
+/// Prints burn-graphed's progress lines (a capture that compiles and tunes for more than a
+/// second says what it is doing) to stderr; any `log` logger would do.
+struct Progress;
+
+impl log::Log for Progress {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.target() == "burn_graphed::progress" && metadata.level() <= log::Level::Info
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            eprintln!("{}", record.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let _ = log::set_logger(&Progress);
+    log::set_max_level(log::LevelFilter::Info);
     let (device, what) = pick_device()?;
     let cuda = what.starts_with("CUDA");
     let (width, depth, batch, steps) = if cuda {

@@ -201,22 +201,36 @@ fn flex_runs_eagerly() {
 /// `burn_graphed::capture`: the bench (`warn_log`, `--kernel-trace`) attributes kernel launches
 /// and cubecl's warnings to capture phases with them, among them the autotune keys cubecl had to
 /// decide unmeasured because they first came up inside a recording. The sequence of one
-/// callable's capture, snapshotted.
+/// callable's capture, snapshotted. And a capture that takes long says so: `info` lines of
+/// target `burn_graphed::progress` with the phase and the time so far, then the time it took
+/// (here after no time at all, `testing::set_capture_progress`).
 #[test]
 fn capture_announces_its_phases() {
     use std::sync::Mutex;
     use std::thread::ThreadId;
 
     static EVENTS: Mutex<Vec<(ThreadId, String)>> = Mutex::new(Vec::new());
+    static PROGRESS: Mutex<Vec<String>> = Mutex::new(Vec::new());
     struct Phases;
     impl log::Log for Phases {
         fn enabled(&self, metadata: &log::Metadata) -> bool {
-            metadata.target() == "burn_graphed::capture"
+            matches!(
+                metadata.target(),
+                "burn_graphed::capture" | "burn_graphed::progress"
+            )
         }
         fn log(&self, record: &log::Record) {
-            if self.enabled(record.metadata()) {
-                let event = (std::thread::current().id(), record.args().to_string());
-                EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+            let line = record.args().to_string();
+            match record.target() {
+                "burn_graphed::capture" => {
+                    let event = (std::thread::current().id(), line);
+                    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+                }
+                "burn_graphed::progress" => PROGRESS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(line),
+                _ => {}
             }
         }
         fn flush(&self) {}
@@ -227,6 +241,10 @@ fn capture_announces_its_phases() {
     // arguments and reaches the logger, in every test running meanwhile.
     let _ = log::set_logger(&Phases);
     log::set_max_level(log::LevelFilter::Debug);
+    burn_graphed::testing::set_capture_progress(
+        std::time::Duration::ZERO,
+        std::time::Duration::from_secs(3600),
+    );
 
     fn forward(model: &burn::nn::Linear, x: Tensor<2>) -> Tensor<2> {
         model.forward(x)
@@ -238,7 +256,25 @@ fn capture_announces_its_phases() {
         burn_graphed::Graphed::new(model, forward, sample, &burn_graphed::GraphedConfig::new())
             .expect("capture");
     log::set_max_level(log::LevelFilter::Off);
+    burn_graphed::testing::set_capture_progress(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(5),
+    );
     assert!(graphed.summary().graphed, "wgpu captures");
+    // Other tests' captures may report meanwhile too: a report and an end of a callable's
+    // capture, in that order, are what this one must have written at least.
+    let progress = PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let callable = "burn-graphed: capturing a graphed callable: ";
+    let report = progress
+        .iter()
+        .position(|line| line.starts_with(callable) && line.contains(" s so far"));
+    let end = progress
+        .iter()
+        .rposition(|line| line.starts_with(callable) && line.contains("done in"));
+    assert!(
+        matches!((report, end), (Some(r), Some(e)) if r < e),
+        "{progress:#?}"
+    );
     let me = std::thread::current().id();
     let phases: Vec<String> = EVENTS
         .lock()

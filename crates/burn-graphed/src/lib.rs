@@ -186,4 +186,11 @@ pub mod testing {
     pub fn fused_ops() -> usize {
         crate::cube::fused_norm_forwards()
     }
+
+    /// Captures from now on write their progress lines (`log` target
+    /// `burn_graphed::progress`) after `first` and every `every`, in place of one second and
+    /// five: a test's way to see a short capture report.
+    pub fn set_capture_progress(first: std::time::Duration, every: std::time::Duration) {
+        crate::cube::set_progress_intervals(first, every)
+    }
 }

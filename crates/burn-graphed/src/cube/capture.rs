@@ -17,6 +17,7 @@ use super::buffers::{
 use super::copy_op::copy_to_new;
 use super::graphs::Graphs;
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
+use super::progress::CaptureProgress;
 use super::session::{GroupLinks, Session, SessionState};
 use super::validate::validate_forward;
 use super::values::{CapturedGroup, CapturedMember};
@@ -310,6 +311,10 @@ pub(crate) fn capture_group(
         .and_then(|m| m.sample.as_ref())
         .and_then(|s| s.first())
         .ok_or(GraphedError::NoInputs)?;
+    let _progress = CaptureProgress::start(match members.len() {
+        1 => "burn-graphed: capturing a graphed callable".to_string(),
+        n => format!("burn-graphed: capturing a group of {n} graphed callables"),
+    });
     under_capture_lock(first, |dispatch, cube_device| {
         capture_locked(members, config, dispatch, cube_device)
     })
@@ -711,6 +716,7 @@ pub(crate) fn capture_inference(
 ) -> Result<CapturedGroup<Graphs>, GraphedError> {
     let sample = member.sample.as_ref().ok_or(GraphedError::NoInputs)?;
     let first = sample.first().ok_or(GraphedError::NoInputs)?;
+    let _progress = CaptureProgress::start("burn-graphed: capturing an inference graph");
     under_capture_lock(first, |dispatch, cube_device| {
         inference_locked(member, sample, config, dispatch, cube_device)
     })

@@ -125,8 +125,10 @@ impl Drop for Recording<'_> {
 /// the next kernel launches and warnings belong to: cubecl's autotuner, for one, reports only as
 /// a `log` warning a key it had to decide unmeasured because profiling is refused while a
 /// graph records (the bench's `warn_log`).
+/// The capture's progress reports name it too ([`super::progress`]).
 pub(super) fn announce(phase: impl std::fmt::Display) {
     log::debug!(target: "burn_graphed::capture", "{phase}");
+    super::progress::phase(phase);
 }
 
 pub(super) fn capture_error(

@@ -45,6 +45,8 @@ mod norm_op;
 #[cfg(feature = "cube")]
 mod param_claim;
 #[cfg(feature = "cube")]
+mod progress;
+#[cfg(feature = "cube")]
 mod random_op;
 #[cfg(feature = "cube")]
 mod random_state;
@@ -83,12 +85,12 @@ pub(crate) use self::{
 
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
-pub(crate) use self::row_kernels::forwards as fused_norm_forwards;
+pub(crate) use self::{
+    progress::set_intervals as set_progress_intervals, row_kernels::forwards as fused_norm_forwards,
+};
 
 #[cfg(not(feature = "cube"))]
 mod stand_in;
-#[cfg(all(not(feature = "cube"), feature = "testing"))]
-pub(crate) use stand_in::fused_norm_forwards;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
@@ -96,6 +98,8 @@ pub(crate) use stand_in::{
     collective_buffer, cross_entropy_rows, enable_kernel_cache, norm, small_linear,
     supports_graphs,
 };
+#[cfg(all(not(feature = "cube"), feature = "testing"))]
+pub(crate) use stand_in::{fused_norm_forwards, set_progress_intervals};
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]
 pub(crate) const SMALL_LINEAR_ROWS: usize = 0;

@@ -271,6 +271,10 @@ pub(crate) fn fused_norm_forwards() -> usize {
     0
 }
 
+/// Without cubecl nothing is captured, so nothing reports progress.
+#[cfg(feature = "testing")]
+pub(crate) fn set_progress_intervals(_first: std::time::Duration, _every: std::time::Duration) {}
+
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn cross_entropy_rows(
     logits: burn::backend::DispatchTensor,

@@ -24,6 +24,7 @@ use super::capture::{
 };
 use super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
 use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
+use super::progress::CaptureProgress;
 use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};
 use super::validate::first_difference;
 use super::values::{Bucket, BucketLayout, StepCut};
@@ -841,6 +842,10 @@ pub(crate) fn capture_step(
     cut: StepCut,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
+    let _progress = CaptureProgress::start(match cut {
+        StepCut::Whole => "burn-graphed: capturing a whole training step",
+        StepCut::AtBucket => "burn-graphed: capturing a data-parallel training step",
+    });
     let _lock = lock(&CAPTURE_LOCK);
     let generators = random_state::save();
     Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
