@@ -58,9 +58,9 @@ fn case(shape: &[usize], beta: bool) -> Case {
 }
 
 /// Rows a chunk of the fused kernel's parameter-gradient sums runs down in order, for `rows`
-/// rows (`cube/norm_op.rs`: at most 128 chunks); the chunks' sums are then added by burn's sum.
+/// rows (the library's own count); the chunks' sums are then added by burn's sum.
 fn rows_per_chunk(rows: usize) -> usize {
-    rows.div_ceil(128).max(1)
+    burn_graphed::testing::norm_rows_per_chunk(rows)
 }
 
 /// The exact forward and gradients of a layer norm over rows of `width`: `(y, dx, dgamma,

@@ -245,13 +245,15 @@ case "$mode" in
       # A line with the seconds since the start every BURN_GRAPHED_HEARTBEAT seconds (default
       # 60) in every log, so that a log cut off by a time limit tells a slow test from a stuck
       # one.
-      # The sleep runs in the background of the loop so that the kill below ends it too (a
-      # sleep left behind would hold the caller's output open until it ran out).
+      # The sleep runs in the background of the loop so that the kill below ends it too, and
+      # without the caller's output: a TERM between `sleep &` and `nap=$!` (the trap runs
+      # between the two) leaves it behind, and with the output it would hold the caller's
+      # pipe open until it ran out (an xtask test waited out a 600 s heartbeat that way).
       # Its own EXIT trap reset: bash may run the script's (which removes $work) in a subshell
       # that a TERM trap ends.
       (trap - EXIT; trap 'kill "$nap" 2>/dev/null; exit 0' TERM
        while :; do
-         sleep "${BURN_GRAPHED_HEARTBEAT:-60}" & nap=$!
+         sleep "${BURN_GRAPHED_HEARTBEAT:-60}" </dev/null >/dev/null 2>&1 & nap=$!
          wait "$nap"
          line="[run.sh: $(( $(date +%s) - start ))s]"
          printf '\n%s\n' "$line"

@@ -187,6 +187,13 @@ pub mod testing {
         crate::cube::fused_norm_forwards()
     }
 
+    /// Rows per chunk of the fused layer and RMS norms' parameter-gradient sums over `rows`
+    /// rows: each chunk sums its rows in order in `f32`, then burn's sum adds the chunks (the
+    /// order a test's rounding bound follows).
+    pub fn norm_rows_per_chunk(rows: usize) -> usize {
+        crate::cube::norm_rows_per_chunk(rows)
+    }
+
     /// Captures from now on write their progress lines (`log` target
     /// `burn_graphed::progress`) after `first` and every `every`, in place of one second and
     /// five: a test's way to see a short capture report.

@@ -86,7 +86,9 @@ pub(crate) use self::{
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
-    progress::set_intervals as set_progress_intervals, row_kernels::forwards as fused_norm_forwards,
+    norm_op::grad_rows_per_chunk as norm_rows_per_chunk,
+    progress::set_intervals as set_progress_intervals,
+    row_kernels::forwards as fused_norm_forwards,
 };
 
 #[cfg(not(feature = "cube"))]
@@ -99,7 +101,7 @@ pub(crate) use stand_in::{
     supports_graphs,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
-pub(crate) use stand_in::{fused_norm_forwards, set_progress_intervals};
+pub(crate) use stand_in::{fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals};
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]
 pub(crate) const SMALL_LINEAR_ROWS: usize = 0;

@@ -240,6 +240,13 @@ fn rows_of(shape: &Shape) -> usize {
     shape.num_elements().checked_div(width).unwrap_or(0)
 }
 
+/// Rows per chunk of the parameter gradients' partial sums over `rows` rows: each chunk's sum
+/// runs down its rows in order (`burn_graphed::testing`, for the tests' rounding bound).
+#[cfg(feature = "testing")]
+pub(crate) fn grad_rows_per_chunk(rows: usize) -> usize {
+    grad_chunks(rows).1
+}
+
 /// `(chunks, rows per chunk)` of the parameter gradients' partial sums over `rows` rows.
 fn grad_chunks(rows: usize) -> (usize, usize) {
     let per_chunk = rows.div_ceil(GRAD_CHUNKS).max(1);

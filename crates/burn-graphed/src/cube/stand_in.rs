@@ -271,6 +271,12 @@ pub(crate) fn fused_norm_forwards() -> usize {
     0
 }
 
+/// Without cubecl no norm is fused: its sums are burn's, one chunk of every row.
+#[cfg(feature = "testing")]
+pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
+    rows.max(1)
+}
+
 /// Without cubecl nothing is captured, so nothing reports progress.
 #[cfg(feature = "testing")]
 pub(crate) fn set_progress_intervals(_first: std::time::Duration, _every: std::time::Duration) {}
