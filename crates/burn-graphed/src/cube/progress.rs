@@ -209,6 +209,11 @@ mod tests {
 
     static LINES: Lines = Lines(Mutex::new(Vec::new()));
 
+    /// A capture of `what` that ends long before it would report.
+    fn quiet(what: &str) -> CaptureProgress {
+        CaptureProgress::start_with(what, Duration::from_secs(60), Duration::from_secs(60))
+    }
+
     fn lines_of(what: &str) -> Vec<String> {
         let _ = log::set_logger(&LINES);
         log::set_max_level(log::LevelFilter::Info);
@@ -249,11 +254,7 @@ mod tests {
     #[test]
     fn a_short_capture_says_nothing() {
         lines_of("");
-        let progress = CaptureProgress::start_with(
-            "test capture B",
-            Duration::from_secs(60),
-            Duration::from_secs(60),
-        );
+        let progress = quiet("test capture B");
         phase("forward capture");
         let started = Instant::now();
         drop(progress);
@@ -265,17 +266,9 @@ mod tests {
     #[test]
     fn an_inner_capture_hands_the_phase_back() {
         lines_of("");
-        let outer = CaptureProgress::start_with(
-            "test capture C",
-            Duration::from_secs(60),
-            Duration::from_secs(60),
-        );
+        let outer = quiet("test capture C");
         {
-            let _inner = CaptureProgress::start_with(
-                "test capture D",
-                Duration::from_secs(60),
-                Duration::from_secs(60),
-            );
+            let _inner = quiet("test capture D");
             phase("inner phase");
         }
         phase("outer phase");
