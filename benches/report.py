@@ -308,6 +308,25 @@ def fused_layers_table(rows):
     return "\n".join(out) + "\n"
 
 
+def launches_table(rows):
+    # The kernel nodes of each graphed row's graphs ("graph_kernel_nodes": Burn's from
+    # `stats().graphs`, PyTorch's from the kept cudaGraph_t, both counted with cuGraphGetNodes
+    # and cuGraphNodeGetType), its median time and the time per kernel node: on the GPU a
+    # dependent kernel node costs about a microsecond of its own, so the count bounds a small
+    # model's step from below. A Burn row's check column is its value check.
+    out = header("| model | dtype | side | mode | kernel nodes | median | us per kernel node "
+                 "| checks |")
+    counted = sorted((r for r in rows if "graph_kernel_nodes" in r),
+                     key=lambda r: (r["model"], r["dtype"], r["mode"], r["framework"]))
+    for r in counted:
+        nodes = r["graph_kernel_nodes"]
+        per_node = num(r["median_us"] / nodes, ".2f") if nodes else "-"
+        checks = check_cell(r) if r["framework"] == "burn" else "-"
+        out.append(f"| {r['model']} | {r['dtype']} | {r['framework']} | {r['mode']} | {nodes} "
+                   f"| {r['median_us']:.0f} us | {per_node} | {checks} |")
+    return "\n".join(out) + "\n"
+
+
 def has_whole_step(rows):
     return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
 
@@ -808,6 +827,9 @@ def sections(paths):
     if has_ddp:
         out["ddp"] = ("Data parallel (each rank a batch of the model's size; efficiency: "
                       "samples/s over ranks x the 1-GPU baseline's)", ddp_table(data_parallel))
+    if any("graph_kernel_nodes" in r for r in rows + inference):
+        out["launches"] = ("Kernel nodes per graph (launches per replay)",
+                           launches_table(rows + inference))
     if failed:
         out["failed"] = ("Failed runs", failed_table(failed))
     return out, rows, device

@@ -78,6 +78,7 @@ capture stream) then land in every row that needs them instead of only the first
 process, and the two sides' memory columns mean the same thing.
 """
 import argparse
+import ctypes
 import datetime
 import gc
 import inspect
@@ -361,6 +362,52 @@ class WholeStep(NamedTuple):
     optimizer: torch.optim.Optimizer
 
 
+# The kernel nodes of the graph the last setup captured (`kept_graph`, `note_kernel_nodes`),
+# for its row: what burn-graphed's rows count as "graph_kernel_nodes", counted the same way.
+GRAPH_KERNEL_NODES = None
+
+
+def kept_graph():
+    """A CUDAGraph that keeps its cudaGraph_t after capture, so that its nodes can be counted
+    (`keep_graph`, PyTorch 2.8 and later); a plain one where this PyTorch has no such option."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return torch.cuda.CUDAGraph()
+
+
+def note_kernel_nodes(graph):
+    """Counts the kernel nodes of `graph` (from `kept_graph`, captured) through the CUDA
+    driver, as burn-graphed counts its own (cuGraphGetNodes, cuGraphNodeGetType), into
+    GRAPH_KERNEL_NODES; then instantiates it. None where the graph was not kept."""
+    global GRAPH_KERNEL_NODES
+    GRAPH_KERNEL_NODES = None
+    raw = getattr(graph, "raw_cuda_graph", None)
+    try:
+        handle = ctypes.c_void_p(raw()) if raw else None
+    except RuntimeError:
+        handle = None
+    if handle and handle.value:
+        driver = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_size_t(0)
+        if driver.cuGraphGetNodes(handle, None, ctypes.byref(count)) == 0:
+            nodes = (ctypes.c_void_p * count.value)()
+            if driver.cuGraphGetNodes(handle, nodes, ctypes.byref(count)) == 0:
+                kind = ctypes.c_int(-1)
+                kernels = 0
+                for node in nodes[:count.value]:
+                    if driver.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) != 0:
+                        kernels = None
+                        break
+                    kernels += kind.value == 0  # CU_GRAPH_NODE_TYPE_KERNEL
+                GRAPH_KERNEL_NODES = kernels
+    if hasattr(graph, "instantiate"):
+        try:
+            graph.instantiate()
+        except RuntimeError:
+            pass  # not kept: instantiated at capture end already
+
+
 def whole_step_setup(spec, model, inputs, fused, warmup=WARMUP_STEPS, stream=None):
     """Whole-network capture as PyTorch documents it (notes/cuda.rst, "Whole-network
     capture"): `warmup` full steps on a side stream, then forward, loss, backward and the
@@ -385,11 +432,12 @@ def whole_step_setup(spec, model, inputs, fused, warmup=WARMUP_STEPS, stream=Non
     # Gradients set to None before the capture, so that backward allocates them from the
     # graph's private pool (the docs' recipe); replays then overwrite them in place.
     optimizer.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
+    graph = kept_graph()
     with torch.cuda.graph(graph, stream=stream):
         static_loss = loss_of(spec, model, static_batch)
         static_loss.backward()
         optimizer.step()
+    note_kernel_nodes(graph)
     return WholeStep(graph, static_batch, lr, static_loss, optimizer)
 
 
@@ -442,9 +490,10 @@ def inference_capture(model, args):
             for _ in range(WARMUP_STEPS):
                 model(*static_args)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        graph = kept_graph()
         with torch.cuda.graph(graph):
             static_out = model(*static_args)
+        note_kernel_nodes(graph)
     return InferenceGraph(graph, static_args, static_out, model)
 
 
@@ -518,6 +567,8 @@ def run(key, mode, dtype, steps, reps):
     size = batch_size_of(mode)
     new_inputs = lambda: [spec.batch(dtype) if size is None else spec.batch(dtype, size)
                           for _ in range(4)]
+    global GRAPH_KERNEL_NODES
+    GRAPH_KERNEL_NODES = None
     extra = {}
     if mode in FIRST_STEP_OF:
         first, step = first_step(mode, spec, new_model, new_inputs)
@@ -537,6 +588,8 @@ def run(key, mode, dtype, steps, reps):
             return
         del model, inputs
         median, p10, p90 = time_steps(step, steps, reps)
+    if GRAPH_KERNEL_NODES is not None and mode not in FIRST_STEP_OF:
+        extra["graph_kernel_nodes"] = GRAPH_KERNEL_NODES
     reserved = (torch.cuda.memory_reserved() - before) / 2**20
     peak_allocated = (torch.cuda.max_memory_allocated() - before_allocated) / 2**20
     print(json.dumps({

@@ -86,6 +86,9 @@
 //! failed check prints a failure row (`"error"`, no times) instead of the timing row and
 //! exits with status 3; so does a fault-injection mode whose check passes, since its check must
 //! fail (it shows what the copies it skips protect).
+//! `BURN_GRAPHED_DOT_DIR=DIR` writes every graph the run captures to `DIR` as Graphviz DOT
+//! (`burn_graphed::write_graphs_as_dot`; CUDA).
+//!
 //! `BURN_GRAPHED_CHECK_DUMP=DIR` writes each check's losses and small parameters to `DIR`, for
 //! `benches/check_dump_compare.py` to set a bf16 run beside an f32 run of the same model.
 
@@ -340,6 +343,23 @@ struct Row {
     single: bool,
     /// Data-parallel runs: the number of ranks (the row then has `samples_per_s` too).
     ranks: Option<(usize, usize)>,
+    /// Graphed runs on CUDA: the kernel nodes of the graphs the timed steps replayed
+    /// ([`note_graphs`]); the launches of a step outside its graphs are not counted.
+    graph_kernel_nodes: Option<usize>,
+}
+
+/// The kernel nodes of the graphs of the last timed run, for its row ([`Row::timed`]).
+static GRAPH_KERNEL_NODES: std::sync::Mutex<Option<usize>> = std::sync::Mutex::new(None);
+
+/// Notes the kernel nodes of `graphs` (a timed run's `stats().graphs`) for the run's row;
+/// nothing where a graph does not say (wgpu) or there are none.
+fn note_graphs(graphs: &[burn_graphed::GraphContents]) {
+    let kernels = graphs
+        .iter()
+        .map(|g| g.nodes.map(|n| n.kernels))
+        .sum::<Option<usize>>()
+        .filter(|_| !graphs.is_empty());
+    *GRAPH_KERNEL_NODES.lock().unwrap_or_else(|e| e.into_inner()) = kernels;
 }
 
 impl Row {
@@ -395,8 +415,11 @@ impl Row {
                 (ranks * batch) as f64 * 1e6 / self.median_us
             )
         });
+        let nodes = self
+            .graph_kernel_nodes
+            .map_or_else(String::new, |n| format!(", \"graph_kernel_nodes\": {n}"));
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}{nodes}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -952,6 +975,10 @@ impl Row {
             autotune_unmeasured,
             single: false,
             ranks: None,
+            graph_kernel_nodes: GRAPH_KERNEL_NODES
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
         }
     }
 }
@@ -1205,6 +1232,7 @@ where
     burn_graphed::testing::time_phases(false);
     let stats = graphed.stats();
     assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    note_graphs(&stats.graphs);
     if graphed.summary().graphed {
         let calls = (WARM_UP + options.reps * options.steps) as u64;
         assert!(stats.forward_replays >= calls, "{label}: {stats:?}");
@@ -1254,6 +1282,7 @@ where
     );
     let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
     assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    note_graphs(&stats.graphs);
     eprintln!("# {label}: {stats:?}");
     // What the capture added to the pools and what its static buffers take: the graphed part
     // of the memory column.
@@ -1311,6 +1340,7 @@ where
     );
     let stats = step.stats();
     assert_eq!(stats.total_eager(), 0, "{stats:?}");
+    note_graphs(&stats.graphs);
     eprintln!("# {label}: {stats:?}");
     assert_ran(&step.module(), label);
     per_step
@@ -1431,6 +1461,7 @@ where
         autotune_unmeasured: 0,
         single: true,
         ranks: None,
+        graph_kernel_nodes: None,
     }
 }
 
@@ -2235,6 +2266,9 @@ fn main() {
         return;
     }
     remove_fusion_optimizations(&options.fusion_removed);
+    if let Some(dir) = std::env::var_os("BURN_GRAPHED_DOT_DIR") {
+        burn_graphed::write_graphs_as_dot(Some(dir.into()));
+    }
     // Built without `cuda` (a smoke run of the bench itself), the default device.
     #[cfg(feature = "cuda")]
     let mut base = Device::cuda(0);

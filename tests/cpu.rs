@@ -54,6 +54,7 @@ on_devices! {
     cross_entropy_graphed_matches_eager => scenarios::fused_loss::cross_entropy_graphed_matches_eager;
     fused_model_whole_step_matches_eager => scenarios::fused_loss::fused_model_whole_step_matches_eager;
     mlp_training_matches_eager => |d| scenarios::mlp_training_matches_eager(d, 5);
+    graphs_say_what_they_hold => |d| scenarios::inspect::graphs_say_what_they_hold(d, false), needs_graphs: "Flex captures no graphs: there is nothing to list";
     loss_inside_callable_matches_eager => |d| scenarios::loss_inside_callable_matches_eager(d, 4);
     multi_io_matches_eager => |d| scenarios::multi_io_matches_eager(d, 3);
     input_gradient_matches_eager => scenarios::input_gradient_matches_eager;

@@ -356,6 +356,12 @@ fn other_thread_runs_eagerly() {
     scenarios::robust::other_thread_runs_eagerly(&cuda());
 }
 
+/// On CUDA every graph says what it holds (the carried cubecl-cuda patch) and writes its DOT.
+#[test]
+fn graphs_say_what_they_hold() {
+    scenarios::inspect::graphs_say_what_they_hold(&cuda(), true);
+}
+
 #[test]
 fn prepare_captures_ahead() {
     scenarios::robust::prepare_captures_ahead(&cuda());

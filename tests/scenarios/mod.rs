@@ -15,6 +15,7 @@ pub mod fused_norm;
 pub mod group;
 pub mod guarded;
 pub mod inference;
+pub mod inspect;
 #[cfg(feature = "train")]
 pub mod learner;
 pub mod low_precision;

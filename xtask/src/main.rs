@@ -19,6 +19,8 @@
 #[cfg(test)]
 mod layers;
 mod local;
+#[cfg(test)]
+mod vendor;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};

@@ -759,6 +759,7 @@ where
         if let Some(cache) = &self.shared.graphs {
             for graphs in lock(cache).values() {
                 stats.add_replays(&graphs.stats());
+                stats.graphs.extend_from_slice(graphs.contents());
             }
         }
         stats

@@ -139,7 +139,10 @@ pub use optim::{FusedAdam, FusedAdamConfig};
 pub use ranks::RankGroup;
 pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
-pub use stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared, StepStats};
+pub use stats::{
+    CaptureSummary, FallbackReason, GraphContents, GraphMemory, GraphNodes, GraphStats, Prepared,
+    StepStats,
+};
 pub use step::GraphedStep;
 pub use step_optim::{
     BurnConfig, Clipping, IntoStepOptimizer, SgdMomentum, StepOptimizer, clip_grad_norm,
@@ -164,6 +167,16 @@ pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), Graphe
     } else {
         Err(GraphedError::KernelCacheTooLate)
     }
+}
+
+/// Writes every graph captured from now on, in this process, as a Graphviz DOT file
+/// `dir/<process id>-NNNN-<phase>.dot` (numbered in capture order), with each node's kernel
+/// name and launch parameters, as PyTorch's `CUDAGraph.debug_dump` writes, and names the file
+/// in the graph's [`GraphContents::dot`]; `None` stops. CUDA only: wgpu's software graphs
+/// write nothing. A file that cannot be written is a warning of log target
+/// `burn_graphed::capture`, never an error of the capture.
+pub fn write_graphs_as_dot(dir: Option<std::path::PathBuf>) {
+    cube::write_graphs_as_dot(dir)
 }
 
 /// Whether graphed calls on `device` capture and replay graphs (burn's cubecl backends, CUDA

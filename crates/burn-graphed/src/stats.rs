@@ -129,6 +129,9 @@ pub struct GraphStats {
     pub grad_copies: u64,
     /// Calls that ran eagerly, by reason.
     pub fallbacks: BTreeMap<FallbackReason, u64>,
+    /// The graphs held now: per input signature in the shape cache, the forward graph and (for
+    /// training calls) the backward graph.
+    pub graphs: Vec<GraphContents>,
 }
 
 impl GraphStats {
@@ -199,6 +202,46 @@ impl GraphMemory {
     }
 }
 
+/// The nodes of one captured graph, by type, as the CUDA driver reports them.
+///
+/// A graph replays its nodes in dependency order; burn-graphed records on one stream, so each
+/// node waits for the one before it, and on the GPU each dependent kernel node costs about a
+/// microsecond of its own: `kernels` is the count that bounds a small model's replay from
+/// below.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphNodes {
+    /// Kernel launches.
+    pub kernels: usize,
+    /// Memory copies.
+    pub copies: usize,
+    /// Memory sets.
+    pub sets: usize,
+    /// Every other node (events, host calls, empty nodes, child graphs).
+    pub other: usize,
+}
+
+impl GraphNodes {
+    /// All nodes.
+    pub fn total(&self) -> usize {
+        self.kernels + self.copies + self.sets + self.other
+    }
+}
+
+/// One captured graph: which recording made it, what it holds, and where its Graphviz dump
+/// went ([`write_graphs_as_dot`](crate::write_graphs_as_dot)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphContents {
+    /// The recording: [`CapturePhase::Forward`](crate::CapturePhase::Forward),
+    /// [`Backward`](crate::CapturePhase::Backward) or [`Step`](crate::CapturePhase::Step).
+    pub phase: crate::CapturePhase,
+    /// Its nodes; `None` where the backend does not say (wgpu's software graphs) or the driver
+    /// refused to (a warning of log target `burn_graphed::capture` says why).
+    pub nodes: Option<GraphNodes>,
+    /// The DOT file written for it, when [`write_graphs_as_dot`](crate::write_graphs_as_dot)
+    /// was on at its capture and the driver wrote it.
+    pub dot: Option<std::path::PathBuf>,
+}
+
 /// What a [`GraphedStep`](crate::GraphedStep) has done so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepStats {
@@ -210,6 +253,9 @@ pub struct StepStats {
     pub input_copies: u64,
     /// The shape cache of the step's graphs.
     pub shape_cache: crate::shape_cache::ShapeCacheStats,
+    /// The graphs held now: per input signature in the shape cache, the whole step's graph (or,
+    /// for a data-parallel step, its gradient half and its update half).
+    pub graphs: Vec<GraphContents>,
 }
 
 impl StepStats {

@@ -868,6 +868,10 @@ where
         let mut stats = self.stats.clone();
         if let Some(cache) = self.engine.as_ref().and_then(|e| e.graphs.as_ref()) {
             stats.shape_cache = cache.stats().clone();
+            stats.graphs = cache
+                .values()
+                .flat_map(|graph| graph.contents().iter().cloned())
+                .collect();
         }
         stats
     }

@@ -127,6 +127,9 @@ pub struct NvptxModule {
 
 /// What a compilation produces. No value of it is ever constructed by this shim.
 #[derive(Clone, Debug)]
+// The real crate has other artifacts, and cubecl-cuda's match has an arm for them: without
+// `non_exhaustive` that arm is unreachable here, a warning in a workspace that denies them.
+#[non_exhaustive]
 pub enum PlironArtifact {
     /// PTX for the CUDA driver.
     NvptxCode(NvptxModule),

@@ -5,8 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{
-    AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchGraph, DispatchTensor,
-    TensorMetadata,
+    AutodiffBackend, Backend, Cube, Dispatch, DispatchDevice, DispatchTensor, TensorMetadata,
 };
 use burn::tensor::Tensor;
 
@@ -16,7 +15,9 @@ use super::buffers::{
 };
 use super::copy_op::copy_to_new;
 use super::graphs::Graphs;
-use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
+use super::lifecycle::{
+    Preparation, RecordedGraph, capture_error, forget_unrun_metadata, materialize,
+};
 use super::progress::CaptureProgress;
 use super::session::{GroupLinks, Session, SessionState};
 use super::validate::validate_forward;
@@ -164,7 +165,7 @@ struct Recorded<'a> {
     /// the backward capture.
     grad_outputs: Vec<DispatchTensor>,
     outputs: Vec<FlatTensor>,
-    forward: Option<DispatchGraph>,
+    forward: Option<RecordedGraph>,
     /// Whether the call trains (a backward follows its forward); `false` for an inference
     /// call, whose outputs need no float among them and whose warm-ups run no backward.
     training: bool,
@@ -505,7 +506,7 @@ fn record_forward<'a>(
     // The autodiff graph built while recording is what the backward capture runs.
     let recording = prepared.record(CapturePhase::Forward)?;
     member_state.outputs = member_state.run(index, CapturePhase::Forward)?;
-    let forward = recording.stop(CapturePhase::Forward)?;
+    let (forward, contents) = recording.stop(CapturePhase::Forward)?;
     materialize(dispatch, &forward, CapturePhase::Forward)?;
     if config.validate_replay {
         validate_forward(
@@ -517,7 +518,7 @@ fn record_forward<'a>(
             || member_state.run(index, CapturePhase::Validation),
         )?;
     }
-    member_state.forward = Some(forward);
+    member_state.forward = Some((forward, contents));
     Ok(member_state)
 }
 
@@ -533,7 +534,7 @@ fn record_backward(
     (chained, alone): (bool, bool),
     config: &GraphedConfig,
     dispatch: &DispatchDevice,
-) -> Result<(DispatchGraph, Vec<Option<DispatchTensor>>), GraphedError> {
+) -> Result<(RecordedGraph, Vec<Option<DispatchTensor>>), GraphedError> {
     let prepared = Preparation::new(dispatch, CapturePhase::BackwardWarmup)?;
     // Before the warm-up: the recording must launch nothing the warm-up did not (the chained
     // member's gradient buffers can have other strides than zeros made here, and new strides
@@ -590,17 +591,17 @@ fn record_backward(
         }
         grads_of_member.push(grad);
     }
-    let backward = recording.stop(CapturePhase::Backward)?;
+    let (backward, contents) = recording.stop(CapturePhase::Backward)?;
     materialize(dispatch, &backward, CapturePhase::Backward)?;
     drop(grads);
-    Ok((backward, grads_of_member))
+    Ok(((backward, contents), grads_of_member))
 }
 
 /// The last phase: the static buffers of every recorded member (the ones two members share
 /// built once) and its session.
 fn assemble(
     recorded: Vec<Recorded<'_>>,
-    backwards: Vec<DispatchGraph>,
+    backwards: Vec<RecordedGraph>,
     parent_grads: &[Vec<Option<DispatchTensor>>],
     chained: &[bool],
     config: &GraphedConfig,
@@ -627,7 +628,9 @@ fn assemble(
     let links = Arc::new(GroupLinks::new(chained.to_vec()));
     let fault = crate::faults::injected();
     let mut members = Vec::with_capacity(recorded.len());
-    for (index, (member_state, backward)) in recorded.into_iter().zip(backwards).enumerate() {
+    for (index, (member_state, (backward, backward_contents))) in
+        recorded.into_iter().zip(backwards).enumerate()
+    {
         let input_buffers = if chained[index] {
             outputs[index - 1].clone()
         } else {
@@ -669,13 +672,15 @@ fn assemble(
             .iter()
             .map(FlatTensor::spec)
             .collect();
-        let forward = member_state.forward.ok_or_else(|| GraphedError::Capture {
-            phase: CapturePhase::Forward,
-            reason: "no forward graph was recorded".into(),
-        })?;
+        let (forward, forward_contents) =
+            member_state.forward.ok_or_else(|| GraphedError::Capture {
+                phase: CapturePhase::Forward,
+                reason: "no forward graph was recorded".into(),
+            })?;
         let session = Arc::new(Session {
             forward,
             backward: Some(backward),
+            contents: vec![forward_contents, backward_contents],
             device: cube_device.clone(),
             inputs: input_buffers,
             params: member_state
@@ -781,7 +786,7 @@ fn inference_locked(
     )?;
     let recording = prepared.record(CapturePhase::Forward)?;
     recorded.outputs = recorded.run(0, CapturePhase::Forward)?;
-    let forward = recording.stop(CapturePhase::Forward)?;
+    let (forward, contents) = recording.stop(CapturePhase::Forward)?;
     materialize(dispatch, &forward, CapturePhase::Forward)?;
     if config.validate_replay {
         validate_forward(
@@ -798,6 +803,7 @@ fn inference_locked(
     let session = Arc::new(Session {
         forward,
         backward: None,
+        contents: vec![contents],
         device: cube_device.clone(),
         inputs: recorded
             .static_inputs

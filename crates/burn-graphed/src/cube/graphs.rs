@@ -12,7 +12,7 @@ use super::session::Session;
 use super::values::Replayed;
 use crate::error::GraphedError;
 use crate::host_phases::{self, HostPhase};
-use crate::stats::{FallbackReason, GraphStats};
+use crate::stats::{FallbackReason, GraphContents, GraphStats};
 use crate::tensors::{ElementKind, FlatTensor};
 
 /// The forward and backward graphs of one captured callable, with their static buffers.
@@ -33,6 +33,11 @@ impl Graphs {
     /// Whether these are inference graphs (a forward graph alone).
     pub(crate) fn is_inference(&self) -> bool {
         self.0.backward.is_none()
+    }
+
+    /// What these graphs hold: the forward's, then the backward's.
+    pub(crate) fn contents(&self) -> &[GraphContents] {
+        &self.0.contents
     }
 
     /// Replays, copies and gradient copies of these graphs so far.

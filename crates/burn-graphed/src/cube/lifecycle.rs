@@ -6,6 +6,7 @@ use burn::backend::{Backend, Dispatch, DispatchDevice};
 use burn::tensor::Device;
 
 use crate::error::{CapturePhase, GraphedError};
+use crate::stats::GraphContents;
 
 /// Whether graphs can be captured on `device` (burn's cubecl backend).
 pub(crate) fn supports_graphs(device: &Device) -> bool {
@@ -67,6 +68,9 @@ impl Drop for Preparation<'_> {
     }
 }
 
+/// A recording's graph and what it holds.
+pub(super) type RecordedGraph = (burn::backend::DispatchGraph, GraphContents);
+
 /// Ends the capture on drop unless stopped: whatever happens inside the window (an error, a
 /// panic in user code), the stream leaves capture mode.
 pub(super) struct Recording<'a> {
@@ -76,6 +80,7 @@ pub(super) struct Recording<'a> {
 
 impl<'a> Recording<'a> {
     fn start(device: &'a DispatchDevice, phase: CapturePhase) -> Result<Self, GraphedError> {
+        super::inspect::forget();
         Dispatch::graph_start_capture(device).map_err(|error| GraphedError::Capture {
             phase,
             reason: error.to_string(),
@@ -84,20 +89,21 @@ impl<'a> Recording<'a> {
         Ok(Self { device, open: true })
     }
 
-    pub(super) fn stop(
-        mut self,
-        phase: CapturePhase,
-    ) -> Result<burn::backend::DispatchGraph, GraphedError> {
+    /// Ends the recording: its graph, and what the graph holds.
+    pub(super) fn stop(mut self, phase: CapturePhase) -> Result<RecordedGraph, GraphedError> {
         self.open = false;
+        super::inspect::before_stop(phase);
         let stopped = Dispatch::graph_stop_capture(self.device);
+        let contents = super::inspect::after_stop(phase);
         announce(format_args!("{phase} closed"));
-        stopped.map_err(|error| {
+        let graph = stopped.map_err(|error| {
             let mut reason = error.to_string();
             if reason.contains("CAPTURE_INVALIDATED") {
                 reason.push_str(INVALIDATED_HINT);
             }
             GraphedError::Capture { phase, reason }
-        })
+        })?;
+        Ok((graph, contents))
     }
 }
 

@@ -35,6 +35,8 @@ mod dense;
 #[cfg(feature = "cube")]
 mod graphs;
 #[cfg(feature = "cube")]
+mod inspect;
+#[cfg(feature = "cube")]
 mod kernel_cache;
 #[cfg(feature = "cube")]
 mod lifecycle;
@@ -75,6 +77,7 @@ pub(crate) use self::{
     copy_op::collective_buffer,
     cross_entropy_op::cross_entropy_rows,
     graphs::Graphs,
+    inspect::write_graphs_as_dot,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
     norm_op::norm,
@@ -98,7 +101,7 @@ pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
     collective_buffer, cross_entropy_rows, enable_kernel_cache, norm, small_linear,
-    supports_graphs,
+    supports_graphs, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals};

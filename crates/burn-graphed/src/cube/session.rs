@@ -10,7 +10,7 @@ use crate::config::OutputPolicy;
 use crate::error::GraphedError;
 use crate::faults::FaultInjection;
 use crate::host_phases::{self, HostPhase};
-use crate::stats::GraphStats;
+use crate::stats::{GraphContents, GraphStats};
 use crate::sync::lock;
 use crate::tensors::ElementKind;
 
@@ -23,6 +23,8 @@ pub(crate) struct Session {
     pub forward: DispatchGraph,
     /// `None` for an inference call's graphs (forward only).
     pub backward: Option<DispatchGraph>,
+    /// What the graphs hold: the forward's, then the backward's.
+    pub contents: Vec<GraphContents>,
     /// The device the graphs were captured on (without autodiff).
     pub device: <Cube as burn::backend::BackendTypes>::Device,
     /// One per flattened input. For a chained callable, the previous callable's outputs.

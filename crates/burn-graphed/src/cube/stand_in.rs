@@ -67,6 +67,10 @@ impl Graphs {
         GraphStats::default()
     }
 
+    pub(crate) fn contents(&self) -> &[crate::stats::GraphContents] {
+        &[]
+    }
+
     pub(crate) fn is_inference(&self) -> bool {
         false
     }
@@ -221,6 +225,10 @@ impl StepGraph {
         match *self {}
     }
 
+    pub(crate) fn contents(&self) -> &[crate::stats::GraphContents] {
+        match *self {}
+    }
+
     pub(crate) fn replay(
         &self,
         _micro_inputs: &[Vec<FlatTensor>],
@@ -255,6 +263,9 @@ pub(crate) fn capture_step(
 pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
     true
 }
+
+/// Nothing captures without the `cube` feature: there is no graph to write.
+pub(crate) fn write_graphs_as_dot(_dir: Option<std::path::PathBuf>) {}
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn norm(

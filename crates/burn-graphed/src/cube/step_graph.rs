@@ -34,6 +34,7 @@ use crate::config::GraphedConfig;
 use crate::error::{CapturePhase, GraphedError};
 use crate::faults::FaultInjection;
 use crate::params::ParamEntry;
+use crate::stats::GraphContents;
 use crate::step_optim::{Clipping, StepOptimizer};
 use crate::sync::lock;
 use crate::tensors::FlatTensor;
@@ -610,6 +611,9 @@ pub(crate) struct StepGraph {
     growth: u64,
     /// The fault injected at capture (tests only).
     fault: FaultInjection,
+    /// What the graphs hold: the whole step's (or the gradient half's, then the update
+    /// half's).
+    contents: Vec<GraphContents>,
 }
 
 /// The update half of a step cut at its bucket. Field order is drop order.
@@ -624,6 +628,11 @@ impl StepGraph {
     /// Bytes of the graph's input and loss buffers plus what the capture grew the pools by.
     pub(crate) fn held_bytes(&self) -> u64 {
         self.bytes + self.growth
+    }
+
+    /// What the step's graphs hold.
+    pub(crate) fn contents(&self) -> &[GraphContents] {
+        &self.contents
     }
 
     /// Copies the inputs in where they are not already in the static buffers, replays the
@@ -916,20 +925,20 @@ fn capture_locked(
     let eager_losses = warm_up(state, config, &restore, whole_step)?;
     restore()?;
     let recording = prepared.record(phase)?;
-    let (graph, losses, update) = match cut {
+    let (graph, losses, update, contents) = match cut {
         StepCut::Whole => {
             let (losses, queued) = state.body(run, &leaves, &autodiff_inputs, phase)?;
-            let graph = recording.stop(phase)?;
+            let (graph, contents) = recording.stop(phase)?;
             drop(queued);
             // The first run initializes the launch metadata the recording uploaded
             // (`materialize`); the snapshot puts the buffers back afterwards.
             materialize(dispatch, &graph, phase)?;
-            (graph, losses, None)
+            (graph, losses, None, vec![contents])
         }
         StepCut::AtBucket => {
             let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
             let bucket = state.fill_bucket(grads)?;
-            let graph = recording.stop(phase)?;
+            let (graph, contents) = recording.stop(phase)?;
             materialize(dispatch, &graph, phase)?;
             // The update half: warmed up and recorded on the bucket the gradient graph wrote.
             let prepared = Preparation::new(dispatch, warmup)?;
@@ -942,7 +951,7 @@ fn capture_locked(
             restore()?;
             let recording = prepared.record(phase)?;
             let queued = state.update(state.split_bucket(&bucket), phase)?;
-            let update = recording.stop(phase)?;
+            let (update, update_contents) = recording.stop(phase)?;
             drop(queued);
             materialize(dispatch, &update, phase)?;
             let update = UpdateGraph {
@@ -950,7 +959,7 @@ fn capture_locked(
                 bucket: StaticBuffer::new(static_fused(&bucket.tensor, phase)?),
                 layout: bucket.layout,
             };
-            (graph, losses, Some(update))
+            (graph, losses, Some(update), vec![contents, update_contents])
         }
     };
     if config.validate_replay {
@@ -987,6 +996,7 @@ fn capture_locked(
         bytes,
         growth,
         fault: crate::faults::injected(),
+        contents,
     })
 }
 
