@@ -238,6 +238,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let eager_us = median(eager_times.split_off(warmup));
     let graphed_us = median(graphed_times.split_off(warmup));
+    println!(
+        "first step: eager {:.2} s (compiling and tuning its kernels), one graph per step \
+         {:.2} s (capture included; kernels the eager steps compiled are reused)",
+        eager_times[0] / 1e6,
+        capture_ms / 1e3 + graphed_times[0] / 1e6
+    );
     println!("capture: {capture_ms:.0} ms (warm-ups, the recording, replay validation)");
     println!(
         "train step: eager {eager_us:.0} us, one graph per step {graphed_us:.0} us -> {:.2}x \
@@ -275,6 +281,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.input_copies,
         stats.total_eager()
     );
+    // On CUDA the step's graph says how many kernels a replay launches.
+    for graph in &stats.graphs {
+        if let Some(nodes) = graph.nodes {
+            println!("{}: {} kernel nodes", graph.phase, nodes.kernels);
+        }
+    }
     if worst > tolerance {
         return Err(format!("the graphed losses differ from eager by {worst:e}").into());
     }
