@@ -2,44 +2,9 @@
 
 use std::fmt;
 
+pub use crate::stats::CapturePhase;
 use crate::stats::FallbackReason;
 use crate::tensors::{FlatTensor, TensorSpec};
-
-/// Which step of a capture failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapturePhase {
-    /// Copying sample inputs and parameters into static buffers.
-    StaticBuffers,
-    /// Eager warm-up runs before the forward capture.
-    ForwardWarmup,
-    /// Recording the forward graph.
-    Forward,
-    /// Eager warm-up runs before the backward capture.
-    BackwardWarmup,
-    /// Recording the backward graph.
-    Backward,
-    /// Checking the forward graph against eager execution on new input values.
-    Validation,
-    /// Eager runs of a whole training step before its capture.
-    StepWarmup,
-    /// Recording a whole training step (forward, loss, backward, optimizer update).
-    Step,
-}
-
-impl fmt::Display for CapturePhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CapturePhase::StaticBuffers => "static-buffer setup",
-            CapturePhase::ForwardWarmup => "forward warm-up",
-            CapturePhase::Forward => "forward capture",
-            CapturePhase::BackwardWarmup => "backward warm-up",
-            CapturePhase::Backward => "backward capture",
-            CapturePhase::Validation => "replay validation",
-            CapturePhase::StepWarmup => "whole-step warm-up",
-            CapturePhase::Step => "whole-step capture",
-        })
-    }
-}
 
 /// Everything that can go wrong when capturing or calling a graphed callable.
 ///

@@ -1,4 +1,4 @@
-//! Counters of what graphed calls did, readable at any time.
+//! Counters of what graphed calls did, readable at any time, and what their captures hold.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -202,6 +202,43 @@ impl GraphMemory {
     }
 }
 
+/// A step of a capture: where one failed ([`GraphedError::Capture`](crate::GraphedError::Capture)),
+/// which recording made a graph ([`GraphContents::phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapturePhase {
+    /// Copying sample inputs and parameters into static buffers.
+    StaticBuffers,
+    /// Eager warm-up runs before the forward capture.
+    ForwardWarmup,
+    /// Recording the forward graph.
+    Forward,
+    /// Eager warm-up runs before the backward capture.
+    BackwardWarmup,
+    /// Recording the backward graph.
+    Backward,
+    /// Checking the forward graph against eager execution on new input values.
+    Validation,
+    /// Eager runs of a whole training step before its capture.
+    StepWarmup,
+    /// Recording a whole training step (forward, loss, backward, optimizer update).
+    Step,
+}
+
+impl fmt::Display for CapturePhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CapturePhase::StaticBuffers => "static-buffer setup",
+            CapturePhase::ForwardWarmup => "forward warm-up",
+            CapturePhase::Forward => "forward capture",
+            CapturePhase::BackwardWarmup => "backward warm-up",
+            CapturePhase::Backward => "backward capture",
+            CapturePhase::Validation => "replay validation",
+            CapturePhase::StepWarmup => "whole-step warm-up",
+            CapturePhase::Step => "whole-step capture",
+        })
+    }
+}
+
 /// The nodes of one captured graph, by type, as the CUDA driver reports them.
 ///
 /// A graph replays its nodes in dependency order; burn-graphed records on one stream, so each
@@ -231,9 +268,9 @@ impl GraphNodes {
 /// went ([`write_graphs_as_dot`](crate::write_graphs_as_dot)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphContents {
-    /// The recording: [`CapturePhase::Forward`](crate::CapturePhase::Forward),
-    /// [`Backward`](crate::CapturePhase::Backward) or [`Step`](crate::CapturePhase::Step).
-    pub phase: crate::CapturePhase,
+    /// The recording: [`CapturePhase::Forward`](CapturePhase::Forward),
+    /// [`Backward`](CapturePhase::Backward) or [`Step`](CapturePhase::Step).
+    pub phase: CapturePhase,
     /// Its nodes; `None` where the backend does not say (wgpu's software graphs) or the driver
     /// refused to (a warning of log target `burn_graphed::capture` says why).
     pub nodes: Option<GraphNodes>,
