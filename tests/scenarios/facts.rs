@@ -93,9 +93,11 @@ pub fn structural_facts(device: &Device) {
     writeln!(
         facts,
         "after two calls with the same inputs: {:?}",
-        graphed.stats()
+        super::counters(graphed.stats())
     )
     .unwrap();
+    let held: Vec<_> = graphed.stats().graphs.iter().map(|g| g.phase).collect();
+    writeln!(facts, "graphs held: {held:?}").unwrap();
     // Eval: eager on the inner device.
     let inner = device.clone().inner();
     let _ = graphed
@@ -228,7 +230,7 @@ pub fn structural_facts(device: &Device) {
     )
     .unwrap();
     assert_eq!(
-        vec_inputs.stats(),
+        super::counters(vec_inputs.stats()),
         Default::default(),
         "a call refused for its input count runs nothing"
     );

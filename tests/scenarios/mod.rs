@@ -869,6 +869,15 @@ pub fn capture_mlp(model: Mlp, sample: Tensor<2>) -> Graphed<Mlp, Tensor<2>, Ten
     Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture")
 }
 
+/// The counters of `stats`, without its list of graphs (which a capture fills, and whose node
+/// counts only CUDA gives): what "counts nothing" and the backend-neutral snapshots compare.
+pub fn counters(stats: burn_graphed::GraphStats) -> burn_graphed::GraphStats {
+    burn_graphed::GraphStats {
+        graphs: Vec::new(),
+        ..stats
+    }
+}
+
 /// Whether `device` records graphs (burn-graphed's answer for the backend, not a probe
 /// capture: a probe that failed would answer "no" and skip the caller's graphed checks).
 pub fn supports_graphs(device: &Device) -> bool {

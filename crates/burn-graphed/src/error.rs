@@ -1,7 +1,5 @@
 //! The error type of every fallible operation in this crate.
 
-use std::fmt;
-
 pub use crate::stats::CapturePhase;
 use crate::stats::FallbackReason;
 use crate::tensors::{FlatTensor, TensorSpec};

@@ -84,6 +84,10 @@ unsafe fn count_nodes(graph: CUgraph) -> Result<GraphNodes, String> {
     unsafe { cudarc::driver::sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }
         .result()
         .map_err(|err| format!("cuGraphGetNodes failed: {err}"))?;
+    if count == 0 {
+        // The driver refuses a node array for an empty graph.
+        return Ok(GraphNodes::default());
+    }
     let mut handles: Vec<CUgraphNode> = vec![std::ptr::null_mut(); count];
     let mut read = count;
     // SAFETY: `handles` has room for `read` entries, the count reported above.
