@@ -713,10 +713,17 @@ pub fn fused_adam_config() -> burn_graphed::FusedAdamConfig {
     burn_graphed::FusedAdamConfig::new().with_epsilon(ADAM_EPSILON)
 }
 
+/// Whether two runs of one computation on `device` may run other kernels: on CUDA, cubecl's
+/// autotune picks per operand layout and by timing, TF32 tensor-core products among them
+/// (UPSTREAM.md 16); elsewhere (lavapipe, Flex) one formula runs one way.
+pub fn kernels_may_differ(device: &Device) -> bool {
+    format!("{device:?}").contains("Cuda")
+}
+
 /// The harness tolerance for `device`: on CUDA, f32 matrix products may run on TF32 tensor
 /// cores in one path and not the other (see `Tolerance::tensor_cores`); elsewhere the default.
 pub fn tolerance_for(device: &Device) -> Tolerance {
-    if format!("{device:?}").contains("Cuda") {
+    if kernels_may_differ(device) {
         Tolerance::tensor_cores()
     } else {
         Tolerance::default()
