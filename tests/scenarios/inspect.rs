@@ -84,6 +84,7 @@ pub fn graphs_say_what_they_hold(device: &Device, counted: bool) {
             assert_eq!(graph.nodes, None, "{graph:?}");
             assert_eq!(graph.dot, None, "{graph:?}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
         return;
     }
     let (shallow_k, deep_k, step_k) = (kernels(&shallow), kernels(&deep), kernels(&step));
