@@ -27,8 +27,9 @@ fn kernels(graphs: &[GraphContents]) -> Vec<usize> {
 /// graph. With `counted` (CUDA, the carried cubecl-cuda patch), each says how many nodes of
 /// each kind it holds, and the counts follow the work: a deeper MLP's graphs hold more kernel
 /// nodes, and the whole step (forward, loss, backward, update) more than the forward and
-/// backward together; with `write_graphs_as_dot` on, each graph's DOT file exists and is a
-/// Graphviz digraph. Without (wgpu's software graphs): no counts and no file, never made up.
+/// backward together; with `write_graphs_as_dot` on, each graph's DOT file exists, is a
+/// Graphviz digraph and holds as many kernel nodes as counted. Without (wgpu's software graphs):
+/// no counts and no file, never made up.
 pub fn graphs_say_what_they_hold(device: &Device, counted: bool) {
     require_graphs(device);
     let device = device.clone().autodiff();
@@ -126,6 +127,14 @@ pub fn graphs_say_what_they_hold(device: &Device, counted: bool) {
             "{} is not a Graphviz digraph: {}",
             path.display(),
             &text[..text.len().min(200)]
+        );
+        // The driver's DOT writes each kernel node as a record labelled KERNEL: a second,
+        // independent count of the same graph.
+        assert_eq!(
+            text.matches("label=\"{KERNEL").count(),
+            nodes.kernels,
+            "{}: the DOT file's kernel nodes against the node count",
+            path.display()
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
