@@ -61,6 +61,8 @@ mod small_linear_op;
 #[cfg(feature = "cube")]
 mod step_graph;
 #[cfg(feature = "cube")]
+mod step_state;
+#[cfg(feature = "cube")]
 mod step_update_op;
 #[cfg(feature = "cube")]
 mod validate;
@@ -83,7 +85,8 @@ pub(crate) use self::{
     norm_op::norm,
     random_state::RandomState,
     small_linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, small_linear},
-    step_graph::{StepGraph, StepState, capture_step},
+    step_graph::{StepGraph, capture_step},
+    step_state::StepState,
 };
 
 // Read by `burn_graphed::testing` only.
