@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::CapturePhase;
 use crate::stats::GraphContents;
+use crate::sync::lock;
 
 /// Where graphs are written as DOT, when on.
 static DOT_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
@@ -22,7 +23,7 @@ static DOT_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 /// Writes every graph captured from now on as `dir/<process id>-NNNN-<phase>.dot` (`None`:
 /// stops).
 pub(crate) fn write_graphs_as_dot(dir: Option<PathBuf>) {
-    *DOT_DIR.lock().unwrap_or_else(|e| e.into_inner()) = dir;
+    *lock(&DOT_DIR) = dir;
 }
 
 /// Before a recording starts: forgets what an earlier, failed recording may have left.
@@ -37,7 +38,7 @@ pub(super) fn forget() {
 /// Right before `graph_stop_capture` of a recording of `phase`: asks for its DOT file when
 /// [`write_graphs_as_dot`] is on.
 pub(super) fn before_stop(phase: CapturePhase) {
-    let Some(dir) = DOT_DIR.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+    let Some(dir) = lock(&DOT_DIR).clone() else {
         return;
     };
     if let Err(error) = std::fs::create_dir_all(&dir) {
