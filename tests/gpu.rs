@@ -1008,8 +1008,8 @@ per_dtype! {
     attention_matches_exact_f32 => scenarios::fused_attention::attention_matches_exact, F32;
     attention_matches_exact_f16 => scenarios::fused_attention::attention_matches_exact, F16;
     attention_matches_exact_bf16 => scenarios::fused_attention::attention_matches_exact, BF16;
-    /// The few-row linear layer against the exact product and burn-nn's, output and gradients
-    /// (`scenarios::fused_linear`).
+    /// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
+    /// burn-nn's, output and gradients (`scenarios::fused_linear`).
     linear_matches_exact_f32 => scenarios::fused_linear::linear_matches_exact, F32;
     linear_matches_exact_f16 => scenarios::fused_linear::linear_matches_exact, F16;
     linear_matches_exact_bf16 => scenarios::fused_linear::linear_matches_exact, BF16;
@@ -1058,10 +1058,21 @@ fn cross_entropy_graphed_matches_eager() {
     scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
 }
 
-/// A graphed call of the few-row linear layers equals its eager call, bit for bit.
+/// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
 #[test]
 fn linear_graphed_matches_eager() {
     scenarios::fused_linear::linear_graphed_matches_eager(&cuda());
+}
+
+/// The GPU machines have `libcublasLt`: the linear layers' products run through it there, and
+/// a machine without it fails this test rather than measuring burn's matmuls unannounced.
+#[test]
+fn linear_products_run_through_cublaslt() {
+    assert!(
+        burn_graphed::testing::vendor_matmul_available(&cuda()),
+        "cuBLASLt is not available: libcublasLt not found on LD_LIBRARY_PATH, or \
+         BURN_GRAPHED_VENDOR_MATMUL=off"
+    );
 }
 
 /// A model of fused layers only, trained in whole steps against burn's optimizer.

@@ -1,7 +1,8 @@
-//! `burn_graphed::nn::Linear` on a few rows against the exact product (host `f64` from the
-//! very values the device holds) and against burn-nn's, the output and every gradient, in
-//! `f32`, `f16` and `bf16`, 1 to 8 rows (rank 2 and 3), odd widths, with and without bias;
-//! more rows run burn-nn's computation; inside a graphed call.
+//! `burn_graphed::nn::Linear` against the exact product (host `f64` from the very values the
+//! device holds) and against burn-nn's, the output and every gradient, in `f32`, `f16` and
+//! `bf16`: 1 to 8 rows (the small kernel, rank 2 and 3), odd widths, with and without bias, a
+//! weight held transposed; more rows run cuBLASLt on CUDA and burn-nn's computation
+//! elsewhere; inside graphed calls on one row and on many.
 //!
 //! Tolerance, derived as for the norms (`fused_norm.rs`): the kernel and burn's matmul compute
 //! the same sums in another order, each in `f32` and rounded once to the dtype (on CUDA burn's
@@ -59,16 +60,21 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
         skip(&format!("{device:?} has no {dtype:?}"));
         return;
     }
-    // (leading dims, d_in, d_out, bias): 1, 3 and 8 rows, and 9 (burn-nn's path).
-    let cases: [(&[usize], usize, usize, bool); 6] = [
-        (&[1], 256, 256, true),
-        (&[3], 7, 5, false),
-        (&[8], 300, 33, true),
-        (&[2, 4], 64, 40, true),
-        (&[1], 1000, 3, false),
-        (&[9], 16, 12, true),
+    // (leading dims, d_in, d_out, bias, weight held transposed): 1, 3 and 8 rows (the small
+    // kernel), 9 and more (cuBLASLt on CUDA, burn-nn's path elsewhere).
+    let cases: [(&[usize], usize, usize, bool, bool); 9] = [
+        (&[1], 256, 256, true, false),
+        (&[3], 7, 5, false, false),
+        (&[8], 300, 33, true, false),
+        (&[2, 4], 64, 40, true, false),
+        (&[1], 1000, 3, false, false),
+        (&[9], 16, 12, true, false),
+        (&[64], 256, 256, true, false),
+        (&[4, 33], 70, 130, false, true),
+        (&[2, 40], 96, 10, true, true),
     ];
-    for (seed, (lead, d_in, d_out, with_bias)) in cases.into_iter().enumerate() {
+    let vendor = burn_graphed::testing::vendor_matmul_available(&device);
+    for (seed, (lead, d_in, d_out, with_bias, transposed)) in cases.into_iter().enumerate() {
         let seed = seed as u64 * 10;
         let rows: usize = lead.iter().product();
         let made = |values: Vec<f32>| {
@@ -78,8 +84,16 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
         let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
             .with_bias(with_bias)
             .init(&device);
-        burn_linear.weight =
-            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
+        // A weight held transposed is a `[d_out, d_in]` buffer seen through its transpose (the
+        // products read it in place, column-major).
+        let weight = if transposed {
+            made(values(d_in * d_out, seed))
+                .reshape([d_out, d_in])
+                .transpose()
+        } else {
+            made(values(d_in * d_out, seed)).reshape([d_in, d_out])
+        };
+        burn_linear.weight = Param::from_tensor(weight);
         if with_bias {
             burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
         }
@@ -136,15 +150,21 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
                 }),
             ]
         };
-        let before = burn_graphed::testing::fused_ops();
+        let (before, products_before) = (
+            burn_graphed::testing::fused_ops(),
+            burn_graphed::testing::vendor_matmuls(),
+        );
         let ours = run(&|x| fused.forward(x), &fused.weight, fused.bias.as_ref());
         let ran_fused = burn_graphed::testing::fused_ops() > before;
+        let products = burn_graphed::testing::vendor_matmuls() - products_before;
         let theirs = run(
             &|x| burn_linear.forward(x),
             &burn_linear.weight,
             burn_linear.bias.as_ref(),
         );
-        let label = format!("linear {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias}");
+        let label = format!(
+            "linear {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias} transposed {transposed}"
+        );
         let u = unit_roundoff(dtype);
         for (k, what) in [
             "output",
@@ -182,11 +202,19 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
                 "control {label}: the neighbouring row is off {control:.3e}, not 10x the bound {bound:.3e}"
             );
         }
-        // The fused path ran where it should (the counter is the process's: tests beside this
-        // one may raise it too, so only its rise is evidence); elsewhere the layer computes
-        // burn-nn's values bit for bit.
-        if supports_graphs(&device) && rows <= 8 {
-            assert!(ran_fused, "{label}: the fused kernel did not run");
+        // The fused path ran where it should (the counters are the process's: tests beside this
+        // one may raise them too, so only a rise is evidence): the forward's, and with cuBLASLt
+        // the backward's two products at least (three with the forward's on more than 8 rows);
+        // elsewhere the layer computes burn-nn's values bit for bit.
+        if supports_graphs(&device) && (rows <= 8 || vendor) {
+            assert!(ran_fused, "{label}: the fused layer did not run");
+            let least = if rows > 8 { 3 } else { 2 };
+            if vendor {
+                assert!(
+                    products >= least,
+                    "{label}: {products} products through cuBLASLt, expected {least} at least"
+                );
+            }
         } else {
             assert_eq!(
                 ours, theirs,
@@ -196,9 +224,16 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
     }
 }
 
-/// A graphed call of two fused linear layers on one row equals its eager call, bit for bit,
-/// output and weight gradients, over several calls.
+/// A graphed call of two fused linear layers on one row (the small kernel) and on 48 rows
+/// (cuBLASLt on CUDA) equals its eager call, bit for bit, output and weight gradients, over
+/// several calls.
 pub fn linear_graphed_matches_eager(device: &Device) {
+    for rows in [1, 48] {
+        linear_graphed_matches_eager_on(device, rows);
+    }
+}
+
+fn linear_graphed_matches_eager_on(device: &Device, rows: usize) {
     let device = device.clone().autodiff();
     #[derive(Module, Debug)]
     struct TwoLayers {
@@ -211,8 +246,11 @@ pub fn linear_graphed_matches_eager(device: &Device) {
     };
     let eager = burn_graphed_testkit::deep_copy(&model);
     let input = |step: u64| {
-        Tensor::<1>::from_data(TensorData::new(values(48, 100 + step), [48]), &device)
-            .reshape([1, 48])
+        Tensor::<1>::from_data(
+            TensorData::new(values(rows * 48, 100 + step), [rows * 48]),
+            &device,
+        )
+        .reshape([rows, 48])
     };
     let forward = |m: &TwoLayers, x: Tensor<2>| m.second.forward(m.first.forward(x).tanh());
     let graphed = burn_graphed::Graphed::new(model, forward, input(0), &GraphedConfig::new())

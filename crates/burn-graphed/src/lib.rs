@@ -200,6 +200,18 @@ pub mod testing {
         crate::cube::fused_norm_forwards()
     }
 
+    /// How many matrix products this process ran through cuBLASLt (`burn_graphed::nn::Linear`
+    /// on CUDA, forward and backward): a test's proof that the vendor path ran.
+    pub fn vendor_matmuls() -> usize {
+        crate::cube::vendor_gemms()
+    }
+
+    /// Whether products on `device` run through cuBLASLt (a CUDA device, `libcublasLt` found,
+    /// `BURN_GRAPHED_VENDOR_MATMUL` not `off`).
+    pub fn vendor_matmul_available(device: &burn::prelude::Device) -> bool {
+        crate::cube::vendor_matmul_available(device)
+    }
+
     /// Rows per chunk of the fused layer and RMS norms' parameter-gradient sums over `rows`
     /// rows: each chunk sums its rows in order in `f32`, then burn's sum adds the chunks (the
     /// order a test's rounding bound follows).

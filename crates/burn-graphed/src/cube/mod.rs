@@ -41,6 +41,8 @@ mod kernel_cache;
 #[cfg(feature = "cube")]
 mod lifecycle;
 #[cfg(feature = "cube")]
+mod linear_op;
+#[cfg(feature = "cube")]
 mod node;
 #[cfg(feature = "cube")]
 mod norm_op;
@@ -57,8 +59,6 @@ mod row_kernels;
 #[cfg(feature = "cube")]
 mod session;
 #[cfg(feature = "cube")]
-mod small_linear_op;
-#[cfg(feature = "cube")]
 mod step_graph;
 #[cfg(feature = "cube")]
 mod step_state;
@@ -66,6 +66,8 @@ mod step_state;
 mod step_update_op;
 #[cfg(feature = "cube")]
 mod validate;
+#[cfg(feature = "cube")]
+mod vendor_matmul;
 #[cfg(feature = "cube")]
 mod write_check;
 
@@ -82,11 +84,12 @@ pub(crate) use self::{
     inspect::write_graphs_as_dot,
     kernel_cache::enable as enable_kernel_cache,
     lifecycle::supports_graphs,
+    linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
     norm_op::norm,
     random_state::RandomState,
-    small_linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, small_linear},
     step_graph::{StepGraph, capture_step},
     step_state::StepState,
+    vendor_matmul::available as vendor_matmul_available,
 };
 
 // Read by `burn_graphed::testing` only.
@@ -94,7 +97,7 @@ pub(crate) use self::{
 pub(crate) use self::{
     norm_op::grad_rows_per_chunk as norm_rows_per_chunk,
     progress::set_intervals as set_progress_intervals,
-    row_kernels::forwards as fused_norm_forwards,
+    row_kernels::forwards as fused_norm_forwards, vendor_matmul::gemms as vendor_gemms,
 };
 
 #[cfg(not(feature = "cube"))]
@@ -103,11 +106,13 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, cross_entropy_rows, enable_kernel_cache, norm, small_linear,
-    supports_graphs, write_graphs_as_dot,
+    collective_buffer, cross_entropy_rows, enable_kernel_cache, linear, norm, supports_graphs,
+    vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
-pub(crate) use stand_in::{fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals};
+pub(crate) use stand_in::{
+    fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals, vendor_gemms,
+};
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]
 pub(crate) const SMALL_LINEAR_ROWS: usize = 0;

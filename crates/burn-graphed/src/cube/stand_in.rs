@@ -282,6 +282,12 @@ pub(crate) fn fused_norm_forwards() -> usize {
     0
 }
 
+/// Without cubecl no product runs through a vendor library.
+#[cfg(feature = "testing")]
+pub(crate) fn vendor_gemms() -> usize {
+    0
+}
+
 /// Without cubecl no norm is fused: its sums are burn's, one chunk of every row.
 #[cfg(feature = "testing")]
 pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
@@ -314,8 +320,14 @@ pub(crate) fn attention_supports_dim(_device: &burn::tensor::Device, _dim: usize
 }
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
-pub(crate) fn small_linear(
+pub(crate) fn linear(
     inputs: super::OpInputs,
+    _vendor: bool,
 ) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
     Err(Box::new(inputs))
+}
+
+/// Without cubecl no product runs through a vendor library.
+pub(crate) fn vendor_matmul_available(_device: &burn::tensor::Device) -> bool {
+    false
 }

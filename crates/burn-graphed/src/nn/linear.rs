@@ -6,12 +6,16 @@ use burn::tensor::{DType, Tensor};
 use crate::cube;
 
 /// burn-nn's `Linear` (the same fields; `From` converts both ways; build it with burn-nn's
-/// `LinearConfig` and convert) whose calls on at most 8 rows (batch-1 inference, small
-/// batches; leading dimensions flattened) run one kernel that splits each output column's dot
-/// product over a cube, on burn's cubecl backends, in `f32` whatever the dtype with one
-/// rounding: cubecl's tuned matmul never times its one-row kernels for a row-major weight
-/// (UPSTREAM.md 13). The backward is burn's matmuls. More rows, other backends, mixed dtypes:
-/// burn-nn's computation.
+/// `LinearConfig` and convert) with its own backward:
+///
+/// - calls on at most 8 rows (batch-1 inference, small batches; leading dimensions flattened)
+///   run one kernel that splits each output column's dot product over a cube, on burn's cubecl
+///   backends, in `f32` whatever the dtype with one rounding: cubecl's tuned matmul never
+///   times its one-row kernels for a row-major weight (UPSTREAM.md 13);
+/// - on CUDA, calls on more rows, and the backward's products, run through cuBLASLt on cubecl's
+///   stream (inside graphs too), `f32` without TF32, `f16`/`bf16` accumulated in `f32`, the
+///   bias in the product's epilogue (`BURN_GRAPHED_VENDOR_MATMUL=off` turns it off);
+/// - elsewhere (more rows on wgpu, Flex, mixed dtypes): burn-nn's computation.
 #[derive(Module, Debug)]
 pub struct Linear {
     /// The weight, `[d_input, d_output]`.
@@ -55,14 +59,18 @@ impl Linear {
         let rows = dims[..D - 1].iter().product::<usize>();
         let bias = self.bias.as_ref().map(Param::val);
         let dtype = input.dtype();
-        // Without cubecl the range is empty (`SMALL_LINEAR_ROWS` is 0): nothing is fused.
+        let device = input.device();
+        let vendor = cube::vendor_matmul_available(&device);
+        // Without cubecl the range is empty (`SMALL_LINEAR_ROWS` is 0) and no vendor library
+        // runs: nothing is fused.
         #[allow(clippy::reversed_empty_ranges)]
-        let fused = (1..=cube::SMALL_LINEAR_ROWS).contains(&rows)
+        let fused = ((1..=cube::SMALL_LINEAR_ROWS).contains(&rows) || (vendor && rows > 0))
+            && d_input > 0
             && d_output > 0
             && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
             && weight.dtype() == dtype
             && bias.as_ref().is_none_or(|b| b.dtype() == dtype)
-            && cube::supports_graphs(&input.device());
+            && cube::supports_graphs(&device);
         if !fused {
             return burn::tensor::module::linear(input, weight, bias);
         }
@@ -73,7 +81,7 @@ impl Linear {
             weight.into_dispatch(),
             bias.map(Tensor::into_dispatch),
         );
-        match cube::small_linear(inputs) {
+        match cube::linear(inputs, vendor) {
             Ok(out) => Tensor::<2>::from_dispatch(out).reshape(out_dims),
             Err(inputs) => {
                 let (x, weight, bias) = *inputs;

@@ -40,12 +40,20 @@ pub struct GpuResource {
     pub binding: *mut std::ffi::c_void,
     /// The size of the resource.
     pub size: u64,
+    /// The stream whose pool holds the resource (null when unknown): work a caller enqueues
+    /// on it is ordered with the kernels the server launched before handing the resource out.
+    pub stream: cudarc::driver::sys::CUstream,
 }
 
 impl GpuResource {
     /// Creates a new [`GpuResource`].
     pub fn new(ptr: u64, binding: *mut std::ffi::c_void, size: u64) -> Self {
-        Self { ptr, binding, size }
+        Self {
+            ptr,
+            binding,
+            size,
+            stream: std::ptr::null_mut(),
+        }
     }
 }
 
@@ -173,11 +181,13 @@ impl ComputeStorage for GpuStorage {
         let size = handle.size();
         let ptr = self.ptr_bindings.register(ptr + offset);
 
-        Ok(GpuResource::new(
+        let mut resource = GpuResource::new(
             *ptr,
             ptr as *const cudarc::driver::sys::CUdeviceptr as *mut std::ffi::c_void,
             size,
-        ))
+        );
+        resource.stream = self.stream;
+        Ok(resource)
     }
 
     #[cfg_attr(

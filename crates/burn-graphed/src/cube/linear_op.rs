@@ -1,13 +1,16 @@
-//! A linear layer on a few rows (batch 1 inference, small batches): `y = x W + b` for at most
-//! [`MAX_ROWS`] rows by a kernel that spreads each output column's dot product over a cube,
-//! where cubecl's tuned matmul never times its gemv candidates for a row-major weight
-//! (UPSTREAM.md 13). The backward is burn's own matmuls (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db =
-//! sum(dy)`), with its own autodiff node.
+//! A linear layer with its own backward: `y = x W + b`.
 //!
-//! Arithmetic: products and sums in `f32` whatever the dtype, one rounding at the store; each
-//! column's sum in a fixed order (the cube's eight slices of `k`, each in order, then the slices
-//! in order), so a replay equals the eager call bit for bit.
-
+//! - On at most [`MAX_ROWS`] rows (batch 1 inference, small batches), a kernel of ours that
+//!   spreads each output column's dot product over a cube, where cubecl's tuned matmul never
+//!   times its gemv candidates for a row-major weight (UPSTREAM.md 13). Products and sums in
+//!   `f32` whatever the dtype, one rounding at the store; each column's sum in a fixed order
+//!   (the cube's eight slices of `k`, each in order, then the slices in order), so a replay
+//!   equals the eager call bit for bit.
+//! - On more rows where cuBLASLt is available (CUDA), one cuBLASLt product with the bias in its
+//!   epilogue (`vendor_matmul.rs`).
+//!
+//! The backward (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db = sum(dy)`): the two products through cuBLASLt
+//! where available, burn's matmuls elsewhere; the bias's sum is burn's.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -24,6 +27,7 @@ use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::count_forward;
+use super::vendor_matmul;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
@@ -81,7 +85,7 @@ fn small_linear_kernel<F: Float>(
 
 /// The kernel as a lazy fusion operation on burn's cubecl backend.
 #[backend_extension(Cube, Fusion)]
-pub(crate) trait SmallLinearKernels: Backend {
+pub(crate) trait LinearKernels: Backend {
     /// `x W (+ bias)` for `x` `[rows, d_in]` (`rows <= MAX_ROWS`), `W` `[d_in, d_out]`, `bias`
     /// `[d_out]` read only with `has_bias` (pass any tensor otherwise): `[rows, d_out]` in the
     /// dtype of all three (checked by the caller).
@@ -96,9 +100,27 @@ pub(crate) trait SmallLinearKernels: Backend {
         bias: FloatTensor<Self>,
         has_bias: bool,
     ) -> FloatTensor<Self>;
+
+    /// `op(a) op(b) (+ bias where has_bias)`, `op` transposing where `ta` / `tb` say, through
+    /// cuBLASLt (`[m, n]`, dense); burn's matmul where cuBLASLt refuses the operands.
+    #[fusion(meta = |a, b, _bias, _has_bias, ta, tb| {
+        let mut spec = a.clone();
+        let m = if *ta { a.shape[1] } else { a.shape[0] };
+        let n = if *tb { b.shape[0] } else { b.shape[1] };
+        spec.shape = Shape::new([m, n]);
+        spec
+    })]
+    fn vendor_gemm(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+        ta: bool,
+        tb: bool,
+    ) -> FloatTensor<Self>;
 }
 
-impl SmallLinearKernels for CubeBackend {
+impl LinearKernels for CubeBackend {
     fn small_linear(x: CubeTensor, w: CubeTensor, bias: CubeTensor, has_bias: bool) -> CubeTensor {
         let [rows, d_in] = x.meta.shape().dims::<2>();
         let [_, d_out] = w.meta.shape().dims::<2>();
@@ -135,57 +157,118 @@ impl SmallLinearKernels for CubeBackend {
         }
         out.into_tensor()
     }
+
+    fn vendor_gemm(
+        a: CubeTensor,
+        b: CubeTensor,
+        bias: CubeTensor,
+        has_bias: bool,
+        ta: bool,
+        tb: bool,
+    ) -> CubeTensor {
+        match vendor_matmul::gemm(&a, &b, has_bias.then_some(&bias), ta, tb) {
+            Ok(out) => out,
+            Err(error) => {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    log::warn!("burn-graphed: a product ran on burn's matmul: {error}");
+                });
+                let a = if ta {
+                    CubeBackend::float_transpose(a)
+                } else {
+                    a
+                };
+                let b = if tb {
+                    CubeBackend::float_transpose(b)
+                } else {
+                    b
+                };
+                let out = CubeBackend::float_matmul(a, b);
+                if has_bias {
+                    let n = bias.meta.shape()[0];
+                    CubeBackend::float_add(
+                        out,
+                        CubeBackend::float_reshape(bias, Shape::new([1, n])),
+                    )
+                } else {
+                    out
+                }
+            }
+        }
+    }
 }
 
-/// The small linear layer with its own backward, reached from `Tensor` through burn's dispatch.
+/// The linear layer with its own backward, reached from `Tensor` through burn's dispatch.
 #[backend_extension(Cube, Autodiff)]
 pub(crate) trait FusedLinearOps: Backend {
-    /// `x W (+ bias where has_bias)`, `x` `[rows, d_in]` with `rows <= MAX_ROWS`.
-    fn fused_small_linear(
+    /// `x W (+ bias where has_bias)`, `x` `[rows, d_in]`: the small kernel on at most
+    /// [`MAX_ROWS`] rows, otherwise cuBLASLt (the caller checked `vendor`); the backward's
+    /// products through cuBLASLt where `vendor`.
+    fn fused_linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         bias: FloatTensor<Self>,
         has_bias: bool,
+        vendor: bool,
     ) -> FloatTensor<Self>;
 }
 
+/// The forward on the fused backend: the small kernel or one cuBLASLt product.
+fn forward(x: FusedTensor, w: FusedTensor, bias: FusedTensor, has_bias: bool) -> FusedTensor {
+    count_forward();
+    if x.shape()[0] <= MAX_ROWS {
+        <Cube as LinearKernels>::small_linear(x, w, bias, has_bias)
+    } else {
+        <Cube as LinearKernels>::vendor_gemm(x, w, bias, has_bias, false, false)
+    }
+}
+
 impl FusedLinearOps for Cube {
-    fn fused_small_linear(
+    fn fused_linear(
         x: FusedTensor,
         w: FusedTensor,
         bias: FusedTensor,
         has_bias: bool,
+        _vendor: bool,
     ) -> FusedTensor {
-        count_forward();
-        <Cube as SmallLinearKernels>::small_linear(x, w, bias, has_bias)
+        forward(x, w, bias, has_bias)
     }
 }
 
-/// What the backward keeps: the input and the weight.
+/// What the backward keeps: the input, the weight, and whether its products go to cuBLASLt.
 #[derive(Debug, Clone)]
 struct Saved {
     x: FusedTensor,
     w: FusedTensor,
+    vendor: bool,
 }
 
 /// The backward node: parents x, W and the bias (an untracked stand-in without one).
 #[derive(Debug)]
-struct SmallLinearBackward;
+struct LinearBackward;
 
-impl Backward<Cube, 3> for SmallLinearBackward {
+impl Backward<Cube, 3> for LinearBackward {
     type State = Saved;
 
     fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x, node_w, node_bias] = ops.parents;
         let dy = grads.consume::<Cube>(&ops.node);
-        let Saved { x, w } = ops.state;
+        let Saved { x, w, vendor } = ops.state;
+        // `op(a) op(b)`: cuBLASLt reads the transposes in place; burn's matmul takes views.
+        let product = |a: FusedTensor, b: FusedTensor, ta: bool, tb: bool| {
+            if vendor {
+                <Cube as LinearKernels>::vendor_gemm(a, b.clone(), b, false, ta, tb)
+            } else {
+                let a = if ta { Cube::float_transpose(a) } else { a };
+                let b = if tb { Cube::float_transpose(b) } else { b };
+                Cube::float_matmul(a, b)
+            }
+        };
         if let Some(node) = node_x {
-            let dx = Cube::float_matmul(dy.clone(), Cube::float_transpose(w));
-            grads.register::<Cube>(node.id, dx);
+            grads.register::<Cube>(node.id, product(dy.clone(), w, false, true));
         }
         if let Some(node) = node_w {
-            let dw = Cube::float_matmul(Cube::float_transpose(x), dy.clone());
-            grads.register::<Cube>(node.id, dw);
+            grads.register::<Cube>(node.id, product(x, dy.clone(), true, false));
         }
         if let Some(node) = node_bias {
             let d_out = dy.shape()[1];
@@ -196,11 +279,12 @@ impl Backward<Cube, 3> for SmallLinearBackward {
 }
 
 impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
-    fn fused_small_linear(
+    fn fused_linear(
         x: AutodiffTensor,
         w: AutodiffTensor,
         bias: AutodiffTensor,
         has_bias: bool,
+        vendor: bool,
     ) -> AutodiffTensor {
         let (x, x_node) = x.into_parts();
         let (w, w_node) = w.into_parts();
@@ -211,26 +295,29 @@ impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
         } else {
             AutodiffTensor::new(w.clone()).node()
         };
-        let prepared = SmallLinearBackward
+        let prepared = LinearBackward
             .prepare::<C>([x_node, w_node, bias_node])
             .compute_bound()
             .stateful();
-        count_forward();
-        let out = <Cube as SmallLinearKernels>::small_linear(x.clone(), w.clone(), bias, has_bias);
+        let out = forward(x.clone(), w.clone(), bias, has_bias);
         match prepared {
-            OpsKind::Tracked(prep) => prep.finish(Saved { x, w }, out),
+            OpsKind::Tracked(prep) => prep.finish(Saved { x, w, vendor }, out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
 }
 
-/// `x W (+ bias)` for `x` `[rows, d_in]`, `rows <= MAX_ROWS`, through burn's dispatch. The
-/// caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`, `bf16` for all)
-/// and the shapes. Never `Err` here (see the stand-in, which hands the tensors back).
-pub(crate) fn small_linear(
+/// `x W (+ bias)` for `x` `[rows, d_in]` through burn's dispatch: the small kernel on at most
+/// [`MAX_ROWS`] rows, cuBLASLt on more (the caller checked [`vendor_matmul::available`] then).
+/// The caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`, `bf16` for
+/// all) and the shapes. Never `Err` here (see the stand-in, which hands the tensors back).
+pub(crate) fn linear(
     (x, w, bias): super::OpInputs,
+    vendor: bool,
 ) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
     let has_bias = bias.is_some();
     let bias = bias.unwrap_or_else(|| w.clone());
-    Ok(<burn::backend::Dispatch as FusedLinearOps>::fused_small_linear(x, w, bias, has_bias))
+    Ok(<burn::backend::Dispatch as FusedLinearOps>::fused_linear(
+        x, w, bias, has_bias, vendor,
+    ))
 }
