@@ -1006,8 +1006,6 @@ per_dtype! {
     /// The fused attention against the exact attention and burn's, output and gradients, with
     /// and without masks (`scenarios::fused_attention`).
     attention_matches_exact_f32 => scenarios::fused_attention::attention_matches_exact, F32;
-    attention_matches_exact_f16 => scenarios::fused_attention::attention_matches_exact, F16;
-    attention_matches_exact_bf16 => scenarios::fused_attention::attention_matches_exact, BF16;
     /// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
     /// burn-nn's, output and gradients (`scenarios::fused_linear`).
     linear_matches_exact_f32 => scenarios::fused_linear::linear_matches_exact, F32;
@@ -1056,6 +1054,30 @@ fn cross_entropy_other_forms_are_burn_nn() {
 #[test]
 fn cross_entropy_graphed_matches_eager() {
     scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
+}
+
+/// The fused attention's `f16` and `bf16` cases in three parts each: burn's attention, the
+/// reference, tunes its kernels per case on CUDA (about 150 s a case), more than one test
+/// process's time for all five.
+macro_rules! attention_parts {
+    ($($name:ident => $dtype:ident, $cases:expr;)+) => {
+        $(#[test] fn $name() {
+            scenarios::fused_attention::attention_matches_exact_in(
+                &cuda(),
+                burn::tensor::FloatDType::$dtype,
+                $cases,
+            );
+        })+
+    };
+}
+
+attention_parts! {
+    attention_matches_exact_f16_cases_0_1 => F16, 0..2;
+    attention_matches_exact_f16_cases_2_3 => F16, 2..4;
+    attention_matches_exact_f16_case_4 => F16, 4..5;
+    attention_matches_exact_bf16_cases_0_1 => BF16, 0..2;
+    attention_matches_exact_bf16_cases_2_3 => BF16, 2..4;
+    attention_matches_exact_bf16_case_4 => BF16, 4..5;
 }
 
 /// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
