@@ -223,7 +223,7 @@ fn make_lm(device: &Device) -> Lm {
     }
 }
 
-/// The `lm` with `burn_graphed::nn`'s fused layers (blocks and final norm; its loss is the
+/// The `lm` with `burn_graphed::nn`'s fused layers (blocks, final norm and head; its loss is the
 /// fused cross-entropy, [`fused_lm_loss_of`]), converted from [`make_lm`]'s model: the same
 /// parameters.
 #[derive(Module, Debug)]
@@ -232,7 +232,7 @@ struct FusedLm {
     positions: Embedding,
     blocks: burn_graphed::nn::TransformerEncoder,
     norm: burn_graphed::nn::LayerNorm,
-    head: Linear,
+    head: burn_graphed::nn::Linear,
 }
 
 fn make_fused_lm(device: &Device) -> FusedLm {
@@ -242,7 +242,7 @@ fn make_fused_lm(device: &Device) -> FusedLm {
         positions: lm.positions,
         blocks: burn_graphed::nn::TransformerEncoder::from_burn(lm.blocks, 1e-5),
         norm: burn_graphed::nn::LayerNorm::from_burn(lm.norm, 1e-5),
-        head: lm.head,
+        head: lm.head.into(),
     }
 }
 

@@ -4,7 +4,9 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Dropout, Gelu, Initializer, Linear};
+use burn::nn::{Dropout, Gelu, Initializer};
+
+use super::Linear;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, Int, IntDType, Tensor};
 
@@ -237,8 +239,9 @@ pub struct MhaOutput {
     pub context: Tensor<3>,
 }
 
-/// burn-nn's `MultiHeadAttention` with the fused [`attention`] inside: the same fields, names
-/// and forward, so saved parameters load into either and `From` converts both ways. Where the
+/// burn-nn's `MultiHeadAttention` with the fused [`attention`] inside and this crate's
+/// [`Linear`] projections: the same fields, names and forward, so saved parameters load into
+/// either and `From` converts both ways. Where the
 /// kernels do not run (see [`attention`]; and in training with a dropout rate above 0, whose
 /// dropout acts on the attention weights) this is burn-nn's forward.
 #[derive(Module, Debug)]
@@ -361,10 +364,10 @@ fn mask_of(input: &MhaInput, batch: usize, q_len: usize, k_len: usize) -> Option
 impl From<burn::nn::attention::MultiHeadAttention> for MultiHeadAttention {
     fn from(module: burn::nn::attention::MultiHeadAttention) -> Self {
         Self {
-            query: module.query,
-            key: module.key,
-            value: module.value,
-            output: module.output,
+            query: module.query.into(),
+            key: module.key.into(),
+            value: module.value.into(),
+            output: module.output.into(),
             dropout: module.dropout,
             activation: module.activation,
             d_model: module.d_model,
@@ -379,10 +382,10 @@ impl From<burn::nn::attention::MultiHeadAttention> for MultiHeadAttention {
 impl From<MultiHeadAttention> for burn::nn::attention::MultiHeadAttention {
     fn from(module: MultiHeadAttention) -> Self {
         Self {
-            query: module.query,
-            key: module.key,
-            value: module.value,
-            output: module.output,
+            query: module.query.into(),
+            key: module.key.into(),
+            value: module.value.into(),
+            output: module.output.into(),
             dropout: module.dropout,
             activation: module.activation,
             d_model: module.d_model,

@@ -4,8 +4,9 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::transformer::PositionWiseFeedForward;
-use burn::nn::{Dropout, Initializer, activation::ActivationConfig};
+use burn::nn::{Dropout, Initializer, activation::Activation, activation::ActivationConfig};
+
+use super::Linear;
 use burn::tensor::{Bool, Device, Tensor};
 
 use super::attention::{MhaInput, MultiHeadAttention};
@@ -144,7 +145,7 @@ impl TransformerEncoder {
                 .into_iter()
                 .map(|layer| TransformerEncoderLayer {
                     mha: layer.mha.into(),
-                    pwff: layer.pwff,
+                    pwff: layer.pwff.into(),
                     norm_1: LayerNorm::from_burn(layer.norm_1, layer_norm_eps),
                     norm_2: LayerNorm::from_burn(layer.norm_2, layer_norm_eps),
                     dropout: layer.dropout,
@@ -169,7 +170,7 @@ impl TransformerEncoder {
                 .into_iter()
                 .map(|layer| burn::nn::transformer::TransformerEncoderLayer {
                     mha: layer.mha.into(),
-                    pwff: layer.pwff,
+                    pwff: layer.pwff.into(),
                     norm_1: layer.norm_1.into_burn(),
                     norm_2: layer.norm_2.into_burn(),
                     dropout: layer.dropout,
@@ -192,7 +193,7 @@ impl TransformerEncoder {
 pub struct TransformerEncoderLayer {
     /// Self-attention, fused.
     pub mha: MultiHeadAttention,
-    /// The feed-forward block (burn-nn's).
+    /// The feed-forward block (burn-nn's, with this crate's [`Linear`]).
     pub pwff: PositionWiseFeedForward,
     /// The norm around the feed-forward block (pre-norm: before it; post-norm: after the
     /// attention's residual).
@@ -240,5 +241,53 @@ impl TransformerEncoderLayer {
             x = self.norm_2.forward(x);
         }
         x
+    }
+}
+
+/// burn-nn's `PositionWiseFeedForward` (the same fields and forward: inner projection,
+/// activation, dropout, outer projection) with this crate's [`Linear`]; `From` converts both
+/// ways, and saved parameters load into either.
+#[derive(Module, Debug)]
+pub struct PositionWiseFeedForward {
+    /// `d_model` to `d_ff`.
+    pub linear_inner: Linear,
+    /// `d_ff` to `d_model`.
+    pub linear_outer: Linear,
+    /// Dropout after the activation.
+    pub dropout: Dropout,
+    /// The activation (not in the record, as burn-nn's).
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl PositionWiseFeedForward {
+    /// burn-nn's forward.
+    pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        let x = self.linear_inner.forward(input);
+        let x = self.activation.forward(x);
+        let x = self.dropout.forward(x);
+        self.linear_outer.forward(x)
+    }
+}
+
+impl From<burn::nn::transformer::PositionWiseFeedForward> for PositionWiseFeedForward {
+    fn from(pwff: burn::nn::transformer::PositionWiseFeedForward) -> Self {
+        Self {
+            linear_inner: pwff.linear_inner.into(),
+            linear_outer: pwff.linear_outer.into(),
+            dropout: pwff.dropout,
+            activation: pwff.activation,
+        }
+    }
+}
+
+impl From<PositionWiseFeedForward> for burn::nn::transformer::PositionWiseFeedForward {
+    fn from(pwff: PositionWiseFeedForward) -> Self {
+        Self {
+            linear_inner: pwff.linear_inner.into(),
+            linear_outer: pwff.linear_outer.into(),
+            dropout: pwff.dropout,
+            activation: pwff.activation,
+        }
     }
 }

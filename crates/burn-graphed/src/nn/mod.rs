@@ -10,8 +10,8 @@
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, two backward | other backends; mixed dtypes; an empty last dimension |
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
 //! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
-//! | [`TransformerEncoder`] | its layer norms and attention (the feed-forward block is burn-nn's) | as each op |
-//! | [`Linear`] | at most 8 rows: one kernel forward (burn's matmuls backward) | more rows; as the layer norm |
+//! | [`TransformerEncoder`], [`PositionWiseFeedForward`] | its layer norms, attention and linear layers | as each op |
+//! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` without TF32; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
 
 pub mod attention;
@@ -21,7 +21,8 @@ pub mod loss;
 mod norm;
 
 pub use encoder::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput, TransformerEncoderLayer,
+    PositionWiseFeedForward, TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerEncoderLayer,
 };
 pub use linear::Linear;
 pub use norm::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig, layer_norm, rms_norm};
