@@ -9,8 +9,8 @@
 //! - On more rows where cuBLASLt is available (CUDA), one cuBLASLt product with the bias in its
 //!   epilogue (`vendor_matmul.rs`).
 //!
-//! The backward (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db = sum(dy)`): the two products through cuBLASLt
-//! where available, burn's matmuls elsewhere; the bias's sum is burn's.
+//! The backward (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db = 1ᵀ dy`): three products through cuBLASLt
+//! where available; burn's matmuls and sum elsewhere.
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -271,9 +271,20 @@ impl Backward<Cube, 3> for LinearBackward {
             grads.register::<Cube>(node.id, product(x, dy.clone(), true, false));
         }
         if let Some(node) = node_bias {
-            let d_out = dy.shape()[1];
-            let db = Cube::float_reshape(Cube::float_sum_dim(dy, 0), Shape::new([d_out]));
-            grads.register::<Cube>(node.id, db);
+            let [rows, d_out] = dy.shape().dims::<2>();
+            // With cuBLASLt, the column sums as the product `1ᵀ dy` (one fill and one
+            // product, where a reduction over the rows of a row-major `dy` reads it strided).
+            let db = if vendor {
+                let ones = Cube::float_ones(
+                    Shape::new([1, rows]),
+                    &dy.device(),
+                    burn::tensor::FloatDType::from(dy.dtype()),
+                );
+                <Cube as LinearKernels>::vendor_gemm(ones.clone(), dy, ones, false, false, false)
+            } else {
+                Cube::float_sum_dim(dy, 0)
+            };
+            grads.register::<Cube>(node.id, Cube::float_reshape(db, Shape::new([d_out])));
         }
     }
 }
