@@ -35,6 +35,8 @@ pub(crate) fn gemms() -> usize {
 
 /// Why a product did not run through cuBLASLt; the caller computes it with burn's matmul.
 #[derive(Debug, thiserror::Error)]
+// Without CUDA only `Unsupported` is made.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) enum VendorError {
     /// The operands are outside what this path takes (dtype, rank, an empty inner dimension).
     #[error("not taken by cuBLASLt here: {0}")]
