@@ -103,8 +103,8 @@ mod lt {
     use cudarc::cublaslt::sys;
     use cudarc::driver::sys::CUstream;
 
+    use super::super::dense::Dense;
     use super::VendorError;
-    use crate::cube::dense::Dense;
 
     /// cubecl-cuda's server: the type `Client::get_resource` is asked for.
     type CudaServer = <cubecl_cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;

@@ -5,11 +5,10 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, Gelu, Initializer};
-
-use super::Linear;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, Int, IntDType, Tensor};
 
+use super::Linear;
 use crate::cube::{self, AttentionSpec};
 
 /// `softmax(Q Kᵀ * scale) V` over `query` `[batch, heads, q_len, dim]`, `key` and `value`

@@ -1,14 +1,13 @@
 //! burn-nn's transformer encoder with the fused layer norms and the fused multi-head attention:
 //! the same fields, names and forward (burn-nn 0.22.1 `transformer/encoder.rs`), so a saved
-//! encoder loads into either. The feed-forward block is burn-nn's own module.
+//! encoder loads into either. The feed-forward block is burn-nn's with this crate's `Linear`.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, Initializer, activation::Activation, activation::ActivationConfig};
-
-use super::Linear;
 use burn::tensor::{Bool, Device, Tensor};
 
+use super::Linear;
 use super::attention::{MhaInput, MultiHeadAttention};
 use super::norm::LayerNorm;
 
