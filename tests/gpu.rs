@@ -1006,11 +1006,6 @@ per_dtype! {
     /// The fused attention against the exact attention and burn's, output and gradients, with
     /// and without masks (`scenarios::fused_attention`).
     attention_matches_exact_f32 => scenarios::fused_attention::attention_matches_exact, F32;
-    /// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
-    /// burn-nn's, output and gradients (`scenarios::fused_linear`).
-    linear_matches_exact_f32 => scenarios::fused_linear::linear_matches_exact, F32;
-    linear_matches_exact_f16 => scenarios::fused_linear::linear_matches_exact, F16;
-    linear_matches_exact_bf16 => scenarios::fused_linear::linear_matches_exact, BF16;
     /// The fused softmax cross-entropy against the exact loss and burn-nn's, loss and logit
     /// gradient (`scenarios::fused_loss`).
     cross_entropy_matches_exact_f32 => scenarios::fused_loss::cross_entropy_matches_exact, F32;
@@ -1069,6 +1064,32 @@ macro_rules! attention_parts {
             );
         })+
     };
+}
+
+/// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
+/// burn-nn's, output and gradients (`scenarios::fused_linear`), in parts: burn-nn's reference
+/// tunes its matmuls per shape on CUDA (a minute or more a case in `f16` and `bf16`).
+macro_rules! linear_parts {
+    ($($name:ident => $dtype:ident, $cases:expr;)+) => {
+        $(#[test] fn $name() {
+            scenarios::fused_linear::linear_matches_exact_in(
+                &cuda(),
+                burn::tensor::FloatDType::$dtype,
+                $cases,
+            );
+        })+
+    };
+}
+
+linear_parts! {
+    linear_matches_exact_f32_cases_0_4 => F32, 0..5;
+    linear_matches_exact_f32_cases_5_8 => F32, 5..9;
+    linear_matches_exact_f16_cases_0_2 => F16, 0..3;
+    linear_matches_exact_f16_cases_3_5 => F16, 3..6;
+    linear_matches_exact_f16_cases_6_8 => F16, 6..9;
+    linear_matches_exact_bf16_cases_0_2 => BF16, 0..3;
+    linear_matches_exact_bf16_cases_3_5 => BF16, 3..6;
+    linear_matches_exact_bf16_cases_6_8 => BF16, 6..9;
 }
 
 attention_parts! {
