@@ -1051,37 +1051,20 @@ fn cross_entropy_graphed_matches_eager() {
     scenarios::fused_loss::cross_entropy_graphed_matches_eager(&cuda());
 }
 
-/// The fused attention's `f16` and `bf16` cases in three parts each: burn's attention, the
-/// reference, tunes its kernels per case on CUDA (about 150 s a case), more than one test
-/// process's time for all five.
-macro_rules! attention_parts {
-    ($($name:ident => $dtype:ident, $cases:expr;)+) => {
+/// Exact comparisons run in parts of a few cases (`$scenario(device, dtype, cases)`): their
+/// references tune per shape on CUDA, burn's attention about 150 s a case in `f16`/`bf16` and
+/// burn-nn's matmuls a minute or more, more than one test process's time for all cases.
+macro_rules! in_parts {
+    ($scenario:path { $($name:ident => $dtype:ident, $cases:expr;)+ }) => {
         $(#[test] fn $name() {
-            scenarios::fused_attention::attention_matches_exact_in(
-                &cuda(),
-                burn::tensor::FloatDType::$dtype,
-                $cases,
-            );
+            $scenario(&cuda(), burn::tensor::FloatDType::$dtype, $cases);
         })+
     };
 }
 
-/// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
-/// burn-nn's, output and gradients (`scenarios::fused_linear`), in parts: burn-nn's reference
-/// tunes its matmuls per shape on CUDA (a minute or more a case in `f16` and `bf16`).
-macro_rules! linear_parts {
-    ($($name:ident => $dtype:ident, $cases:expr;)+) => {
-        $(#[test] fn $name() {
-            scenarios::fused_linear::linear_matches_exact_in(
-                &cuda(),
-                burn::tensor::FloatDType::$dtype,
-                $cases,
-            );
-        })+
-    };
-}
-
-linear_parts! {
+// The linear layer (few rows: our kernel; more: cuBLASLt) against the exact product and
+// burn-nn's, output and gradients.
+in_parts!(scenarios::fused_linear::linear_matches_exact_in {
     linear_matches_exact_f32_cases_0_4 => F32, 0..5;
     linear_matches_exact_f32_cases_5_8 => F32, 5..9;
     linear_matches_exact_f16_cases_0_2 => F16, 0..3;
@@ -1090,16 +1073,17 @@ linear_parts! {
     linear_matches_exact_bf16_cases_0_2 => BF16, 0..3;
     linear_matches_exact_bf16_cases_3_5 => BF16, 3..6;
     linear_matches_exact_bf16_cases_6_8 => BF16, 6..9;
-}
+});
 
-attention_parts! {
+// The fused attention's `f16` and `bf16` cases, three parts each.
+in_parts!(scenarios::fused_attention::attention_matches_exact_in {
     attention_matches_exact_f16_cases_0_1 => F16, 0..2;
     attention_matches_exact_f16_cases_2_3 => F16, 2..4;
     attention_matches_exact_f16_case_4 => F16, 4..5;
     attention_matches_exact_bf16_cases_0_1 => BF16, 0..2;
     attention_matches_exact_bf16_cases_2_3 => BF16, 2..4;
     attention_matches_exact_bf16_case_4 => BF16, 4..5;
-}
+});
 
 /// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
 #[test]

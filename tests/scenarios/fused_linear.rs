@@ -58,10 +58,10 @@ pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
     linear_matches_exact_in(device, dtype, 0..9);
 }
 
-/// The cases `cases` of [`linear_matches_exact`] (each seeded by its index): on CUDA burn-nn's
+/// The cases `chosen` of [`linear_matches_exact`] (each seeded by its index): on CUDA burn-nn's
 /// reference tunes its matmuls per shape (a minute or more a case in `f16` and `bf16`), so the
 /// GPU suite runs them in parts that fit its processes' time.
-pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, cases: std::ops::Range<usize>) {
+pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::ops::Range<usize>) {
     let device = device.clone().autodiff();
     if !device.supports_dtype(DType::from(dtype)) {
         skip(&format!("{device:?} has no {dtype:?}"));
@@ -81,7 +81,6 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, cases: std::o
         (&[2, 40], 96, 10, true, true),
     ];
     let vendor = burn_graphed::testing::vendor_matmul_available(&device);
-    let chosen = cases;
     for (seed, (lead, d_in, d_out, with_bias, transposed)) in cases_all.into_iter().enumerate() {
         if !chosen.contains(&seed) {
             continue;

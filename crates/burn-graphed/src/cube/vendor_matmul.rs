@@ -58,7 +58,7 @@ pub(crate) fn available(device: &Device) -> bool {
         matches!(
             device.clone().inner().as_dispatch(),
             DispatchDevice::Cube(cubecl::Device::Cuda(_))
-        ) && lt::library_present()
+        ) && lt::enabled()
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -112,8 +112,9 @@ mod lt {
     /// The workspace each stream's products may use (PyTorch's default on Hopper).
     const WORKSPACE_BYTES: usize = 32 << 20;
 
-    /// Whether `libcublasLt` loads, asked once.
-    pub(super) fn library_present() -> bool {
+    /// Whether the path is on: `BURN_GRAPHED_VENDOR_MATMUL` is not `off` and `libcublasLt`
+    /// loads. Asked once per process.
+    pub(super) fn enabled() -> bool {
         static PRESENT: OnceLock<bool> = OnceLock::new();
         *PRESENT.get_or_init(|| {
             let off = std::env::var("BURN_GRAPHED_VENDOR_MATMUL").is_ok_and(|v| v == "off");
