@@ -1075,15 +1075,25 @@ in_parts!(scenarios::fused_linear::linear_matches_exact_in {
     linear_matches_exact_bf16_cases_6_8 => BF16, 6..9;
 });
 
-// The fused attention's `f16` and `bf16` cases, three parts each.
+// The fused attention's `f16` and `bf16` cases, four parts each (cases 1 and 4 to 6 on tensor
+// cores).
 in_parts!(scenarios::fused_attention::attention_matches_exact_in {
     attention_matches_exact_f16_cases_0_1 => F16, 0..2;
     attention_matches_exact_f16_cases_2_3 => F16, 2..4;
     attention_matches_exact_f16_case_4 => F16, 4..5;
+    attention_matches_exact_f16_cases_5_6 => F16, 5..7;
     attention_matches_exact_bf16_cases_0_1 => BF16, 0..2;
     attention_matches_exact_bf16_cases_2_3 => BF16, 2..4;
     attention_matches_exact_bf16_case_4 => BF16, 4..5;
+    attention_matches_exact_bf16_cases_5_6 => BF16, 5..7;
 });
+
+/// Attention in `f16` and `bf16` with head dimension 32 runs on tensor cores, forward and
+/// backward, the same values on a second call.
+#[test]
+fn attention_runs_on_tensor_cores() {
+    scenarios::fused_attention::attention_runs_on_tensor_cores(&cuda());
+}
 
 /// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
 #[test]

@@ -48,8 +48,10 @@ struct Case {
 }
 
 /// The cases: odd lengths, other query and key lengths, lengths over several key blocks
-/// (64 keys per block at most) and query blocks (16 rows).
-const CASES: [Case; 5] = [
+/// (64 keys per block at most) and query blocks (16 or 32 rows). Head dimensions 16 and 32 (cases
+/// 1 and 4 to 6) are what the tensor-core kernels take in `f16` and `bf16` on CUDA, with each
+/// kind of mask.
+const CASES: [Case; 7] = [
     Case {
         dims: [2, 2, 5, 7, 8],
         masking: Masking::None,
@@ -72,6 +74,14 @@ const CASES: [Case; 5] = [
     Case {
         dims: [1, 2, 65, 130, 32],
         masking: Masking::None,
+    },
+    Case {
+        dims: [2, 2, 33, 50, 16],
+        masking: Masking::Padding,
+    },
+    Case {
+        dims: [2, 1, 20, 70, 32],
+        masking: Masking::Full,
     },
 ];
 
@@ -292,6 +302,39 @@ pub fn attention_matches_exact_in(
                 "{label}: the fallback is not burn's computation"
             );
         }
+    }
+}
+
+/// On a device with tensor-core kernels for `f16` and `bf16` (CUDA), attention in those dtypes
+/// with a head dimension of 32 runs them, forward and backward (the exact comparisons above hold
+/// their values), and a second call computes the first's values bit for bit (no atomics, sums
+/// in a fixed order): what a graph's replay relies on.
+pub fn attention_runs_on_tensor_cores(device: &Device) {
+    let device = device.clone().autodiff();
+    for dtype in [FloatDType::F16, FloatDType::BF16] {
+        let dims = [2, 3, 40, 32];
+        let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 70 + seed, dtype, &device));
+        let options = AttentionModuleOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let call = |q, k, v| attention(q, k, v, None, None, options);
+        let before = burn_graphed::testing::attention_tensor_core_calls();
+        let first = run(&call, (&q, &k, &v, &w));
+        let calls = burn_graphed::testing::attention_tensor_core_calls() - before;
+        assert_eq!(
+            calls, 2,
+            "{dtype:?}: {calls} attention calls on tensor cores, not the forward and the backward"
+        );
+        let second = run(&call, (&q, &k, &v, &w));
+        assert!(
+            first == second,
+            "{dtype:?}: a second call computed other values"
+        );
+        assert!(
+            first.iter().flatten().all(|x| x.is_finite()),
+            "{dtype:?}: a value is not finite"
+        );
     }
 }
 

@@ -206,6 +206,14 @@ pub mod testing {
         crate::cube::vendor_gemms()
     }
 
+    /// How many attention calls (forwards and backwards) this process ran on tensor cores
+    /// (`burn_graphed::nn::attention` and its modules in `f16` or `bf16`, a head dimension a
+    /// multiple of 16, on a device with 16x16x16 tensor-core products: CUDA): a test's proof
+    /// that those kernels ran.
+    pub fn attention_tensor_core_calls() -> usize {
+        crate::cube::attention_tensor_core_calls()
+    }
+
     /// Whether products on `device` run through cuBLASLt (a CUDA device, `libcublasLt` found,
     /// `BURN_GRAPHED_VENDOR_MATMUL` not `off`).
     pub fn vendor_matmul_available(device: &burn::prelude::Device) -> bool {

@@ -108,7 +108,7 @@ fn group_max(values: &mut Shared<[f32]>, value: f32, row: usize) -> f32 {
 /// read only where `valid`, the row and key in range: kernels evaluate both sides of `&&`) or,
 /// with `causal`, by coming after the query.
 #[cube]
-fn hidden(
+pub(super) fn hidden(
     mask: &[i32],
     strides: &MaskStrides,
     b: usize,
@@ -312,7 +312,7 @@ pub(super) fn forward_kernel<F: Float>(
 /// `p_ij = exp(s_ij - lse_i)` of a score, 0 where the key lies past `k_len` or where a fill of
 /// `-inf` hides it (whose row's `lse` may itself be `-inf`).
 #[cube]
-fn probability(s: f32, row_lse: f32, valid: bool) -> f32 {
+pub(super) fn probability(s: f32, row_lse: f32, valid: bool) -> f32 {
     let mut p = 0.0f32;
     if valid && s > f32::min_value() {
         p = (s - row_lse).exp();
@@ -339,7 +339,7 @@ fn dot(
 /// The score's gradient `p (dp - delta)`, 0 where the key is hidden (a fill has no gradient)
 /// or the pair is out of range.
 #[cube]
-fn score_gradient(p: f32, dp: f32, row_delta: f32, hide: bool, valid: bool) -> f32 {
+pub(super) fn score_gradient(p: f32, dp: f32, row_delta: f32, hide: bool, valid: bool) -> f32 {
     let mut grad = p * (dp - row_delta);
     if hide || !valid {
         grad = 0.0f32;

@@ -35,6 +35,8 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, Cube, backend_extension};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
@@ -46,9 +48,22 @@ use super::attention_kernels::{
     Blocks, KEYS, MaskStridesLaunch, ROWS, THREADS, forward_kernel, key_grad_kernel,
     query_grad_kernel,
 };
+use super::attention_tc_kernels::{
+    BLOCK, LANES, PLANES, TensorBlocks, forward_tc_kernel, key_grad_tc_kernel, query_grad_tc_kernel,
+};
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::count_forward;
+
+/// Attention calls (forward or backward) run on tensor cores in this process (read by
+/// `burn_graphed::testing`).
+static TENSOR_CORE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Attention calls run on tensor cores so far in this process.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn tensor_core_calls() -> usize {
+    TENSOR_CORE_CALLS.load(Ordering::Relaxed)
+}
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
@@ -127,6 +142,8 @@ struct Call {
     heads: usize,
     dim: usize,
     blocks: Blocks,
+    /// The tensor-core kernels' blocks where they take the call.
+    tensor: Option<TensorBlocks>,
     strides: [u32; 3],
 }
 
@@ -140,6 +157,7 @@ impl Call {
                 "burn-graphed: attention kernel given head dimension {dim} (the caller checks it)"
             )
         });
+        let tensor = tensor_cores(q, dim, shared);
         let strides = if masked {
             let [mb, mh, mq, mk] = mask.meta.shape().dims::<4>();
             let stride = |size: usize, inner: usize| if size == 1 { 0 } else { inner as u32 };
@@ -158,6 +176,7 @@ impl Call {
             heads,
             dim,
             blocks,
+            tensor,
             strides,
         }
     }
@@ -175,6 +194,33 @@ impl Call {
             self.batch as u32,
         )
     }
+}
+
+/// The tensor-core kernels' blocks for `q`'s dtype and head dimension `dim`, where the device
+/// takes them: `f16` or `bf16`, planes of exactly [`LANES`] units, 16x16x16 products of the
+/// dtype into `f32`, and a head dimension those kernels take within `shared` bytes.
+fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<TensorBlocks> {
+    use cubecl::features::MmaConfig;
+    if !matches!(q.dtype, DType::F16 | DType::BF16) {
+        return None;
+    }
+    let hardware = &q.client.properties().hardware;
+    if hardware.plane_size_min != LANES as u32 || hardware.plane_size_max != LANES as u32 {
+        return None;
+    }
+    let elem = kernel_elem(q.dtype)?;
+    let tile = MmaConfig {
+        a_type: elem,
+        b_type: elem,
+        cd_type: ElemType::Float(cubecl::ir::FloatKind::F32),
+        m: 16,
+        n: 16,
+        k: 16,
+    };
+    if !q.client.features().matmul.cmma.contains(&tile) {
+        return None;
+    }
+    TensorBlocks::for_dim(dim, shared)
 }
 
 impl AttentionKernels for CubeBackend {
@@ -210,6 +256,39 @@ impl AttentionKernels for CubeBackend {
             Dense::of(&v),
             Dense::of(&mask),
         );
+        if let Some(blocks) = call.tensor {
+            TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `PLANES` planes
+            // of `LANES` units (`tensor_cores` checked the device's planes are that size and
+            // that it multiplies 16x16x16 tiles of `elem` into f32), `BLOCK` rows each, its
+            // shared arrays sized by `TensorBlocks::for_dim` within the device's limit.
+            unsafe {
+                forward_tc_kernel::launch_unchecked(
+                    &client,
+                    call.grid(call.q_len, BLOCK),
+                    CubeDim::new_2d(LANES as u32, PLANES as u32),
+                    q.arg(),
+                    k.arg(),
+                    v.arg(),
+                    mask.arg(),
+                    out.arg(),
+                    lse.arg(),
+                    call.q_len as u32,
+                    call.k_len as u32,
+                    call.heads as u32,
+                    call.strides(),
+                    scale,
+                    fill,
+                    call.dim,
+                    blocks.forward_keys,
+                    masked,
+                    causal,
+                    quiet,
+                    elem,
+                );
+            }
+            return (out.into_tensor(), lse.into_tensor());
+        }
         // SAFETY: the kernel is instantiated for `elem`, the dtype of q, k, v (the caller
         // checked they agree) and of out (made with it); lse is f32 and the mask i32. A cube
         // reads rows below `q_len` of q and below `k_len` of k and v (`[batch, len, heads, dim]`
@@ -281,6 +360,65 @@ impl AttentionKernels for CubeBackend {
         let (q, k, v) = (Dense::of(&q), Dense::of(&k), Dense::of(&v));
         let (out, dout, lse) = (Dense::of(&out), Dense::of(&dout), Dense::of(&lse));
         let mask = Dense::of(&mask);
+        if let Some(blocks) = call.tensor {
+            TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
+            // of `LANES` units, `BLOCK` rows or keys each; the device checked by
+            // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`).
+            unsafe {
+                query_grad_tc_kernel::launch_unchecked(
+                    &client,
+                    call.grid(call.q_len, BLOCK),
+                    CubeDim::new_2d(LANES as u32, PLANES as u32),
+                    q.arg(),
+                    k.arg(),
+                    v.arg(),
+                    out.arg(),
+                    dout.arg(),
+                    lse.arg(),
+                    mask.arg(),
+                    dq.arg(),
+                    delta.arg(),
+                    call.q_len as u32,
+                    call.k_len as u32,
+                    call.heads as u32,
+                    call.strides(),
+                    scale,
+                    fill,
+                    call.dim,
+                    blocks.grad_keys,
+                    masked,
+                    causal,
+                    elem,
+                );
+                key_grad_tc_kernel::launch_unchecked(
+                    &client,
+                    call.grid(call.k_len, BLOCK),
+                    CubeDim::new_2d(LANES as u32, PLANES as u32),
+                    q.arg(),
+                    k.arg(),
+                    v.arg(),
+                    dout.arg(),
+                    lse.arg(),
+                    delta.arg(),
+                    mask.arg(),
+                    dk.arg(),
+                    dv.arg(),
+                    call.q_len as u32,
+                    call.k_len as u32,
+                    call.heads as u32,
+                    call.strides(),
+                    scale,
+                    fill,
+                    call.dim,
+                    blocks.rows,
+                    masked,
+                    causal,
+                    elem,
+                );
+            }
+            return (dq.into_tensor(), dk.into_tensor(), dv.into_tensor());
+        }
         // SAFETY: as in the forward: `elem` for q, k, v, out, dout and the gradients, f32 for
         // lse and delta, i32 for the mask, the same shapes and bounds. The first kernel writes
         // rows `i < q_len` of its block of dq and delta; the second reads delta (after the

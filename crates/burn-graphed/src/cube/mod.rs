@@ -23,6 +23,8 @@ mod attention_kernels;
 #[cfg(feature = "cube")]
 mod attention_op;
 #[cfg(feature = "cube")]
+mod attention_tc_kernels;
+#[cfg(feature = "cube")]
 mod buffers;
 #[cfg(feature = "cube")]
 mod capture;
@@ -95,6 +97,7 @@ pub(crate) use self::{
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
+    attention_op::tensor_core_calls as attention_tensor_core_calls,
     norm_op::grad_rows_per_chunk as norm_rows_per_chunk,
     progress::set_intervals as set_progress_intervals,
     row_kernels::forwards as fused_norm_forwards, vendor_matmul::gemms as vendor_gemms,
@@ -111,7 +114,8 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals, vendor_gemms,
+    attention_tensor_core_calls, fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals,
+    vendor_gemms,
 };
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -288,6 +288,12 @@ pub(crate) fn vendor_gemms() -> usize {
     0
 }
 
+/// Without cubecl no attention runs on tensor cores.
+#[cfg(feature = "testing")]
+pub(crate) fn attention_tensor_core_calls() -> usize {
+    0
+}
+
 /// Without cubecl no norm is fused: its sums are burn's, one chunk of every row.
 #[cfg(feature = "testing")]
 pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
