@@ -7,7 +7,9 @@
 //! Work split: a cube of [`PLANES`] planes; a plane takes 16 query rows (forward, dQ) or 16 keys
 //! (dK and dV). Operands are staged in shared memory in the dtype; a plane's products land in
 //! its own `f32` tiles in shared memory, where the two units of a row take the row's softmax or
-//! gradient arithmetic in `f32`, half of the columns each, and combine through a plane shuffle.
+//! gradient arithmetic in `f32`, its even and its odd columns, and combine through a plane
+//! shuffle. Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
+//! tile's rows fall into different banks.
 //! Rounding: the probabilities and the scores' gradients are rounded to the dtype before they
 //! multiply (FlashAttention's choice; burn's composition rounds them too); every sum is `f32`.
 
@@ -37,10 +39,15 @@ pub(super) const BLOCK: usize = PLANES * TILE;
 const UNITS: usize = PLANES * LANES;
 /// The largest head dimension taken.
 const MAX_DIM: usize = 64;
-/// The most shared memory a cube asks for (bytes), below CUDA's static limit of 48 KiB.
-const MAX_SHARED: usize = 40 * 1024;
+/// The most shared memory a cube asks for (bytes), 1 KiB below CUDA's static limit of 48 KiB.
+const MAX_SHARED: usize = 47 * 1024;
 /// Alignment of shared arrays (bytes): a tile's load and store need 32.
 const ALIGN: usize = 32;
+/// Padding of a shared row (elements): 16 bytes in the 2-byte dtype (8) and in `f32` (4), the
+/// least a tile's row stride may step by. Unpadded, the rows of a tile (64 or 128 bytes apart)
+/// start in the same banks and the units of a plane, one row pair each, read one bank at once.
+const PAD: usize = 8;
+const PAD32: usize = 4;
 
 /// The block sizes of the three kernels for a head dimension: keys streamed per step of the
 /// forward and of the dQ kernel, query rows per step of the dK/dV kernel. Powers of two from
@@ -63,18 +70,21 @@ impl TensorBlocks {
             return None;
         }
         let budget = shared.min(MAX_SHARED);
-        // Bytes: operands in the 2-byte dtype, products and accumulators in f32.
+        // Bytes of the kernels' shared arrays (padded rows): operands in the 2-byte dtype,
+        // products and accumulators in f32.
+        let (op, acc) = (dim + PAD, (dim + PAD32) * 4);
+        let scores = |n: usize| (n + PAD32) * 4;
+        let weights = |n: usize| (n + PAD) * 2;
         let forward = |keys: usize| {
-            2 * (BLOCK * dim + 2 * keys * dim) + BLOCK * keys * (4 + 2) + BLOCK * dim * 4
+            2 * (BLOCK + 2 * keys) * op + BLOCK * (scores(keys) + weights(keys) + acc)
         };
         let query = |keys: usize| {
-            2 * (2 * BLOCK * dim + 2 * keys * dim) + BLOCK * keys * (4 + 4 + 2) + BLOCK * dim * 4
+            2 * (2 * BLOCK + 2 * keys) * op + BLOCK * (2 * scores(keys) + weights(keys) + acc)
         };
         let key = |rows: usize| {
-            2 * (2 * BLOCK * dim + 2 * rows * dim)
+            2 * (2 * BLOCK + 2 * rows) * op
                 + 8 * rows
-                + BLOCK * rows * (4 + 4 + 2 + 2)
-                + BLOCK * dim * 8
+                + BLOCK * (2 * scores(rows) + 2 * weights(rows) + 2 * acc)
         };
         let fit =
             |size: &dyn Fn(usize) -> usize| [64, 32, TILE].into_iter().find(|&n| size(n) <= budget);
@@ -87,7 +97,7 @@ impl TensorBlocks {
 }
 
 /// Stages `count` rows of `source` (`[batch, len, heads, dim]`, rows `first..` of batch `b`,
-/// head `h`; rows past `len` as 0) in `target`, densely, in the dtype.
+/// head `h`; rows past `len` as 0) in `target`, `dim + PAD` apart, in the dtype.
 #[cube]
 fn stage_rows<F: Float>(
     source: &[F],
@@ -109,7 +119,7 @@ fn stage_rows<F: Float>(
         if at < len {
             value = source[((b * len + at) * heads + h) * dim + d];
         }
-        target[idx] = value;
+        target[row * comptime!(dim + PAD) + d] = value;
         idx += UNITS;
     }
 }
@@ -200,7 +210,8 @@ fn key_blocks(
 }
 
 /// Forward: rows `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`: `out` and
-/// `lse`, as `attention_kernels::forward_kernel`.
+/// `lse`, as `attention_kernels::forward_kernel`. The unit pair of a row takes its even and its
+/// odd columns.
 #[cube(launch_unchecked)]
 pub(super) fn forward_tc_kernel<F: Float>(
     q: &[F],
@@ -233,18 +244,20 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let r = plane * TILE + lane / 2;
     let half = lane % 2;
     let i = first + r;
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * dim), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * dim), ALIGN);
-    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * keys), ALIGN);
-    let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * keys), ALIGN);
-    let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
+    // Row pitches: operands, scores, weights, the output's accumulator.
+    let op = comptime!(dim + PAD);
+    let sp = comptime!(keys + PAD32);
+    let pp = comptime!(keys + PAD);
+    let ap = comptime!(dim + PAD32);
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
+    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
+    let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
+    let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
-    // The unit's half of its row of the output and of the scores.
-    let o_at = r * dim + half * comptime!(dim / 2);
-    let s_at = r * keys + half * comptime!(keys / 2);
-    for d in 0..comptime!(dim / 2) {
-        os[o_at + d] = 0.0f32;
+    for c in 0..comptime!(dim / 2) {
+        os[r * ap + 2 * c + half] = 0.0f32;
     }
     // The quiet softmax's virtual score 0: running maximum 0, running sum exp(0 - 0).
     let mut row_max = f32::min_value();
@@ -265,16 +278,16 @@ pub(super) fn forward_tc_kernel<F: Float>(
         for n in 0..comptime!(keys / TILE) {
             product_tile::<F>(
                 &qs,
-                plane * TILE * dim,
-                dim,
+                plane * TILE * op,
+                op,
                 TILE,
                 &ks,
-                n * TILE * dim,
-                dim,
+                n * TILE * op,
+                op,
                 TILE,
                 &mut ss,
-                plane * TILE * keys + n * TILE,
-                keys,
+                plane * TILE * sp + n * TILE,
+                sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
                 false,
@@ -283,50 +296,52 @@ pub(super) fn forward_tc_kernel<F: Float>(
         sync_plane();
         let mut high = f32::min_value();
         for c in 0..comptime!(keys / 2) {
-            let kj = base + half * comptime!(keys / 2) + c;
+            let j = 2 * c + half;
+            let kj = base + j;
             let valid = i < q_len && kj < k_len;
-            let mut s = ss[s_at + c] * scale;
+            let mut s = ss[r * sp + j] * scale;
             if valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal) {
                 s = fill;
             }
             if kj < k_len {
                 high = f32::max(high, s);
             }
-            ss[s_at + c] = s;
+            ss[r * sp + j] = s;
         }
         let new_max = f32::max(row_max, f32::max(high, plane_shuffle_xor(high, 1)));
         let mut part = 0.0f32;
         for c in 0..comptime!(keys / 2) {
+            let j = 2 * c + half;
             let mut p = 0.0f32;
-            if base + half * comptime!(keys / 2) + c < k_len {
-                p = (ss[s_at + c] - new_max).exp();
+            if base + j < k_len {
+                p = (ss[r * sp + j] - new_max).exp();
             }
-            ps[s_at + c] = F::cast_from(p);
+            ps[r * pp + j] = F::cast_from(p);
             part += p;
         }
         let block_sum = part + plane_shuffle_xor(part, 1);
         let alpha = (row_max - new_max).exp();
         row_sum = row_sum * alpha + block_sum;
         row_max = new_max;
-        for d in 0..comptime!(dim / 2) {
-            os[o_at + d] *= alpha;
+        for c in 0..comptime!(dim / 2) {
+            os[r * ap + 2 * c + half] *= alpha;
         }
         sync_plane();
-        // The plane's output rows += its probabilities times the block's values.
+        // The plane's output rows += its weights times the block's values.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
             product_tile::<F>(
                 &ps,
-                plane * TILE * keys,
-                keys,
+                plane * TILE * pp,
+                pp,
                 TILE,
                 &vs,
                 n * TILE,
-                dim,
-                TILE * dim,
+                op,
+                TILE * op,
                 &mut os,
-                plane * TILE * dim + n * TILE,
-                dim,
+                plane * TILE * ap + n * TILE,
+                ap,
                 comptime!(keys / TILE),
                 MatrixLayout::RowMajor,
                 true,
@@ -340,9 +355,10 @@ pub(super) fn forward_tc_kernel<F: Float>(
         if row_sum > 0.0f32 {
             inv = 1.0f32 / row_sum;
         }
-        let at = ((b * q_len + i) * heads + h) * dim + half * comptime!(dim / 2);
-        for d in 0..comptime!(dim / 2) {
-            out[at + d] = F::cast_from(os[o_at + d] * inv);
+        let at = ((b * q_len + i) * heads + h) * dim;
+        for c in 0..comptime!(dim / 2) {
+            let d = 2 * c + half;
+            out[at + d] = F::cast_from(os[r * ap + d] * inv);
         }
         if half == 0 {
             lse[(b * q_len + i) * heads + h] = row_max + row_sum.ln();
@@ -386,28 +402,30 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let r = plane * TILE + lane / 2;
     let half = lane % 2;
     let i = first + r;
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * dim), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * dim), ALIGN);
-    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * keys), ALIGN);
-    let mut dps = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * keys), ALIGN);
-    let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * keys), ALIGN);
-    let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
+    let op = comptime!(dim + PAD);
+    let sp = comptime!(keys + PAD32);
+    let pp = comptime!(keys + PAD);
+    let ap = comptime!(dim + PAD32);
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
+    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
+    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
+    let mut dps = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
+    let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
+    let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
     stage_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, BLOCK, dim);
-    let o_at = r * dim + half * comptime!(dim / 2);
-    let s_at = r * keys + half * comptime!(keys / 2);
-    for d in 0..comptime!(dim / 2) {
-        acc[o_at + d] = 0.0f32;
+    for c in 0..comptime!(dim / 2) {
+        acc[r * ap + 2 * c + half] = 0.0f32;
     }
     let row = (b * q_len + i) * heads + h;
     let mut part = 0.0f32;
     let mut row_lse = 0.0f32;
     if i < q_len {
-        let at = row * dim + half * comptime!(dim / 2);
-        for d in 0..comptime!(dim / 2) {
-            part += f32::cast_from(dout[at + d]) * f32::cast_from(out[at + d]);
+        for c in 0..comptime!(dim / 2) {
+            let at = row * dim + 2 * c + half;
+            part += f32::cast_from(dout[at]) * f32::cast_from(out[at]);
         }
         row_lse = lse[row];
     }
@@ -422,37 +440,37 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         stage_rows::<F>(k, &mut ks, b, h, base, k_len, heads, keys, dim);
         stage_rows::<F>(v, &mut vs, b, h, base, k_len, heads, keys, dim);
         sync_cube();
-        // The plane's scores (q k^T) and their products with the values (dO v^T).
+        // The plane's scores (q k^T) and the output gradient's products with the values (dO v^T).
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
             product_tile::<F>(
                 &qs,
-                plane * TILE * dim,
-                dim,
+                plane * TILE * op,
+                op,
                 TILE,
                 &ks,
-                n * TILE * dim,
-                dim,
+                n * TILE * op,
+                op,
                 TILE,
                 &mut ss,
-                plane * TILE * keys + n * TILE,
-                keys,
+                plane * TILE * sp + n * TILE,
+                sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
                 false,
             );
             product_tile::<F>(
                 &dos,
-                plane * TILE * dim,
-                dim,
+                plane * TILE * op,
+                op,
                 TILE,
                 &vs,
-                n * TILE * dim,
-                dim,
+                n * TILE * op,
+                op,
                 TILE,
                 &mut dps,
-                plane * TILE * keys + n * TILE,
-                keys,
+                plane * TILE * sp + n * TILE,
+                sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
                 false,
@@ -460,15 +478,17 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         }
         sync_plane();
         for c in 0..comptime!(keys / 2) {
-            let kj = base + half * comptime!(keys / 2) + c;
+            let j = 2 * c + half;
+            let kj = base + j;
             let valid = i < q_len && kj < k_len;
-            let mut s = ss[s_at + c] * scale;
+            let mut s = ss[r * sp + j] * scale;
             let hide = valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal);
             if hide {
                 s = fill;
             }
             let p = probability(s, row_lse, valid);
-            dss[s_at + c] = F::cast_from(score_gradient(p, dps[s_at + c], row_delta, hide, valid));
+            let grad = score_gradient(p, dps[r * sp + j], row_delta, hide, valid);
+            dss[r * pp + j] = F::cast_from(grad);
         }
         sync_plane();
         // dQ += dS k.
@@ -476,16 +496,16 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         for n in 0..comptime!(dim / TILE) {
             product_tile::<F>(
                 &dss,
-                plane * TILE * keys,
-                keys,
+                plane * TILE * pp,
+                pp,
                 TILE,
                 &ks,
                 n * TILE,
-                dim,
-                TILE * dim,
+                op,
+                TILE * op,
                 &mut acc,
-                plane * TILE * dim + n * TILE,
-                dim,
+                plane * TILE * ap + n * TILE,
+                ap,
                 comptime!(keys / TILE),
                 MatrixLayout::RowMajor,
                 true,
@@ -494,9 +514,9 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         sync_plane();
     }
     if i < q_len {
-        let at = row * dim + half * comptime!(dim / 2);
-        for d in 0..comptime!(dim / 2) {
-            dq[at + d] = F::cast_from(acc[o_at + d] * scale);
+        for c in 0..comptime!(dim / 2) {
+            let d = 2 * c + half;
+            dq[row * dim + d] = F::cast_from(acc[r * ap + d] * scale);
         }
     }
 }
@@ -538,25 +558,27 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let j = plane * TILE + lane / 2;
     let half = lane % 2;
     let kj = first + j;
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(rows * dim), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(rows * dim), ALIGN);
-    let mut sts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * rows), ALIGN);
-    let mut dpts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * rows), ALIGN);
-    let mut pts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * rows), ALIGN);
-    let mut dsts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * rows), ALIGN);
-    let mut dk_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
-    let mut dv_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * dim), ALIGN);
+    let op = comptime!(dim + PAD);
+    let sp = comptime!(rows + PAD32);
+    let pp = comptime!(rows + PAD);
+    let ap = comptime!(dim + PAD32);
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(rows * (dim + PAD)), ALIGN);
+    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(rows * (dim + PAD)), ALIGN);
+    let mut sts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD32)), ALIGN);
+    let mut dpts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD32)), ALIGN);
+    let mut pts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD)), ALIGN);
+    let mut dsts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD)), ALIGN);
+    let mut dk_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
+    let mut dv_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     let mut lses = Shared::<[f32]>::new_slice(rows);
     let mut deltas = Shared::<[f32]>::new_slice(rows);
     stage_rows::<F>(k, &mut ks, b, h, first, k_len, heads, BLOCK, dim);
     stage_rows::<F>(v, &mut vs, b, h, first, k_len, heads, BLOCK, dim);
-    let o_at = j * dim + half * comptime!(dim / 2);
-    let t_at = j * rows + half * comptime!(rows / 2);
-    for d in 0..comptime!(dim / 2) {
-        dk_acc[o_at + d] = 0.0f32;
-        dv_acc[o_at + d] = 0.0f32;
+    for c in 0..comptime!(dim / 2) {
+        dk_acc[j * ap + 2 * c + half] = 0.0f32;
+        dv_acc[j * ap + 2 * c + half] = 0.0f32;
     }
     // With `causal`, query rows before the block's first key see none of its keys.
     let mut start = 0usize;
@@ -592,32 +614,32 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         for n in 0..comptime!(rows / TILE) {
             product_tile::<F>(
                 &ks,
-                plane * TILE * dim,
-                dim,
+                plane * TILE * op,
+                op,
                 TILE,
                 &qs,
-                n * TILE * dim,
-                dim,
+                n * TILE * op,
+                op,
                 TILE,
                 &mut sts,
-                plane * TILE * rows + n * TILE,
-                rows,
+                plane * TILE * sp + n * TILE,
+                sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
                 false,
             );
             product_tile::<F>(
                 &vs,
-                plane * TILE * dim,
-                dim,
+                plane * TILE * op,
+                op,
                 TILE,
                 &dos,
-                n * TILE * dim,
-                dim,
+                n * TILE * op,
+                op,
                 TILE,
                 &mut dpts,
-                plane * TILE * rows + n * TILE,
-                rows,
+                plane * TILE * sp + n * TILE,
+                sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
                 false,
@@ -625,18 +647,18 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         }
         sync_plane();
         for c in 0..comptime!(rows / 2) {
-            let ii = half * comptime!(rows / 2) + c;
+            let ii = 2 * c + half;
             let qi = base + ii;
             let valid = qi < q_len && kj < k_len;
-            let mut s = sts[t_at + c] * scale;
+            let mut s = sts[j * sp + ii] * scale;
             let hide = valid && hidden(mask, &strides, b, h, qi, kj, valid, masked, causal);
             if hide {
                 s = fill;
             }
             let p = probability(s, lses[ii], valid);
-            pts[t_at + c] = F::cast_from(p);
-            dsts[t_at + c] =
-                F::cast_from(score_gradient(p, dpts[t_at + c], deltas[ii], hide, valid));
+            pts[j * pp + ii] = F::cast_from(p);
+            let grad = score_gradient(p, dpts[j * sp + ii], deltas[ii], hide, valid);
+            dsts[j * pp + ii] = F::cast_from(grad);
         }
         sync_plane();
         // dV += P^T dO, dK += dS^T q.
@@ -644,32 +666,32 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         for n in 0..comptime!(dim / TILE) {
             product_tile::<F>(
                 &pts,
-                plane * TILE * rows,
-                rows,
+                plane * TILE * pp,
+                pp,
                 TILE,
                 &dos,
                 n * TILE,
-                dim,
-                TILE * dim,
+                op,
+                TILE * op,
                 &mut dv_acc,
-                plane * TILE * dim + n * TILE,
-                dim,
+                plane * TILE * ap + n * TILE,
+                ap,
                 comptime!(rows / TILE),
                 MatrixLayout::RowMajor,
                 true,
             );
             product_tile::<F>(
                 &dsts,
-                plane * TILE * rows,
-                rows,
+                plane * TILE * pp,
+                pp,
                 TILE,
                 &qs,
                 n * TILE,
-                dim,
-                TILE * dim,
+                op,
+                TILE * op,
                 &mut dk_acc,
-                plane * TILE * dim + n * TILE,
-                dim,
+                plane * TILE * ap + n * TILE,
+                ap,
                 comptime!(rows / TILE),
                 MatrixLayout::RowMajor,
                 true,
@@ -678,10 +700,11 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         sync_plane();
     }
     if kj < k_len {
-        let at = ((b * k_len + kj) * heads + h) * dim + half * comptime!(dim / 2);
-        for d in 0..comptime!(dim / 2) {
-            dk[at + d] = F::cast_from(dk_acc[o_at + d] * scale);
-            dv[at + d] = F::cast_from(dv_acc[o_at + d]);
+        let at = ((b * k_len + kj) * heads + h) * dim;
+        for c in 0..comptime!(dim / 2) {
+            let d = 2 * c + half;
+            dk[at + d] = F::cast_from(dk_acc[j * ap + d] * scale);
+            dv[at + d] = F::cast_from(dv_acc[j * ap + d]);
         }
     }
 }
