@@ -12,14 +12,20 @@
 //! tile's rows fall into different banks.
 //! Rounding: the probabilities and the scores' gradients are rounded to the dtype before they
 //! multiply (FlashAttention's choice; burn's composition rounds them too); every sum is `f32`.
+//!
+//! Over 600 lines: three kernels and the helpers only they use (staging, the tile product, the
+//! block sizes), kept together as `attention_kernels.rs` keeps the CUDA-core three.
 
 // Kernels take queries, keys, values, a mask, their shapes and compile-time choices: more
 // arguments than clippy's default. Inside `#[cube]` functions a compile-time condition stays its
-// own `if`, and division rounds up by hand (`div_ceil` is not a kernel operation).
+// own `if`, and division rounds up by hand (`div_ceil` is not a kernel operation). The tile
+// loads and stores borrow a `slice` of shared memory as the `cmma` functions' examples do (the
+// form that ran on the device).
 #![allow(
     clippy::too_many_arguments,
     clippy::collapsible_if,
-    clippy::manual_div_ceil
+    clippy::manual_div_ceil,
+    clippy::needless_borrow
 )]
 
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
@@ -66,7 +72,7 @@ impl TensorBlocks {
     /// The blocks for head dimension `dim` within `shared` bytes per cube, or `None` where `dim`
     /// is not a multiple of [`TILE`] up to [`MAX_DIM`] or the smallest blocks do not fit.
     pub(super) fn for_dim(dim: usize, shared: usize) -> Option<Self> {
-        if dim == 0 || dim % TILE != 0 || dim > MAX_DIM {
+        if dim == 0 || !dim.is_multiple_of(TILE) || dim > MAX_DIM {
             return None;
         }
         let budget = shared.min(MAX_SHARED);
