@@ -7,10 +7,123 @@ use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
 
 /// The CUDA device. Also sends the libraries' warnings to stderr, tagged with this test's name
-/// ([`warnings`]).
+/// ([`warnings`]), and sets the process's TF32 choice first ([`choose_tf32`]).
 fn cuda() -> Device {
     warnings::install();
+    choose_tf32();
     Device::cuda(0)
+}
+
+/// The environment variable that runs this process's `f32` products with TF32 allowed (the
+/// default of burn-graphed and cubecl); without it the suite turns TF32 off, so that an `f32`
+/// formula rounds alike in eager and graphed runs up to the order of its sums and the suite's
+/// comparisons hold `Tolerance::default`, a derived bound (`tolerance_for`). The TF32 regime
+/// runs in a child process of its own ([`tf32_regime_trains_within_the_tensor_core_bound`]).
+const TF32_VAR: &str = "BURN_GRAPHED_TEST_TF32";
+
+/// Sets TF32 for this process's CUDA devices: off, unless [`TF32_VAR`] is `1`. Every test
+/// calls it before its first device; the first call decides, later ones agree with it.
+fn choose_tf32() {
+    let tf32 = std::env::var(TF32_VAR).is_ok_and(|v| v == "1");
+    burn_graphed::allow_tf32(tf32).expect("every test of the process makes the same choice");
+}
+
+/// With TF32 off (this suite's default), an `f32` product whose operands TF32 would round
+/// must come out exact, whatever kernel autotune picks for each layout: rows of `1 + 2^-12`
+/// (TF32 keeps 10 mantissa bits and rounds it to 1) times ones sum to `K (1 + 2^-12)`, exact
+/// in `f32` in any order for `K` = 64 (every partial sum `k + k 2^-12` is a multiple of its
+/// unit in the last place for `k < 128`). TF32 would give `K`. Shapes large enough that
+/// tensor-core kernels are among the candidates; plain, transposed and fused (a product
+/// followed by an addition) forms.
+#[test]
+fn tf32_off_keeps_f32_products_exact() {
+    let device = cuda();
+    if burn_graphed::tf32_allowed() {
+        scenarios::skip::skip(&format!("{TF32_VAR}=1 runs this process with TF32 allowed"));
+        return;
+    }
+    let k = 64;
+    let exact = k as f32 * (1.0 + 2f32.powi(-12));
+    for (m, n) in [(256, 256), (512, 128), (32, 1024)] {
+        let a = Tensor::<2>::full([m, k], 1.0 + 2f32.powi(-12), &device);
+        let b = Tensor::<2>::ones([k, n], &device);
+        let forms = [
+            ("plain", a.clone().matmul(b.clone())),
+            (
+                "transposed",
+                b.clone()
+                    .transpose()
+                    .matmul(a.clone().transpose())
+                    .transpose(),
+            ),
+            ("fused", a.clone().matmul(b.clone()) + 0.0),
+        ];
+        for (form, product) in forms {
+            let values = product.into_data().try_to_vec::<f32>().expect("f32 values");
+            let off = values.iter().filter(|v| **v != exact).count();
+            assert_eq!(
+                off,
+                0,
+                "{m}x{k}x{n} {form}: {off} of {} elements not {exact} (first {:?}): a product \
+                 rounded its operands with TF32 off",
+                values.len(),
+                values.iter().find(|v| **v != exact)
+            );
+        }
+    }
+    assert!(
+        matches!(
+            burn_graphed::allow_tf32(true),
+            Err(burn_graphed::GraphedError::Tf32TooLate {
+                requested: true,
+                held: false
+            })
+        ),
+        "a change after the device exists is refused"
+    );
+    burn_graphed::allow_tf32(false).expect("the held setting is accepted again");
+}
+
+/// The TF32 regime (burn-graphed's default): a child process of this binary with
+/// [`TF32_VAR`] set runs trainings compared under `Tolerance::tensor_cores` (its bound is
+/// measured, not derived: see its docs) and must pass them.
+#[test]
+fn tf32_regime_trains_within_the_tensor_core_bound() {
+    let _ = cuda();
+    let tests = [
+        "mlp_training_matches_eager",
+        "graphed_fused_adam_matches_eager",
+        "tf32_off_keeps_f32_products_exact",
+    ];
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let output = std::process::Command::new(exe)
+        .env(TF32_VAR, "1")
+        .args(["--exact", "--test-threads=1", "--nocapture"])
+        .args(tests)
+        .output()
+        .expect("the child test process runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Prefixed, and the child's skip lines renamed, so that the runner's log reader counts
+    // this test's result, not the child's.
+    for line in text.lines() {
+        println!(
+            "[tf32 child] {}",
+            line.replace("skipped: ", "skipped (child): ")
+        );
+    }
+    assert!(output.status.success(), "the TF32 regime failed (above)");
+    assert!(
+        text.contains("test result: ok. 3 passed"),
+        "the child ran the three tests"
+    );
+    assert!(
+        text.contains("skipped: tf32_off_keeps_f32_products_exact"),
+        "the child ran with TF32 allowed"
+    );
 }
 
 /// The libraries' `log` warnings (cubecl's "A launch error happened", "Autotune measured no
@@ -657,6 +770,7 @@ fn gpus(n: usize) -> Option<Vec<Device>> {
         ));
         return None;
     }
+    choose_tf32();
     Some((0..n).map(Device::cuda).collect())
 }
 

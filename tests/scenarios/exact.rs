@@ -58,8 +58,8 @@ pub fn relative_error(got: &[f64], exact: &[f64]) -> f64 {
 /// around the fused ops are tuned per layout (the graph's parameter buffers and the eager
 /// copy's are laid out apart), and the picks, TF32 tensor cores or f32, follow the timing of
 /// each tuning (seen with eight test processes on a GPU); there the comparison is the suite's
-/// tensor-core bound ([`super::tolerance_for`]), which a stale batch or a wrong row still
-/// exceeds about a hundredfold. Steps are numbered from 1 in the messages.
+/// bound ([`super::tolerance_for`]: f32 sums in other orders, or with TF32 allowed the
+/// tensor-core bound, which a stale batch or a wrong row still exceeds about a hundredfold). Steps are numbered from 1 in the messages.
 pub fn assert_graphed_equals_eager<M, I, const D: usize>(
     graphed: &burn_graphed::Graphed<M, I, burn::tensor::Tensor<D>>,
     eager: &M,
@@ -98,10 +98,10 @@ pub fn assert_graphed_equals_eager<M, I, const D: usize>(
 /// How far (relative) [`nudged`] moves each input element to measure how much a module of
 /// burn-nn's moves when its inputs move by one rounding: about five units of f32's roundoff
 /// (3e-7) where f32 products are computed in f32; TF32's unit roundoff (2^-11) where they may
-/// round to TF32 (CUDA: `tolerance_for`'s norm-relative part), since there burn-nn's own
-/// products are off by that much of their inputs and a nudge of 3e-7 vanishes in the rounding.
+/// round to TF32 ([`super::tf32_products`]), since there burn-nn's own products are off by
+/// that much of their inputs and a nudge of 3e-7 vanishes in the rounding.
 pub fn nudge_size(device: &burn::tensor::Device) -> f32 {
-    if super::kernels_may_differ(device) {
+    if super::tf32_products(device) {
         2f32.powi(-11)
     } else {
         3e-7

@@ -235,6 +235,8 @@ pub fn attention_matches_exact_in(
         skip(&format!("{device:?} has no {dtype:?}"));
         return;
     }
+    // The cases' grids are small: without this, CUDA would run them on CUDA cores.
+    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
     for (seed, case) in CASES.iter().enumerate() {
         if !cases.contains(&seed) {
             continue;
@@ -320,17 +322,30 @@ pub fn attention_matches_exact_in(
 /// On a device with tensor-core kernels for `f16` and `bf16` (CUDA), attention in those dtypes
 /// with a head dimension of 32 runs them, forward and backward (the exact comparisons above hold
 /// their values), and a second call computes the first's values bit for bit (no atomics, sums
-/// in a fixed order): what a graph's replay relies on.
+/// in a fixed order): what a graph's replay relies on. Which kernels run follows the grid: a
+/// small one (one short sequence) takes the CUDA-core kernels, a large one the tensor cores.
 pub fn attention_runs_on_tensor_cores(device: &Device) {
     let device = device.clone().autodiff();
+    let options = AttentionModuleOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let call = |q, k, v| attention(q, k, v, None, None, options);
+    for (dims, expected) in [([1, 2, 64, 32], 0), ([64, 8, 128, 32], 2)] {
+        let [q, k, v, w] =
+            [0, 1, 2, 3].map(|seed| tensor(dims, 80 + seed, FloatDType::F16, &device));
+        let before = burn_graphed::testing::attention_tensor_core_calls();
+        let _ = run(&call, (&q, &k, &v, &w));
+        let calls = burn_graphed::testing::attention_tensor_core_calls() - before;
+        assert_eq!(
+            calls, expected,
+            "{dims:?}: {calls} attention calls on tensor cores, not {expected}"
+        );
+    }
+    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
     for dtype in [FloatDType::F16, FloatDType::BF16] {
         let dims = [2, 3, 40, 32];
         let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 70 + seed, dtype, &device));
-        let options = AttentionModuleOptions {
-            is_causal: true,
-            ..Default::default()
-        };
-        let call = |q, k, v| attention(q, k, v, None, None, options);
         let before = burn_graphed::testing::attention_tensor_core_calls();
         let first = run(&call, (&q, &k, &v, &w));
         let calls = burn_graphed::testing::attention_tensor_core_calls() - before;

@@ -58,16 +58,38 @@ fn case(shape: &[usize], beta: bool) -> Case {
 }
 
 /// Rows a chunk of the fused kernel's parameter-gradient sums runs down in order, for `rows`
-/// rows (the library's own count); the chunks' sums are then added by burn's sum.
+/// rows (the library's own count); the chunks' sums are then added as [`lanes_sum`] adds them.
 fn rows_per_chunk(rows: usize) -> usize {
     burn_graphed::testing::norm_rows_per_chunk(rows)
+}
+
+/// The chunks' sums of one parameter-gradient element added as the kernel adds them: lane `l`
+/// of the library's lanes takes chunks `l, l + lanes, ...` in order, then the lanes are added
+/// in order. Returns the total and the sum of the squares of every partial sum formed.
+fn lanes_sum(chunks: &[f64]) -> (f64, f64) {
+    let lanes = burn_graphed::testing::norm_sum_lanes();
+    let (mut total, mut squares) = (0.0, 0.0);
+    for lane in 0..lanes {
+        let mut sum = 0.0;
+        for chunk in chunks.iter().skip(lane).step_by(lanes) {
+            sum += chunk;
+            squares += sum * sum;
+        }
+        if lane == 0 {
+            total = sum;
+        } else {
+            total += sum;
+            squares += total * total;
+        }
+    }
+    (total, squares)
 }
 
 /// The exact forward and gradients of a layer norm over rows of `width`: `(y, dx, dgamma,
 /// dbeta)` for the output gradient `dy`; then, per element of `dgamma` and `dbeta`, what `f32`
 /// rounding may cost their sums in the fused kernel's order (chunks of
-/// [`rows_per_chunk`] rows in order, then the chunks, taken in order: the longest of burn's
-/// orders): each addition rounds its partial sum `S` by at most `u |S|`, each product `t` by `u
+/// [`rows_per_chunk`] rows in order, then the chunks in the kernel's lanes, [`lanes_sum`]):
+/// each addition rounds its partial sum `S` by at most `u |S|`, each product `t` by `u
 /// |t|`, independently, so the error is within `4 u sqrt(sum S^2 + sum t^2)` but with a
 /// probability below 1e-4 (four standard deviations; Higham and Mary's probabilistic bound).
 fn exact(
@@ -82,8 +104,10 @@ fn exact(
     let rows = x.len() / width;
     let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
     let (mut dgamma, mut dbeta) = (vec![0.0; width], vec![0.0; width]);
-    // Per element: the chunk's partial sums, and the squares the allowance adds up.
+    // Per element: the chunk's partial sums, the finished chunks' sums, and the squares the
+    // allowance adds up.
     let (mut chunk_gamma, mut chunk_beta) = (vec![0.0; width], vec![0.0; width]);
+    let (mut chunks_gamma, mut chunks_beta) = (vec![Vec::new(); width], vec![Vec::new(); width]);
     let (mut squares_gamma, mut squares_beta) = (vec![0.0; width], vec![0.0; width]);
     let per_chunk = rows_per_chunk(rows);
     for r in 0..rows {
@@ -112,12 +136,16 @@ fn exact(
             squares_gamma[i] += chunk_gamma[i] * chunk_gamma[i] + term * term;
             squares_beta[i] += chunk_beta[i] * chunk_beta[i];
             if (r + 1) % per_chunk == 0 || r + 1 == rows {
-                dgamma[i] += std::mem::take(&mut chunk_gamma[i]);
-                dbeta[i] += std::mem::take(&mut chunk_beta[i]);
-                squares_gamma[i] += dgamma[i] * dgamma[i];
-                squares_beta[i] += dbeta[i] * dbeta[i];
+                chunks_gamma[i].push(std::mem::take(&mut chunk_gamma[i]));
+                chunks_beta[i].push(std::mem::take(&mut chunk_beta[i]));
             }
         }
+    }
+    for i in 0..width {
+        let (total, squares) = lanes_sum(&chunks_gamma[i]);
+        (dgamma[i], squares_gamma[i]) = (total, squares_gamma[i] + squares);
+        let (total, squares) = lanes_sum(&chunks_beta[i]);
+        (dbeta[i], squares_beta[i]) = (total, squares_beta[i] + squares);
     }
     let u = f64::from(f32::EPSILON) / 2.0;
     let allowance = |squares: Vec<f64>| squares.into_iter().map(|s| 4.0 * u * s.sqrt()).collect();

@@ -720,10 +720,19 @@ pub fn kernels_may_differ(device: &Device) -> bool {
     format!("{device:?}").contains("Cuda")
 }
 
-/// The harness tolerance for `device`: on CUDA, f32 matrix products may run on TF32 tensor
-/// cores in one path and not the other (see `Tolerance::tensor_cores`); elsewhere the default.
+/// Whether `f32` products on `device` may round to TF32 in one run and not another: on CUDA
+/// with TF32 allowed (`burn_graphed::allow_tf32`; the GPU suite turns it off except in its
+/// TF32 child process, `tests/gpu.rs`).
+pub fn tf32_products(device: &Device) -> bool {
+    kernels_may_differ(device) && burn_graphed::tf32_allowed()
+}
+
+/// The harness tolerance for `device`: where f32 matrix products may run on TF32 tensor cores
+/// in one path and not the other ([`tf32_products`]), `Tolerance::tensor_cores`, a measured
+/// bound; elsewhere (CUDA with TF32 off included: other kernels, other orders of f32 sums) the
+/// default, a derived one (see `Tolerance`).
 pub fn tolerance_for(device: &Device) -> Tolerance {
-    if kernels_may_differ(device) {
+    if tf32_products(device) {
         Tolerance::tensor_cores()
     } else {
         Tolerance::default()

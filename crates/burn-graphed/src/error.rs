@@ -231,6 +231,19 @@ pub enum GraphedError {
          `[compilation] cache = true` in a cubecl.toml next to the program)"
     )]
     KernelCacheTooLate,
+    /// [`crate::allow_tf32`] asked for a change after a CUDA device was created.
+    #[error(
+        "argument `allowed`: allow_tf32({requested}) was called after a CUDA device was created \
+         with TF32 {}; the setting is read when a device is first used (call allow_tf32 first \
+         thing in main, or set NVIDIA_TF32_OVERRIDE=0 to turn TF32 off)",
+        if *held { "allowed" } else { "off" }
+    )]
+    Tf32TooLate {
+        /// The setting asked for.
+        requested: bool,
+        /// The setting the created devices hold.
+        held: bool,
+    },
     /// A call does not match the capture and the policy is to refuse rather than run eagerly.
     #[error("call does not match the capture and on_mismatch = Error: {reason} ({detail})")]
     Mismatch {

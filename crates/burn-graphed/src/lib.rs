@@ -169,6 +169,36 @@ pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), Graphe
     }
 }
 
+/// Whether `f32` matrix products on CUDA may round their operands to TF32 (10-bit mantissa) on
+/// tensor cores, as PyTorch's `torch.backends.cuda.matmul.allow_tf32`. Allowed by default (as
+/// in cubecl): cubecl's autotune then times TF32 tensor-core kernels among its candidates for
+/// burn's `f32` matmuls and convolutions and keeps whichever is fastest, per operand layout,
+/// so two runs of one `f32` formula (eager and graphed, or two processes) may round
+/// differently. With `false`, `f32` products run in `f32` on CUDA cores: one formula rounds
+/// alike wherever it runs, up to the order of its sums, and compares with PyTorch's default
+/// (`allow_tf32 = False`). `f16` and `bf16` products, and burn-graphed's own cuBLASLt products
+/// ([`nn::Linear`], always `f32` arithmetic for `f32`), are not affected. The setting is read
+/// when a CUDA device is first used: call this first thing in `main`. NVIDIA's
+/// `NVIDIA_TF32_OVERRIDE=0` turns TF32 off whatever is set here. No effect without the `cuda`
+/// feature.
+///
+/// # Errors
+///
+/// [`GraphedError::Tf32TooLate`] when a CUDA device was already created with the other
+/// setting (nothing changes).
+pub fn allow_tf32(allowed: bool) -> Result<(), GraphedError> {
+    cube::set_tf32_allowed(allowed).map_err(|held| GraphedError::Tf32TooLate {
+        requested: allowed,
+        held,
+    })
+}
+
+/// Whether CUDA devices created from now on may run `f32` products on TF32 tensor cores
+/// ([`allow_tf32`]; `NVIDIA_TF32_OVERRIDE=0` included). `false` without the `cuda` feature.
+pub fn tf32_allowed() -> bool {
+    cube::tf32_allowed()
+}
+
 /// Writes every graph captured from now on, in this process, as a Graphviz DOT file
 /// `dir/<process id>-NNNN-<phase>.dot` (numbered in capture order), with each node's kernel
 /// name and launch parameters, as PyTorch's `CUDAGraph.debug_dump` writes, and names the file
@@ -214,6 +244,28 @@ pub mod testing {
         crate::cube::attention_tensor_core_calls()
     }
 
+    /// While the guard lives, attention takes its tensor-core kernels wherever the dtype, head
+    /// dimension and device allow, whatever its grid (without it, a grid with fewer cubes than
+    /// the device has multiprocessors runs the CUDA-core kernels): for tests of those kernels
+    /// on small shapes. Guards nest; dropping one restores what was set before it.
+    pub fn attention_tensor_cores_always() -> TensorCoresAlways {
+        TensorCoresAlways {
+            earlier: crate::cube::set_attention_min_tensor_cubes(Some(0)),
+        }
+    }
+
+    /// See [`attention_tensor_cores_always`].
+    #[must_use = "the setting lasts while the guard lives"]
+    pub struct TensorCoresAlways {
+        earlier: Option<usize>,
+    }
+
+    impl Drop for TensorCoresAlways {
+        fn drop(&mut self) {
+            crate::cube::set_attention_min_tensor_cubes(self.earlier);
+        }
+    }
+
     /// Whether products on `device` run through cuBLASLt (a CUDA device, `libcublasLt` found,
     /// `BURN_GRAPHED_VENDOR_MATMUL` not `off`).
     pub fn vendor_matmul_available(device: &burn::prelude::Device) -> bool {
@@ -221,10 +273,16 @@ pub mod testing {
     }
 
     /// Rows per chunk of the fused layer and RMS norms' parameter-gradient sums over `rows`
-    /// rows: each chunk sums its rows in order in `f32`, then burn's sum adds the chunks (the
-    /// order a test's rounding bound follows).
+    /// rows: each chunk sums its rows in order in `f32`, then the chunks are added in
+    /// [`norm_sum_lanes`] lanes (the order a test's rounding bound follows).
     pub fn norm_rows_per_chunk(rows: usize) -> usize {
         crate::cube::norm_rows_per_chunk(rows)
+    }
+
+    /// Lanes the fused norms add their chunks' sums in: lane `l` adds chunks `l, l + lanes,
+    /// ...` in order, then the lanes are added in order.
+    pub fn norm_sum_lanes() -> usize {
+        crate::cube::norm_sum_lanes()
     }
 
     /// Captures from now on write their progress lines (`log` target

@@ -6,6 +6,7 @@ pub mod compiler;
 mod compute;
 mod device;
 mod runtime;
+pub mod tf32;
 
 pub use compiler::{CudaCompilationOptions, CudaCompiler, CudaRepresentation};
 pub use compute::graph_inspect;

@@ -108,8 +108,15 @@ impl DeviceService for CudaServer {
             version: arch_version,
             tensor_cores: CudaArchitecture::has_tensor_cores(arch_version, &probe.name),
         };
-        let supported_cmma_combinations = CudaCmmaCompiler::Cpp.supported_cmma_combinations(&arch);
-        let supported_mma_combinations = cuda::supported_mma_combinations(&arch);
+        let mut supported_cmma_combinations =
+            CudaCmmaCompiler::Cpp.supported_cmma_combinations(&arch);
+        let mut supported_mma_combinations = cuda::supported_mma_combinations(&arch);
+        let tf32 = crate::tf32::take_for_new_device();
+        if !tf32 {
+            let is_tf32 = |ty: ElemType| ty == ElemType::Float(FloatKind::TF32);
+            supported_cmma_combinations.retain(|c| !is_tf32(c.a_type) && !is_tf32(c.b_type));
+            supported_mma_combinations.retain(|c| !is_tf32(c.a_type) && !is_tf32(c.b_type));
+        }
         let supported_scaled_mma_combinations = cuda::supported_scaled_mma_combinations(&arch);
 
         // SAFETY: `device_ptr` is a valid CUDA device. `primary_ctx::retain` returns the
@@ -202,7 +209,12 @@ impl DeviceService for CudaServer {
         // The compute capability is what PTX is emitted against, so it is both
         // the compilation namespace and the identity. Built once and shared
         // with `CudaContext` below, so the two cannot disagree.
-        let fingerprint = format!("ptx_sm{arch_version}");
+        // Without TF32 the tuned picks differ (no TF32 candidates): a namespace of their own.
+        let fingerprint = if tf32 {
+            format!("ptx_sm{arch_version}")
+        } else {
+            format!("ptx_sm{arch_version}_no_tf32")
+        };
 
         let mut device_props = DeviceProperties::new(
             Default::default(),
@@ -259,8 +271,10 @@ impl DeviceService for CudaServer {
         }
 
         if arch_version >= 80 {
-            device_props
-                .register_type_usage(ElemType::Float(FloatKind::TF32), TypeUsage::Conversion);
+            if tf32 {
+                device_props
+                    .register_type_usage(ElemType::Float(FloatKind::TF32), TypeUsage::Conversion);
+            }
             device_props.features.copy_async = true;
         }
 
@@ -400,7 +414,8 @@ impl DeviceService for CudaServer {
         let policy = PitchedMemoryLayoutPolicy::new(device_props.memory.alignment as usize);
         let (mut utilities, captures) = ServerUtilities::init(
             cubecl_common::device::ServiceId::of::<Self>(device_id),
-            "cuda",
+            // The autotune cache's namespace: picks made with TF32 are not read without it.
+            if tf32 { "cuda" } else { "cuda-no-tf32" },
             device_props,
             CudaRuntime::target_properties(),
             logger,

@@ -65,6 +65,18 @@ pub(crate) fn tensor_core_calls() -> usize {
     TENSOR_CORE_CALLS.load(Ordering::Relaxed)
 }
 
+/// The fewest cubes of the tensor-core kernels' grid worth running them for, when set
+/// (`burn_graphed::testing`); `usize::MAX`: none set, the device's streaming multiprocessors.
+static MIN_TENSOR_CUBES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets (`Some`) or clears the fewest cubes for the tensor-core kernels; returns the earlier
+/// setting.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn set_min_tensor_cubes(min: Option<usize>) -> Option<usize> {
+    let earlier = MIN_TENSOR_CUBES.swap(min.unwrap_or(usize::MAX), Ordering::Relaxed);
+    (earlier != usize::MAX).then_some(earlier)
+}
+
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 /// An int tensor of burn's cubecl backend.
@@ -157,7 +169,8 @@ impl Call {
                 "burn-graphed: attention kernel given head dimension {dim} (the caller checks it)"
             )
         });
-        let tensor = tensor_cores(q, dim, shared);
+        let cubes = batch * heads * q_len.min(k_len).div_ceil(BLOCK);
+        let tensor = tensor_cores(q, dim, shared).filter(|_| fills_device(q, cubes));
         let strides = if masked {
             let [mb, mh, mq, mk] = mask.meta.shape().dims::<4>();
             let stride = |size: usize, inner: usize| if size == 1 { 0 } else { inner as u32 };
@@ -194,6 +207,24 @@ impl Call {
             self.batch as u32,
         )
     }
+}
+
+/// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube
+/// per streaming multiprocessor. A tensor-core cube takes 32 query rows (or keys) with 64
+/// units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of 128 at
+/// batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and finish
+/// first (docs/decisions.md, "Attention on tensor cores").
+fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
+    let min = match MIN_TENSOR_CUBES.load(Ordering::Relaxed) {
+        usize::MAX => q
+            .client
+            .properties()
+            .hardware
+            .num_streaming_multiprocessors
+            .unwrap_or(0) as usize,
+        set => set,
+    };
+    cubes >= min
 }
 
 /// The tensor-core kernels' blocks for `q`'s dtype and head dimension `dim`, where the device

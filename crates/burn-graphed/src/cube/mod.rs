@@ -8,8 +8,10 @@
 //! stand-in with the same names answers "unsupported": nothing captures, every fused step is
 //! handed back, every generator keeps its counter on the host.
 
+mod tf32;
 mod values;
 
+pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
 pub(crate) use values::{
     AdamHyper, AttentionInputs, AttentionSpec, Bucket, LossInputs, OpInputs, Replayed, StepCut,
 };
@@ -97,10 +99,14 @@ pub(crate) use self::{
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
-    attention_op::tensor_core_calls as attention_tensor_core_calls,
-    norm_op::grad_rows_per_chunk as norm_rows_per_chunk,
+    attention_op::{
+        set_min_tensor_cubes as set_attention_min_tensor_cubes,
+        tensor_core_calls as attention_tensor_core_calls,
+    },
+    norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
     progress::set_intervals as set_progress_intervals,
-    row_kernels::forwards as fused_norm_forwards, vendor_matmul::gemms as vendor_gemms,
+    row_kernels::forwards as fused_norm_forwards,
+    vendor_matmul::gemms as vendor_gemms,
 };
 
 #[cfg(not(feature = "cube"))]
@@ -114,8 +120,8 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    attention_tensor_core_calls, fused_norm_forwards, norm_rows_per_chunk, set_progress_intervals,
-    vendor_gemms,
+    attention_tensor_core_calls, fused_norm_forwards, norm_rows_per_chunk, norm_sum_lanes,
+    set_attention_min_tensor_cubes, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -1,4 +1,4 @@
-//! Layer norm in one kernel forward and two backward, with its own autodiff node: what
+//! Layer norm in one kernel forward and three backward, with its own autodiff node: what
 //! [`crate::nn::layer_norm`] runs on burn's cubecl backends, where burn composes the norm from
 //! two mean reductions and five elementwise operations forward and about twice that backward.
 //!
@@ -9,18 +9,17 @@
 //! gamma + beta`. The row's mean and `rstd = 1 / sqrt(var + eps)` are kept for the backward:
 //! `xhat = (x - mean) * rstd`, `g = dy * gamma`, `dx = rstd * (g - mean(g) - xhat *
 //! mean(g * xhat))`; `dgamma = sum over rows of dy * xhat`, `dbeta = sum over rows of dy`, summed
-//! in `f32` per chunk of rows by one kernel and over the chunks by burn's sum. The sums inside a
-//! row run in a fixed tree order, so a replay computes what the eager call computed, bit for
-//! bit; against burn's composition they differ by the order of the sums (see the tests'
-//! tolerance).
+//! in `f32` per chunk of rows by one kernel and over the chunks by a third, in a fixed order,
+//! and rounded once to the parameter's dtype. The sums inside a row run in a fixed tree order,
+//! so a replay computes what the eager call computed, bit for bit; against burn's composition
+//! they differ by the order of the sums (see the tests' tolerance).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Cube, TensorMetadata, backend_extension};
+use burn::backend::{Autodiff, Backend, Cube, backend_extension};
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
@@ -38,7 +37,7 @@ use super::row_kernels::{
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
 /// Chunks of rows the parameter gradients are summed over by the second backward kernel (each
-/// chunk's sum is one row of partial sums; burn's sum adds the chunks).
+/// chunk's sum is one row of partial sums; [`chunk_sum_kernel`] adds the chunks).
 const GRAD_CHUNKS: usize = 128;
 
 /// Forward: row `r` of `input` normalized into `output`, its mean and `rstd` into `mean[r]`
@@ -192,6 +191,58 @@ fn param_grad_kernel<F: Float>(
     }
 }
 
+/// Columns of the parameter gradients one cube of [`chunk_sum_kernel`] finishes.
+const SUM_COLUMNS: usize = 32;
+/// Units per column of [`chunk_sum_kernel`], each summing every `SUM_LANES`-th chunk.
+const SUM_LANES: usize = 8;
+
+/// The parameter gradients from their partial sums: column `c` of `dgamma` and `dbeta`
+/// (`[chunks, width]`, `f32`) summed over the chunks into `gamma_grad[c]` and `beta_grad[c]`,
+/// rounded once to `F`. Unit `(x, y)` of cube `b` sums column `b * SUM_COLUMNS + x` over
+/// chunks `y, y + SUM_LANES, ...` in order; unit `(x, 0)` adds the lanes' sums in lane order.
+#[cube(launch_unchecked)]
+fn chunk_sum_kernel<F: Float>(
+    dgamma: &[f32],
+    dbeta: &[f32],
+    gamma_grad: &mut [F],
+    beta_grad: &mut [F],
+    width: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let width = width as usize;
+    let chunks = dgamma.len() / width;
+    let x = UNIT_POS_X as usize;
+    let lane = UNIT_POS_Y as usize;
+    let column = CUBE_POS_X as usize * SUM_COLUMNS + x;
+    let mut gamma_lanes = Shared::<[f32]>::new_slice(SUM_COLUMNS * SUM_LANES);
+    let mut beta_lanes = Shared::<[f32]>::new_slice(SUM_COLUMNS * SUM_LANES);
+    let mut sum_gamma = 0.0f32;
+    let mut sum_beta = 0.0f32;
+    if column < width {
+        let mut chunk = lane;
+        while chunk < chunks {
+            sum_gamma += dgamma[chunk * width + column];
+            sum_beta += dbeta[chunk * width + column];
+            chunk += SUM_LANES;
+        }
+    }
+    gamma_lanes[lane * SUM_COLUMNS + x] = sum_gamma;
+    beta_lanes[lane * SUM_COLUMNS + x] = sum_beta;
+    sync_cube();
+    if lane == 0 && column < width {
+        let mut total_gamma = gamma_lanes[x];
+        let mut total_beta = beta_lanes[x];
+        let mut other = 1usize;
+        while other < SUM_LANES {
+            total_gamma += gamma_lanes[other * SUM_COLUMNS + x];
+            total_beta += beta_lanes[other * SUM_COLUMNS + x];
+            other += 1;
+        }
+        gamma_grad[column] = F::cast_from(total_gamma);
+        beta_grad[column] = F::cast_from(total_beta);
+    }
+}
+
 /// The kernels as lazy fusion operations on burn's cubecl backend.
 #[backend_extension(Cube, Fusion)]
 pub(crate) trait LayerNormKernels: Backend {
@@ -214,15 +265,9 @@ pub(crate) trait LayerNormKernels: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The backward: `(dx, dgamma, dbeta)`, `dx` of `input`'s shape and dtype, the parameter
-    /// gradients as `[chunks, width]` partial sums in `f32` (sum them over dimension 0).
-    /// `centered` as in the forward.
-    #[fusion(meta = |_grad, input, _gamma, mean, _rstd, _centered| {
-        let width = input.shape[input.shape.num_dims() - 1];
-        let partial = burn::backend::fusion::custom::TensorSpec::new(
-            Shape::new([grad_chunks(mean.shape[0]).0, width]),
-            DType::F32,
-        );
-        (input.clone(), partial.clone(), partial)
+    /// gradients of gamma's shape and dtype. `centered` as in the forward.
+    #[fusion(meta = |_grad, input, gamma, _mean, _rstd, _centered| {
+        (input.clone(), gamma.clone(), gamma.clone())
     })]
     fn layer_norm_backward(
         grad: FloatTensor<Self>,
@@ -245,6 +290,13 @@ fn rows_of(shape: &Shape) -> usize {
 #[cfg(feature = "testing")]
 pub(crate) fn grad_rows_per_chunk(rows: usize) -> usize {
     grad_chunks(rows).1
+}
+
+/// Lanes of [`chunk_sum_kernel`]: lane `l` adds chunks `l, l + lanes, ...` in order, then the
+/// lanes are added in order (`burn_graphed::testing`, for the tests' rounding bound).
+#[cfg(feature = "testing")]
+pub(crate) fn grad_sum_lanes() -> usize {
+    SUM_LANES
 }
 
 /// `(chunks, rows per chunk)` of the parameter gradients' partial sums over `rows` rows.
@@ -354,18 +406,25 @@ impl LayerNormKernels for CubeBackend {
         let layout = Layout::of(&input);
         let (rows, width, elem, client) = (layout.rows, layout.width, layout.elem, &layout.client);
         let dx = layout.new_buffer(None, input.dtype);
+        // The parameter gradients, of gamma's dtype (the input's: one dtype, checked by the
+        // caller).
+        let param = || layout.new_buffer(Some(Shape::new([layout.width])), gamma.dtype);
+        let (gamma_grad, beta_grad) = (param(), param());
         let (grad, input, gamma) = (Dense::of(&grad), Dense::of(&input), Dense::of(&gamma));
         let (mean, rstd) = (Dense::of(&mean), Dense::of(&rstd));
         let (chunks, per_chunk) = grad_chunks(rows);
         let partial = || layout.new_buffer(Some(Shape::new([chunks, width])), DType::F32);
         let (dgamma, dbeta) = (partial(), partial());
         let threads = threads_for(width);
-        // SAFETY: as in the forward: one dtype `elem` for grad, input, gamma and dx, f32 for
-        // the statistics and the partial sums; a cube of the first kernel touches row `r <
-        // rows` only (indices below `rows * width`, gamma below `width`); a unit of the second
-        // touches column `c < width` of the rows of its chunk `k < chunks` (at most `rows`)
-        // and row `k` of the partial sums (`chunks * width` elements). The written buffers are
-        // new allocations, distinct from each other and from the read ones.
+        // SAFETY: as in the forward: one dtype `elem` for grad, input, gamma, dx and the
+        // parameter gradients, f32 for the statistics and the partial sums; a cube of the
+        // first kernel touches row `r < rows` only (indices below `rows * width`, gamma below
+        // `width`); a unit of the second touches column `c < width` of the rows of its chunk
+        // `k < chunks` (at most `rows`) and row `k` of the partial sums (`chunks * width`
+        // elements); a unit of the third reads column `c < width` of the partial sums' rows
+        // (`chunks = len / width` of them) and writes element `c` of the two `[width]`
+        // gradients. The written buffers are new allocations, distinct from each other and
+        // from the read ones; the third kernel runs after the second on the same stream.
         unsafe {
             input_grad_kernel::launch_unchecked(
                 client,
@@ -396,8 +455,23 @@ impl LayerNormKernels for CubeBackend {
                 per_chunk as u32,
                 elem,
             );
+            chunk_sum_kernel::launch_unchecked(
+                client,
+                CubeCount::Static(width.div_ceil(SUM_COLUMNS).max(1) as u32, 1, 1),
+                CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32),
+                dgamma.arg(),
+                dbeta.arg(),
+                gamma_grad.arg(),
+                beta_grad.arg(),
+                width as u32,
+                elem,
+            );
         }
-        (dx.into_tensor(), dgamma.into_tensor(), dbeta.into_tensor())
+        (
+            dx.into_tensor(),
+            gamma_grad.into_tensor(),
+            beta_grad.into_tensor(),
+        )
     }
 }
 
@@ -480,29 +554,17 @@ impl Backward<Cube, 3> for LayerNormBackward {
             rstd,
             centered,
         } = ops.state;
-        let dtype = gamma.dtype();
-        let width = gamma.shape()[0];
         let (dx, dgamma, dbeta) = <Cube as LayerNormKernels>::layer_norm_backward(
             grad, input, gamma, mean, rstd, centered,
         );
-        // The partial sums `[chunks, width]` in f32, added over the chunks, in the parameter's
-        // dtype.
-        let finish = |partial: FusedTensor| {
-            let summed = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::new([width]));
-            if dtype == DType::F32 {
-                summed
-            } else {
-                Cube::float_cast(summed, dtype.into())
-            }
-        };
         if let Some(node) = node_input {
             grads.register::<Cube>(node.id, dx);
         }
         if let Some(node) = node_gamma {
-            grads.register::<Cube>(node.id, finish(dgamma));
+            grads.register::<Cube>(node.id, dgamma);
         }
         if let Some(node) = node_beta {
-            grads.register::<Cube>(node.id, finish(dbeta));
+            grads.register::<Cube>(node.id, dbeta);
         }
     }
 }

@@ -300,6 +300,18 @@ pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
     rows.max(1)
 }
 
+/// Without cubecl no attention runs on tensor cores: nothing to set.
+#[cfg(feature = "testing")]
+pub(crate) fn set_attention_min_tensor_cubes(_min: Option<usize>) -> Option<usize> {
+    None
+}
+
+/// Without cubecl one chunk: one lane adds it.
+#[cfg(feature = "testing")]
+pub(crate) fn norm_sum_lanes() -> usize {
+    1
+}
+
 /// Without cubecl nothing is captured, so nothing reports progress.
 #[cfg(feature = "testing")]
 pub(crate) fn set_progress_intervals(_first: std::time::Duration, _every: std::time::Duration) {}
