@@ -34,12 +34,16 @@ use crate::{ParamMovement, TrainingComparison};
 ///   (`kappa = sum|terms| / |sum|`): `rel` 1e-5 covers `(n - 1) kappa` up to 83 (the suite's
 ///   models sum at most 64 products per element); `abs` 1e-6 covers a value that cancels to
 ///   near zero, for `sum|terms|` up to 0.13 at `n` = 64. (On wgpu the suite's graphed and
-///   eager runs measure bitwise equal: the bound is a margin.) It must see one Adam step at
-///   lr 1e-4, which moves every element whose gradient is well above epsilon by about 1e-4:
+///   eager runs measure bitwise equal: the bound is a margin. On CUDA with TF32 off,
+///   `burn_graphed::allow_tf32(false)` as the GPU suite runs, autotune may still pick other
+///   `f32` kernels for the two runs: other orders of the same sums, within this bound.) It
+///   must see one Adam step at lr 1e-4, which moves every element whose gradient is well above epsilon by about 1e-4:
 ///   more than `1e-6 + 1e-5 |p|` for `|p| < 9.9` (the suite's parameters are below 1: margin
 ///   about 9). A stale batch or a wrong row is off by the values themselves.
 /// - [`Tolerance::tensor_cores`] (adds `norm_rel` 1e-2 and `abs` 4e-6): f32 matrix products
-///   that may run on TF32 tensor cores in one path and not the other. On CUDA, burn's matmul
+///   that may run on TF32 tensor cores in one path and not the other (CUDA with TF32 allowed,
+///   burn-graphed's default; the GPU suite runs this regime in a child process of its own,
+///   `tf32_regime_trains_within_the_tensor_core_bound`). On CUDA, burn's matmul
 ///   autotuner times candidate kernels, some of which round f32 operands to TF32 (10-bit
 ///   mantissa, unit roundoff u = 2^-11 ≈ 4.9e-4); the kernel recorded in a graph can differ
 ///   from the one a later eager call picks. A TF32 dot product is off by up to about
