@@ -96,17 +96,34 @@ fn tf32_regime_trains_within_the_tensor_core_bound() {
         "tf32_off_keeps_f32_products_exact",
     ];
     let exe = std::env::current_exe().expect("the test binary's path");
-    let output = std::process::Command::new(exe)
+    // The child's output goes to a file (read at the end), and the child is killed past a
+    // deadline, so that a hung child fails this test rather than outliving it.
+    let log = std::env::temp_dir().join(format!("tf32-child-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).expect("the child's log");
+    let mut child = std::process::Command::new(exe)
         .env(TF32_VAR, "1")
+        // NVIDIA's override would turn TF32 off in the child too.
+        .env_remove("NVIDIA_TF32_OVERRIDE")
         .args(["--exact", "--test-threads=1", "--nocapture"])
         .args(tests)
-        .output()
-        .expect("the child test process runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .stdout(file.try_clone().expect("the child's log"))
+        .stderr(file)
+        .spawn()
+        .expect("the child test process starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(400);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
     // Prefixed, and the child's skip lines renamed, so that the runner's log reader counts
     // this test's result, not the child's.
     for line in text.lines() {
@@ -115,7 +132,8 @@ fn tf32_regime_trains_within_the_tensor_core_bound() {
             line.replace("skipped: ", "skipped (child): ")
         );
     }
-    assert!(output.status.success(), "the TF32 regime failed (above)");
+    let status = status.expect("the child ran past 400 s and was killed (its output above)");
+    assert!(status.success(), "the TF32 regime failed (above)");
     assert!(
         text.contains("test result: ok. 3 passed"),
         "the child ran the three tests"

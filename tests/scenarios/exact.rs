@@ -59,7 +59,8 @@ pub fn relative_error(got: &[f64], exact: &[f64]) -> f64 {
 /// copy's are laid out apart), and the picks, TF32 tensor cores or f32, follow the timing of
 /// each tuning (seen with eight test processes on a GPU); there the comparison is the suite's
 /// bound ([`super::tolerance_for`]: f32 sums in other orders, or with TF32 allowed the
-/// tensor-core bound, which a stale batch or a wrong row still exceeds about a hundredfold). Steps are numbered from 1 in the messages.
+/// tensor-core bound, which a stale batch or a wrong row still exceeds about a hundredfold).
+/// Steps are numbered from 1 in the messages.
 pub fn assert_graphed_equals_eager<M, I, const D: usize>(
     graphed: &burn_graphed::Graphed<M, I, burn::tensor::Tensor<D>>,
     eager: &M,

@@ -13,7 +13,7 @@
 //! half a unit in the last place, relative to the tensor's largest magnitude). The parameter
 //! gradients sum over every row, and there one sample of another order's error says little
 //! (on CUDA, `[66000, 3]`'s gamma gradient: burn-nn's tree 6.3e-8 from exact, the fused kernel's
-//! chunks of rows 2.3e-7; on lavapipe burn-nn's 1.6e-2, which would hide a dropped row): in
+//! chunks of rows 2.3e-7, measured when burn's sum added the chunks; on lavapipe burn-nn's 1.6e-2, which would hide a dropped row): in
 //! `f32` their bound is twice what rounding may cost the fused kernel's own order of sums
 //! (`exact`'s probabilistic allowance), plus `u`. Errors are
 //! measured as the largest distance over the tensor divided by its largest exact magnitude. The

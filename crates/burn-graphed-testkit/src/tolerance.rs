@@ -37,8 +37,8 @@ use crate::{ParamMovement, TrainingComparison};
 ///   eager runs measure bitwise equal: the bound is a margin. On CUDA with TF32 off,
 ///   `burn_graphed::allow_tf32(false)` as the GPU suite runs, autotune may still pick other
 ///   `f32` kernels for the two runs: other orders of the same sums, within this bound.) It
-///   must see one Adam step at lr 1e-4, which moves every element whose gradient is well above epsilon by about 1e-4:
-///   more than `1e-6 + 1e-5 |p|` for `|p| < 9.9` (the suite's parameters are below 1: margin
+///   must see one Adam step at lr 1e-4, which moves every element whose gradient is well
+///   above epsilon by about 1e-4: more than `1e-6 + 1e-5 |p|` for `|p| < 9.9` (the suite's parameters are below 1: margin
 ///   about 9). A stale batch or a wrong row is off by the values themselves.
 /// - [`Tolerance::tensor_cores`] (adds `norm_rel` 1e-2 and `abs` 4e-6): f32 matrix products
 ///   that may run on TF32 tensor cores in one path and not the other (CUDA with TF32 allowed,

@@ -235,8 +235,9 @@ pub enum GraphedError {
     #[error(
         "argument `allowed`: allow_tf32({requested}) was called after a CUDA device was created \
          with TF32 {}; the setting is read when a device is first used (call allow_tf32 first \
-         thing in main, or set NVIDIA_TF32_OVERRIDE=0 to turn TF32 off)",
-        if *held { "allowed" } else { "off" }
+         thing in main{})",
+        if *held { "allowed" } else { "off" },
+        if *requested { ", and leave NVIDIA_TF32_OVERRIDE unset" } else { ", or set NVIDIA_TF32_OVERRIDE=0" }
     )]
     Tf32TooLate {
         /// The setting asked for.

@@ -36,12 +36,13 @@ pub fn allowed() -> bool {
 }
 
 /// Sets whether devices allow TF32 products. Takes effect for devices created after the call;
-/// once a device was created with another setting, the call changes nothing and returns
-/// `Err(setting of the devices created)`.
+/// once a device was created holding another setting than `allowed`, the call changes nothing
+/// and returns `Err(setting of the devices created)` (with `NVIDIA_TF32_OVERRIDE=0` the devices
+/// hold `false`, so a late `set_allowed(true)` is refused too).
 pub fn set_allowed(allowed: bool) -> Result<(), bool> {
     let mut state = state();
     match state.created_with {
-        Some(held) if held != (allowed && !overridden_off()) => Err(held),
+        Some(held) if held != allowed => Err(held),
         _ => {
             state.allowed = allowed;
             Ok(())

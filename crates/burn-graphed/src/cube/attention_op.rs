@@ -24,6 +24,9 @@
 //! the eager call computed, bit for bit.
 //!
 //! The kernels and their work split are `attention_kernels.rs`'s.
+//!
+//! Over 600 lines: the two kernel families' launches (tensor-core and CUDA-core, forward and
+//! backward), the choice between them, the fusion operations and the autodiff node of one op.
 
 // The ops take queries, keys, values, a mask and the spec's five choices: more arguments than
 // clippy's default, in the generated dispatch code too.
@@ -65,16 +68,18 @@ pub(crate) fn tensor_core_calls() -> usize {
     TENSOR_CORE_CALLS.load(Ordering::Relaxed)
 }
 
-/// The fewest cubes of the tensor-core kernels' grid worth running them for, when set
-/// (`burn_graphed::testing`); `usize::MAX`: none set, the device's streaming multiprocessors.
-static MIN_TENSOR_CUBES: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Live guards of `burn_graphed::testing::attention_tensor_cores_always`: while any lives, the
+/// tensor-core kernels run on any grid.
+static TENSOR_CORES_ALWAYS: AtomicUsize = AtomicUsize::new(0);
 
-/// Sets (`Some`) or clears the fewest cubes for the tensor-core kernels; returns the earlier
-/// setting.
+/// Takes (`true`) or releases (`false`) one hold on the tensor-core kernels for any grid.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-pub(crate) fn set_min_tensor_cubes(min: Option<usize>) -> Option<usize> {
-    let earlier = MIN_TENSOR_CUBES.swap(min.unwrap_or(usize::MAX), Ordering::Relaxed);
-    (earlier != usize::MAX).then_some(earlier)
+pub(crate) fn hold_tensor_cores_always(hold: bool) {
+    if hold {
+        TENSOR_CORES_ALWAYS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        TENSOR_CORES_ALWAYS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The autodiff tensor of burn's cubecl backend.
@@ -213,18 +218,20 @@ impl Call {
 /// per streaming multiprocessor. A tensor-core cube takes 32 query rows (or keys) with 64
 /// units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of 128 at
 /// batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and finish
-/// first (docs/decisions.md, "Attention on tensor cores").
+/// first (docs/decisions.md, "Attention on tensor cores"). A device that does not say how
+/// many multiprocessors it has takes the tensor cores on any grid; so does a test holding
+/// `attention_tensor_cores_always` when the call's kernels launch.
 fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
-    let min = match MIN_TENSOR_CUBES.load(Ordering::Relaxed) {
-        usize::MAX => q
-            .client
-            .properties()
-            .hardware
-            .num_streaming_multiprocessors
-            .unwrap_or(0) as usize,
-        set => set,
-    };
-    cubes >= min
+    if TENSOR_CORES_ALWAYS.load(Ordering::Relaxed) > 0 {
+        return true;
+    }
+    let processors = q
+        .client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(0) as usize;
+    cubes >= processors
 }
 
 /// The tensor-core kernels' blocks for `q`'s dtype and head dimension `dim`, where the device

@@ -100,7 +100,7 @@ pub(crate) use self::{
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
     attention_op::{
-        set_min_tensor_cubes as set_attention_min_tensor_cubes,
+        hold_tensor_cores_always as hold_attention_tensor_cores,
         tensor_core_calls as attention_tensor_core_calls,
     },
     norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
@@ -120,8 +120,8 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    attention_tensor_core_calls, fused_norm_forwards, norm_rows_per_chunk, norm_sum_lanes,
-    set_attention_min_tensor_cubes, set_progress_intervals, vendor_gemms,
+    attention_tensor_core_calls, fused_norm_forwards, hold_attention_tensor_cores,
+    norm_rows_per_chunk, norm_sum_lanes, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

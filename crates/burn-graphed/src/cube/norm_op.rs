@@ -13,6 +13,9 @@
 //! and rounded once to the parameter's dtype. The sums inside a row run in a fixed tree order,
 //! so a replay computes what the eager call computed, bit for bit; against burn's composition
 //! they differ by the order of the sums (see the tests' tolerance).
+//!
+//! Over 600 lines: the four kernels of one op (forward, input gradient, parameter-gradient
+//! chunks, their sum), their launches, the fusion operations and the autodiff node.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -406,9 +409,9 @@ impl LayerNormKernels for CubeBackend {
         let layout = Layout::of(&input);
         let (rows, width, elem, client) = (layout.rows, layout.width, layout.elem, &layout.client);
         let dx = layout.new_buffer(None, input.dtype);
-        // The parameter gradients, of gamma's dtype (the input's: one dtype, checked by the
-        // caller).
-        let param = || layout.new_buffer(Some(Shape::new([layout.width])), gamma.dtype);
+        // The parameter gradients, of the input's dtype (the kernels' `elem`; gamma's too: one
+        // dtype, checked by the caller).
+        let param = || layout.new_buffer(Some(Shape::new([layout.width])), input.dtype);
         let (gamma_grad, beta_grad) = (param(), param());
         let (grad, input, gamma) = (Dense::of(&grad), Dense::of(&input), Dense::of(&gamma));
         let (mean, rstd) = (Dense::of(&mean), Dense::of(&rstd));
@@ -422,8 +425,8 @@ impl LayerNormKernels for CubeBackend {
         // `width`); a unit of the second touches column `c < width` of the rows of its chunk
         // `k < chunks` (at most `rows`) and row `k` of the partial sums (`chunks * width`
         // elements); a unit of the third reads column `c < width` of the partial sums' rows
-        // (`chunks = len / width` of them) and writes element `c` of the two `[width]`
-        // gradients. The written buffers are new allocations, distinct from each other and
+        // (`chunks = len / width` of them), writes element `c` of the two `[width]` gradients,
+        // and indexes its shared arrays below `SUM_COLUMNS * SUM_LANES` (the cube's units). The written buffers are new allocations, distinct from each other and
         // from the read ones; the third kernel runs after the second on the same stream.
         unsafe {
             input_grad_kernel::launch_unchecked(

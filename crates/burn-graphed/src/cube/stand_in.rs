@@ -300,11 +300,9 @@ pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
     rows.max(1)
 }
 
-/// Without cubecl no attention runs on tensor cores: nothing to set.
+/// Without cubecl no attention runs on tensor cores: nothing to hold.
 #[cfg(feature = "testing")]
-pub(crate) fn set_attention_min_tensor_cubes(_min: Option<usize>) -> Option<usize> {
-    None
-}
+pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
 
 /// Without cubecl one chunk: one lane adds it.
 #[cfg(feature = "testing")]

@@ -28,3 +28,36 @@ pub(crate) fn allowed() -> bool {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::GraphedError;
+
+    /// Without the `cuda` feature no device rounds `f32` products to TF32, whatever is asked.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_cuda_nothing_rounds_to_tf32() {
+        assert_eq!(super::set_allowed(true), Ok(()));
+        assert!(!super::allowed());
+        assert!(crate::allow_tf32(false).is_ok());
+        assert!(!crate::tf32_allowed());
+    }
+
+    /// The refusal names the argument, what was asked, what the devices hold and what to do.
+    #[test]
+    fn a_late_change_says_what_to_do() {
+        let message = GraphedError::Tf32TooLate {
+            requested: true,
+            held: false,
+        }
+        .to_string();
+        for part in [
+            "argument `allowed`",
+            "allow_tf32(true)",
+            "with TF32 off",
+            "first thing in main",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message:?}");
+        }
+    }
+}

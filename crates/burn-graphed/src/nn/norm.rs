@@ -8,7 +8,7 @@ use crate::cube;
 
 /// `input` normalized over its last dimension, scaled by `gamma`, shifted by `beta`: what
 /// `burn::tensor::module::layer_norm` computes, `(x - mean) / sqrt(var + epsilon) * gamma +
-/// beta` with the biased variance, in one kernel forward and two backward on burn's cubecl
+/// beta` with the biased variance, in one kernel forward and three backward on burn's cubecl
 /// backends.
 ///
 /// Precision: on the fused path every element is computed in `f32` whatever the dtype and the
@@ -60,7 +60,7 @@ pub fn layer_norm<const D: usize>(
 
 /// `input` divided by its root mean square over the last dimension, scaled by `gamma`: what
 /// burn-nn's `RmsNorm` computes, `x / sqrt(mean(x^2) + epsilon) * gamma`, in one kernel forward
-/// and two backward on burn's cubecl backends. Precision as [`layer_norm`]'s (every element in
+/// and three backward on burn's cubecl backends. Precision as [`layer_norm`]'s (every element in
 /// `f32`, one rounding; burn-nn takes the mean of squares in `f32` and divides in the input's
 /// dtype); elsewhere burn-nn's computation.
 ///
