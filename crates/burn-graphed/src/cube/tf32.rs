@@ -31,7 +31,7 @@ pub(crate) fn allowed() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::GraphedError;
+    use crate::error::GraphedError;
 
     /// Without the `cuda` feature no device rounds `f32` products to TF32, whatever is asked.
     #[cfg(not(feature = "cuda"))]
@@ -39,8 +39,8 @@ mod tests {
     fn without_cuda_nothing_rounds_to_tf32() {
         assert_eq!(super::set_allowed(true), Ok(()));
         assert!(!super::allowed());
-        assert!(crate::allow_tf32(false).is_ok());
-        assert!(!crate::tf32_allowed());
+        assert_eq!(super::set_allowed(false), Ok(()));
+        assert!(!super::allowed());
     }
 
     /// The refusal names the argument, what was asked, what the devices hold and what to do.
