@@ -11,9 +11,12 @@ training step (forward, loss, backward, update) on both sides: Burn's `whole_ste
 `whole_step_floor` (the same graph replayed with no input copy: the device's floor), their
 ratio and their value checks, against PyTorch's make_graphed_callables with the loss inside
 and fused Adam (`graphed_loss_fused_adam`), its whole-network capture with capturable fused
-Adam (`whole_step_fused_adam`), in f32 also with TF32 matrix products (rows `"tf32": true`,
-mode suffix `_tf32`: what cubecl's tensor-core matmuls run on the Burn side), and the fused
-one's floor (`whole_step_floor_fused_adam`), and the ratios of Burn's whole step to each.
+Adam (`whole_step_fused_adam`) and the fused one's floor (`whole_step_floor_fused_adam`), and
+the ratios of Burn's whole step to each, the same f32 arithmetic on both sides; in f32 also
+both sides with TF32 matrix products (rows `"tf32": true`, mode suffix `_tf32`: Burn's `--tf32
+on`, PyTorch's `--tf32`). Burn rows without a "tf32" key come from before the bench had
+`--tf32`: cubecl's autotune ran most of their f32 products as TF32, and they stand in the TF32
+columns too (`burn_tf32`).
 
 Check columns (`check_cell`): "passed N/N" where every round's value check passed, "FAILED k
 of N" where a round's check failed (a failed check leaves a failure row with `"error"` and no
@@ -217,14 +220,44 @@ def cells(r):
     # The "median (p10-p90)" cell of (framework, mode) in one model's rows `r`; for a row of
     # several rounds, "median [lowest-highest round median] xN".
     def cell(framework, mode):
-        row = r.get((framework, mode))
-        if not row:
-            return "n/a"
-        if row.get("rounds", 1) > 1:
-            return (f"{row['median_us']:.0f} us [{row['p10_us']:.0f}-{row['p90_us']:.0f}] "
-                    f"x{row['rounds']}")
-        return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+        return row_cell(r.get((framework, mode)))
     return cell
+
+
+def row_cell(row):
+    # The cell of one (merged) row, as `cells` prints it; "n/a" for none.
+    if not row:
+        return "n/a"
+    if row.get("rounds", 1) > 1:
+        return (f"{row['median_us']:.0f} us [{row['p10_us']:.0f}-{row['p90_us']:.0f}] "
+                f"x{row['rounds']}")
+    return f"{row['median_us']:.0f} us ({row['p10_us']:.0f}-{row['p90_us']:.0f})"
+
+
+def burn_tf32(r, mode):
+    # Burn's row of `mode` with TF32 matrix products, to set beside PyTorch's TF32 row: the
+    # `--tf32 on` row (its mode suffixed `_tf32`), or, in files from before the bench had
+    # `--tf32` (Burn rows without "tf32"), the plain row itself, whose f32 products cubecl's
+    # autotune ran mostly on TF32 tensor cores (BENCHMARKS.md, "Arithmetic"). None otherwise:
+    # a `--tf32 off` row is never compared with a TF32 one.
+    row = r.get(("burn", mode + "_tf32"))
+    if row:
+        return row
+    row = r.get(("burn", mode))
+    return row if row and "tf32" not in row else None
+
+
+def tf32_cell(r, mode):
+    # The cell of `burn_tf32(r, mode)`: "as plain (autotune)" for a legacy row.
+    row = burn_tf32(r, mode)
+    if row and "tf32" not in row:
+        return "as plain (autotune)"
+    return row_cell(row)
+
+
+def tf32_us(r, mode):
+    row = burn_tf32(r, mode)
+    return row["median_us"] if row else float("nan")
 
 
 def round_ratios(a, b):
@@ -245,15 +278,16 @@ def header(text):
 def whole_step_table(rows):
     # One graph per training step on both sides: Burn's whole step and its floor against
     # PyTorch's make_graphed_callables (loss inside, fused Adam) and whole-network capture
-    # (capturable fused Adam) with plain f32 matrix products and, in f32, with TF32 (what
-    # cubecl's tensor-core matmuls run on the Burn side), as ratios of medians (of round
-    # medians when merged); the check column covers Burn's whole step and its floor.
+    # (capturable fused Adam), with the same f32 arithmetic on both sides: plain f32 products,
+    # and, in f32, TF32 products in columns of their own (`burn_tf32`), as ratios of medians
+    # (of round medians when merged); the check column covers every Burn row of the line.
     by = group(rows)
     out = header(
         "| model | dtype | burn whole step | burn floor | burn / own floor | burn checks "
         "| torch make_graphed_callables (fused) | torch whole step (fused) "
-        "| torch whole step (fused, TF32) | torch floor (fused) | burn / torch mgc "
-        "| burn / torch whole step | burn / torch whole step, TF32 |"
+        "| torch floor (fused) | burn / torch mgc | burn / torch whole step "
+        "| burn whole step, TF32 | torch whole step (fused, TF32) "
+        "| burn / torch whole step, TF32 |"
     )
     for (model, dtype), r in by.items():
         if ("burn", "whole_step") not in r:
@@ -261,16 +295,19 @@ def whole_step_table(rows):
         us, cell = medians(r), cells(r)
         bw = us("burn", "whole_step")
         tf32 = dtype == "f32"
-        checks = [check_cell(r.get(("burn", m))) for m in ("whole_step", "whole_step_floor")]
+        checks = [check_cell(r.get(("burn", m)))
+                  for m in ("whole_step", "whole_step_floor", "whole_step_tf32")
+                  if m != "whole_step_tf32" or ("burn", m) in r]
         out.append(
             f"| {model} | {dtype} | {cell('burn', 'whole_step')} | {cell('burn', 'whole_step_floor')} "
             f"| {num(bw / us('burn', 'whole_step_floor'), '.2f')} | {'; '.join(checks)} "
             f"| {cell('torch', TORCH_LOSS)} | {cell('torch', 'whole_step_fused_adam')} "
-            f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
             f"| {cell('torch', 'whole_step_floor_fused_adam')} "
             f"| {num(bw / us('torch', TORCH_LOSS), '.2f')} "
             f"| {num(bw / us('torch', 'whole_step_fused_adam'), '.2f')} "
-            f"| {num(bw / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
+            f"| {tf32_cell(r, 'whole_step') if tf32 else '-'} "
+            f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
+            f"| {num(tf32_us(r, 'whole_step') / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
         )
     return "\n".join(out) + "\n"
 
@@ -303,7 +340,7 @@ def fused_layers_table(rows):
             f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
             f"| {num(fused / us('burn', 'whole_step'), '.2f')} "
             f"| {num(fused / us('torch', 'whole_step_fused_adam'), '.2f')} "
-            f"| {num(fused / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
+            f"| {num(tf32_us(r, 'whole_step_fused_layers') / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
         )
     return "\n".join(out) + "\n"
 
@@ -621,7 +658,7 @@ def inference_table(rows):
                 f"| {'; '.join(check_cell(r.get(('burn', m))) for m in (graphed, floor) if m)} "
                 f"| {cell('torch', eager)} | {cell('torch', graphed)} "
                 f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} | {num(bg / tg, '.2f')} "
-                f"| {num(bg / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
+                f"| {num(tf32_us(r, graphed) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
                 f"| {num(us('burn', eager) / bg, '.1f', 'x')} "
                 f"| {num(us('torch', eager) / tg, '.1f', 'x')} |"
             )
@@ -652,7 +689,7 @@ def inference_fused_table(rows):
                 f"| {cell('torch', graphed)} "
                 f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} "
                 f"| {num(bf / us('burn', graphed), '.2f')} | {num(bf / us('torch', graphed), '.2f')} "
-                f"| {num(bf / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} |"
+                f"| {num(tf32_us(r, fused) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} |"
             )
     return "\n".join(out) + "\n"
 

@@ -13,7 +13,7 @@
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
 //!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
-//!            [--check-cost] [--ranks 2]
+//!            [--check-cost] [--ranks 2] [--tf32 off|on]
 //! ```
 //!
 //! `mlp_fused`, `transformer_fused` and `lm_fused` are `mlp`, `transformer` and `lm` with
@@ -381,10 +381,11 @@ impl Row {
             // No timing row for values that were not right: the failure, which the report
             // lists.
             println!(
-                "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"check_passed\": false, \"error\": \"{}\"}}",
+                "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"tf32\": {}, \"mode\": \"{}\", \"check_passed\": false, \"error\": \"{}\"}}",
                 self.framework,
                 self.model,
                 self.dtype,
+                burn_graphed::tf32_allowed(),
                 self.mode,
                 failure.replace('\\', "\\\\").replace('"', "\\\"")
             );
@@ -419,10 +420,11 @@ impl Row {
             .graph_kernel_nodes
             .map_or_else(String::new, |n| format!(", \"graph_kernel_nodes\": {n}"));
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}{nodes}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"tf32\": {}, \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}{nodes}}}",
             self.framework,
             self.model,
             self.dtype,
+            burn_graphed::tf32_allowed(),
             self.mode,
             self.median_us,
             self.p10_us,
@@ -456,6 +458,10 @@ struct Options {
     check_cost: bool,
     /// `--ranks N`: the GPUs of the `ddp_*` modes (default 2).
     ranks: usize,
+    /// `--tf32 on|off` (default off): whether cubecl may run `f32` matrix products on TF32
+    /// tensor cores (`burn_graphed::allow_tf32`), so that a row runs the arithmetic of the
+    /// PyTorch row it is compared with (PyTorch's `allow_tf32`); every row records it.
+    tf32: bool,
 }
 
 fn options() -> Options {
@@ -478,6 +484,7 @@ fn options() -> Options {
         fusion_removed: std::env::var("BURN_GRAPHED_FUSION_REMOVE").unwrap_or_default(),
         check_cost: false,
         ranks: 2,
+        tf32: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -498,6 +505,13 @@ fn options() -> Options {
         match arg.as_str() {
             "--models" => options.models = value.split(',').map(String::from).collect(),
             "--dtype" => options.dtype = value,
+            "--tf32" => {
+                options.tf32 = match value.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => panic!("--tf32 takes on or off, not {other:?}"),
+                }
+            }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
             "--ranks" => {
@@ -2152,6 +2166,7 @@ fn run_isolated(options: &Options) {
             command.args(["--steps", &options.steps.to_string()]);
             command.args(["--reps", &options.reps.to_string()]);
             command.args(["--ranks", &options.ranks.to_string()]);
+            command.args(["--tf32", if options.tf32 { "on" } else { "off" }]);
             if !options.check {
                 command.arg("--no-check");
             }
@@ -2168,8 +2183,9 @@ fn run_isolated(options: &Options) {
                     // A run that ended before its row: a failure row, so that the report shows
                     // it (the model as `--models` names it).
                     println!(
-                        "{{\"framework\": \"burn\", \"model\": \"{model}\", \"dtype\": \"{}\", \"mode\": \"{}\", \"error\": \"run failed ({status}) before its row: see the log\"}}",
+                        "{{\"framework\": \"burn\", \"model\": \"{model}\", \"dtype\": \"{}\", \"tf32\": {}, \"mode\": \"{}\", \"error\": \"run failed ({status}) before its row: see the log\"}}",
                         options.dtype,
+                        options.tf32,
                         mode.label()
                     );
                 }
@@ -2256,6 +2272,8 @@ fn check_cost() {
 fn main() {
     warn_log::install();
     let options = options();
+    // Before any device exists: cubecl fixes the setting when it creates the CUDA device.
+    burn_graphed::allow_tf32(options.tf32).expect("--tf32 before any device");
     if options.check_cost {
         check_cost();
         return;

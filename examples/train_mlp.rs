@@ -58,10 +58,13 @@ fn pick_device() -> Result<(Device, String), String> {
     if cuda_answers() {
         return Ok((Device::cuda(0), "CUDA device 0 (CUDA graphs)".into()));
     }
+    // `cargo xtask demo` builds without `cuda` where nvidia-smi finds no GPU, and says so in
+    // BURN_GRAPHED_DEMO_WHY: the real reason, rather than the feature it then left out.
     let why = if cfg!(feature = "cuda") {
-        "no CUDA device answers"
+        "no CUDA device answers".to_string()
     } else {
-        "built without the `cuda` feature"
+        std::env::var("BURN_GRAPHED_DEMO_WHY")
+            .unwrap_or_else(|_| "built without the `cuda` feature".into())
     };
     #[cfg(feature = "wgpu")]
     return Ok((

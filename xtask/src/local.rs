@@ -176,6 +176,7 @@ pub fn demo(args: &[String], root: &Path) -> Result<(), String> {
             "xtask: no NVIDIA GPU answers (nvidia-smi): the demo runs on wgpu's software graphs"
         );
         ensure_packages(DEMO_PACKAGES)?;
+        command.env("BURN_GRAPHED_DEMO_WHY", "no NVIDIA GPU answers (nvidia-smi)");
     }
     command.arg("--").args(args).current_dir(root);
     run(command, "the demo")

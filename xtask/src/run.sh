@@ -37,8 +37,10 @@
 #                          "burn torch"; one side alone: "torch" or "burn");
 #                          BURN_GRAPHED_ROUNDS=N repeats both sides N times, alternating
 #                          (report.py takes the median over rounds; every round's Burn runs
-#                          are value-checked); f32 PyTorch runs twice, TF32 off and on
-#                          (BURN_GRAPHED_TORCH_TF32="off" or "on" for one)
+#                          are value-checked); f32 runs without TF32 on both sides
+#                          (BURN_GRAPHED_TF32="on" with it, "off on" both; rows record "tf32")
+#   bash run.sh warm       compile, untimed and in parallel, the kernels `bench` with the same
+#                          --models and --modes will load (groups of modes joined by "+")
 #   bash run.sh busy       run `bench` (same arguments, f32 unless BURN_GRAPHED_DTYPES) once per
 #                          side and mode of --modes while nvidia-smi samples the GPU's
 #                          utilization and SM clock: a median near 100% means that side's step
@@ -483,27 +485,68 @@ case "$mode" in
         # 10-minute command (BENCHMARKS.md); CUBECL_AUTOTUNE_LEVEL set by the caller wins.
         level="${CUBECL_AUTOTUNE_LEVEL:-}"
         [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
-        for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
-          case "$side" in
-            burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" "$@") 2>&1 | tee -a "$results" ;;
-            torch)
-              # f32: PyTorch once with plain f32 matrix products and once with TF32 (what
-              # cubecl's tensor-core matmuls run); BURN_GRAPHED_TORCH_TF32 picks ("off", "on").
-              maths=off
-              [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TORCH_TF32:-off on}"
-              for math in $maths; do
-                case "$math" in
-                  off) tf32=() ;;
-                  on) tf32=(--tf32) ;;
-                  *) echo "run.sh: BURN_GRAPHED_TORCH_TF32 takes off and on, not $math"; exit 2 ;;
-                esac
-                python3 "$here/torch_reference.py" --dtype "$dtype" "$@" ${tf32[@]+"${tf32[@]}"} 2>&1 | tee -a "$results"
-              done ;;
-            *) echo "run.sh: BURN_GRAPHED_SIDES takes burn and torch, not $side"; exit 2 ;;
+        # The f32 arithmetic of matrix products, the same on both sides: plain f32 ("off", the
+        # default) or TF32 ("on", Burn's `allow_tf32(true)`, PyTorch's `--tf32`);
+        # BURN_GRAPHED_TF32="off on" runs both. bf16 runs "off" (nothing of it is TF32).
+        maths=off
+        [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TF32:-off}"
+        for math in $maths; do
+          case "$math" in
+            off) tf32=() ;;
+            on) tf32=(--tf32) ;;
+            *) echo "run.sh: BURN_GRAPHED_TF32 takes off and on, not $math"; exit 2 ;;
           esac
+          for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
+            case "$side" in
+              burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" --tf32 "$math" "$@") 2>&1 | tee -a "$results" ;;
+              torch) python3 "$here/torch_reference.py" --dtype "$dtype" "$@" ${tf32[@]+"${tf32[@]}"} 2>&1 | tee -a "$results" ;;
+              *) echo "run.sh: BURN_GRAPHED_SIDES takes burn and torch, not $side"; exit 2 ;;
+            esac
+          done
         done
       done
     done
+    ;;
+  warm)
+    # Untimed, all at once: compiles into the cubecl environment of `bench` (the same
+    # BURN_GRAPHED_CUBECL_ENV, dtypes and TF32 setting) the kernels that `bench --models M
+    # --modes ...` will load, one Burn process per (dtype, TF32 setting, model, group of modes),
+    # so that NVRTC works on every core; `--modes` takes groups joined by "+" (each a list of
+    # modes run in turn by one process). Each process runs its modes once, value checks
+    # included (they compile eager kernels too), and keeps no autotune results when
+    # BURN_GRAPHED_TUNE=fresh: a later `bench` still tunes afresh. Logs to $OUT/warm/.
+    bin="$(unpack bench-train_step.xz)" || { echo "no benchmark in this bundle"; exit 1; }
+    shift
+    models="mlp,mlp256,cnn,transformer,lm" groups="whole_step,whole_step_floor"
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --models) models="${2:?run.sh warm --models needs a list}"; shift 2 ;;
+        --modes) groups="${2:?run.sh warm --modes needs a list}"; shift 2 ;;
+        *) echo "run.sh warm takes --models and --modes, not $1"; exit 2 ;;
+      esac
+    done
+    cubecl_env
+    logs="${OUT:-$work}/warm"
+    mkdir -p "$logs"
+    started=$(date +%s)
+    for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
+      level="${CUBECL_AUTOTUNE_LEVEL:-}"
+      [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
+      maths=off
+      [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TF32:-off}"
+      for math in $maths; do
+        for model in ${models//,/ }; do
+          for modes in ${groups//+/ }; do
+            tag="$dtype-tf32$math-$model-${modes%%,*}"
+            ( (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" --tf32 "$math" \
+                 --models "$model" --modes "$modes" --reps 1 --steps 2) >"$logs/$tag.txt" 2>&1
+              echo "$tag: exit $? after $(( $(date +%s) - started )) s, $(grep -c '"median_us"' "$logs/$tag.txt") rows, $(grep -c '"error"' "$logs/$tag.txt") failures" ) &
+          done
+        done
+      done
+    done
+    wait
+    echo "run.sh warm: done after $(( $(date +%s) - started )) s"
     ;;
   busy)
     # How busy the GPU is during each side's bench run of each mode: nvidia-smi samples, every
