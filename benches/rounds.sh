@@ -56,6 +56,10 @@ run_group() {
   IFS=';' read -ra parts <<<"$group"
   for part in "${parts[@]}"; do
     read -r dtype models <<<"$part"
+    # Every kernel compiled first, untimed and in parallel (`run.sh warm`); the rounds load them.
+    CUDA_VISIBLE_DEVICES="$gpu" BURN_GRAPHED_CUBECL_ENV="$env" BURN_GRAPHED_TUNE=fresh \
+      BURN_GRAPHED_DTYPES="$dtype" OUT="$work/gpu$gpu-$dtype-warm" \
+      bash "$bundle" warm --models "$models" --modes "$modes" >"$work/gpu$gpu-$dtype-warm.log" 2>&1
     CUDA_VISIBLE_DEVICES="$gpu" BURN_GRAPHED_CUBECL_ENV="$env" BURN_GRAPHED_TUNE=fresh \
       BURN_GRAPHED_ROUNDS="$rounds" BURN_GRAPHED_DTYPES="$dtype" OUT="$work/gpu$gpu-$dtype" \
       BURN_GRAPHED_AUTOTUNE_LOG="$work/gpu$gpu-$dtype-autotune.txt" \
