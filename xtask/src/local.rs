@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Debian packages the CPU suite needs: lavapipe (Mesa's software Vulkan) and the Vulkan
 /// loader for the wgpu backend; xz and python3 for xtask's own tests of the GPU bundle.
@@ -28,6 +30,24 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("running the test suite: {e}"))?;
     let mut tally = Tally::default();
+    // A line of progress whenever the suite has printed nothing for a minute: a test binary
+    // of long tests (the CPU suite on software Vulkan) otherwise reads as a hang.
+    let progress = Arc::new(Mutex::new(Progress::new()));
+    let heartbeat = {
+        let progress = Arc::clone(&progress);
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(5));
+                let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
+                if progress.finished {
+                    return;
+                }
+                if let Some(line) = progress.beat(Instant::now()) {
+                    println!("{line}");
+                }
+            }
+        })
+    };
     if let Some(stdout) = child.stdout.take() {
         let mut reader = BufReader::new(stdout);
         let mut bytes = Vec::new();
@@ -40,12 +60,18 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
             let line = line.trim_end_matches(['\n', '\r']);
             println!("{line}");
             tally.read(line);
+            progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read(line, Instant::now());
             bytes.clear();
         }
     }
     let status = child
         .wait()
         .map_err(|e| format!("running the test suite: {e}"))?;
+    progress.lock().unwrap_or_else(|e| e.into_inner()).finished = true;
+    let _ = heartbeat.join();
     let mut tally = tally.finish();
     if !status.success() && tally.failed == 0 {
         // A build error, or a test binary that died before libtest could report.
@@ -57,6 +83,82 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("the test suite failed ({status})"))
+    }
+}
+
+/// How far the suite is, from libtest's lines (`running N tests`, then one `test NAME ...`
+/// result per test), for [`beat`](Self::beat): a line of progress after a minute without
+/// output, then one a minute while the silence lasts.
+#[derive(Debug)]
+struct Progress {
+    started: Instant,
+    /// When the suite last printed a line, and when the last progress line was printed.
+    last_line: Instant,
+    last_beat: Instant,
+    /// Test binaries started, and the current one's tests: how many, how many finished.
+    binaries: usize,
+    total: usize,
+    done: usize,
+    finished: bool,
+}
+
+/// How long the suite may stay silent before a progress line, and between two of them.
+const QUIET: Duration = Duration::from_secs(60);
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            last_line: now,
+            last_beat: now,
+            binaries: 0,
+            total: 0,
+            done: 0,
+            finished: false,
+        }
+    }
+
+    fn read(&mut self, line: &str, now: Instant) {
+        self.last_line = now;
+        if let Some(count) = line
+            .strip_prefix("running ")
+            .and_then(|rest| rest.strip_suffix(" tests").or(rest.strip_suffix(" test")))
+            .and_then(|count| count.parse().ok())
+        {
+            self.binaries += 1;
+            self.total = count;
+            self.done = 0;
+        } else if (line.starts_with("test ")
+            && (line.ends_with(" ... ok")
+                || line.ends_with(" ... FAILED")
+                || line.contains(" ... ignored")))
+            || line == "ok"
+            || line == "FAILED"
+        {
+            self.done = (self.done + 1).min(self.total);
+        }
+    }
+
+    /// The progress line due at `now`, if the suite has been quiet for [`QUIET`] since its
+    /// last line and since the last progress line.
+    fn beat(&mut self, now: Instant) -> Option<String> {
+        let quiet = now.duration_since(self.last_line);
+        // Before the first test binary cargo is building, and says so on its own.
+        if self.binaries == 0 || quiet < QUIET || now.duration_since(self.last_beat) < QUIET {
+            return None;
+        }
+        self.last_beat = now;
+        let minutes = |d: Duration| format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60);
+        Some(format!(
+            "xtask: still running (test binary {}: {} of {} tests finished; {} since the last \
+             line, {} in all)",
+            self.binaries,
+            self.done,
+            self.total,
+            minutes(quiet),
+            minutes(now.duration_since(self.started))
+        ))
     }
 }
 
@@ -176,7 +278,10 @@ pub fn demo(args: &[String], root: &Path) -> Result<(), String> {
             "xtask: no NVIDIA GPU answers (nvidia-smi): the demo runs on wgpu's software graphs"
         );
         ensure_packages(DEMO_PACKAGES)?;
-        command.env("BURN_GRAPHED_DEMO_WHY", "no NVIDIA GPU answers (nvidia-smi)");
+        command.env(
+            "BURN_GRAPHED_DEMO_WHY",
+            "no NVIDIA GPU answers (nvidia-smi)",
+        );
     }
     command.arg("--").args(args).current_dir(root);
     run(command, "the demo")
@@ -296,7 +401,45 @@ fn is_root() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::Tally;
+    use super::{Progress, QUIET, Tally};
+    use std::time::Duration;
+
+    /// Silence for a minute in a test binary gives one progress line naming the binary and its
+    /// finished tests, then none until another minute passes; a line of output resets the
+    /// silence; none while cargo builds.
+    #[test]
+    fn progress_speaks_after_a_quiet_minute() {
+        let mut progress = Progress::new();
+        let t0 = progress.started;
+        // Cargo building: it speaks for itself.
+        assert_eq!(progress.beat(t0 + 2 * QUIET), None);
+        for line in [
+            "running 3 tests",
+            "test a ... ok",
+            "test b ... ignored, why",
+            "test c ... skipped: c: why",
+        ] {
+            progress.read(line, t0 + QUIET + Duration::from_secs(1));
+        }
+        let t1 = t0 + QUIET + Duration::from_secs(1);
+        assert_eq!(progress.beat(t1 + QUIET / 2), None);
+        let line = progress
+            .beat(t1 + QUIET)
+            .expect("a minute after the last line");
+        assert_eq!(
+            line,
+            "xtask: still running (test binary 1: 2 of 3 tests finished; 1m00s since the last \
+             line, 2m01s in all)"
+        );
+        assert_eq!(progress.beat(t1 + QUIET + QUIET / 2), None);
+        progress.read("ok", t1 + 2 * QUIET);
+        assert_eq!(progress.done, 3);
+        progress.read("running 1 test", t1 + 2 * QUIET);
+        assert_eq!(
+            (progress.binaries, progress.total, progress.done),
+            (2, 1, 0)
+        );
+    }
 
     fn tally(output: &str) -> Tally {
         let mut tally = Tally::default();

@@ -791,13 +791,57 @@ mod tests {
         };
         let cut = bench("3", &["--models", "mlp", "--slow"]);
         assert!(
-            cut.contains(r#"{"args": "--dtype f32 --models mlp --slow"}"#),
+            cut.contains(r#"{"args": "--dtype f32 --tf32 off --models mlp --slow"}"#),
             "{cut}"
         );
         let next = bench("60", &["--models", "cnn"]);
         assert!(
             next.contains("--models cnn") && !next.contains("--models mlp"),
             "{next}"
+        );
+    }
+
+    /// `run.sh warm` starts one Burn process per (dtype, TF32 setting, model, group of modes),
+    /// each running its group once with the settings `bench` would use, and logs each to
+    /// `$OUT/warm/`.
+    #[test]
+    fn run_sh_warm_runs_a_process_per_model_and_group() {
+        let bundle = FakeBundle::new("warm", &[]).with_bench();
+        let out = bundle.dir.join("out");
+        let output = Command::new("bash")
+            .arg(bundle.dir.join("run.sh"))
+            .args(["warm", "--models", "a,b", "--modes", "x,y+z"])
+            .env("BURN_GRAPHED_REPO", &bundle.dir)
+            .env("BURN_GRAPHED_CUBECL_ENV", bundle.dir.join("env"))
+            .env("BURN_GRAPHED_DTYPES", "f32 bf16")
+            .env("BURN_GRAPHED_TF32", "off on")
+            .env("OUT", &out)
+            .output()
+            .expect("bash");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        assert!(stdout.contains("run.sh warm: done after"), "{stdout}");
+        let mut logs: Vec<String> = std::fs::read_dir(out.join("warm"))
+            .expect("$OUT/warm")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        logs.sort();
+        let mut expected = Vec::new();
+        for (dtype, maths) in [("bf16", &["off"][..]), ("f32", &["off", "on"][..])] {
+            for math in maths {
+                for model in ["a", "b"] {
+                    for group in ["x", "z"] {
+                        expected.push(format!("{dtype}-tf32{math}-{model}-{group}.txt"));
+                    }
+                }
+            }
+        }
+        expected.sort();
+        assert_eq!(logs, expected, "{stdout}");
+        let log = std::fs::read_to_string(out.join("warm/f32-tf32on-b-x.txt")).expect("a log");
+        assert!(
+            log.contains("--dtype f32 --tf32 on --models b --modes x,y --reps 1 --steps 2"),
+            "{log}"
         );
     }
 
@@ -880,7 +924,9 @@ mod tests {
         assert!(run.status.success(), "{stdout}");
         let log = std::fs::read_to_string(out.join("busy.jsonl")).expect("busy.jsonl in $OUT");
         for mode in ["a", "b"] {
-            let row = format!(r#"{{"args": "--dtype f32 --models mlp --reps 1 --modes {mode}""#);
+            let row = format!(
+                r#"{{"args": "--dtype f32 --tf32 off --models mlp --reps 1 --modes {mode}""#
+            );
             assert!(log.contains(&row), "{log}");
             let line = format!("# busy: burn {mode}: GPU utilization median 97% over");
             assert!(log.contains(&line), "{log}");
