@@ -232,7 +232,9 @@ pub(crate) fn build_inference(
         .members
         .into_iter()
         .next()
-        .ok_or(GraphedError::NoOutputs)?;
+        .ok_or(GraphedError::Internal {
+            what: "the build returned fewer graphs than callables",
+        })?;
     let outputs = captured.outputs;
     Ok((
         captured.graphs,

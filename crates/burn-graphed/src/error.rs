@@ -125,6 +125,16 @@ pub enum GraphedError {
     /// The callable returned no tensor.
     #[error("the callable returned no output tensor")]
     NoOutputs,
+    /// burn-graphed broke one of its own invariants: a bug, not a misuse. Nothing was replayed
+    /// with it; the model and the optimizer state are as the last finished call left them.
+    #[error(
+        "burn-graphed broke its own invariant ({what}): a bug; please report it with the call \
+         that led here"
+    )]
+    Internal {
+        /// The invariant that did not hold.
+        what: &'static str,
+    },
     /// The callable returned only int and bool tensors: nothing a gradient can flow back through.
     #[error(
         "the callable returned no float tensor (outputs: {outputs}); a graphed training call \

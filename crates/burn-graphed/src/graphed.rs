@@ -207,7 +207,9 @@ where
         let built = build(vec![callable.member()], config)?
             .into_iter()
             .next()
-            .ok_or(GraphedError::NoOutputs)?;
+            .ok_or(GraphedError::Internal {
+                what: "the build returned fewer graphs than callables",
+            })?;
         Ok(Self::from_built(callable.module, call, built, config))
     }
 
@@ -598,9 +600,9 @@ where
             }
         }
         *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
-        let input = I::unflatten(flat).ok_or(GraphedError::InputCount {
-            expected: self.shared.inputs.len(),
-            got: self.shared.inputs.len(),
+        // `flat` is this call's inputs flattened, counted against the sample's already.
+        let input = I::unflatten(flat).ok_or(GraphedError::Internal {
+            what: "a call's flattened inputs do not fit the input type",
         })?;
         Ok((self.call)(&self.inner, input))
     }
@@ -647,9 +649,8 @@ where
             Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
             Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
         }
-        let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::InputCount {
-            expected: self.shared.inputs.len(),
-            got: flat.len(),
+        let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::Internal {
+            what: "a call's flattened inputs do not fit the input type",
         })?;
         let mut callable = Callable::new(self.inner.clone(), self.call, sample);
         let built = if inference {
@@ -685,7 +686,9 @@ where
         callable: &mut Callable<M, I, O>,
     ) -> Result<(Graphs, GraphMemory), GraphedError> {
         build(vec![callable.member()], &self.shared.config).and_then(|built| {
-            let built = built.into_iter().next().ok_or(GraphedError::NoOutputs)?;
+            let built = built.into_iter().next().ok_or(GraphedError::Internal {
+                what: "the build returned fewer graphs than callables",
+            })?;
             let memory = built.memory;
             built
                 .graphs
@@ -723,7 +726,9 @@ where
     fn hand_out(&self, replayed: Replayed) -> Result<O, GraphedError> {
         match replayed {
             Replayed::Outputs(outputs) => {
-                let outputs = O::unflatten(outputs).ok_or(GraphedError::NoOutputs);
+                let outputs = O::unflatten(outputs).ok_or(GraphedError::Internal {
+                    what: "a replay's outputs do not fit the output type captured",
+                });
                 host_phases::lap(HostPhase::HandOut);
                 outputs
             }

@@ -93,7 +93,9 @@ macro_rules! callable_group {
                     Graphed::from_built(
                         self.$idx.module,
                         self.$idx.call,
-                        built.next().ok_or(GraphedError::NoOutputs)?,
+                        built.next().ok_or(GraphedError::Internal {
+                            what: "the build returned fewer graphs than callables",
+                        })?,
                         config,
                     ),
                 )+))

@@ -852,7 +852,9 @@ where
         Err(GraphedError::InvalidArgument {
             argument: "optimizer",
             detail: format!(
-                "got {optimizer:?} with clipping {clipping:?}, but the step's graphs were                  captured for {:?} with clipping {:?} (constants of the update kernels); build a                  new GraphedStep from module()",
+                "got {optimizer:?} with clipping {clipping:?}, but the step's graphs were \
+                 captured for {:?} with clipping {:?} (constants of the update kernels); build a \
+                 new GraphedStep from module()",
                 self.optimizer, self.clipping
             ),
         })
