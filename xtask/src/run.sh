@@ -112,6 +112,26 @@ cubecl_env() {
 }
 
 # NVRTC and the driver are loaded at run time; make the usual CUDA locations visible.
+# The settings of `bench` and `warm` for a dtype ($1): cubecl's autotune `level` (bf16 with
+# cubecl's default autotune compiles too many candidates to finish in a 10-minute command,
+# BENCHMARKS.md; CUBECL_AUTOTUNE_LEVEL set by the caller wins) and `maths`, the f32 arithmetic
+# of matrix products, the same on both sides: plain f32 ("off", the default) or TF32 ("on":
+# Burn's `allow_tf32(true)`, PyTorch's `--tf32`); BURN_GRAPHED_TF32="off on" runs both, bf16
+# runs "off" (nothing of it is TF32).
+dtype_settings() {
+  level="${CUBECL_AUTOTUNE_LEVEL:-}"
+  [ "$1" = bf16 ] && [ -z "$level" ] && level=minimal
+  maths=off
+  [ "$1" = f32 ] && maths="${BURN_GRAPHED_TF32:-off}"
+  local math
+  for math in $maths; do
+    case "$math" in
+      off | on) ;;
+      *) echo "run.sh: BURN_GRAPHED_TF32 takes off and on, not $math"; exit 2 ;;
+    esac
+  done
+}
+
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
@@ -481,21 +501,10 @@ case "$mode" in
     for ((round = 1; round <= rounds; round++)); do
       [ "$rounds" -gt 1 ] && echo "# round: $round" | tee -a "$results"
       for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
-        # bf16 with cubecl's default autotune compiles too many candidates to finish in a
-        # 10-minute command (BENCHMARKS.md); CUBECL_AUTOTUNE_LEVEL set by the caller wins.
-        level="${CUBECL_AUTOTUNE_LEVEL:-}"
-        [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
-        # The f32 arithmetic of matrix products, the same on both sides: plain f32 ("off", the
-        # default) or TF32 ("on", Burn's `allow_tf32(true)`, PyTorch's `--tf32`);
-        # BURN_GRAPHED_TF32="off on" runs both. bf16 runs "off" (nothing of it is TF32).
-        maths=off
-        [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TF32:-off}"
+        dtype_settings "$dtype"
         for math in $maths; do
-          case "$math" in
-            off) tf32=() ;;
-            on) tf32=(--tf32) ;;
-            *) echo "run.sh: BURN_GRAPHED_TF32 takes off and on, not $math"; exit 2 ;;
-          esac
+          tf32=()
+          [ "$math" = on ] && tf32=(--tf32)
           for side in ${BURN_GRAPHED_SIDES:-burn torch}; do
             case "$side" in
               burn) (cd "$env_dir" && CUBECL_AUTOTUNE_LEVEL="$level" "$bin" --dtype "$dtype" --tf32 "$math" "$@") 2>&1 | tee -a "$results" ;;
@@ -530,10 +539,7 @@ case "$mode" in
     mkdir -p "$logs"
     started=$(date +%s)
     for dtype in ${BURN_GRAPHED_DTYPES:-f32 bf16}; do
-      level="${CUBECL_AUTOTUNE_LEVEL:-}"
-      [ "$dtype" = bf16 ] && [ -z "$level" ] && level=minimal
-      maths=off
-      [ "$dtype" = f32 ] && maths="${BURN_GRAPHED_TF32:-off}"
+      dtype_settings "$dtype"
       for math in $maths; do
         for model in ${models//,/ }; do
           for modes in ${groups//+/ }; do
