@@ -57,11 +57,12 @@ fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
 }
 
 /// What one rank saw: its losses per step, its steps that replayed graphs, its median step
-/// time, its trained replica.
+/// time, the time to its first trained step (capture included), its trained replica.
 pub struct RankRun {
     pub losses: Vec<f32>,
     pub replays: u64,
     pub step_us: f64,
+    pub first_step_s: f64,
     pub model: Mlp,
 }
 
@@ -100,6 +101,7 @@ pub fn train(
                             )
                         };
                         let replica = replica_on(model, device);
+                        let made = Instant::now();
                         let mut train = GraphedStep::data_parallel(
                             dp,
                             replica,
@@ -109,18 +111,23 @@ pub fn train(
                             &GraphedConfig::new(),
                         )?;
                         let (mut losses, mut times) = (Vec::new(), Vec::new());
+                        let mut first_step_s = f64::NAN;
                         for step in 0..steps {
                             let batch = shard(step);
                             let start = Instant::now();
                             let loss = train.run(batch, 1e-3)?;
                             times.push(start.elapsed().as_secs_f64() * 1e6);
                             losses.push(loss.into_scalar::<f32>());
+                            if step == 0 {
+                                first_step_s = made.elapsed().as_secs_f64();
+                            }
                         }
                         times.sort_by(f64::total_cmp);
                         Ok(RankRun {
                             losses,
                             replays: train.stats().replays,
                             step_us: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
+                            first_step_s,
                             model: train.into_module(),
                         })
                     })
@@ -181,7 +188,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs = train(&model, &devices, collective, steps, 32)?;
     for (rank, run) in runs.iter().enumerate() {
         println!(
-            "rank {rank}: loss {:.5} -> {:.5}, {} of {steps} steps replayed, median step {:.0} us",
+            "rank {rank}: first step after {:.2} s (capture included), loss {:.5} -> {:.5}, {} of \
+             {steps} steps replayed, median step {:.0} us",
+            run.first_step_s,
             run.losses[0],
             run.losses[steps - 1],
             run.replays,

@@ -7,6 +7,7 @@
 //! machine without a GPU, lavapipe: slow, but graphed), or `--features cuda` for CUDA.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
@@ -111,6 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = device().autodiff();
     let batch_size = 32;
     let sample = Tensor::<2>::zeros([batch_size, 64], &device);
+    let start = Instant::now();
     let model = Graphed::new(
         Mlp::new(&device),
         Mlp::forward,
@@ -129,6 +131,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .valid()
         .prepare(Tensor::<2>::zeros([64, 64], &inner))?;
     println!("validation batch: {prepared:?}");
+    // Every graph the run replays is captured by now: the wait before the first step.
+    println!(
+        "graphs captured in {:.2} s (the first run compiles and tunes their kernels)",
+        start.elapsed().as_secs_f64()
+    );
 
     let loader = |items: usize| -> Arc<dyn DataLoader<Batch>> {
         DataLoaderBuilder::new(Rows)
