@@ -16,7 +16,7 @@ the ratios of Burn's whole step to each, the same f32 arithmetic on both sides; 
 both sides with TF32 matrix products (rows `"tf32": true`, mode suffix `_tf32`: Burn's `--tf32
 on`, PyTorch's `--tf32`). Burn rows without a "tf32" key come from before the bench had
 `--tf32`: cubecl's autotune ran most of their f32 products as TF32, and they stand in the TF32
-columns too (`burn_tf32`).
+columns too (`burn_tf32`). A file without a TF32 row has no TF32 columns (`has_tf32`).
 
 Check columns (`check_cell`): "passed N/N" where every round's value check passed, "FAILED k
 of N" where a round's check failed (a failed check leaves a failure row with `"error"` and no
@@ -275,19 +275,30 @@ def header(text):
     return [text, "|" + " --- |" * (text.count("|") - 1)]
 
 
+def has_tf32(rows):
+    # Whether any row ran TF32 matrix products: a `--tf32` row of either side, or a Burn row
+    # from before the bench had `--tf32` (its f32 products mostly TF32, `burn_tf32`). Tables
+    # leave out their TF32 columns otherwise.
+    return any(row["mode"].endswith("_tf32")
+               or (row["framework"] == "burn" and row["dtype"] == "f32" and "tf32" not in row)
+               for row in rows)
+
+
 def whole_step_table(rows):
     # One graph per training step on both sides: Burn's whole step and its floor against
     # PyTorch's make_graphed_callables (loss inside, fused Adam) and whole-network capture
     # (capturable fused Adam), with the same f32 arithmetic on both sides: plain f32 products,
-    # and, in f32, TF32 products in columns of their own (`burn_tf32`), as ratios of medians
-    # (of round medians when merged); the check column covers every Burn row of the line.
+    # and, in f32, TF32 products in columns of their own (`burn_tf32`; only where a row ran
+    # TF32), as ratios of medians (of round medians when merged); the check column covers every
+    # Burn row of the line.
     by = group(rows)
+    tf32_columns = has_tf32(rows)
     out = header(
         "| model | dtype | burn whole step | burn floor | burn / own floor | burn checks "
         "| torch make_graphed_callables (fused) | torch whole step (fused) "
         "| torch floor (fused) | burn / torch mgc | burn / torch whole step "
-        "| burn whole step, TF32 | torch whole step (fused, TF32) "
-        "| burn / torch whole step, TF32 |"
+        + ("| burn whole step, TF32 | torch whole step (fused, TF32) "
+           "| burn / torch whole step, TF32 |" if tf32_columns else "|")
     )
     for (model, dtype), r in by.items():
         if ("burn", "whole_step") not in r:
@@ -298,17 +309,21 @@ def whole_step_table(rows):
         checks = [check_cell(r.get(("burn", m)))
                   for m in ("whole_step", "whole_step_floor", "whole_step_tf32")
                   if m != "whole_step_tf32" or ("burn", m) in r]
-        out.append(
+        line = (
             f"| {model} | {dtype} | {cell('burn', 'whole_step')} | {cell('burn', 'whole_step_floor')} "
             f"| {num(bw / us('burn', 'whole_step_floor'), '.2f')} | {'; '.join(checks)} "
             f"| {cell('torch', TORCH_LOSS)} | {cell('torch', 'whole_step_fused_adam')} "
             f"| {cell('torch', 'whole_step_floor_fused_adam')} "
             f"| {num(bw / us('torch', TORCH_LOSS), '.2f')} "
-            f"| {num(bw / us('torch', 'whole_step_fused_adam'), '.2f')} "
-            f"| {tf32_cell(r, 'whole_step') if tf32 else '-'} "
-            f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
-            f"| {num(tf32_us(r, 'whole_step') / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
+            f"| {num(bw / us('torch', 'whole_step_fused_adam'), '.2f')} |"
         )
+        if tf32_columns:
+            line += (
+                f" {tf32_cell(r, 'whole_step') if tf32 else '-'} "
+                f"| {cell('torch', 'whole_step_fused_adam_tf32') if tf32 else '-'} "
+                f"| {num(tf32_us(r, 'whole_step') / us('torch', 'whole_step_fused_adam_tf32'), '.2f') if tf32 else '-'} |"
+            )
+        out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -638,12 +653,17 @@ def is_inference(row):
 
 
 def inference_table(rows):
-    # Per call of the forward alone, eager and graphed on both sides, at each batch size.
+    # Per call of the forward alone, eager and graphed on both sides, at each batch size; the
+    # TF32 columns only where a row ran TF32 (`has_tf32`).
     by = group(rows)
+    tf32_columns = has_tf32(rows)
     out = header(
         "| model | dtype | batch | burn eager | burn graphed | burn floor | burn graphed checks "
-        "| torch eager | torch graphed | torch graphed, TF32 | burn graphed / torch graphed "
-        "| burn graphed / torch graphed, TF32 | burn speedup | torch speedup |"
+        "| torch eager | torch graphed "
+        + ("| torch graphed, TF32 " if tf32_columns else "")
+        + "| burn graphed / torch graphed "
+        + ("| burn graphed / torch graphed, TF32 " if tf32_columns else "")
+        + "| burn speedup | torch speedup |"
     )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
@@ -652,13 +672,16 @@ def inference_table(rows):
                 continue
             bg, tg = us("burn", graphed), us("torch", graphed)
             tf32 = dtype == "f32"
+            tf32_cell_ = (f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} "
+                          if tf32_columns else "")
+            tf32_ratio = (f"| {num(tf32_us(r, graphed) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
+                          if tf32_columns else "")
             out.append(
                 f"| {model} | {dtype} | {batch} | {cell('burn', eager)} | {cell('burn', graphed)} "
                 f"| {cell('burn', floor) if floor else '-'} "
                 f"| {'; '.join(check_cell(r.get(('burn', m))) for m in (graphed, floor) if m)} "
                 f"| {cell('torch', eager)} | {cell('torch', graphed)} "
-                f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} | {num(bg / tg, '.2f')} "
-                f"| {num(tf32_us(r, graphed) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
+                f"{tf32_cell_}| {num(bg / tg, '.2f')} {tf32_ratio}"
                 f"| {num(us('burn', eager) / bg, '.1f', 'x')} "
                 f"| {num(us('torch', eager) / tg, '.1f', 'x')} |"
             )

@@ -936,6 +936,76 @@ mod tests {
         assert_eq!(busy(&["--models", "mlp"]).status.code(), Some(2));
     }
 
+    /// report.py sets TF32 rows beside TF32 rows only: Burn's `--tf32 on` row against
+    /// PyTorch's `--tf32` one, never a `--tf32 off` Burn row; a Burn row from before `--tf32`
+    /// (no "tf32" key) stands in for Burn's TF32 row; a file with no TF32 row has no TF32
+    /// columns.
+    #[test]
+    fn report_py_pairs_tf32_rows_with_tf32_rows() {
+        let dir = std::env::temp_dir().join(format!("xtask-tf32-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let row = |framework: &str, mode: &str, tf32: Option<bool>, us: f64| {
+            let tf32 = tf32.map_or_else(String::new, |t| format!(", \"tf32\": {t}"));
+            format!(
+                "{{\"framework\": \"{framework}\", \"model\": \"m\", \"dtype\": \"f32\"{tf32}, \
+                 \"mode\": \"{mode}\", \"median_us\": {us}, \"p10_us\": {us}, \"p90_us\": {us}, \
+                 \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
+            )
+        };
+        let table = |name: &str, rows: &[String]| {
+            let file = dir.join(name);
+            std::fs::write(&file, rows.concat()).expect("results file");
+            let out = Command::new("python3")
+                .arg(root().join("benches/report.py"))
+                .arg(&file)
+                .args(["--only", "whole_step"])
+                .output()
+                .expect("python3");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let line = |table: &str| table.lines().nth(2).expect("a row").to_string();
+        let both = table(
+            "both.jsonl",
+            &[
+                row("burn", "whole_step", Some(false), 400.0),
+                row("burn", "whole_step", Some(true), 300.0),
+                row("torch", "whole_step_fused_adam", Some(false), 200.0),
+                row("torch", "whole_step_fused_adam", Some(true), 100.0),
+            ],
+        );
+        assert!(both.contains("burn / torch whole step, TF32"), "{both}");
+        assert!(
+            line(&both).ends_with("| 2.00 | 300 us (300-300) | 100 us (100-100) | 3.00 |"),
+            "{both}"
+        );
+        let legacy = table(
+            "legacy.jsonl",
+            &[
+                row("burn", "whole_step", None, 400.0),
+                row("torch", "whole_step_fused_adam", Some(true), 100.0),
+            ],
+        );
+        assert!(
+            line(&legacy).ends_with("| as plain (autotune) | 100 us (100-100) | 4.00 |"),
+            "{legacy}"
+        );
+        let plain = table(
+            "plain.jsonl",
+            &[
+                row("burn", "whole_step", Some(false), 400.0),
+                row("torch", "whole_step_fused_adam", Some(false), 200.0),
+            ],
+        );
+        assert!(!plain.contains("TF32"), "{plain}");
+        assert!(line(&plain).ends_with("| 2.00 |"), "{plain}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `benches/report.py` reads every committed results file into its tables, and keeps the
     /// plot that BENCHMARKS.md's commands ask of it (`--plot`): a refactor once dropped the
     /// plot function and nothing but a `--plot` run noticed. Draws the plot where matplotlib
