@@ -111,7 +111,6 @@ cubecl_env() {
   export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
 }
 
-# NVRTC and the driver are loaded at run time; make the usual CUDA locations visible.
 # The settings of `bench` and `warm` for a dtype ($1): cubecl's autotune `level` (bf16 with
 # cubecl's default autotune compiles too many candidates to finish in a 10-minute command,
 # BENCHMARKS.md; CUBECL_AUTOTUNE_LEVEL set by the caller wins) and `maths`, the f32 arithmetic
@@ -132,6 +131,7 @@ dtype_settings() {
   done
 }
 
+# NVRTC and the driver are loaded at run time; make the usual CUDA locations visible.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done

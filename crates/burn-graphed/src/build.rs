@@ -232,9 +232,7 @@ pub(crate) fn build_inference(
         .members
         .into_iter()
         .next()
-        .ok_or(GraphedError::Internal {
-            what: "the build returned fewer graphs than callables",
-        })?;
+        .ok_or(GraphedError::FEWER_GRAPHS)?;
     let outputs = captured.outputs;
     Ok((
         captured.graphs,

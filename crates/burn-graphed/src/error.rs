@@ -304,6 +304,17 @@ pub enum GraphedError {
 }
 
 impl GraphedError {
+    /// [`GraphedError::Internal`]: a build returned fewer graphs than the callables given it.
+    pub(crate) const FEWER_GRAPHS: Self = Self::Internal {
+        what: "the build returned fewer graphs than callables",
+    };
+
+    /// [`GraphedError::Internal`]: a call's inputs, flattened and counted against the sample's,
+    /// did not rebuild into the input type.
+    pub(crate) const INPUTS_MISFIT: Self = Self::Internal {
+        what: "a call's flattened inputs do not fit the input type",
+    };
+
     /// [`GraphedError::Mismatch`] for a call refused for `reason`: for a reason that names an
     /// input, the detail is that input as `given` and as `captured`; otherwise the call's
     /// input signature.

@@ -207,9 +207,7 @@ where
         let built = build(vec![callable.member()], config)?
             .into_iter()
             .next()
-            .ok_or(GraphedError::Internal {
-                what: "the build returned fewer graphs than callables",
-            })?;
+            .ok_or(GraphedError::FEWER_GRAPHS)?;
         Ok(Self::from_built(callable.module, call, built, config))
     }
 
@@ -601,9 +599,7 @@ where
         }
         *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
         // `flat` is this call's inputs flattened, counted against the sample's already.
-        let input = I::unflatten(flat).ok_or(GraphedError::Internal {
-            what: "a call's flattened inputs do not fit the input type",
-        })?;
+        let input = I::unflatten(flat).ok_or(GraphedError::INPUTS_MISFIT)?;
         Ok((self.call)(&self.inner, input))
     }
 
@@ -649,9 +645,7 @@ where
             Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
             Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
         }
-        let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::Internal {
-            what: "a call's flattened inputs do not fit the input type",
-        })?;
+        let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::INPUTS_MISFIT)?;
         let mut callable = Callable::new(self.inner.clone(), self.call, sample);
         let built = if inference {
             build_inference(&callable.member(), &self.shared.config)
@@ -686,9 +680,7 @@ where
         callable: &mut Callable<M, I, O>,
     ) -> Result<(Graphs, GraphMemory), GraphedError> {
         build(vec![callable.member()], &self.shared.config).and_then(|built| {
-            let built = built.into_iter().next().ok_or(GraphedError::Internal {
-                what: "the build returned fewer graphs than callables",
-            })?;
+            let built = built.into_iter().next().ok_or(GraphedError::FEWER_GRAPHS)?;
             let memory = built.memory;
             built
                 .graphs

@@ -93,9 +93,7 @@ macro_rules! callable_group {
                     Graphed::from_built(
                         self.$idx.module,
                         self.$idx.call,
-                        built.next().ok_or(GraphedError::Internal {
-                            what: "the build returned fewer graphs than callables",
-                        })?,
+                        built.next().ok_or(GraphedError::FEWER_GRAPHS)?,
                         config,
                     ),
                 )+))
