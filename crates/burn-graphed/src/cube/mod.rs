@@ -37,6 +37,8 @@ mod cross_entropy_op;
 #[cfg(feature = "cube")]
 mod dense;
 #[cfg(feature = "cube")]
+mod driver;
+#[cfg(feature = "cube")]
 mod graphs;
 #[cfg(feature = "cube")]
 mod inspect;

@@ -223,7 +223,7 @@ impl Session {
         unsafe {
             write_check::replay_after_check(
                 "forward",
-                self.cube_graph(&self.forward)?,
+                write_check::cube_graph(&self.forward, "forward")?,
                 &self.device,
                 &copies,
                 asked,
@@ -327,10 +327,13 @@ impl Session {
         unsafe {
             write_check::replay_after_check(
                 "backward",
-                self.cube_graph(self.backward.as_ref().ok_or_else(|| GraphedError::Replay {
-                    which: "backward",
-                    reason: "inference graphs have no backward graph".into(),
-                })?)?,
+                write_check::cube_graph(
+                    self.backward.as_ref().ok_or_else(|| GraphedError::Replay {
+                        which: "backward",
+                        reason: "inference graphs have no backward graph".into(),
+                    })?,
+                    "backward",
+                )?,
                 &self.device,
                 &[],
                 asked,
@@ -367,20 +370,6 @@ impl Session {
             &[]
         } else {
             written
-        }
-    }
-
-    fn cube_graph<'a>(
-        &self,
-        graph: &'a DispatchGraph,
-    ) -> Result<&'a burn::backend::BackendGraph<Cube>, GraphedError> {
-        match graph {
-            DispatchGraph::Cube(graph) => Ok(graph),
-            #[allow(unreachable_patterns)]
-            other => Err(GraphedError::Replay {
-                which: "lookup",
-                reason: format!("graph {other:?} was not captured on burn's cubecl backend"),
-            }),
         }
     }
 }

@@ -15,15 +15,15 @@
 use std::sync::Arc;
 
 use burn::backend::{Backend, Dispatch, DispatchGraph, DispatchTensor};
-use burn::tensor::Tensor;
 
 use super::buffers::{DirectCopy, FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
-use super::capture::{CAPTURE_LOCK, autodiff_leaf, fresh_copy, reserved_bytes};
-use super::lifecycle::{Preparation, capture_error, forget_unrun_metadata, materialize};
-use super::progress::CaptureProgress;
-use super::validate::first_difference;
+use super::driver::{InputView, Pools, static_inputs, under_lock, warm_up};
+use super::lifecycle::capture_error;
+use super::random_state::SavedStates;
+use super::step_state::{StepState, copy_out};
+use super::validate::validate_losses;
 use super::values::{Bucket, BucketLayout, StepCut};
-use super::{random_state, write_check};
+use super::write_check::{self, cube_graph};
 use crate::callable::StepRunner;
 use crate::config::GraphedConfig;
 use crate::error::{CapturePhase, GraphedError};
@@ -31,9 +31,6 @@ use crate::faults::FaultInjection;
 use crate::stats::GraphContents;
 use crate::sync::lock;
 use crate::tensors::FlatTensor;
-
-/// The device of burn's cubecl backend, without autodiff.
-use super::step_state::{StepState, copy_out};
 
 /// One captured step for one input signature (see the module docs). Field order is drop
 /// order: the graph before the buffers it points into (the parameters live in `state`).
@@ -262,24 +259,9 @@ fn cut_error(cut: bool) -> GraphedError {
     }
 }
 
-/// `graph` as captured on burn's cubecl backend.
-fn cube_graph<'a>(
-    graph: &'a DispatchGraph,
-    which: &'static str,
-) -> Result<&'a write_check::CubeGraph, GraphedError> {
-    match graph {
-        DispatchGraph::Cube(graph) => Ok(graph),
-        #[allow(unreachable_patterns)]
-        _ => Err(GraphedError::Replay {
-            which,
-            reason: "the graph was not captured on burn's cubecl backend".into(),
-        }),
-    }
-}
-
 /// Captures one step of `run` on the micro-batches of `sample` (at least one), as one graph or
 /// cut at its bucket (`cut`), updating `state`'s buffers; leaves every buffer and generator as
-/// it found it.
+/// it found it: each warm-up starts from a snapshot taken before, and so does the recording.
 ///
 /// # Errors
 ///
@@ -294,68 +276,49 @@ pub(crate) fn capture_step(
     cut: StepCut,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
-    let _progress = CaptureProgress::start(match cut {
+    let what = match cut {
         StepCut::Whole => "burn-graphed: capturing a whole training step",
         StepCut::AtBucket => "burn-graphed: capturing a data-parallel training step",
-    });
-    let _lock = lock(&CAPTURE_LOCK);
-    let generators = random_state::save();
-    Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
-    // Everything queued before (a learning-rate write, an eager step) is in the buffers now.
-    lock(&state.host).queued.clear();
-    let snapshot = state.snapshot();
-    let captured = capture_locked(state, run, sample, config, cut, &snapshot, &generators);
-    let restored = state.restore(&snapshot, &generators, CapturePhase::StaticBuffers);
-    if captured.is_err() || restored.is_err() {
-        forget_unrun_metadata(dispatch);
-    }
-    let graph = captured?;
-    restored?;
-    Ok(graph)
+    };
+    under_lock(dispatch, what, |generators| {
+        Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
+        // Everything queued before (a learning-rate write, an eager step) is in the buffers now.
+        lock(&state.host).queued.clear();
+        let snapshot = state.snapshot();
+        let captured = capture_from(state, run, sample, config, cut, &snapshot, generators);
+        let restored = state.restore(&snapshot, generators, CapturePhase::StaticBuffers);
+        let graph = captured?;
+        restored?;
+        Ok(graph)
+    })
 }
 
-fn capture_locked(
+/// [`capture_step`] once the lock is held and the snapshot taken.
+fn capture_from(
     state: &Arc<StepState>,
     run: &StepRunner<'_>,
     sample: &[Vec<FlatTensor>],
     config: &GraphedConfig,
     cut: StepCut,
     snapshot: &[(FusedTensor, FusedTensor)],
-    generators: &random_state::SavedStates,
+    generators: &SavedStates,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
-    let reserved_before = reserved_bytes(dispatch);
-    let static_inputs: Vec<Vec<DispatchTensor>> = sample
+    let pools = Pools::start(dispatch)?;
+    let (static_inputs, autodiff_inputs): (Vec<_>, Vec<_>) = sample
         .iter()
-        .map(|inputs| {
-            inputs
-                .iter()
-                .map(|t| fresh_copy(&t.tensor, CapturePhase::StaticBuffers))
-                .collect::<Result<_, _>>()
-        })
-        .collect::<Result<_, _>>()?;
-    let autodiff_inputs: Vec<Vec<FlatTensor>> = sample
-        .iter()
-        .zip(&static_inputs)
-        .map(|(inputs, statics)| {
-            inputs
-                .iter()
-                .zip(statics)
-                .map(|(input, tensor)| FlatTensor {
-                    tensor: autodiff_leaf(tensor, false),
-                    require_grad: false,
-                    ..input.clone()
-                })
-                .collect()
-        })
-        .collect();
+        .map(|inputs| static_inputs(inputs, InputView::Constant))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     let leaves = state.leaves();
     let warmup = CapturePhase::StepWarmup;
     let phase = CapturePhase::Step;
     let restore = || state.restore(snapshot, generators, warmup);
-    let prepared = Preparation::new(dispatch, warmup)?;
-    // The whole step, eagerly, as the graph will run it (cut at the bucket or not).
-    let whole_step = || -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError> {
+    // The whole step, eagerly, from the snapshot, as the graph will run it (cut at the bucket
+    // or not): the losses are kept, the queued writes held until the device synchronized.
+    let (warmed, eager_losses) = warm_up(dispatch, config, warmup, || {
+        restore()?;
         match cut {
             StepCut::Whole => state.body(run, &leaves, &autodiff_inputs, warmup),
             StepCut::AtBucket => {
@@ -364,47 +327,42 @@ fn capture_locked(
                 Ok((losses, state.update(state.split_bucket(&bucket), warmup)?))
             }
         }
-    };
-    let eager_losses = warm_up(state, config, &restore, whole_step)?;
+    })?;
     restore()?;
-    let recording = prepared.record(phase)?;
-    let (graph, losses, update, contents) = match cut {
+    let (losses, update, contents) = match cut {
         StepCut::Whole => {
-            let (losses, queued) = state.body(run, &leaves, &autodiff_inputs, phase)?;
-            let (graph, contents) = recording.stop(phase)?;
-            drop(queued);
-            // The first run initializes the launch metadata the recording uploaded
-            // (`materialize`); the snapshot puts the buffers back afterwards.
-            materialize(dispatch, &graph, phase)?;
-            (graph, losses, None, vec![contents])
+            // The first run of the recording (`Warmed::record`) updates the buffers; the
+            // snapshot puts them back afterwards.
+            let ((losses, _queued), (graph, contents)) =
+                warmed.record(phase, || state.body(run, &leaves, &autodiff_inputs, phase))?;
+            ((graph, losses), None, vec![contents])
         }
         StepCut::AtBucket => {
-            let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
-            let bucket = state.fill_bucket(grads)?;
-            let (graph, contents) = recording.stop(phase)?;
-            materialize(dispatch, &graph, phase)?;
+            let ((losses, bucket), (graph, contents)) = warmed.record(phase, || {
+                let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
+                Ok((losses, state.fill_bucket(grads)?))
+            })?;
             // The update half: warmed up and recorded on the bucket the gradient graph wrote.
-            let prepared = Preparation::new(dispatch, warmup)?;
-            warm_up(state, config, &restore, || {
-                Ok((
-                    Vec::new(),
-                    state.update(state.split_bucket(&bucket), warmup)?,
-                ))
+            let (warmed, ()) = warm_up(dispatch, config, warmup, || {
+                restore()?;
+                Ok(((), state.update(state.split_bucket(&bucket), warmup)?))
             })?;
             restore()?;
-            let recording = prepared.record(phase)?;
-            let queued = state.update(state.split_bucket(&bucket), phase)?;
-            let (update, update_contents) = recording.stop(phase)?;
-            drop(queued);
-            materialize(dispatch, &update, phase)?;
+            let (_queued, (update, update_contents)) =
+                warmed.record(phase, || state.update(state.split_bucket(&bucket), phase))?;
             let update = UpdateGraph {
                 graph: update,
                 bucket: StaticBuffer::new(static_fused(&bucket.tensor, phase)?),
                 layout: bucket.layout,
             };
-            (graph, losses, Some(update), vec![contents, update_contents])
+            (
+                (graph, losses),
+                Some(update),
+                vec![contents, update_contents],
+            )
         }
     };
+    let (graph, losses) = losses;
     if config.validate_replay {
         validate_losses(&losses, &eager_losses)?;
     }
@@ -424,12 +382,7 @@ fn capture_locked(
         .chain(update.as_ref().map(|u| &u.bucket))
         .map(StaticBuffer::bytes)
         .sum();
-    Dispatch::sync(dispatch).map_err(capture_error(phase))?;
-    if config.release_capture_memory {
-        // As in `capture::capture_locked`: after every recording ran.
-        Dispatch::memory_cleanup(dispatch);
-    }
-    let growth = reserved_bytes(dispatch).saturating_sub(reserved_before);
+    let pools = pools.release(dispatch, config, phase)?;
     Ok(StepGraph {
         graph,
         update,
@@ -437,76 +390,8 @@ fn capture_locked(
         losses,
         state: state.clone(),
         bytes,
-        growth,
+        growth: pools.growth,
         fault: crate::faults::injected(),
         contents,
     })
-}
-
-/// Runs `step` eagerly from the snapshot (`restore`) until one run leaves the pools as the
-/// previous did (see `capture::Recorded::warm_up`), at least `warmup_iters` and at most
-/// `max_warmup_iters` times; each run's results are held until the device synchronized,
-/// because fusion skips work whose results nobody holds. Returns the last run's losses.
-fn warm_up(
-    state: &StepState,
-    config: &GraphedConfig,
-    restore: &dyn Fn() -> Result<(), GraphedError>,
-    step: impl Fn() -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError>,
-) -> Result<Vec<DispatchTensor>, GraphedError> {
-    let dispatch = &state.dispatch;
-    let warmup = CapturePhase::StepWarmup;
-    let mut previous = None;
-    let mut eager_losses = Vec::new();
-    let iterations = config.max_warmup_iters.max(config.warmup_iters).max(1);
-    for iteration in 1..=iterations {
-        restore()?;
-        let (losses, queued) = step()?;
-        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
-        drop(queued);
-        eager_losses = losses;
-        Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
-        let allocations = Dispatch::memory_pool_usage(dispatch).map(|u| u.number_allocs);
-        if iteration >= config.warmup_iters.max(1)
-            && allocations.is_some()
-            && allocations == previous
-        {
-            break;
-        }
-        previous = allocations;
-    }
-    Ok(eager_losses)
-}
-
-/// The graph's first losses against the last warm-up's (the same state, inputs and generator
-/// draws): a loss function whose work a graph cannot repeat (a value read on the host, a mask
-/// drawn on the host) gives another loss.
-fn validate_losses(
-    replayed: &[DispatchTensor],
-    eager: &[DispatchTensor],
-) -> Result<(), GraphedError> {
-    let phase = CapturePhase::Validation;
-    let read = |tensor: &DispatchTensor| -> Result<Vec<f32>, GraphedError> {
-        Tensor::<1>::from_dispatch(tensor.clone())
-            .try_into_data()
-            .map_err(|error| GraphedError::Capture {
-                phase,
-                reason: format!("reading a loss back: {error}"),
-            })?
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .map_err(|error| GraphedError::Capture {
-                phase,
-                reason: format!("reading a loss back: {error:?}"),
-            })
-    };
-    for (index, (replayed, eager)) in replayed.iter().zip(eager).enumerate() {
-        if let Some(detail) = first_difference(&read(replayed)?, &read(eager)?) {
-            return Err(GraphedError::ReplayDiffers {
-                callable: 0,
-                output: index,
-                detail,
-            });
-        }
-    }
-    Ok(())
 }

@@ -11,8 +11,8 @@ use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchTensor};
 use burn::tensor::{DType, Tensor};
 
 use super::buffers::{FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
-use super::capture::{autodiff_leaf, dense_param_copy, panic_message};
 use super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
+use super::driver::{autodiff_leaf, dense_param_copy, panic_message};
 use super::lifecycle::capture_error;
 use super::random_state;
 use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};

@@ -113,6 +113,40 @@ pub(super) fn first_discrete_difference(replayed: &[f32], eager: &[f32]) -> Opti
     (differing.len() > eager.len().div_ceil(100)).then(|| report(&differing, replayed, eager))?
 }
 
+/// The graph's first losses against the last warm-up's (the same state, inputs and generator
+/// draws): a loss function whose work a graph cannot repeat (a value read on the host, a mask
+/// drawn on the host) gives another loss.
+pub(super) fn validate_losses(
+    replayed: &[DispatchTensor],
+    eager: &[DispatchTensor],
+) -> Result<(), GraphedError> {
+    let phase = CapturePhase::Validation;
+    let read = |tensor: &DispatchTensor| -> Result<Vec<f32>, GraphedError> {
+        Tensor::<1>::from_dispatch(tensor.clone())
+            .try_into_data()
+            .map_err(|error| GraphedError::Capture {
+                phase,
+                reason: format!("reading a loss back: {error}"),
+            })?
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|error| GraphedError::Capture {
+                phase,
+                reason: format!("reading a loss back: {error:?}"),
+            })
+    };
+    for (index, (replayed, eager)) in replayed.iter().zip(eager).enumerate() {
+        if let Some(detail) = first_difference(&read(replayed)?, &read(eager)?) {
+            return Err(GraphedError::ReplayDiffers {
+                callable: 0,
+                output: index,
+                detail,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Where `replayed` differs from `eager` beyond the validation tolerance (see
 /// [`validate_forward`]), if anywhere.
 pub(super) fn first_difference(replayed: &[f32], eager: &[f32]) -> Option<String> {

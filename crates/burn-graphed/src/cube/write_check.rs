@@ -28,6 +28,25 @@ use crate::host_phases::{self, HostPhase};
 pub(crate) type CubeGraph = burn::backend::BackendGraph<CubeBackend>;
 type CubeDevice = <CubeBackend as burn::backend::BackendTypes>::Device;
 
+/// `graph` as captured on burn's cubecl backend.
+///
+/// # Errors
+///
+/// [`GraphedError::Replay`] naming `which` graph when it was captured on another backend.
+pub(super) fn cube_graph<'a>(
+    graph: &'a burn::backend::DispatchGraph,
+    which: &'static str,
+) -> Result<&'a CubeGraph, GraphedError> {
+    match graph {
+        burn::backend::DispatchGraph::Cube(graph) => Ok(graph),
+        #[allow(unreachable_patterns)]
+        other => Err(GraphedError::Replay {
+            which,
+            reason: format!("graph {other:?} was not captured on burn's cubecl backend"),
+        }),
+    }
+}
+
 /// In one task on cubecl's device thread, after the work queued on the caller's fusion stream:
 /// launches `copies`, asks about `asked` (unless empty) and records the answers, asks `refusal`
 /// whether the call must be refused (it reads the record), and replays `graph` unless it must.
