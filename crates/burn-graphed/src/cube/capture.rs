@@ -232,20 +232,14 @@ pub(crate) fn capture_group(
         }
         backwards.reverse();
 
-        let members = assemble(
+        assemble(
             recorded,
             backwards,
-            &parent_grads,
-            &chained,
+            (&parent_grads, &chained),
+            pools,
             config,
             (&dispatch, &cube_device),
-        )?;
-        let pools = pools.release(&dispatch, config, CapturePhase::StaticBuffers)?;
-        Ok(CapturedGroup {
-            members,
-            pool_growth_bytes: pools.growth,
-            released_bytes: pools.released,
-        })
+        )
     })
 }
 
@@ -271,20 +265,14 @@ pub(crate) fn capture_inference(
         |_| {
             let pools = Pools::start(&dispatch)?;
             let recorded = record_forward(0, member, None, false, config, &dispatch)?;
-            let members = assemble(
+            assemble(
                 vec![recorded],
                 vec![None],
-                &[Vec::new()],
-                &[false],
+                (&[Vec::new()], &[false]),
+                pools,
                 config,
                 (&dispatch, &cube_device),
-            )?;
-            let pools = pools.release(&dispatch, config, CapturePhase::StaticBuffers)?;
-            Ok(CapturedGroup {
-                members,
-                pool_growth_bytes: pools.growth,
-                released_bytes: pools.released,
-            })
+            )
         },
     )
 }
@@ -475,16 +463,18 @@ fn record_backward(
     Ok((backward, grads_of_member))
 }
 
-/// The last phase: the static buffers of every recorded member (the ones two members share
-/// built once) and its session; a member without a backward graph is an inference call's.
+/// The last phases: the static buffers of every recorded member (the ones two members share
+/// built once) and its session, then the release of the capture's `pools`. A member without a
+/// backward graph is an inference call's. `(parent_grads, chained)`: each member's parent
+/// gradients, and whether it is chained to the previous member.
 fn assemble(
     recorded: Vec<Recorded<'_>>,
     backwards: Vec<Option<RecordedGraph>>,
-    parent_grads: &[Vec<Option<DispatchTensor>>],
-    chained: &[bool],
+    (parent_grads, chained): (&[Vec<Option<DispatchTensor>>], &[bool]),
+    pools: Pools,
     config: &GraphedConfig,
     (dispatch, cube_device): (&DispatchDevice, &CubeDevice),
-) -> Result<Vec<CapturedMember<Graphs>>, GraphedError> {
+) -> Result<CapturedGroup<Graphs>, GraphedError> {
     let to_buffer = |tensor: &DispatchTensor| {
         static_fused(tensor, CapturePhase::StaticBuffers).map(StaticBuffer::new)
     };
@@ -584,5 +574,10 @@ fn assemble(
             graphs: Graphs::new(session),
         });
     }
-    Ok(members)
+    let pools = pools.release(dispatch, config, CapturePhase::StaticBuffers)?;
+    Ok(CapturedGroup {
+        members,
+        pool_growth_bytes: pools.growth,
+        released_bytes: pools.released,
+    })
 }
