@@ -420,7 +420,7 @@ fn record_backward(
     let loss = surrogate_loss(&member_state.outputs, &member_state.grad_outputs);
     Dispatch::sync(dispatch).map_err(capture_error(warmup))?;
     let member_state = &*member_state;
-    let (grads_of_member, backward) = warmed.record(CapturePhase::Backward, || {
+    let ((grads_of_member, grads), backward) = warmed.record(CapturePhase::Backward, || {
         let grads = loss.backward();
         // One slot per parent: the float inputs (by their position among all inputs), then
         // the parameters.
@@ -458,7 +458,6 @@ fn record_backward(
         // references to what the graph wrote).
         Ok((grads_of_member, grads))
     })?;
-    let (grads_of_member, grads) = grads_of_member;
     drop(grads);
     Ok((backward, grads_of_member))
 }

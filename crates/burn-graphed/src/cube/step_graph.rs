@@ -329,7 +329,7 @@ fn capture_from(
         }
     })?;
     restore()?;
-    let (losses, update, contents) = match cut {
+    let ((graph, losses), update, contents) = match cut {
         StepCut::Whole => {
             // The first run of the recording (`Warmed::record`) updates the buffers; the
             // snapshot puts them back afterwards.
@@ -362,7 +362,6 @@ fn capture_from(
             )
         }
     };
-    let (graph, losses) = losses;
     if config.validate_replay {
         validate_losses(&losses, &eager_losses)?;
     }
