@@ -1081,7 +1081,7 @@ where
                             let stats = replica.stats();
                             eprintln!("# {rank_label}: {stats:?}");
                             assert!(
-                                stats.fallbacks.is_empty(),
+                                stats.eager.is_empty(),
                                 "{label}: a step ran eagerly: {stats:?}"
                             );
                             (per_step, param_values(replica.module()))
@@ -1245,7 +1245,7 @@ where
     }
     burn_graphed::testing::time_phases(false);
     let stats = graphed.stats();
-    assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    assert_eq!(stats.total_eager(), 0, "{stats:?}");
     note_graphs(&stats.graphs);
     if graphed.summary().graphed {
         let calls = (WARM_UP + options.reps * options.steps) as u64;
@@ -1295,7 +1295,7 @@ where
         graphed, call, loss, inputs, optimizer, label, device, options, None,
     );
     let stats = model.as_ref().map(|m| m.stats()).unwrap_or_default();
-    assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+    assert_eq!(stats.total_eager(), 0, "{stats:?}");
     note_graphs(&stats.graphs);
     eprintln!("# {label}: {stats:?}");
     // What the capture added to the pools and what its static buffers take: the graphed part

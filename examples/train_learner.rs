@@ -157,6 +157,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // graph of its batch size; 3 validation calls replayed the inference graph; nothing
     // captured during training.
     println!("{:?}", model.stats());
-    println!("{:?}", model.shape_cache());
+    println!("{:?}", model.stats().shape_cache);
     Ok(())
 }

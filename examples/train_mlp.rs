@@ -233,7 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.backward_replays,
         stats.input_copies,
         stats.param_copies,
-        stats.total_fallbacks()
+        stats.total_eager()
     );
     // On CUDA each graph says how many kernels a replay launches (wgpu's software graphs do not).
     for graph in &stats.graphs {

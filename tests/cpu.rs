@@ -6,10 +6,11 @@ mod scenarios;
 
 use burn::prelude::*;
 
-/// The default wgpu adapter: lavapipe on a machine without a GPU. (`.ci/run` sets
-/// `XDG_RUNTIME_DIR`, without which lavapipe prints a harmless warning.)
+/// The default wgpu adapter: lavapipe on a machine without a GPU, with the suite's kernel picks
+/// imported (`scenarios::picks`). (`.ci/run` sets `XDG_RUNTIME_DIR`, without which lavapipe
+/// prints a harmless warning.)
 fn wgpu() -> Device {
-    Device::wgpu(Default::default())
+    scenarios::picks::wgpu()
 }
 
 /// `NAME => SCENARIO;` makes the tests `wgpu_suite::NAME` and `flex_suite::NAME`.

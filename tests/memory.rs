@@ -22,7 +22,7 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn wgpu_soak() {
     let _alone = alone();
-    let device = Device::wgpu(Default::default());
+    let device = scenarios::picks::wgpu();
     let figures = scenarios::robust::soak(&device, scenarios::robust::sgd_momentum, 60, 10, 20, 20)
         .expect("wgpu captures graphs");
     println!("soak figures: {figures:?}");
@@ -42,7 +42,7 @@ fn wgpu_soak() {
 #[test]
 fn wgpu_adam_soak_grows_kernel_metadata() {
     let _alone = alone();
-    let device = Device::wgpu(Default::default());
+    let device = scenarios::picks::wgpu();
     let figures = scenarios::robust::soak_run(&device, scenarios::robust::adam, 60, 10, 20, 20)
         .expect("wgpu captures graphs");
     println!("Adam soak figures: {figures:?}");
@@ -57,5 +57,5 @@ fn wgpu_adam_soak_grows_kernel_metadata() {
 #[test]
 fn wgpu_capture_releases_warmup_memory() {
     let _alone = alone();
-    scenarios::robust::capture_releases_warmup_memory(&Device::wgpu(Default::default()));
+    scenarios::robust::capture_releases_warmup_memory(&scenarios::picks::wgpu());
 }

@@ -7,7 +7,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn_graphed::{FallbackReason, Graphed, GraphedConfig, GraphedError, GraphedStep};
+use burn_graphed::{EagerReason, Graphed, GraphedConfig, GraphedError, GraphedStep};
 use burn_graphed_testkit::{TensorComparison, Tolerance, deep_copy, host_data, param_values};
 
 use super::{adam_config, supports_graphs, tolerance_for};
@@ -199,7 +199,7 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
         );
     } else {
         assert_eq!(
-            stats.eager.get(&FallbackReason::Unsupported),
+            stats.eager.get(&EagerReason::Unsupported),
             Some(&(steps as u64)),
             "{stats:?}"
         );

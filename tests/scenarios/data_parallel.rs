@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use burn::optim::SgdConfig;
-use burn_graphed::{Collective, DataParallel, FallbackReason, GraphedStep, replica_on};
+use burn_graphed::{Collective, DataParallel, EagerReason, GraphedStep, replica_on};
 use burn_graphed_testkit::deep_copy;
 
 use super::*;
@@ -105,7 +105,7 @@ fn train_replicas(
                 stats.forward_replays, STEPS as u64,
                 "rank {rank}: {stats:?}"
             );
-            assert!(stats.fallbacks.is_empty(), "rank {rank}: {stats:?}");
+            assert!(stats.eager.is_empty(), "rank {rank}: {stats:?}");
         }
         deep_copy(graphed.module())
     })
@@ -528,7 +528,7 @@ pub fn whole_steps_capture_new_shapes_together(devices: &[Device], collective: C
             let last = rank == devices.len() - 1;
             let (new_shapes, graphs) = if last { (2, 3) } else { (1, 2) };
             let stats = step.stats();
-            let waited = stats.eager.get(&FallbackReason::CaptureAfterStep).copied();
+            let waited = stats.eager.get(&EagerReason::CaptureAfterStep).copied();
             assert_eq!(waited, Some(new_shapes), "rank {rank}: {stats:?}");
             assert_eq!(stats.total_eager(), new_shapes, "rank {rank}: {stats:?}");
             assert_eq!(

@@ -143,8 +143,8 @@ pub fn structural_facts(device: &Device) {
         graphed.stats().param_copies
     )
     .unwrap();
-    for (reason, count) in &graphed.stats().fallbacks {
-        writeln!(facts, "  fallback {count} x {reason}").unwrap();
+    for (reason, count) in &graphed.stats().eager {
+        writeln!(facts, "  eager {count} x {reason}").unwrap();
     }
 
     writeln!(facts, "errors:").unwrap();
@@ -322,7 +322,7 @@ fn shape_cache_facts(device: &Device, facts: &mut String) {
     for rows in [4, 2, 4, 3, 2, 2] {
         step(&graphed, rows);
     }
-    let cache = graphed.shape_cache();
+    let cache = graphed.stats().shape_cache;
     let stats = graphed.stats();
     writeln!(
         facts,
@@ -337,10 +337,10 @@ fn shape_cache_facts(device: &Device, facts: &mut String) {
     .unwrap();
     writeln!(
         facts,
-        "  replays: forward {}, backward {}, fallbacks {}",
+        "  replays: forward {}, backward {}, eager {}",
         stats.forward_replays,
         stats.backward_replays,
-        stats.total_fallbacks()
+        stats.total_eager()
     )
     .unwrap();
     let tight = Graphed::new(
@@ -352,15 +352,15 @@ fn shape_cache_facts(device: &Device, facts: &mut String) {
     .expect("capture");
     step(&tight, 2);
     step(&tight, 4);
-    let cache = tight.shape_cache();
+    let cache = tight.stats().shape_cache;
     writeln!(
         facts,
         "shape cache (max_graph_bytes 1), batch sizes 2 4: graphs {}, captures {}, evictions {}",
         cache.graphs, cache.captures, cache.evictions
     )
     .unwrap();
-    for (reason, count) in &tight.stats().fallbacks {
-        writeln!(facts, "  fallback {count} x {reason}").unwrap();
+    for (reason, count) in &tight.stats().eager {
+        writeln!(facts, "  eager {count} x {reason}").unwrap();
     }
 }
 
@@ -420,13 +420,13 @@ fn group_facts(device: &Device, facts: &mut String) {
     ] {
         writeln!(
             facts,
-            "  after one step, {name}: replays {}/{}, copies: inputs {}, params {}, grads {}, fallbacks {}",
+            "  after one step, {name}: replays {}/{}, copies: inputs {}, params {}, grads {}, eager {}",
             stats.forward_replays,
             stats.backward_replays,
             stats.input_copies,
             stats.param_copies,
             stats.grad_copies,
-            stats.total_fallbacks()
+            stats.total_eager()
         )
         .unwrap();
     }

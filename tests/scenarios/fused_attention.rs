@@ -531,7 +531,7 @@ pub fn mha_matches_burn_nn(device: &Device) {
         });
         let stats = graphed.stats();
         assert_eq!(
-            (stats.forward_replays, stats.total_fallbacks()),
+            (stats.forward_replays, stats.total_eager()),
             (3, 0),
             "{stats:?}"
         );

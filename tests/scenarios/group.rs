@@ -7,7 +7,7 @@ use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::activation::{relu, tanh};
 use burn_graphed::{
-    Callable, FallbackReason, Graphed, GraphedConfig, GraphedError, OutputPolicy, TensorGroup,
+    Callable, EagerReason, Graphed, GraphedConfig, GraphedError, OutputPolicy, TensorGroup,
     make_graphed_callables,
 };
 use burn_graphed_testkit::{
@@ -210,7 +210,7 @@ pub fn chained_group_matches_eager(device: &Device, steps: usize, outputs: Outpu
         tensors,
         stats: dec_g.stats(),
         summary: dec_g.summary().clone(),
-        shape_cache: dec_g.shape_cache(),
+        shape_cache: dec_g.stats().shape_cache,
     };
     println!("chained group ({outputs:?}): {report}");
     assert!(report.passed(), "{report}");
@@ -227,7 +227,7 @@ pub fn chained_group_matches_eager(device: &Device, steps: usize, outputs: Outpu
             (steps, steps),
             "{stats:?}"
         );
-        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+        assert_eq!(stats.total_eager(), 0, "{stats:?}");
     }
     // A new batch every step; the chained callables read the previous graph's outputs where
     // they are.
@@ -339,10 +339,7 @@ pub fn chained_group_shares_buffers_safely(device: &Device) {
     assert_grads_match(&device, &enc_e, enc_g.module(), &mut ge, &mut gg);
     assert_grads_match(&device, &mix_e, mix_g.module(), &mut ge, &mut gg);
     assert_eq!(
-        mix_g
-            .stats()
-            .fallbacks
-            .get(&FallbackReason::SharedBufferBusy),
+        mix_g.stats().eager.get(&EagerReason::SharedBufferBusy),
         Some(&1)
     );
 
@@ -369,7 +366,7 @@ pub fn chained_group_shares_buffers_safely(device: &Device) {
     assert_eq!((mix.forward_replays, mix.input_copies), (1, 2), "{mix:?}");
     assert_eq!(enc.forward_replays, 1, "{enc:?}");
     assert_eq!(
-        enc.fallbacks.get(&FallbackReason::SharedBufferBusy),
+        enc.eager.get(&EagerReason::SharedBufferBusy),
         Some(&1),
         "{enc:?}"
     );

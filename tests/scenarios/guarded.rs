@@ -18,7 +18,7 @@ pub fn guarded_training_matches_eager(device: &Device, steps: usize, multi_tenso
     };
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_eq!(report.stats.total_eager(), 0, "{report}");
         assert_eq!(
             report.stats.param_copies, report.summary.params as u64,
             "{report}"
@@ -132,7 +132,7 @@ pub fn guarded_hand_outs_keep_their_values(device: &Device) {
     if graphed.summary().graphed {
         // Step 2 (output of step 1 held) and step 5 (gradient of step 4 held) ran eagerly.
         assert_eq!(
-            stats.fallbacks.get(&FallbackReason::OutputStillHeld),
+            stats.eager.get(&EagerReason::OutputStillHeld),
             Some(&2),
             "{stats:?}"
         );

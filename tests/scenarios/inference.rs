@@ -106,16 +106,13 @@ pub fn inference_follows_fused_training(device: &Device, policy: OutputPolicy) {
     if graphs {
         let held = u64::from(policy == OutputPolicy::Guarded);
         assert_eq!(
-            stats
-                .fallbacks
-                .get(&FallbackReason::OutputStillHeld)
-                .copied(),
+            stats.eager.get(&EagerReason::OutputStillHeld).copied(),
             (held > 0).then_some(held),
             "{stats:?}"
         );
         assert_eq!(replays, 3 + calls + 2 - held, "{stats:?}");
         assert_eq!(stats.backward_replays, 3, "{stats:?}");
-        let cache = graphed.shape_cache();
+        let cache = graphed.stats().shape_cache;
         assert_eq!(
             cache.graphs, 3,
             "one training and two inference graphs: {cache:?}"

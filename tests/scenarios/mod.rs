@@ -20,6 +20,7 @@ pub mod inspect;
 pub mod learner;
 pub mod low_precision;
 pub mod optim;
+pub mod picks;
 pub mod prop;
 pub mod random;
 pub mod reads;
@@ -34,7 +35,7 @@ use burn::nn::{Linear, LinearConfig, LinearLayout, Relu};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::prelude::*;
 use burn_graphed::testing::FaultInjection;
-use burn_graphed::{FallbackReason, Graphed, GraphedConfig, GraphedError, MismatchPolicy};
+use burn_graphed::{EagerReason, Graphed, GraphedConfig, GraphedError, MismatchPolicy};
 use burn_graphed_testkit::{Tolerance, TrainingComparison, compare_training, param_values};
 
 /// depth x Linear(width, width) + ReLU, then Linear(width, out).
@@ -212,7 +213,7 @@ pub fn mlp_training_matches_eager(device: &Device, steps: usize) {
         // the first call) copies the module's current parameters into them.
         let params = report.summary.params as u64;
         assert_eq!(report.stats.param_copies, params * steps as u64, "{report}");
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_eq!(report.stats.total_eager(), 0, "{report}");
     }
 }
 
@@ -255,7 +256,7 @@ pub fn loss_inside_training_matches_eager(device: &Device, steps: usize, graphed
         assert_eq!(report.summary.outputs, 1, "{report}");
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
         assert_eq!(report.stats.backward_replays, steps as u64, "{report}");
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_eq!(report.stats.total_eager(), 0, "{report}");
         // MultiTensorAdam updates the graphs' parameter buffers in place: only the first call
         // copies parameters.
         assert_eq!(
@@ -288,7 +289,7 @@ pub fn col_layout_weights_match_eager(device: &Device) {
     assert!(report.passed(), "{report}");
     if report.summary.graphed {
         assert_eq!(report.stats.forward_replays, steps as u64, "{report}");
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_eq!(report.stats.total_eager(), 0, "{report}");
     }
 
     let inner = device.clone().inner();
@@ -305,7 +306,7 @@ pub fn col_layout_weights_match_eager(device: &Device) {
     if supports_graphs(device) {
         let stats = served.stats();
         assert_eq!(stats.forward_replays, 3, "{stats:?}");
-        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+        assert_eq!(stats.total_eager(), 0, "{stats:?}");
     }
 }
 
@@ -513,15 +514,15 @@ pub fn eval_calls_replay_inference_graphs(device: &Device) {
     let stats = graphed.stats();
     if supports_graphs(&device) {
         assert_eq!(stats.forward_replays, 2 + 3, "{stats:?}");
-        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+        assert_eq!(stats.total_eager(), 0, "{stats:?}");
         assert_eq!(
-            graphed.shape_cache().graphs,
+            graphed.stats().shape_cache.graphs,
             2,
             "training and inference graphs"
         );
     } else {
         assert_eq!(
-            stats.fallbacks.get(&FallbackReason::Unsupported),
+            stats.eager.get(&EagerReason::Unsupported),
             Some(&5),
             "{stats:?}"
         );
@@ -549,7 +550,7 @@ pub fn eval_calls_replay_inference_graphs(device: &Device) {
     if supports_graphs(&device) {
         let stats = eager_eval.stats();
         assert_eq!(
-            stats.fallbacks.get(&FallbackReason::NoAutodiff),
+            stats.eager.get(&EagerReason::NoAutodiff),
             Some(&1),
             "{stats:?}"
         );
@@ -594,9 +595,9 @@ pub fn inner_device_inputs_replay(device: &Device) {
 pub fn shape_change_falls_back_or_errors(device: &Device) {
     let device = device.clone().autodiff();
     let fallback = if supports_graphs(&device) {
-        FallbackReason::Shape { index: 0 }
+        EagerReason::Shape { index: 0 }
     } else {
-        FallbackReason::Unsupported
+        EagerReason::Unsupported
     };
     let model = Mlp::new(16, 1, 4, &device);
     let graphed = Graphed::new(
@@ -610,7 +611,7 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
         .forward(batch([4, 16], 0, &device))
         .expect("fallback");
     assert_eq!(y.dims(), [4, 4]);
-    assert_eq!(graphed.stats().fallbacks.get(&fallback), Some(&1));
+    assert_eq!(graphed.stats().eager.get(&fallback), Some(&1));
 
     let strict = Graphed::new(
         model,
@@ -627,7 +628,7 @@ pub fn shape_change_falls_back_or_errors(device: &Device) {
     assert_eq!(
         error,
         GraphedError::Mismatch {
-            reason: FallbackReason::Shape { index: 0 },
+            reason: EagerReason::Shape { index: 0 },
             detail: "input 0: given Float F32 [4, 16], captured Float F32 [8, 16]".into(),
         }
     );
@@ -655,10 +656,7 @@ pub fn second_call_before_backward_is_eager(device: &Device) {
     assert_data_close(&device, "head weight gradient", &ge, &gg);
     if supports_graphs(&device) {
         assert_eq!(
-            graphed
-                .stats()
-                .fallbacks
-                .get(&FallbackReason::BackwardPending),
+            graphed.stats().eager.get(&EagerReason::BackwardPending),
             Some(&1)
         );
     }
@@ -834,7 +832,7 @@ pub fn assert_every_call_replayed(stats: &burn_graphed::GraphStats, calls: u64) 
         (
             stats.forward_replays,
             stats.backward_replays,
-            stats.total_fallbacks()
+            stats.total_eager()
         ),
         (calls, calls, 0),
         "{stats:?}"
@@ -874,7 +872,7 @@ pub fn assert_params_unchanged<M: Module>(
 /// the next (to compare them later, or because an optimizer keeps a gradient as its state, as
 /// SGD's momentum does at its first step): hand-outs are copies, so no call runs eagerly for
 /// them. Under the default, `OutputPolicy::Guarded`, such a call runs eagerly
-/// (`FallbackReason::OutputStillHeld`), which the scenarios that count replays do not expect.
+/// (`EagerReason::OutputStillHeld`), which the scenarios that count replays do not expect.
 pub fn copy_config() -> GraphedConfig {
     GraphedConfig::new().with_outputs(burn_graphed::OutputPolicy::Copy)
 }
@@ -885,11 +883,13 @@ pub fn capture_mlp(model: Mlp, sample: Tensor<2>) -> Graphed<Mlp, Tensor<2>, Ten
     Graphed::new(model, mlp_forward, sample, &GraphedConfig::new()).expect("capture")
 }
 
-/// The counters of `stats`, without its list of graphs (which a capture fills, and whose node
-/// counts only CUDA gives): what "counts nothing" and the backend-neutral snapshots compare.
+/// The call counters of `stats`, without its list of graphs (which a capture fills, and whose
+/// node counts only CUDA gives) and its shape cache's counters (which a capture fills; the
+/// snapshots state them apart): what "counts nothing" and the backend-neutral snapshots compare.
 pub fn counters(stats: burn_graphed::GraphStats) -> burn_graphed::GraphStats {
     burn_graphed::GraphStats {
         graphs: Vec::new(),
+        shape_cache: Default::default(),
         ..stats
     }
 }
@@ -997,13 +997,13 @@ pub fn inference_buckets_replay(device: &Device) {
     if supports_graphs(device) {
         assert_eq!(stats.forward_replays, calls + 1, "{stats:?}");
         assert_eq!(
-            stats.fallbacks.get(&FallbackReason::OutputStillHeld),
+            stats.eager.get(&EagerReason::OutputStillHeld),
             Some(&1),
             "{stats:?}"
         );
-        assert_eq!(graphed.shape_cache().graphs, buckets.len());
+        assert_eq!(graphed.stats().shape_cache.graphs, buckets.len());
     } else {
-        assert_eq!(stats.total_fallbacks(), calls + 2, "{stats:?}");
+        assert_eq!(stats.total_eager(), calls + 2, "{stats:?}");
     }
     let training = Graphed::inference(
         Mlp::new(16, 2, 4, &device.clone().autodiff()),

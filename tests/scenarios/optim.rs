@@ -88,7 +88,7 @@ pub fn assert_updated_in_place(report: &burn_graphed_testkit::EquivalenceReport,
         report.stats.param_copies, report.summary.params as u64,
         "only the first call copies parameters: {report}"
     );
-    assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+    assert_eq!(report.stats.total_eager(), 0, "{report}");
 }
 
 /// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
@@ -286,8 +286,8 @@ pub fn fused_adam_keeps_snapshots(device: &Device, kind: Kind) {
     if graphed.summary().graphed {
         let aliased = |stats: &burn_graphed::GraphStats| {
             stats
-                .fallbacks
-                .get(&FallbackReason::ParamBufferAliased)
+                .eager
+                .get(&EagerReason::ParamBufferAliased)
                 .copied()
                 .unwrap_or(0)
         };
@@ -510,7 +510,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
         refused.forward_replays, before.forward_replays,
         "{refused:?}"
     );
-    assert_eq!(refused.total_fallbacks(), 0, "{refused:?}");
+    assert_eq!(refused.total_eager(), 0, "{refused:?}");
 
     // Recovery: the saved parameters, fresh optimizers.
     let mut graphed = graphed.load_record(saved_graphed.into_record());
@@ -530,7 +530,7 @@ pub fn unwritten_gradient_step_is_refused(device: &Device, kind: Kind) {
         refused.forward_replays + 3,
         "{after:?}"
     );
-    assert_eq!(after.total_fallbacks(), 0, "{after:?}");
+    assert_eq!(after.total_eager(), 0, "{after:?}");
 }
 
 /// Diagnostic, run by hand (the GPU suite's `eager_gradients_repeat`, ignored): the same eager

@@ -335,7 +335,7 @@ pub fn graphed_training_equals_eager(device: &Device, default_cases: u32) {
             let steps = arch.steps as u64;
             prop_assert_eq!(report.stats.forward_replays, steps, "{}", report);
             prop_assert_eq!(report.stats.backward_replays, steps, "{}", report);
-            prop_assert_eq!(report.stats.total_fallbacks(), 0, "{}", report);
+            prop_assert_eq!(report.stats.total_eager(), 0, "{}", report);
         }
         ran.set(ran.get() + 1);
         bitwise.set(bitwise.get() + u32::from(report.bitwise()));

@@ -119,7 +119,7 @@ fn assert_every_step_replayed(device: &Device, stats: &burn_graphed::GraphStats,
             (steps as u64, steps as u64),
             "{stats:?}"
         );
-        assert_eq!(stats.total_fallbacks(), 0, "{stats:?}");
+        assert_eq!(stats.total_eager(), 0, "{stats:?}");
     }
 }
 

@@ -136,7 +136,7 @@ pub fn capture_failures_are_recovered(device: &Device, cuda: bool) {
     }
     let stats = graphed.stats();
     assert_eq!(
-        (stats.forward_replays, stats.total_fallbacks()),
+        (stats.forward_replays, stats.total_eager()),
         (2, 0),
         "{stats:?}"
     );

@@ -53,7 +53,7 @@ pub fn shape_cache_matches_eager(device: &Device) {
             (steps, steps),
             "{report}"
         );
-        assert_eq!(report.stats.total_fallbacks(), 0, "{report}");
+        assert_eq!(report.stats.total_eager(), 0, "{report}");
     }
 }
 
@@ -265,7 +265,7 @@ pub fn soak_run(
         ((steps + figures.evals) as u64, steps as u64),
         "every call replays: {stats:?}"
     );
-    assert!(stats.fallbacks.is_empty(), "{stats:?}");
+    assert!(stats.eager.is_empty(), "{stats:?}");
     Some(figures)
 }
 
@@ -404,8 +404,8 @@ pub fn other_thread_runs_eagerly(device: &Device) {
     assert_eq!(
         graphed
             .stats()
-            .fallbacks
-            .get(&burn_graphed::FallbackReason::OtherThread),
+            .eager
+            .get(&burn_graphed::EagerReason::OtherThread),
         Some(&1)
     );
 }
@@ -435,12 +435,7 @@ pub fn input_on_another_device_is_refused(device: &Device, other: &Device) {
         .expect("a call on the right device");
     let _ = square_mean(y).backward();
     if graphed.summary().graphed {
-        assert_eq!(
-            graphed.stats().total_fallbacks(),
-            0,
-            "{:?}",
-            graphed.stats()
-        );
+        assert_eq!(graphed.stats().total_eager(), 0, "{:?}", graphed.stats());
         assert_eq!(graphed.stats().forward_replays, 1);
     }
 }
@@ -470,12 +465,7 @@ pub fn capture_releases_warmup_memory(device: &Device) {
                 .expect("call"),
         );
         let _ = loss.backward();
-        assert_eq!(
-            graphed.stats().total_fallbacks(),
-            0,
-            "{:?}",
-            graphed.stats()
-        );
+        assert_eq!(graphed.stats().total_eager(), 0, "{:?}", graphed.stats());
         memory
     };
     let kept = growth(false);
@@ -498,7 +488,7 @@ pub fn capture_releases_warmup_memory(device: &Device) {
 /// returns a failed capture's error without recording it: the module is untouched, the
 /// device usable, and the signature is tried again by the next call.
 pub fn prepare_captures_ahead(device: &Device) {
-    use burn_graphed::{Callable, FallbackReason, GraphedError, Prepared, make_graphed_callables};
+    use burn_graphed::{Callable, EagerReason, GraphedError, Prepared, make_graphed_callables};
 
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 1, 4, &device);
@@ -515,7 +505,7 @@ pub fn prepare_captures_ahead(device: &Device) {
     if !supports_graphs(&device) {
         assert_eq!(
             graphed.prepare(small(1)),
-            Ok(Prepared::Eager(FallbackReason::Unsupported))
+            Ok(Prepared::Eager(EagerReason::Unsupported))
         );
         return;
     }
@@ -526,7 +516,7 @@ pub fn prepare_captures_ahead(device: &Device) {
     );
     assert_eq!(graphed.prepare(small(1)), Ok(Prepared::Captured));
     assert_eq!(graphed.prepare(small(2)), Ok(Prepared::Cached));
-    let cache = graphed.shape_cache();
+    let cache = graphed.stats().shape_cache;
     assert_eq!((cache.captures, cache.graphs), (1, 2), "{cache:?}");
     assert_eq!(graphed.stats().forward_replays, 0, "prepare trains nothing");
 
@@ -544,7 +534,7 @@ pub fn prepare_captures_ahead(device: &Device) {
     let stats = graphed.stats();
     super::assert_every_call_replayed(&stats, 1);
     assert_eq!(
-        graphed.shape_cache().captures,
+        graphed.stats().shape_cache.captures,
         1,
         "the step at the prepared size captured nothing"
     );
@@ -555,11 +545,8 @@ pub fn prepare_captures_ahead(device: &Device) {
     let from_thread = std::thread::spawn(move || other.prepare(batch([5, 16], 4, &thread_device)))
         .join()
         .expect("the other thread");
-    assert_eq!(
-        from_thread,
-        Ok(Prepared::Eager(FallbackReason::OtherThread))
-    );
-    assert_eq!(graphed.shape_cache().graphs, 2);
+    assert_eq!(from_thread, Ok(Prepared::Eager(EagerReason::OtherThread)));
+    assert_eq!(graphed.stats().shape_cache.graphs, 2);
 
     // A callable captured in a group of several captures no other signature.
     let member = || {
@@ -573,7 +560,7 @@ pub fn prepare_captures_ahead(device: &Device) {
         .expect("capture of a group of two");
     assert_eq!(
         member.prepare(small(5)),
-        Ok(Prepared::Eager(FallbackReason::Shape { index: 0 }))
+        Ok(Prepared::Eager(EagerReason::Shape { index: 0 }))
     );
 
     // A capture that fails (burn's dropout at 5 rows, refused by replay validation) is
@@ -596,7 +583,7 @@ pub fn prepare_captures_ahead(device: &Device) {
         other => panic!("expected ReplayDiffers for burn's dropout, got {other:?}"),
     }
     super::assert_params_unchanged(graphed_net.module(), &before);
-    let cache = graphed_net.shape_cache();
+    let cache = graphed_net.stats().shape_cache;
     assert_eq!(
         (cache.captures, cache.failed_captures, cache.graphs),
         (0, 0, 1),
@@ -607,13 +594,10 @@ pub fn prepare_captures_ahead(device: &Device) {
     let y = graphed_net.forward(five()).expect("an eager call");
     assert_eq!(y.dims(), [5, 8]);
     assert_eq!(
-        graphed_net
-            .stats()
-            .fallbacks
-            .get(&FallbackReason::CaptureFailed),
+        graphed_net.stats().eager.get(&EagerReason::CaptureFailed),
         Some(&1)
     );
-    assert_eq!(graphed_net.shape_cache().failed_captures, 1);
+    assert_eq!(graphed_net.stats().shape_cache.failed_captures, 1);
     // The device is usable: the first graphed model still replays.
     let y = graphed.forward(small(7)).expect("graphed call");
     let _ = square_mean(y).backward();
@@ -628,14 +612,14 @@ fn cast_forward(m: &Mlp, x: Tensor<2>) -> Tensor<2> {
 
 /// An input of another dtype than the capture's f32 (f16, else bf16 or f64: the first the
 /// device supports). A callable that captures one signature only (`max_graphs = 1`) runs the
-/// call eagerly, counted as `FallbackReason::DType { index: 0 }` (`Unsupported` where nothing
+/// call eagerly, counted as `EagerReason::DType { index: 0 }` (`Unsupported` where nothing
 /// is captured), with the eager result; under `MismatchPolicy::Error` the call is
 /// `GraphedError::Mismatch` naming the input, the dtype given and the one captured, on every
 /// backend. With room in the shape cache (the default) the new dtype is a new signature,
 /// captured at its first call and replayed after.
 pub fn dtype_change_falls_back_or_errors(device: &Device) {
     use burn::tensor::{DType, FloatDType};
-    use burn_graphed::{FallbackReason, GraphedError, MismatchPolicy};
+    use burn_graphed::{EagerReason, GraphedError, MismatchPolicy};
     let device = device.clone().autodiff();
     let Some((dtype, float)) = [
         (DType::F16, FloatDType::F16),
@@ -667,13 +651,13 @@ pub fn dtype_change_falls_back_or_errors(device: &Device) {
     );
     let _ = square_mean(y).backward();
     let reason = if graphs {
-        FallbackReason::DType { index: 0 }
+        EagerReason::DType { index: 0 }
     } else {
-        FallbackReason::Unsupported
+        EagerReason::Unsupported
     };
     let stats = graphed.stats();
-    assert_eq!(stats.fallbacks.get(&reason), Some(&1), "{stats:?}");
-    assert_eq!(stats.total_fallbacks(), 1, "{stats:?}");
+    assert_eq!(stats.eager.get(&reason), Some(&1), "{stats:?}");
+    assert_eq!(stats.total_eager(), 1, "{stats:?}");
 
     let strict = Graphed::new(
         model.clone(),
@@ -685,11 +669,11 @@ pub fn dtype_change_falls_back_or_errors(device: &Device) {
     assert_eq!(
         strict.forward(other(2)).err(),
         Some(GraphedError::Mismatch {
-            reason: FallbackReason::DType { index: 0 },
+            reason: EagerReason::DType { index: 0 },
             detail: format!("input 0: given Float {dtype:?} [8, 16], captured Float F32 [8, 16]"),
         }),
     );
-    assert_eq!(strict.stats().total_fallbacks(), 0);
+    assert_eq!(strict.stats().total_eager(), 0);
 
     if graphs {
         let cached = Graphed::new(
@@ -703,7 +687,7 @@ pub fn dtype_change_falls_back_or_errors(device: &Device) {
             let y = cached.forward(other(seed)).expect("graphed call");
             let _ = square_mean(y).backward();
         }
-        let (stats, cache) = (cached.stats(), cached.shape_cache());
+        let (stats, cache) = (cached.stats(), cached.stats().shape_cache);
         assert_eq!((cache.captures, cache.graphs), (1, 2), "{cache:?}");
         super::assert_every_call_replayed(&stats, 2);
     }
@@ -814,7 +798,7 @@ pub fn changed_parameters_are_refused(device: &Device) {
         if supports_graphs(&device) {
             let stats = graphed.stats();
             assert_eq!(
-                (stats.forward_replays, stats.total_fallbacks()),
+                (stats.forward_replays, stats.total_eager()),
                 (1, 0),
                 "{stats:?}"
             );

@@ -128,7 +128,7 @@ pub fn token_model_matches_eager(device: &Device, steps: usize) {
         assert_eq!(report.summary.outputs, 2);
         assert_eq!(report.stats.forward_replays, steps as u64);
         assert_eq!(report.stats.backward_replays, steps as u64);
-        assert!(report.stats.fallbacks.is_empty(), "{:?}", report.stats);
+        assert!(report.stats.eager.is_empty(), "{:?}", report.stats);
     }
 }
 
@@ -247,7 +247,7 @@ pub fn token_group_passes_a_mask_on(device: &Device) {
     if supports_graphs(&device) {
         for (name, stats) in [("first", first_g.stats()), ("second", second_g.stats())] {
             assert_eq!(stats.forward_replays, 4, "{name}: {stats:?}");
-            assert_eq!(stats.total_fallbacks(), 0, "{name}: {stats:?}");
+            assert_eq!(stats.total_eager(), 0, "{name}: {stats:?}");
         }
     }
 }
@@ -322,8 +322,8 @@ pub fn token_facts(device: &Device) {
     writeln!(
         facts,
         "after calls of length 6, of length 5 and with a mask of one row (max_graphs 1): \
-         replays {}, fallbacks {:?}",
-        stats.forward_replays, stats.fallbacks
+         replays {}, eager {:?}",
+        stats.forward_replays, stats.eager
     )
     .unwrap();
 

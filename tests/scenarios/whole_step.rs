@@ -5,7 +5,7 @@ use burn::optim::AdamConfig;
 use burn::prelude::*;
 use burn_graphed::testing::{FaultInjection, inject};
 use burn_graphed::{
-    Clipping, DeviceRng, FallbackReason, GraphDropout, GraphedConfig, GraphedError, GraphedStep,
+    Clipping, DeviceRng, EagerReason, GraphDropout, GraphedConfig, GraphedError, GraphedStep,
     SgdMomentum, StepOptimizer,
 };
 use burn_graphed_testkit::{Tolerance, WholeStepComparison, compare_whole_step};
@@ -154,7 +154,7 @@ pub fn whole_step_matches_eager(
         );
     } else {
         assert_eq!(
-            report.stats.eager.get(&FallbackReason::Unsupported),
+            report.stats.eager.get(&EagerReason::Unsupported),
             Some(&(steps as u64))
         );
     }

@@ -35,6 +35,7 @@ const FEATURES: &[&str] = &[
     "nn/norm",
     "optim",
     "rng",
+    "route",
     "step",
     "step_record",
     "train",

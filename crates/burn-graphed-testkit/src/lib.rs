@@ -554,7 +554,7 @@ where
         tensors,
         stats: graphed.stats(),
         summary: graphed.summary().clone(),
-        shape_cache: graphed.shape_cache(),
+        shape_cache: graphed.stats().shape_cache,
     })
 }
 

@@ -8,15 +8,13 @@ use crate::config::GraphedConfig;
 use crate::cube;
 use crate::error::GraphedError;
 use crate::params::{self, ModuleMode};
-use crate::stats::{CaptureSummary, FallbackReason, GraphMemory};
+use crate::stats::{CaptureSummary, EagerReason, GraphMemory};
 use crate::tensors::{FlatTensor, TensorSpec};
 
 /// What [`build`] makes of one member: everything a [`Graphed`](crate::Graphed) needs besides the module.
 pub(crate) struct Built {
-    /// The graphs; `None` without graphs.
+    /// The graphs; `None` where the backend cannot capture.
     pub graphs: Option<cube::Graphs>,
-    /// Why there are no graphs, when there are none.
-    pub eager_reason: Option<FallbackReason>,
     pub inputs: Vec<TensorSpec>,
     pub mode: ModuleMode,
     pub device: Device,
@@ -76,9 +74,8 @@ pub(crate) fn build(
         let summary = summary_of(member, &inputs, false, 0, 0);
         built.push(Built {
             graphs: None,
-            eager_reason: Some(FallbackReason::Unsupported),
             summary: CaptureSummary {
-                eager_reason: Some(FallbackReason::Unsupported.to_string()),
+                eager_reason: Some(EagerReason::Unsupported.to_string()),
                 ..summary
             },
             inputs,
@@ -206,7 +203,6 @@ fn captured(members: &[Member<'_>], config: &GraphedConfig) -> Result<Vec<Built>
             },
             graphs: Some(captured.graphs),
             alone: members.len() == 1,
-            eager_reason: None,
             inputs: captured.inputs,
             mode: member.mode.clone(),
             device,

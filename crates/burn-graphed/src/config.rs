@@ -27,7 +27,7 @@ pub enum OutputPolicy {
     /// Hand out the static buffers themselves, as `Static`, but never let a replay overwrite
     /// one that user code still holds: a call made while an output or gradient of an earlier
     /// replay is still alive runs eagerly
-    /// ([`FallbackReason::OutputStillHeld`](crate::FallbackReason::OutputStillHeld)). The
+    /// ([`EagerReason::OutputStillHeld`](crate::EagerReason::OutputStillHeld)). The
     /// default: in the usual loop (outputs feed the loss, gradients feed the optimizer, both
     /// are dropped before the next step) nothing is held and every call replays without
     /// copies; a tensor kept across steps keeps its value, at the price of eager calls while
@@ -75,7 +75,7 @@ pub struct GraphedConfig {
     pub outputs: OutputPolicy,
     /// Whether calls without autodiff (after `valid()`, or a model built for inference) replay
     /// forward-only graphs, captured on first use of a signature in the same shape cache as the
-    /// training graphs; `false`: such calls run eagerly (`FallbackReason::NoAutodiff`).
+    /// training graphs; `false`: such calls run eagerly (`EagerReason::NoAutodiff`).
     #[config(default = true)]
     pub graph_inference: bool,
     /// Accept inputs that require grad but are not used by the callable (their gradient is then

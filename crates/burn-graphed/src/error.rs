@@ -1,7 +1,7 @@
 //! The error type of every fallible operation in this crate.
 
 pub use crate::stats::CapturePhase;
-use crate::stats::FallbackReason;
+use crate::stats::EagerReason;
 use crate::tensors::{FlatTensor, TensorSpec};
 
 /// Everything that can go wrong when capturing or calling a graphed callable.
@@ -241,6 +241,19 @@ pub enum GraphedError {
          `[compilation] cache = true` in a cubecl.toml next to the program)"
     )]
     KernelCacheTooLate,
+    /// [`crate::export_tuned`] or [`crate::import_tuned`] could not write or read its bundle.
+    #[error(
+        "argument `{argument}`: the kernel picks bundle {path}: {reason} (export_tuned writes \
+         one after a run; import_tuned reads it before the first tensor operation)"
+    )]
+    TunedBundle {
+        /// `out` (export) or `path` (import).
+        argument: &'static str,
+        /// The bundle's path.
+        path: String,
+        /// cubecl's reason.
+        reason: String,
+    },
     /// [`crate::allow_tf32`] asked for a change after a CUDA device was created.
     #[error(
         "argument `allowed`: allow_tf32({requested}) was called after a CUDA device was created \
@@ -259,7 +272,7 @@ pub enum GraphedError {
     #[error("call does not match the capture and on_mismatch = Error: {reason} ({detail})")]
     Mismatch {
         /// Why the call does not match.
-        reason: FallbackReason,
+        reason: EagerReason,
         /// The input concerned, what was given and what the capture took (or, for a reason
         /// that names no input, the call's input signature).
         detail: String,
@@ -319,11 +332,11 @@ impl GraphedError {
     /// input, the detail is that input as `given` and as `captured`; otherwise the call's
     /// input signature.
     pub(crate) fn mismatch(
-        reason: FallbackReason,
+        reason: EagerReason,
         given: &[FlatTensor],
         captured: &[TensorSpec],
     ) -> Self {
-        use FallbackReason::{DType, RequireGrad, Shape};
+        use EagerReason::{DType, RequireGrad, Shape};
         let detail = match &reason {
             Shape { index } | DType { index } | RequireGrad { index }
                 if given.get(*index).is_some() && captured.get(*index).is_some() =>

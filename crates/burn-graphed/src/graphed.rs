@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::ThreadId;
 
 use burn::module::{
     Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
@@ -12,36 +11,34 @@ use burn::tensor::Device;
 use crate::build::{Built, build, build_inference};
 use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
-use crate::cube::{Graphs, Replayed};
+use crate::cube::{Admitted, Graphs};
 use crate::error::GraphedError;
 use crate::host_phases::{self, HostPhase};
 use crate::params::{self, ModuleMode};
-use crate::shape_cache::{Admission, CacheLimits, ShapeCache, ShapeCacheStats};
-use crate::stats::{CaptureSummary, FallbackReason, GraphMemory, GraphStats, Prepared};
+use crate::route::{OnMiss, Route, Routed, Router};
+use crate::stats::{CaptureSummary, EagerReason, GraphMemory, GraphStats, Prepared};
 use crate::sync::lock;
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// State shared by every copy of a [`Graphed`] module (optimizer steps and `valid()` make
-/// copies): the graphs by input signature, the capture's signature, and the counters.
+/// copies): the router (the graphs by input signature, the eager counters), the capture's
+/// signature, and the counters of evicted graphs.
 struct Shared {
-    /// The captured graphs, training and inference, by signature; `None` without graphs.
-    graphs: Option<Mutex<ShapeCache<Graphs, Signature>>>,
-    /// Why there are no graphs, when there are none.
-    eager_reason: Option<FallbackReason>,
+    /// The captured graphs, training and inference, by signature.
+    router: Router<Graphs, Signature>,
     /// The signature of the first capture (the sample's).
     inputs: Vec<TensorSpec>,
     mode: ModuleMode,
     device: Device,
-    thread: ThreadId,
     /// Configuration of the first capture, for the captures of new signatures.
     config: GraphedConfig,
-    /// Whether new signatures may be captured (a callable captured alone, `max_graphs > 1`).
+    /// Whether new training signatures may be captured (a callable captured alone,
+    /// `max_graphs > 1`).
     recapture: bool,
     summary: CaptureSummary,
     memory: GraphMemory,
-    /// Counters of eager calls, and the replay counters of graphs evicted from the cache
-    /// (live graphs count their own replays).
-    eager: Mutex<GraphStats>,
+    /// The replay counters of graphs evicted from the cache (live graphs count their own).
+    retired: Mutex<GraphStats>,
 }
 
 impl fmt::Debug for Shared {
@@ -62,16 +59,17 @@ struct Signature {
     inputs: Vec<TensorSpec>,
 }
 
-/// Which graphs may serve a call, and what the call brings along (the module's float
-/// parameters, in visiting order).
-enum ReplayPlan {
-    /// Training graphs; with how the inputs differ from the capture's sample (graphs of
-    /// another signature may still serve the call).
-    Training(Vec<FlatTensor>, Option<FallbackReason>),
-    /// Inference graphs, for a call without autodiff; with the module's train/eval flags,
-    /// part of their key.
-    Inference(Vec<FlatTensor>, Vec<bool>),
+/// A call the router sent to replay: the graphs, their admission, and the module's float
+/// parameters (visiting order).
+struct Call {
+    graphs: Graphs,
+    admitted: Admitted,
+    params: Vec<FlatTensor>,
 }
+
+/// Where a call's signature leads: the key of its graphs, and what a miss does (`Some`: run
+/// eagerly for that reason, where this callable captures no more training signatures).
+type Plan = (Signature, Option<EagerReason>);
 
 /// What a call needs to know of the module: its float parameters, whether one of them is on
 /// autodiff, its train/eval flags, and how its mode compares with the capture's. Collected at a
@@ -272,7 +270,7 @@ where
             graphed: captured.is_some(),
             eager_reason: captured
                 .is_none()
-                .then(|| FallbackReason::Unsupported.to_string()),
+                .then(|| EagerReason::Unsupported.to_string()),
             inputs: inputs.len(),
             inputs_requiring_grad: 0,
             outputs: captured.as_ref().map_or(0, |(_, _, outputs)| *outputs),
@@ -281,35 +279,26 @@ where
             static_bytes: captured.as_ref().map_or(0, |(_, m, _)| m.static_bytes),
         };
         let memory = captured.as_ref().map(|(_, m, _)| *m).unwrap_or_default();
-        let graphs = captured.map(|(graphs, memory, _)| {
-            Mutex::new(ShapeCache::new(
-                CacheLimits {
-                    max_graphs: config.max_graphs,
-                    max_bytes: config.max_graph_bytes,
-                },
-                Signature {
-                    inference: Some(mode.flags.clone()),
-                    inputs: inputs.clone(),
-                },
-                graphs,
-                memory.held_bytes(),
-            ))
+        let first = captured.map(|(graphs, memory, _)| {
+            let key = Signature {
+                inference: Some(mode.flags.clone()),
+                inputs: inputs.clone(),
+            };
+            (key, graphs, memory.held_bytes())
         });
         let graphed = Self::wrapping(
             callable.module,
             call,
             Arc::new(Shared {
-                eager_reason: graphs.is_none().then_some(FallbackReason::Unsupported),
-                graphs,
+                router: Router::new(first, &config),
                 inputs,
                 mode,
                 device,
-                thread: std::thread::current().id(),
                 config: config.clone(),
                 recapture: true,
                 summary,
                 memory,
-                eager: Mutex::new(GraphStats::default()),
+                retired: Mutex::new(GraphStats::default()),
             }),
         );
         for sample in samples {
@@ -325,35 +314,26 @@ where
         built: Built,
         config: &GraphedConfig,
     ) -> Self {
-        let graphs = built.graphs.map(|graphs| {
-            Mutex::new(ShapeCache::new(
-                CacheLimits {
-                    max_graphs: config.max_graphs,
-                    max_bytes: config.max_graph_bytes,
-                },
-                Signature {
-                    inference: None,
-                    inputs: built.inputs.clone(),
-                },
-                graphs,
-                built.memory.held_bytes(),
-            ))
+        let first = built.graphs.map(|graphs| {
+            let key = Signature {
+                inference: None,
+                inputs: built.inputs.clone(),
+            };
+            (key, graphs, built.memory.held_bytes())
         });
         Self::wrapping(
             module,
             call,
             Arc::new(Shared {
-                graphs,
-                eager_reason: built.eager_reason,
+                router: Router::new(first, config),
                 inputs: built.inputs,
                 mode: built.mode,
                 device: built.device,
-                thread: std::thread::current().id(),
                 config: config.clone(),
                 recapture: built.alone && config.max_graphs > 1,
                 summary: built.summary,
                 memory: built.memory,
-                eager: Mutex::new(GraphStats::default()),
+                retired: Mutex::new(GraphStats::default()),
             }),
         )
     }
@@ -388,40 +368,27 @@ where
     pub fn forward(&self, input: I) -> Result<O, GraphedError> {
         host_phases::start();
         let flat = self.flat_inputs(input)?;
-        let plan = self.replay_plan(&flat)?;
-        host_phases::lap(HostPhase::Plan);
-        match plan {
-            Ok(ReplayPlan::Training(module_params, mismatch)) => {
-                self.replay(flat, module_params, mismatch)
+        let routed = self.route(&flat, false, |graphs, params, training| {
+            host_phases::lap(HostPhase::Lookup);
+            let admitted = graphs.admit(&flat, params, training)?;
+            host_phases::lap(HostPhase::Admit);
+            Ok(Call {
+                graphs: graphs.clone(),
+                admitted,
+                params: params.to_vec(),
+            })
+        })?;
+        match routed.route {
+            Route::Replay(call) => {
+                let outputs = call.graphs.replay(call.admitted, flat, call.params)?;
+                let outputs = O::unflatten(outputs).ok_or(GraphedError::Internal {
+                    what: "a replay's outputs do not fit the output type captured",
+                });
+                host_phases::lap(HostPhase::HandOut);
+                outputs
             }
-            Ok(ReplayPlan::Inference(module_params, flags)) => {
-                self.infer(flat, module_params, flags)
-            }
-            Err(reason) => self.eager(flat, reason),
+            Route::Eager(reason) => self.eager(flat, reason),
         }
-    }
-
-    /// A call without autodiff: the inference graphs of its signature and the module's
-    /// flags (found, or captured now within the shape cache's limits), replayed; or the eager
-    /// call with the reason.
-    ///
-    /// # Errors
-    ///
-    /// As [`forward`](Self::forward).
-    fn infer(
-        &self,
-        flat: Vec<FlatTensor>,
-        params: Vec<FlatTensor>,
-        flags: Vec<bool>,
-    ) -> Result<O, GraphedError> {
-        let key = inference_key(&flat, flags);
-        let graphs = match self.graphs_for(&flat, key, None, false)? {
-            Ok((graphs, _captured_now)) => graphs,
-            Err(reason) => return self.eager(flat, reason),
-        };
-        host_phases::lap(HostPhase::Lookup);
-        let replayed = graphs.replay_inference(flat, params)?;
-        self.hand_out(replayed)
     }
 
     /// Gets graphs ready for calls shaped like `sample` without running a training step:
@@ -455,15 +422,11 @@ where
     /// or `prepare` of the same signature tries again.
     pub fn prepare(&self, sample: I) -> Result<Prepared, GraphedError> {
         let flat = self.flat_inputs(sample)?;
-        let (key, mismatch) = match self.replay_plan(&flat)? {
-            Ok(ReplayPlan::Training(_, mismatch)) => (training_key(&flat), mismatch),
-            Ok(ReplayPlan::Inference(_, flags)) => (inference_key(&flat, flags), None),
-            Err(reason) => return Ok(Prepared::Eager(reason)),
-        };
-        Ok(match self.graphs_for(&flat, key, mismatch, true)? {
-            Ok((_, true)) => Prepared::Captured,
-            Ok((_, false)) => Prepared::Cached,
-            Err(reason) => Prepared::Eager(reason),
+        let routed = self.route(&flat, true, |_, _, _| Ok(()))?;
+        Ok(match routed.route {
+            Route::Replay(()) if routed.captured => Prepared::Captured,
+            Route::Replay(()) => Prepared::Cached,
+            Route::Eager(reason) => Prepared::Eager(reason),
         })
     }
 
@@ -492,79 +455,98 @@ where
         Ok(flat)
     }
 
-    /// Which graphs may serve this call ([`ReplayPlan`]: training graphs, or for a call
-    /// without autodiff inference graphs unless `graph_inference` is off), or why it cannot
-    /// replay. Checks go from the general to the particular, so that an eval call is reported
-    /// as such rather than as the input differences that eval brings along.
+    /// Routes a call with inputs `flat` ([`Router::route`]): the module's facts and the
+    /// inputs give the signature and what a miss does ([`plan`](Self::plan)); a miss captures
+    /// the signature's graphs now where this callable and the shape cache allow it (its error
+    /// is the call's with `strict`); then `ready` admits the call on the graphs found, given
+    /// the module's parameters and whether the call trains. Evicted graphs' counters are kept.
     ///
     /// # Errors
     ///
     /// [`GraphedError::ParametersChanged`] when parameters were added, removed, replaced or
-    /// reshaped since capture.
-    fn replay_plan(
+    /// reshaped since capture (on every backend alike), and a failed capture's error as
+    /// [`Router::route`] says.
+    fn route<T>(
         &self,
         flat: &[FlatTensor],
-    ) -> Result<Result<ReplayPlan, FallbackReason>, GraphedError> {
-        if let Some(reason) = &self.shared.eager_reason {
-            return self.plan_without_graphs(flat, reason);
+        strict: bool,
+        ready: impl FnOnce(&Graphs, &[FlatTensor], bool) -> Result<T, EagerReason>,
+    ) -> Result<Routed<T, Graphs>, GraphedError> {
+        let router = &self.shared.router;
+        if let Some(reason) = router.unavailable() {
+            if reason == EagerReason::Unsupported {
+                // The module is checked as where graphs exist: a structural change is refused
+                // on every backend alike (what the plan says besides does not matter here).
+                let _plan = self.plan(flat)?;
+            }
+            return Ok(Routed::eager(reason));
         }
-        if std::thread::current().id() != self.shared.thread {
-            return Ok(Err(FallbackReason::OtherThread));
+        let (key, refused) = match self.plan(flat)? {
+            Ok(plan) => plan,
+            Err(reason) => return Ok(Routed::eager(reason)),
+        };
+        let training = key.inference.is_none();
+        let miss = match refused {
+            Some(reason) => OnMiss::Eager(reason),
+            None => OnMiss::Capture(|| self.capture(flat, training)),
+        };
+        // An inference capture never evicts training graphs: an evaluation pass would
+        // otherwise cost the next training step a capture (with `max_graphs = 1`, every epoch).
+        let busy =
+            |graphs: &Graphs| graphs.backward_pending() || (!training && !graphs.is_inference());
+        let params = &self.facts().params;
+        let routed = router.route(&key, miss, busy, strict, |graphs| {
+            ready(graphs, params, training)
+        })?;
+        if !routed.evicted.is_empty() {
+            let mut retired = lock(&self.shared.retired);
+            for evicted in &routed.evicted {
+                retired.add_replays(&evicted.stats());
+            }
         }
-        let facts = self
-            .facts
-            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
-        // Inputs may come from the inner device (data loaders often make them there); what
-        // decides training is the module's parameters, or an input that is on autodiff.
+        Ok(routed)
+    }
+
+    /// This value's module facts, collected at its first call.
+    fn facts(&self) -> &ModuleFacts {
+        self.facts
+            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode))
+    }
+
+    /// The signature a call with inputs `flat` is routed by, with what a miss does; or why it
+    /// runs eagerly whatever graphs exist (a call without autodiff where inference graphs are
+    /// off, another train/eval mode). Checks go from the general to the particular, so that an
+    /// eval call is reported as such rather than as the input differences that eval brings
+    /// along. Inputs may come from the inner device (data loaders often make them there): what
+    /// decides training is the module's parameters, or an input that is on autodiff.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ParametersChanged`] when parameters were added, removed, replaced or
+    /// reshaped since capture, for a call that graphs would serve.
+    fn plan(&self, flat: &[FlatTensor]) -> Result<Result<Plan, EagerReason>, GraphedError> {
+        let facts = self.facts();
         let autodiff = facts.autodiff || flat.iter().any(|t| t.device.is_autodiff());
         if !autodiff && !self.shared.config.graph_inference {
-            return Ok(Err(FallbackReason::NoAutodiff));
+            return Ok(Err(EagerReason::NoAutodiff));
         }
         if let Some(detail) = &facts.structural {
             return Err(GraphedError::ParametersChanged {
                 detail: detail.clone(),
             });
         }
-        let module_params = facts.params.clone();
         if !autodiff {
-            return Ok(Ok(ReplayPlan::Inference(
-                module_params,
-                facts.flags.clone(),
-            )));
+            // Every callable captures inference graphs of new signatures (they share nothing).
+            return Ok(Ok((inference_key(flat, facts.flags.clone()), None)));
         }
         if facts.mode_changed {
-            return Ok(Err(FallbackReason::ModeChanged));
+            return Ok(Err(EagerReason::ModeChanged));
         }
-        let mismatch = input_difference(flat, &self.shared.inputs);
-        Ok(Ok(ReplayPlan::Training(module_params, mismatch)))
-    }
-
-    /// [`replay_plan`](Self::replay_plan) where the backend cannot capture: every call runs
-    /// eagerly for `reason`, but the module is checked as where graphs exist, since that check
-    /// needs none: parameters added, removed, replaced or reshaped since capture are
-    /// [`GraphedError::ParametersChanged`] on every backend alike.
-    ///
-    /// # Errors
-    ///
-    /// [`GraphedError::ParametersChanged`].
-    fn plan_without_graphs(
-        &self,
-        flat: &[FlatTensor],
-        reason: &FallbackReason,
-    ) -> Result<Result<ReplayPlan, FallbackReason>, GraphedError> {
-        let facts = self
-            .facts
-            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
-        let autodiff = facts.autodiff || flat.iter().any(|t| t.device.is_autodiff());
-        // As with graphs: a call that would run eagerly anyway is not refused for them.
-        if (autodiff || self.shared.config.graph_inference)
-            && let Some(detail) = &facts.structural
-        {
-            return Err(GraphedError::ParametersChanged {
-                detail: detail.clone(),
-            });
-        }
-        Ok(Err(reason.clone()))
+        // Only a signature the cache lost can match the sample's.
+        let refused = (!self.shared.recapture).then(|| {
+            input_difference(flat, &self.shared.inputs).unwrap_or(EagerReason::ShapeCacheFull)
+        });
+        Ok(Ok((training_key(flat), refused)))
     }
 
     /// Under [`MismatchPolicy::Error`], on a backend that cannot capture: why graphs could not
@@ -573,22 +555,20 @@ where
     /// captures no more signatures: one of a group, or `max_graphs = 1`), so that such a call
     /// is refused on every backend alike. The reasons that concern graphs only (another
     /// thread, a pending backward, the shape cache's state) are not asked.
-    fn differs_without_graphs(&self, flat: &[FlatTensor]) -> Option<FallbackReason> {
-        let facts = self
-            .facts
-            .get_or_init(|| ModuleFacts::of(&self.inner, &self.shared.mode));
-        if !(facts.autodiff || flat.iter().any(|t| t.device.is_autodiff())) {
-            return (!self.shared.config.graph_inference).then_some(FallbackReason::NoAutodiff);
+    fn differs_without_graphs(&self, flat: &[FlatTensor]) -> Option<EagerReason> {
+        match self.plan(flat) {
+            Ok(Err(reason)) => Some(reason),
+            Ok(Ok((key, Some(_)))) if key.inference.is_none() => {
+                input_difference(flat, &self.shared.inputs)
+            }
+            _ => None,
         }
-        if facts.mode_changed {
-            return Some(FallbackReason::ModeChanged);
-        }
-        input_difference(flat, &self.shared.inputs).filter(|_| !self.shared.recapture)
     }
 
-    fn eager(&self, flat: Vec<FlatTensor>, reason: FallbackReason) -> Result<O, GraphedError> {
+    /// The eager call for `reason`, counted; refused instead under [`MismatchPolicy::Error`].
+    fn eager(&self, flat: Vec<FlatTensor>, reason: EagerReason) -> Result<O, GraphedError> {
         if self.shared.config.on_mismatch == MismatchPolicy::Error {
-            let refused = if reason == FallbackReason::Unsupported {
+            let refused = if reason == EagerReason::Unsupported {
                 self.differs_without_graphs(&flat)
             } else {
                 Some(reason.clone())
@@ -597,135 +577,31 @@ where
                 return Err(GraphedError::mismatch(refused, &flat, &self.shared.inputs));
             }
         }
-        *self.lock_eager().fallbacks.entry(reason).or_default() += 1;
+        self.shared.router.count_eager(reason);
         // `flat` is this call's inputs flattened, counted against the sample's already.
         let input = I::unflatten(flat).ok_or(GraphedError::INPUTS_MISFIT)?;
         Ok((self.call)(&self.inner, input))
     }
 
-    /// The graphs for this call's input signature: cached, or captured now when the shape
-    /// cache allows (see [`ShapeCache`]), with whether they were captured now; or why the call
-    /// runs eagerly.
-    ///
-    /// # Errors
-    ///
-    /// The capture's error when it fails and [`GraphedConfig::require_graphs`] is set or
-    /// `strict` asks for it; the failure is then not recorded, so a later call tries again.
-    fn graphs_for(
-        &self,
-        flat: &[FlatTensor],
-        key: Signature,
-        mismatch: Option<FallbackReason>,
-        strict: bool,
-    ) -> Result<Result<(Graphs, bool), FallbackReason>, GraphedError> {
-        let Some(cache) = self.shared.graphs.as_ref() else {
-            return Ok(Err(FallbackReason::Unsupported));
-        };
-        if let Some(graphs) = lock(cache).get(&key) {
-            return Ok(Ok((graphs.clone(), false)));
-        }
-        let inference = key.inference.is_some();
-        // Only a signature the cache lost can match the sample's.
-        let reason = if inference {
-            FallbackReason::ShapeCacheFull
-        } else {
-            mismatch.unwrap_or(FallbackReason::ShapeCacheFull)
-        };
-        // A callable of a group captures inference graphs too (they share nothing); more
-        // training signatures only when captured alone.
-        if !inference && !self.shared.recapture {
-            return Ok(Err(reason));
-        }
-        // An inference capture never evicts training graphs: an evaluation pass would
-        // otherwise cost the next training step a capture (with `max_graphs = 1`, every epoch).
-        let busy =
-            |graphs: &Graphs| graphs.backward_pending() || (inference && !graphs.is_inference());
-        match lock(cache).admit(&key, busy) {
-            Admission::Capture => {}
-            Admission::FailedBefore => return Ok(Err(FallbackReason::CaptureFailed)),
-            Admission::Full => return Ok(Err(FallbackReason::ShapeCacheFull)),
-        }
+    /// Captures the graphs of another signature of this callable, with the bytes they hold:
+    /// training graphs, or inference graphs for a call without autodiff.
+    fn capture(&self, flat: &[FlatTensor], training: bool) -> Result<(Graphs, u64), GraphedError> {
         let sample = I::unflatten(flat.to_vec()).ok_or(GraphedError::INPUTS_MISFIT)?;
         let mut callable = Callable::new(self.inner.clone(), self.call, sample);
-        let built = if inference {
-            build_inference(&callable.member(), &self.shared.config)
-                .map(|(graphs, memory, _)| (graphs, memory))
+        let (graphs, memory) = if training {
+            let built = build(vec![callable.member()], &self.shared.config)?
+                .into_iter()
+                .next()
+                .ok_or(GraphedError::FEWER_GRAPHS)?;
+            let graphs = built.graphs.ok_or(GraphedError::Unsupported {
+                device: format!("{:?}", self.shared.device),
+            })?;
+            (graphs, built.memory)
         } else {
-            self.build_training(&mut callable)
+            let (graphs, memory, _) = build_inference(&callable.member(), &self.shared.config)?;
+            (graphs, memory)
         };
-        let (graphs, memory) = match built {
-            Ok(built) => built,
-            Err(error) if strict || self.shared.config.require_graphs => return Err(error),
-            Err(error) => {
-                lock(cache).record_failure(key, error.to_string());
-                return Ok(Err(FallbackReason::CaptureFailed));
-            }
-        };
-        let inserted = lock(cache).insert(key, graphs.clone(), memory.held_bytes(), busy);
-        match inserted {
-            Ok(evicted) => {
-                let mut retired = self.lock_eager();
-                for evicted in evicted {
-                    retired.add_replays(&evicted.stats());
-                }
-                Ok(Ok((graphs, true)))
-            }
-            Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
-        }
-    }
-
-    /// Captures the training graphs of another signature of this callable.
-    fn build_training(
-        &self,
-        callable: &mut Callable<M, I, O>,
-    ) -> Result<(Graphs, GraphMemory), GraphedError> {
-        build(vec![callable.member()], &self.shared.config).and_then(|built| {
-            let built = built.into_iter().next().ok_or(GraphedError::FEWER_GRAPHS)?;
-            let memory = built.memory;
-            built
-                .graphs
-                .map(|graphs| (graphs, memory))
-                .ok_or(GraphedError::Unsupported {
-                    device: format!("{:?}", self.shared.device),
-                })
-        })
-    }
-
-    fn lock_eager(&self) -> std::sync::MutexGuard<'_, GraphStats> {
-        lock(&self.shared.eager)
-    }
-
-    /// A call that may replay: the graphs for its signature (found, or captured now), then
-    /// the engine's replay, which links the outputs into autodiff; or the eager call, with the
-    /// reason either gives.
-    fn replay(
-        &self,
-        flat: Vec<FlatTensor>,
-        params: Vec<FlatTensor>,
-        mismatch: Option<FallbackReason>,
-    ) -> Result<O, GraphedError> {
-        let graphs = match self.graphs_for(&flat, training_key(&flat), mismatch, false)? {
-            Ok((graphs, _captured_now)) => graphs,
-            Err(reason) => return self.eager(flat, reason),
-        };
-        host_phases::lap(HostPhase::Lookup);
-        let replayed = graphs.replay(flat, params)?;
-        self.hand_out(replayed)
-    }
-
-    /// A replay's outputs as the call's output type, or the eager call where the replay gave
-    /// the inputs back with a reason.
-    fn hand_out(&self, replayed: Replayed) -> Result<O, GraphedError> {
-        match replayed {
-            Replayed::Outputs(outputs) => {
-                let outputs = O::unflatten(outputs).ok_or(GraphedError::Internal {
-                    what: "a replay's outputs do not fit the output type captured",
-                });
-                host_phases::lap(HostPhase::HandOut);
-                outputs
-            }
-            Replayed::Eager(reason, flat) => self.eager(flat, reason),
-        }
+        Ok((graphs, memory.held_bytes()))
     }
 
     /// The wrapped module.
@@ -749,26 +625,18 @@ where
         self.shared.memory
     }
 
-    /// Counters of replays, copies and eager fallbacks so far, over every copy of this wrapper
-    /// and every graph it captured (evicted ones included).
+    /// Counters of replays, copies and eager calls so far, over every copy of this wrapper
+    /// and every graph it captured (evicted ones included), with its shape cache's.
     pub fn stats(&self) -> GraphStats {
-        let mut stats = self.lock_eager().clone();
-        if let Some(cache) = &self.shared.graphs {
-            for graphs in lock(cache).values() {
-                stats.add_replays(&graphs.stats());
-                stats.graphs.extend_from_slice(graphs.contents());
-            }
+        let router = &self.shared.router;
+        let mut stats = lock(&self.shared.retired).clone();
+        for graphs in router.graphs() {
+            stats.add_replays(&graphs.stats());
+            stats.graphs.extend_from_slice(graphs.contents());
         }
+        stats.eager = router.eager_calls();
+        stats.shape_cache = router.cache_stats();
         stats
-    }
-
-    /// The shape cache: graphs held per input signature, hits, captures of new signatures,
-    /// evictions (see [`GraphedConfig::max_graphs`]). Empty counters without graphs.
-    pub fn shape_cache(&self) -> ShapeCacheStats {
-        if let Some(cache) = &self.shared.graphs {
-            return lock(cache).stats().clone();
-        }
-        ShapeCacheStats::default()
     }
 }
 
@@ -828,17 +696,17 @@ impl<M: Module + ModuleDisplay, I, O> fmt::Display for Graphed<M, I, O> {
 
 /// How a call's inputs first differ from the capture's signature (shape, dtype, then
 /// `require_grad`, input by input); `None` when they match.
-fn input_difference(flat: &[FlatTensor], captured: &[TensorSpec]) -> Option<FallbackReason> {
+fn input_difference(flat: &[FlatTensor], captured: &[TensorSpec]) -> Option<EagerReason> {
     flat.iter()
         .zip(captured)
         .enumerate()
         .find_map(|(index, (tensor, spec))| {
             if tensor.shape != spec.shape {
-                Some(FallbackReason::Shape { index })
+                Some(EagerReason::Shape { index })
             } else if tensor.dtype != spec.dtype {
-                Some(FallbackReason::DType { index })
+                Some(EagerReason::DType { index })
             } else if tensor.require_grad != spec.require_grad {
-                Some(FallbackReason::RequireGrad { index })
+                Some(EagerReason::RequireGrad { index })
             } else {
                 None
             }

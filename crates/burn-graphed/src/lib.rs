@@ -123,6 +123,7 @@ mod multi_adam;
 pub mod nn;
 mod optim;
 mod rng;
+mod route;
 mod step;
 mod step_record;
 #[cfg(feature = "train")]
@@ -140,8 +141,8 @@ pub use ranks::RankGroup;
 pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{
-    CaptureSummary, FallbackReason, GraphContents, GraphMemory, GraphNodes, GraphStats, Prepared,
-    StepStats,
+    CaptureSummary, EagerReason, GraphContents, GraphMemory, GraphNodes, GraphStats, Prepared,
+    StepStats, TunedBundle,
 };
 pub use step::GraphedStep;
 pub use step_optim::{
@@ -167,6 +168,48 @@ pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), Graphe
     } else {
         Err(GraphedError::KernelCacheTooLate)
     }
+}
+
+/// Writes the kernel picks cubecl's autotune made in this process and earlier ones (its
+/// persistent cache: autotune results, and the compiled kernels where the cache keeps them) to
+/// the file `out`, for [`import_tuned`] on other machines of the same GPU, driver and crate
+/// versions: a cluster or a CI job then tunes once. Call it at the end of a run that met every
+/// shape the model will meet (a capture of each, or a first step of each).
+///
+/// # Errors
+///
+/// [`GraphedError::TunedBundle`] naming `out` when the cache cannot be read or `out` cannot be
+/// written (nothing is left at `out` then), or in a build without a cubecl backend.
+pub fn export_tuned(out: impl AsRef<std::path::Path>) -> Result<TunedBundle, GraphedError> {
+    let out = out.as_ref();
+    cube::export_tuned(out).map_err(|reason| GraphedError::TunedBundle {
+        argument: "out",
+        path: out.display().to_string(),
+        reason,
+    })
+}
+
+/// Copies the kernel picks of a bundle that [`export_tuned`] wrote into this machine's cubecl
+/// cache, so that the kernels it names are compiled without tuning. Entries the cache holds
+/// already keep their value; cubecl reads only the entries of its own version and of this
+/// device (a bundle from another GPU is copied and never read), and checks each pick against
+/// the kernels it tunes, so a stale bundle costs a tuning, never a wrong kernel. Call it first
+/// thing in `main` (after [`enable_kernel_cache`], which must come before anything loads
+/// cubecl's configuration, as this does).
+///
+/// # Errors
+///
+/// [`GraphedError::TunedBundle`] naming `path` when it is not a bundle (nothing is copied), or
+/// in a build without a cubecl backend. Entries the cache could not write (a read-only
+/// directory, a full disk) are counted in [`TunedBundle::failed`], not an error: they are tuned
+/// when needed, as without the bundle.
+pub fn import_tuned(path: impl AsRef<std::path::Path>) -> Result<TunedBundle, GraphedError> {
+    let path = path.as_ref();
+    cube::import_tuned(path).map_err(|reason| GraphedError::TunedBundle {
+        argument: "path",
+        path: path.display().to_string(),
+        reason,
+    })
 }
 
 /// Whether `f32` matrix products on CUDA may round their operands to TF32 (10-bit mantissa) on

@@ -84,7 +84,7 @@ impl FusedAdamConfig {
 /// own rule for in-place kernels), the graph's backward is not pending, and the step runs on
 /// the capturing thread. A clone of the module kept across a step (a snapshot) therefore keeps
 /// its values: the step then writes a new buffer, and the graphed module runs eagerly
-/// ([`FallbackReason::ParamBufferAliased`](crate::FallbackReason::ParamBufferAliased)) until
+/// ([`EagerReason::ParamBufferAliased`](crate::EagerReason::ParamBufferAliased)) until
 /// the snapshot is dropped.
 ///
 /// Parameters in `f16` and `bf16` are updated by the same kernel instantiated for their dtype,

@@ -118,15 +118,6 @@ impl<S, K: PartialEq> ShapeCache<S, K> {
         Some(&entry.value)
     }
 
-    /// The graphs of `key`, without marking them used: for a lookup after the step's
-    /// [`get`](Self::get) counted its hit.
-    pub fn peek(&self, key: &K) -> Option<&S> {
-        self.entries
-            .iter()
-            .find(|e| e.key == *key)
-            .map(|e| &e.value)
-    }
-
     /// Whether a signature the cache does not hold may be captured; `busy` says which entries
     /// cannot be evicted now.
     pub fn admit(&self, key: &K, busy: impl Fn(&S) -> bool) -> Admission {

@@ -5,13 +5,16 @@ use std::fmt;
 
 /// Why a call ran eagerly instead of replaying the graphs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FallbackReason {
+pub enum EagerReason {
     /// The device's backend cannot capture graphs (e.g. Flex).
     Unsupported,
     /// The inputs are not on an autodiff device (inference, e.g. after `valid()`).
     NoAutodiff,
     /// The module's train/eval flags or the parameters' `require_grad` differ from capture.
     ModeChanged,
+    /// Neither an input nor a parameter of the call requires grad: there is no backward to
+    /// replay.
+    NothingRequiresGrad,
     /// An input's shape differs from capture.
     Shape {
         /// Input position.
@@ -69,44 +72,47 @@ pub enum Prepared {
     /// call or `prepare`).
     Cached,
     /// Calls like the sample will run eagerly, for this reason.
-    Eager(FallbackReason),
+    Eager(EagerReason),
 }
 
-impl fmt::Display for FallbackReason {
+impl fmt::Display for EagerReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FallbackReason::Unsupported => f.write_str("backend cannot capture graphs"),
-            FallbackReason::OutputStillHeld => {
+            EagerReason::Unsupported => f.write_str("backend cannot capture graphs"),
+            EagerReason::OutputStillHeld => {
                 f.write_str("an output or gradient of an earlier replay is still held")
             }
-            FallbackReason::ParamBufferAliased => {
+            EagerReason::ParamBufferAliased => {
                 f.write_str("a parameter buffer is still held by a clone of the module")
             }
-            FallbackReason::NoAutodiff => f.write_str("inputs not on an autodiff device"),
-            FallbackReason::ModeChanged => {
+            EagerReason::NoAutodiff => f.write_str("inputs not on an autodiff device"),
+            EagerReason::ModeChanged => {
                 f.write_str("train/eval mode or parameter require_grad differs from capture")
             }
-            FallbackReason::Shape { index } => write!(f, "input {index} shape differs"),
-            FallbackReason::DType { index } => write!(f, "input {index} dtype differs"),
-            FallbackReason::RequireGrad { index } => {
+            EagerReason::NothingRequiresGrad => {
+                f.write_str("no input or parameter requires grad")
+            }
+            EagerReason::Shape { index } => write!(f, "input {index} shape differs"),
+            EagerReason::DType { index } => write!(f, "input {index} dtype differs"),
+            EagerReason::RequireGrad { index } => {
                 write!(f, "input {index} require_grad differs")
             }
-            FallbackReason::BackwardPending => {
+            EagerReason::BackwardPending => {
                 f.write_str("previous call's backward still pending")
             }
-            FallbackReason::SharedBufferBusy => f.write_str(
+            EagerReason::SharedBufferBusy => f.write_str(
                 "a buffer shared with another callable of the group is still needed by its backward",
             ),
-            FallbackReason::OtherThread => {
+            EagerReason::OtherThread => {
                 f.write_str("called from another thread than the capture")
             }
-            FallbackReason::ShapeCacheFull => {
+            EagerReason::ShapeCacheFull => {
                 f.write_str("no graphs for these input shapes and the shape cache is full")
             }
-            FallbackReason::CaptureFailed => {
+            EagerReason::CaptureFailed => {
                 f.write_str("capturing graphs for these input shapes failed")
             }
-            FallbackReason::CaptureAfterStep => f.write_str(
+            EagerReason::CaptureAfterStep => f.write_str(
                 "no graphs for these input shapes yet: the ranks capture them after this step",
             ),
         }
@@ -128,7 +134,11 @@ pub struct GraphStats {
     /// callable's backward graph wrote there itself is not copied.
     pub grad_copies: u64,
     /// Calls that ran eagerly, by reason.
-    pub fallbacks: BTreeMap<FallbackReason, u64>,
+    pub eager: BTreeMap<EagerReason, u64>,
+    /// The shape cache: graphs held per input signature, hits, captures of new signatures,
+    /// evictions (see [`GraphedConfig::max_graphs`](crate::GraphedConfig::max_graphs)). Zero
+    /// counters without graphs.
+    pub shape_cache: crate::shape_cache::ShapeCacheStats,
     /// The graphs held now: per input signature in the shape cache, the forward graph and (for
     /// training calls) the backward graph.
     pub graphs: Vec<GraphContents>,
@@ -144,9 +154,9 @@ impl GraphStats {
         self.grad_copies += other.grad_copies;
     }
 
-    /// Total eager fallbacks.
-    pub fn total_fallbacks(&self) -> u64 {
-        self.fallbacks.values().sum()
+    /// Total eager calls.
+    pub fn total_eager(&self) -> u64 {
+        self.eager.values().sum()
     }
 }
 
@@ -285,7 +295,7 @@ pub struct StepStats {
     /// Steps that replayed a whole-step graph.
     pub replays: u64,
     /// Steps that ran eagerly, by reason.
-    pub eager: BTreeMap<FallbackReason, u64>,
+    pub eager: BTreeMap<EagerReason, u64>,
     /// Input tensors copied into static buffers (an input already there is not).
     pub input_copies: u64,
     /// The shape cache of the step's graphs.
@@ -300,4 +310,22 @@ impl StepStats {
     pub fn total_eager(&self) -> u64 {
         self.eager.values().sum()
     }
+}
+
+/// What [`export_tuned`](crate::export_tuned) wrote, or what [`import_tuned`](crate::import_tuned)
+/// read and copied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TunedBundle {
+    /// The bundle's cache namespaces (one per autotuned operation, and the compiled kernels
+    /// where the backend keeps them), each named with the cubecl version and the device.
+    pub namespaces: Vec<String>,
+    /// Entries in the bundle.
+    pub entries: usize,
+    /// Entries copied into this machine's cache (import).
+    pub imported: usize,
+    /// Entries this machine's cache had already: its own value is kept (import).
+    pub skipped: usize,
+    /// Entries the cache could not write (a full disk, a read-only directory): recomputed
+    /// when needed, as without the bundle (import).
+    pub failed: usize,
 }

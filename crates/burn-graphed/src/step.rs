@@ -16,8 +16,8 @@ use crate::cube::{self, Bucket, StepCut, StepGraph, StepState};
 use crate::data_parallel::DataParallel;
 use crate::error::GraphedError;
 use crate::params::{self, ModuleMode};
-use crate::shape_cache::{Admission, CacheLimits, ShapeCache};
-use crate::stats::{FallbackReason, StepStats};
+use crate::route::{NoCapture, OnMiss, Route, Router};
+use crate::stats::{EagerReason, StepStats};
 use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
 use crate::step_record::{self, StateParts};
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
@@ -81,32 +81,28 @@ pub struct GraphedStep<M, I> {
     micro_batches: usize,
     config: GraphedConfig,
     mode: ModuleMode,
-    engine: Option<Engine>,
+    /// The whole step's device state (parameters, optimizer state, schedule), where the backend
+    /// captures and the update kernels take the parameters' dtypes.
+    state: Option<Arc<StepState>>,
+    /// The step's graphs by input signature, and the eager steps by reason.
+    router: Router<Arc<StepGraph>, Vec<TensorSpec>>,
     /// The rank's group and device, for a data-parallel step.
     parallel: Option<(DataParallel, burn::tensor::Device)>,
     /// burn's optimizer, for steps without whole-step graphs.
     eager: Option<ModuleOptimizer>,
-    stats: StepStats,
+    /// Replays and input copies (the router counts the rest).
+    replays: u64,
+    input_copies: u64,
     _inputs: PhantomData<fn(I)>,
 }
 
 /// How the gradient half of a data-parallel step ran.
-#[derive(Clone, Copy, PartialEq, Eq)]
 enum Half {
-    Replayed,
+    /// By this graph, whose update half ends the step.
+    Replayed(Arc<StepGraph>),
     Eager,
     /// Eagerly, for shapes without graphs that the ranks capture after the step.
     CaptureAfter,
-}
-
-/// Where a step's signature stands with the shape cache.
-enum Lookup {
-    /// Graphs of the signature are cached.
-    Cached,
-    /// None are; the cache may take them.
-    Admitted,
-    /// None are, and none will be captured now, for this reason.
-    Eager(FallbackReason),
 }
 
 /// What the ranks of a data-parallel group do, each in its turn, when one of them captures.
@@ -115,12 +111,6 @@ const CAPTURE_TURN: &str = "capturing a whole step";
 /// What the ranks of a data-parallel step agree on before averaging its bucket.
 const STEP_AGREEMENT: &str =
     "a whole step's gradients (which parameters, elements, dtype) and learning rate";
-
-/// The device side: the shared buffers and the graphs per input signature.
-struct Engine {
-    state: Arc<StepState>,
-    graphs: Option<ShapeCache<StepGraph>>,
-}
 
 impl<M, I> GraphedStep<M, I>
 where
@@ -189,7 +179,7 @@ where
     ///
     /// A step whose batch shapes have no graph yet on some rank (a new batch size, an uneven
     /// last batch on one rank) runs eagerly on those ranks
-    /// ([`FallbackReason::CaptureAfterStep`]); after its update every rank takes its turn and
+    /// ([`EagerReason::CaptureAfterStep`]); after its update every rank takes its turn and
     /// those ranks capture the shapes, which later steps replay. The returned losses are this
     /// rank's.
     ///
@@ -275,45 +265,33 @@ where
             parallel,
             micro_batches: samples.len(),
             eager: state.is_none().then(|| optimizer.to_burn(clipping)),
-            engine: state.map(|state| Engine {
-                state,
-                graphs: None,
-            }),
+            state: None,
+            router: Router::new(None, config),
             model,
             loss,
             optimizer,
             clipping,
             config: config.clone(),
             mode,
-            stats: StepStats::default(),
+            replays: 0,
+            input_copies: 0,
             _inputs: PhantomData,
         };
         if let Some((group, _)) = &step.parallel {
             group.agree_on_start(&step.model)?;
         }
-        if step.engine.is_none() {
+        let Some(state) = state else {
             if config.require_graphs {
                 return Err(GraphedError::Unsupported {
                     device: format!("{:?}", param_entries.first().map(|p| &p.tensor.device)),
                 });
             }
             return Ok(step);
-        }
+        };
         let flat: Vec<Vec<FlatTensor>> = samples.into_iter().map(TensorGroup::flatten).collect();
-        let key = signature(&flat);
-        let graph = step.capture(&flat)?;
-        let bytes = graph.held_bytes();
-        if let Some(engine) = step.engine.as_mut() {
-            engine.graphs = Some(ShapeCache::new(
-                CacheLimits {
-                    max_graphs: config.max_graphs,
-                    max_bytes: config.max_graph_bytes,
-                },
-                key,
-                graph,
-                bytes,
-            ));
-        }
+        let (graph, bytes) = step.capture(&state, &flat)?;
+        step.router = Router::new(Some((signature(&flat), graph, bytes)), config);
+        step.state = Some(state);
         Ok(step)
     }
 
@@ -365,10 +343,9 @@ where
                 detail: format!("got {lr}, expected a finite learning rate"),
             });
         }
-        let Some(engine) = self.engine.as_ref() else {
-            return self.burn_step(batches, lr, FallbackReason::Unsupported);
+        let Some(state) = self.state.clone() else {
+            return self.burn_step(batches, lr, EagerReason::Unsupported);
         };
-        let state = engine.state.clone();
         let flat: Vec<Vec<FlatTensor>> = batches.into_iter().map(TensorGroup::flatten).collect();
         let key = signature(&flat);
         if let Some((group, _)) = self.parallel.clone() {
@@ -376,24 +353,23 @@ where
         }
         // The model is the step's own (only `load_module` replaces it, checking its
         // structure), so its train/eval mode is the capture's: nothing to compare per step.
-        let graph = if state.on_capture_thread() {
-            self.graph_for(&flat, &key)?
-        } else {
-            Err(FallbackReason::OtherThread)
-        };
+        let miss = OnMiss::Capture(|| self.capture(&state, &flat));
+        let routed = self
+            .router
+            .route(&key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
         state.set_lr(lr)?;
-        let losses = match graph {
-            Ok(()) => {
-                let (losses, copies) = self.graph(&key)?.replay(&flat)?;
-                self.stats.replays += 1;
-                self.stats.input_copies += copies;
+        let losses = match routed.route {
+            Route::Replay(graph) => {
+                let (losses, copies) = graph.replay(&flat)?;
+                self.replays += 1;
+                self.input_copies += copies;
                 losses
             }
-            Err(reason) => {
+            Route::Eager(reason) => {
                 if self.config.on_mismatch == MismatchPolicy::Error {
                     return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
                 }
-                *self.stats.eager.entry(reason).or_default() += 1;
+                self.router.count_eager(reason);
                 state.eager_step(&self.runner(), &flat)?
             }
         };
@@ -417,7 +393,7 @@ where
     fn parallel_step(
         &mut self,
         group: &DataParallel,
-        state: &StepState,
+        state: &Arc<StepState>,
         flat: &[Vec<FlatTensor>],
         key: &Vec<TensorSpec>,
         lr: f64,
@@ -428,7 +404,7 @@ where
                 // An eager half's bucket holds no values where a launch was skipped (an input
                 // without values); a replayed one was written by its graph, whose replay refuses
                 // such inputs.
-                if half != Half::Replayed {
+                if !matches!(half, Half::Replayed(_)) {
                     crate::data_parallel::written(&bucket.tensor)?;
                 }
                 Ok((losses, bucket, half))
@@ -446,8 +422,8 @@ where
         let averaged = group
             .mean(Tensor::from_dispatch(bucket.tensor))?
             .into_dispatch();
-        if half == Half::Replayed {
-            self.graph(key)?.replay_update(&averaged)?;
+        if let Half::Replayed(graph) = &half {
+            graph.replay_update(&averaged)?;
         } else {
             state.eager_update(&Bucket {
                 tensor: averaged,
@@ -455,7 +431,7 @@ where
             })?;
         }
         if any_capture {
-            self.capture_in_turn(flat, key, wants_capture)?;
+            self.capture_in_turn(state, flat, key, wants_capture)?;
         }
         Ok(concat(losses))
     }
@@ -470,27 +446,22 @@ where
     /// group is spent).
     fn capture_in_turn(
         &mut self,
+        state: &Arc<StepState>,
         flat: &[Vec<FlatTensor>],
         key: &[TensorSpec],
         wanted: bool,
     ) -> Result<(), GraphedError> {
         let captured = if wanted {
-            self.capture(flat).map(Some)
+            self.capture(state, flat).map(Some)
         } else {
             let Some((group, device)) = &self.parallel else {
                 return Ok(());
             };
             group.in_turn(CAPTURE_TURN, device, || Ok(None))
         }?;
-        let (Some(graph), Some(cache)) = (
-            captured,
-            self.engine.as_mut().and_then(|e| e.graphs.as_mut()),
-        ) else {
-            return Ok(());
-        };
-        let bytes = graph.held_bytes();
-        // A graph too large for the cache is dropped; the shapes run eagerly and ask again.
-        let _ = cache.insert(key.to_vec(), graph, bytes, |_| false);
+        if let Some((graph, bytes)) = captured {
+            self.router.insert(key.to_vec(), graph, bytes);
+        }
         Ok(())
     }
 
@@ -504,120 +475,54 @@ where
         key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, Half), GraphedError> {
-        let graph = if !state.on_capture_thread() {
-            Err(FallbackReason::OtherThread)
-        } else {
-            match self.lookup(key) {
-                Lookup::Cached => Ok(()),
-                Lookup::Admitted => Err(FallbackReason::CaptureAfterStep),
-                Lookup::Eager(reason) => Err(reason),
-            }
-        };
+        let miss = OnMiss::<NoCapture<_>>::After;
+        let routed = self
+            .router
+            .route(key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
         state.set_lr(lr)?;
-        match graph {
-            Ok(()) => {
-                let (losses, copies, bucket) = self.graph(key)?.replay_gradients(flat)?;
-                self.stats.replays += 1;
-                self.stats.input_copies += copies;
-                Ok((losses, bucket, Half::Replayed))
+        match routed.route {
+            Route::Replay(graph) => {
+                let (losses, copies, bucket) = graph.replay_gradients(flat)?;
+                self.replays += 1;
+                self.input_copies += copies;
+                Ok((losses, bucket, Half::Replayed(graph)))
             }
-            Err(reason) => {
+            Route::Eager(reason) => {
                 // New shapes are captured after the step, not refused.
                 if self.config.on_mismatch == MismatchPolicy::Error
-                    && reason != FallbackReason::CaptureAfterStep
+                    && reason != EagerReason::CaptureAfterStep
                 {
                     return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
                 }
-                *self.stats.eager.entry(reason.clone()).or_default() += 1;
-                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
-                let half = if reason == FallbackReason::CaptureAfterStep {
+                let half = if reason == EagerReason::CaptureAfterStep {
                     Half::CaptureAfter
                 } else {
                     Half::Eager
                 };
+                self.router.count_eager(reason);
+                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
                 Ok((losses, bucket, half))
             }
         }
     }
 
-    /// Where a step of signature `key` stands with the shape cache (a hit is counted here).
-    fn lookup(&mut self, key: &Vec<TensorSpec>) -> Lookup {
-        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
-            return Lookup::Eager(FallbackReason::Unsupported);
-        };
-        if cache.get(key).is_some() {
-            return Lookup::Cached;
-        }
-        match cache.admit(key, |_| false) {
-            Admission::Capture => Lookup::Admitted,
-            Admission::FailedBefore => Lookup::Eager(FallbackReason::CaptureFailed),
-            Admission::Full => Lookup::Eager(FallbackReason::ShapeCacheFull),
-        }
-    }
-
-    /// The cached graph of signature `key`, found by this step's [`lookup`](Self::lookup)
-    /// (which counted the hit).
-    fn graph(&self, key: &Vec<TensorSpec>) -> Result<&StepGraph, GraphedError> {
-        self.engine
-            .as_ref()
-            .and_then(|e| e.graphs.as_ref())
-            .and_then(|cache| cache.peek(key))
-            .ok_or(GraphedError::Replay {
-                which: "whole step",
-                reason: "the graph for this signature left the cache".into(),
-            })
-    }
-
-    /// The graph for `flat`'s signature: cached, or captured now where the shape cache admits
-    /// it; or why the step runs eagerly.
-    fn graph_for(
-        &mut self,
+    /// Captures a whole step (a data-parallel rank: its two halves, in the rank's turn) for
+    /// `flat`'s signature, with the bytes it holds.
+    fn capture(
+        &self,
+        state: &Arc<StepState>,
         flat: &[Vec<FlatTensor>],
-        key: &Vec<TensorSpec>,
-    ) -> Result<Result<(), FallbackReason>, GraphedError> {
-        match self.lookup(key) {
-            Lookup::Cached => return Ok(Ok(())),
-            Lookup::Eager(reason) => return Ok(Err(reason)),
-            Lookup::Admitted => {}
-        }
-        let captured = self.capture(flat);
-        let Some(cache) = self.engine.as_mut().and_then(|e| e.graphs.as_mut()) else {
-            return Ok(Err(FallbackReason::Unsupported));
-        };
-        match captured {
-            Ok(graph) => {
-                let bytes = graph.held_bytes();
-                match cache.insert(key.clone(), graph, bytes, |_| false) {
-                    Ok(_evicted) => Ok(Ok(())),
-                    Err(_too_large) => Ok(Err(FallbackReason::ShapeCacheFull)),
-                }
-            }
-            Err(error) if self.config.require_graphs => Err(error),
-            Err(error) => {
-                cache.record_failure(key.clone(), error.to_string());
-                Ok(Err(FallbackReason::CaptureFailed))
-            }
-        }
-    }
-
-    fn capture(&self, flat: &[Vec<FlatTensor>]) -> Result<StepGraph, GraphedError> {
-        let engine = self.engine.as_ref().ok_or(GraphedError::Unsupported {
-            device: "(no whole-step state)".into(),
-        })?;
+    ) -> Result<(Arc<StepGraph>, u64), GraphedError> {
         let runner = self.runner();
-        match &self.parallel {
-            None => cube::capture_step(&engine.state, &runner, flat, &self.config, StepCut::Whole),
+        let graph = match &self.parallel {
+            None => cube::capture_step(state, &runner, flat, &self.config, StepCut::Whole),
             Some((group, device)) => group.in_turn(CAPTURE_TURN, device, || {
                 group.check_device(device)?;
-                cube::capture_step(
-                    &engine.state,
-                    &runner,
-                    flat,
-                    &self.config,
-                    StepCut::AtBucket,
-                )
+                cube::capture_step(state, &runner, flat, &self.config, StepCut::AtBucket)
             }),
-        }
+        }?;
+        let bytes = graph.held_bytes();
+        Ok((Arc::new(graph), bytes))
     }
 
     /// The loss function on the model with its parameters replaced, type-erased.
@@ -639,10 +544,9 @@ where
         &mut self,
         batches: Vec<I>,
         lr: f64,
-        reason: FallbackReason,
+        reason: EagerReason,
     ) -> Result<Tensor<1>, GraphedError> {
-        if self.config.on_mismatch == MismatchPolicy::Error && reason != FallbackReason::Unsupported
-        {
+        if self.config.on_mismatch == MismatchPolicy::Error && reason != EagerReason::Unsupported {
             let flat: Vec<FlatTensor> = batches.into_iter().flat_map(I::flatten).collect();
             return Err(GraphedError::mismatch(reason, &flat, &[]));
         }
@@ -668,17 +572,17 @@ where
             grads = crate::step_optim::clip_grad_norm(&self.model, grads, max);
         }
         self.model = optimizer.step(lr, self.model.clone(), grads);
-        *self.stats.eager.entry(reason).or_default() += 1;
+        self.router.count_eager(reason);
         Ok(concat(losses))
     }
 
     /// The model with the current parameters: copies of the graphs' buffers (later steps do
     /// not change it), with the `require_grad` of the model given.
     pub fn module(&self) -> M {
-        let Some(engine) = self.engine.as_ref() else {
+        let Some(state) = self.state.as_ref() else {
             return self.model.clone();
         };
-        let values = engine.state.param_values();
+        let values = state.param_values();
         with_values(self.model.clone(), values)
     }
 
@@ -700,9 +604,9 @@ where
         if let Some(detail) = mode.difference(&self.mode) {
             return Err(GraphedError::ParametersChanged { detail });
         }
-        if let Some(engine) = self.engine.as_ref() {
+        if let Some(state) = self.state.as_ref() {
             let values: Vec<_> = entries.into_iter().map(|e| e.tensor.tensor).collect();
-            engine.state.load_params(&values)?;
+            state.load_params(&values)?;
         }
         self.model = model;
         Ok(())
@@ -712,11 +616,10 @@ where
     /// and AdamW, the velocity for SGD with momentum, nothing for plain SGD (copies, without
     /// autodiff). Empty where steps run with burn's optimizer (see its records instead).
     pub fn optimizer_state(&self) -> Vec<Vec<FlatTensor>> {
-        let Some(engine) = self.engine.as_ref() else {
+        let Some(state) = self.state.as_ref() else {
             return Vec::new();
         };
-        engine
-            .state
+        state
             .state_values()
             .into_iter()
             .map(|states| {
@@ -732,20 +635,19 @@ where
     /// record that burn's own optimizer of the same kind (`AdamConfig::new().init()`, ...) writes
     /// after the same steps, so that eager burn can load it (`load_record`) and go on.
     pub fn optimizer_record(&self) -> burn::optim::OptimizerRecord {
-        let Some(engine) = self.engine.as_ref() else {
+        let Some(state) = self.state.as_ref() else {
             return self
                 .eager
                 .as_ref()
                 .map(ModuleOptimizer::to_record)
                 .unwrap_or_default();
         };
-        let steps = engine.state.steps();
+        let steps = state.steps();
         let states = if steps == 0 {
             Vec::new()
         } else {
             let (entries, _) = params::collect(&self.model);
-            engine
-                .state
+            state
                 .state_values()
                 .into_iter()
                 .zip(entries)
@@ -773,7 +675,7 @@ where
         &mut self,
         record: burn::optim::OptimizerRecord,
     ) -> Result<(), GraphedError> {
-        let Some(engine) = self.engine.as_ref() else {
+        let Some(state) = self.state.as_ref() else {
             if let Some(eager) = self.eager.take() {
                 self.eager = Some(eager.load_record(record));
             }
@@ -815,21 +717,21 @@ where
             }
             states.push(Some(tensors));
         }
-        engine.state.load_states(&states, steps)
+        state.load_states(&states, steps)
     }
 
     /// Optimizer updates done.
     pub fn steps(&self) -> u64 {
-        match self.engine.as_ref() {
-            Some(engine) => engine.state.steps(),
-            None => self.stats.total_eager(),
+        match self.state.as_ref() {
+            Some(state) => state.steps(),
+            None => self.router.eager_calls().values().sum(),
         }
     }
 
     /// Whether steps can replay whole-step graphs (burn's cubecl backend, parameters in a
     /// dtype the update kernels take).
     pub fn is_graphed(&self) -> bool {
-        self.engine.is_some()
+        self.state.is_some()
     }
 
     /// Asks the step to run `optimizer` from now on. Its constants are compiled into the
@@ -842,8 +744,8 @@ where
     /// (nothing changes): build a new step from [`module`](Self::module) instead.
     pub fn set_optimizer(&mut self, optimizer: impl IntoStepOptimizer) -> Result<(), GraphedError> {
         let (optimizer, clipping) = optimizer.into_step_optimizer()?;
-        let same = match self.engine.as_ref() {
-            Some(engine) => engine.state.runs(&optimizer, clipping),
+        let same = match self.state.as_ref() {
+            Some(state) => state.runs(&optimizer, clipping),
             None => self.optimizer == optimizer && self.clipping == clipping,
         };
         if same {
@@ -867,15 +769,18 @@ where
 
     /// Counters: replays, eager steps by reason, input copies, the shape cache.
     pub fn stats(&self) -> StepStats {
-        let mut stats = self.stats.clone();
-        if let Some(cache) = self.engine.as_ref().and_then(|e| e.graphs.as_ref()) {
-            stats.shape_cache = cache.stats().clone();
-            stats.graphs = cache
-                .values()
+        StepStats {
+            replays: self.replays,
+            eager: self.router.eager_calls(),
+            input_copies: self.input_copies,
+            shape_cache: self.router.cache_stats(),
+            graphs: self
+                .router
+                .graphs()
+                .iter()
                 .flat_map(|graph| graph.contents().iter().cloned())
-                .collect();
+                .collect(),
         }
-        stats
     }
 }
 

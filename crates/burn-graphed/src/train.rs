@@ -37,7 +37,7 @@ use crate::tensors::TensorGroup;
 ///   training thread works. Graphs for a batch shape first met during training (an epoch's
 ///   smaller last batch) are captured then: if the metrics thread reads during that capture,
 ///   the capture fails (that shape then runs eagerly,
-///   [`FallbackReason::CaptureFailed`](crate::FallbackReason::CaptureFailed)), and so may the
+///   [`EagerReason::CaptureFailed`](crate::EagerReason::CaptureFailed)), and so may the
 ///   read, which burn-train reports as a training error. Capture every batch shape before
 ///   `launch` (one `forward` and `backward` per shape), or set
 ///   [`GraphedConfig::max_graphs`](crate::GraphedConfig::max_graphs) to 1 so other shapes run

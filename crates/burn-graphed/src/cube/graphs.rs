@@ -1,5 +1,6 @@
 //! [`Graphs`]: the handle the features floor holds to one captured callable, and a call's way
-//! through it: admit (or say why the call runs eagerly), copy in, replay, link into autodiff.
+//! through it: admitted (or told why it runs eagerly) before it enters, then copy in, replay,
+//! link into autodiff.
 
 use std::sync::Arc;
 
@@ -9,10 +10,8 @@ use burn::tensor::Tensor;
 use super::buffers::{FusedTensor, dispatch_of, fused};
 use super::node;
 use super::session::Session;
-use super::values::Replayed;
 use crate::error::GraphedError;
-use crate::host_phases::{self, HostPhase};
-use crate::stats::{FallbackReason, GraphContents, GraphStats};
+use crate::stats::{EagerReason, GraphContents, GraphStats};
 use crate::tensors::{ElementKind, FlatTensor};
 
 /// The forward and backward graphs of one captured callable, with their static buffers.
@@ -45,10 +44,55 @@ impl Graphs {
         self.0.lock().stats.clone()
     }
 
-    /// A call with `inputs` (flattened, matching the capture's signature) on a module whose
-    /// float parameters are `params` (visiting order): replays the forward graph and returns
-    /// its outputs linked into autodiff (their backward replays the backward graph), or gives
-    /// the inputs back with the reason the call must run eagerly. Nothing runs in that case.
+    /// Admits a call with `inputs` (flattened, matching the capture's signature) on a module
+    /// whose float parameters are `params` (visiting order), for a training replay
+    /// (`training`: the outputs are linked into autodiff) or an inference replay; or says why
+    /// the call must run eagerly. Nothing runs, and nothing changes: the router asks before the
+    /// call enters the engine.
+    pub(crate) fn admit(
+        &self,
+        inputs: &[FlatTensor],
+        params: &[FlatTensor],
+        training: bool,
+    ) -> Result<Admitted, EagerReason> {
+        let session = &self.0;
+        if training && session.backward_pending() {
+            return Err(EagerReason::BackwardPending);
+        }
+        let fused_inputs = all_fused(inputs).ok_or(EagerReason::Unsupported)?;
+        if training && session.shared_buffer_busy(&fused_inputs) {
+            return Err(EagerReason::SharedBufferBusy);
+        }
+        let fused_params = all_fused(params).ok_or(EagerReason::Unsupported)?;
+        if let Some(reason) = cannot_replay(session, &fused_params) {
+            return Err(reason);
+        }
+        let tracked = if training {
+            let tracked = inputs
+                .iter()
+                .filter(|t| t.is_float())
+                .chain(params)
+                .map(|t| &t.tensor)
+                .find(|t| burn::backend::Dispatch::is_tracked(t))
+                .cloned()
+                // Nothing requires grad: there is no backward to graph.
+                .ok_or(EagerReason::NothingRequiresGrad)?;
+            Some(tracked)
+        } else {
+            None
+        };
+        Ok(Admitted {
+            inputs: fused_inputs,
+            params: fused_params,
+            tracked,
+        })
+    }
+
+    /// Replays the forward graph for a call [`admit`](Self::admit)ted with `inputs` and
+    /// `params` (the same tensors): copies them in where they are not there already and
+    /// returns the outputs. A training call's float outputs are linked into autodiff (their
+    /// backward replays the backward graph); an inference call's are handed out under the
+    /// output policy, on the device without autodiff.
     ///
     /// # Errors
     ///
@@ -56,36 +100,27 @@ impl Graphs {
     /// [`GraphedError::Replay`] from the forward replay.
     pub(crate) fn replay(
         &self,
+        call: Admitted,
         inputs: Vec<FlatTensor>,
         params: Vec<FlatTensor>,
-    ) -> Result<Replayed, GraphedError> {
+    ) -> Result<Vec<FlatTensor>, GraphedError> {
         let session = &self.0;
-        let eager = |reason, inputs| Ok(Replayed::Eager(reason, inputs));
-        if session.backward_pending() {
-            return eager(FallbackReason::BackwardPending, inputs);
-        }
-        let Some(fused_inputs) = all_fused(&inputs) else {
-            return eager(FallbackReason::Unsupported, inputs);
-        };
-        if session.shared_buffer_busy(&fused_inputs) {
-            return eager(FallbackReason::SharedBufferBusy, inputs);
-        }
-        let Some(fused_params) = all_fused(&params) else {
-            return eager(FallbackReason::Unsupported, inputs);
-        };
-        if let Some(reason) = cannot_replay(session, &fused_params) {
-            return eager(reason, inputs);
-        }
-        let Some(route) = inputs
-            .iter()
-            .filter(|t| t.is_float())
-            .chain(&params)
-            .map(|t| &t.tensor)
-            .find(|t| burn::backend::Dispatch::is_tracked(t))
-            .cloned()
-        else {
-            // Nothing requires grad: there is no backward to graph.
-            return eager(FallbackReason::ModeChanged, inputs);
+        let outputs = session.replay_forward(&call.inputs, &call.params)?;
+        let Some(tracked) = call.tracked else {
+            let device = inputs
+                .first()
+                .map(|t| t.device.clone())
+                .ok_or(GraphedError::NoInputs)?;
+            return Ok(outputs
+                .into_iter()
+                .map(|output| FlatTensor {
+                    device: device.clone(),
+                    shape: output.shape().to_vec(),
+                    dtype: output.dtype(),
+                    require_grad: false,
+                    tensor: dispatch_of(output),
+                })
+                .collect());
         };
         // The parents, as the capture numbered them: the float inputs (int and bool inputs
         // carry no gradient), then the parameters.
@@ -95,96 +130,55 @@ impl Graphs {
             .chain(params)
             .map(|t| t.tensor)
             .collect();
-        host_phases::lap(HostPhase::Admit);
-        let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
         let is_float = |o: &FusedTensor| ElementKind::of(o.dtype()) == ElementKind::Float;
         // Every output is on the call's autodiff device, with its autodiff context (its
         // checkpointing strategy): the float ones linked into autodiff (their backward replays
         // the backward graph), the int and bool ones as they are.
-        let device = Tensor::<1>::from_dispatch(route.clone()).device();
-        let context = route.autodiff;
+        let device = Tensor::<1>::from_dispatch(tracked.clone()).device();
+        let context = tracked.autodiff;
         let floats = outputs.iter().filter(|o| is_float(o)).cloned().collect();
-        let mut linked = node::link(route, parents, floats, session).into_iter();
-        Ok(Replayed::Outputs(
-            outputs
-                .into_iter()
-                .map(|output| {
-                    let (shape, dtype) = (output.shape().to_vec(), output.dtype());
-                    let tensor = if is_float(&output) {
-                        linked.next().expect("one linked tensor per float output")
-                    } else {
-                        DispatchTensor {
-                            autodiff: context,
-                            ..dispatch_of(output)
-                        }
-                    };
-                    FlatTensor {
-                        device: device.clone(),
-                        shape,
-                        dtype,
-                        // A replayed output is not a leaf; autodiff tracks a float one.
-                        require_grad: false,
-                        tensor,
+        let mut linked = node::link(tracked, parents, floats, session).into_iter();
+        Ok(outputs
+            .into_iter()
+            .map(|output| {
+                let (shape, dtype) = (output.shape().to_vec(), output.dtype());
+                let tensor = if is_float(&output) {
+                    linked.next().expect("one linked tensor per float output")
+                } else {
+                    DispatchTensor {
+                        autodiff: context,
+                        ..dispatch_of(output)
                     }
-                })
-                .collect(),
-        ))
+                };
+                FlatTensor {
+                    device: device.clone(),
+                    shape,
+                    dtype,
+                    // A replayed output is not a leaf; autodiff tracks a float one.
+                    require_grad: false,
+                    tensor,
+                }
+            })
+            .collect())
     }
 }
 
-impl Graphs {
-    /// A call without autodiff on inference graphs ([`capture_inference`](super::capture_inference)):
-    /// copies the inputs and parameters in where they are not there already, replays the
-    /// forward graph and returns its outputs as handed out under the output policy (on the
-    /// device without autodiff); or gives the inputs back with the reason the call must run
-    /// eagerly. Nothing runs in that case.
-    ///
-    /// # Errors
-    ///
-    /// As [`replay`](Self::replay).
-    pub(crate) fn replay_inference(
-        &self,
-        inputs: Vec<FlatTensor>,
-        params: Vec<FlatTensor>,
-    ) -> Result<Replayed, GraphedError> {
-        let session = &self.0;
-        let eager = |reason, inputs| Ok(Replayed::Eager(reason, inputs));
-        let (Some(fused_inputs), Some(fused_params)) = (all_fused(&inputs), all_fused(&params))
-        else {
-            return eager(FallbackReason::Unsupported, inputs);
-        };
-        if let Some(reason) = cannot_replay(session, &fused_params) {
-            return eager(reason, inputs);
-        }
-        host_phases::lap(HostPhase::Admit);
-        let device = inputs
-            .first()
-            .map(|t| t.device.clone())
-            .ok_or(GraphedError::NoInputs)?;
-        let outputs = session.replay_forward(&fused_inputs, &fused_params)?;
-        Ok(Replayed::Outputs(
-            outputs
-                .into_iter()
-                .map(|output| FlatTensor {
-                    device: device.clone(),
-                    shape: output.shape().to_vec(),
-                    dtype: output.dtype(),
-                    require_grad: false,
-                    tensor: dispatch_of(output),
-                })
-                .collect(),
-        ))
-    }
+/// A call that [`Graphs::admit`] let through: its tensors as the engine's handles.
+pub(crate) struct Admitted {
+    inputs: Vec<FusedTensor>,
+    params: Vec<FusedTensor>,
+    /// For a training call, a tensor autodiff tracks: the outputs' autodiff device and context.
+    tracked: Option<DispatchTensor>,
 }
 
 /// Why `session` cannot replay now over parameters `params`, training or inference alike: a
 /// guarded hand-out of its last replay is still held, or a parameter buffer is aliased by a
 /// tensor user code holds.
-fn cannot_replay(session: &Session, params: &[FusedTensor]) -> Option<FallbackReason> {
+fn cannot_replay(session: &Session, params: &[FusedTensor]) -> Option<EagerReason> {
     if session.hand_outs_held() {
-        Some(FallbackReason::OutputStillHeld)
+        Some(EagerReason::OutputStillHeld)
     } else if !session.params_writable(params) {
-        Some(FallbackReason::ParamBufferAliased)
+        Some(EagerReason::ParamBufferAliased)
     } else {
         None
     }

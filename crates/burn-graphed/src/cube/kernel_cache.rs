@@ -1,8 +1,12 @@
-//! cubecl's persistent cache of compiled kernels and autotune results, turned on from code.
+//! cubecl's persistent cache of compiled kernels and autotune results: turned on from code, and
+//! its tuned picks carried from one machine to others (cubecl's environment bundles).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use cubecl::bundle::{self, BundleFormat, ExportOptions};
 use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
+
+use crate::stats::TunedBundle;
 
 /// Turns on cubecl's persistent cache (compiled kernels and autotune results kept on disk
 /// between processes), under `dir` or where cubecl's configuration says (`cubecl.toml`, by
@@ -16,4 +20,55 @@ pub(crate) fn enable(dir: Option<PathBuf>) -> bool {
         config.environment.path = CacheConfig::Directory(dir);
     }
     CubeClRuntimeConfig::try_set(config)
+}
+
+/// The cache namespaces a bundle leaves out: cubecl's account of how the cache was built
+/// (sessions, tuning and compilation records), which another machine has no use for.
+const NOT_SHIPPED: &str = "records";
+
+/// Writes what this process's cubecl cache holds (autotune picks; compiled kernels where the
+/// cache keeps them) to `out`, as a cubecl bundle, and says what it holds.
+///
+/// # Errors
+///
+/// cubecl's export error, as text (the cache cannot be read, `out` cannot be written).
+pub(crate) fn export_tuned(out: &Path) -> Result<TunedBundle, String> {
+    // The configuration says where the cache lives: loaded now if nothing ran yet.
+    let _ = CubeClRuntimeConfig::get();
+    let options = ExportOptions {
+        name: "burn-graphed kernel picks".into(),
+        excluded_namespaces: vec![NOT_SHIPPED.into()],
+        format: BundleFormat::Sqlite,
+        ..Default::default()
+    };
+    bundle::export(&[cubecl::environment::path()], out, &options).map_err(|e| e.to_string())?;
+    let written = bundle::open(out).map_err(|e| e.to_string())?;
+    let mut tuned = TunedBundle::default();
+    for namespace in written.namespaces() {
+        written.scan(&namespace, &mut |_, _| tuned.entries += 1);
+        tuned.namespaces.push(namespace);
+    }
+    Ok(tuned)
+}
+
+/// Copies the bundle at `path` into this process's cubecl cache: entries the cache lacks are
+/// added, the cache's own are kept. cubecl reads only the entries of its own version and of
+/// this device, and checks each autotune pick against the kernels it tunes.
+///
+/// # Errors
+///
+/// cubecl's error opening the bundle, as text (no file, not a bundle).
+pub(crate) fn import_tuned(path: &Path) -> Result<TunedBundle, String> {
+    let _ = CubeClRuntimeConfig::get();
+    let opened = bundle::open(path).map_err(|e| e.to_string())?;
+    let mut tuned = TunedBundle::default();
+    for namespace in opened.namespaces() {
+        opened.scan(&namespace, &mut |_, _| tuned.entries += 1);
+    }
+    let report = bundle::import(opened.as_ref());
+    tuned.namespaces = report.namespaces;
+    tuned.imported = report.imported;
+    tuned.skipped = report.skipped;
+    tuned.failed = report.failed;
+    Ok(tuned)
 }

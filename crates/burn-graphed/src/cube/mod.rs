@@ -13,7 +13,7 @@ mod values;
 
 pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
 pub(crate) use values::{
-    AdamHyper, AttentionInputs, AttentionSpec, Bucket, LossInputs, OpInputs, Replayed, StepCut,
+    AdamHyper, AttentionInputs, AttentionSpec, Bucket, LossInputs, OpInputs, StepCut,
 };
 
 #[cfg(feature = "cube")]
@@ -86,9 +86,9 @@ pub(crate) use self::{
     capture::{capture_group, capture_inference},
     copy_op::collective_buffer,
     cross_entropy_op::cross_entropy_rows,
-    graphs::Graphs,
+    graphs::{Admitted, Graphs},
     inspect::write_graphs_as_dot,
-    kernel_cache::enable as enable_kernel_cache,
+    kernel_cache::{enable as enable_kernel_cache, export_tuned, import_tuned},
     lifecycle::supports_graphs,
     linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
     norm_op::norm,
@@ -115,10 +115,10 @@ pub(crate) use self::{
 mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
-    AdamBatch, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
+    AdamBatch, Admitted, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, cross_entropy_rows, enable_kernel_cache, linear, norm, supports_graphs,
-    vendor_matmul_available, write_graphs_as_dot,
+    collective_buffer, cross_entropy_rows, enable_kernel_cache, export_tuned, import_tuned, linear,
+    norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{

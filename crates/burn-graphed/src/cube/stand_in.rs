@@ -7,12 +7,12 @@ use burn::backend::DispatchTensor;
 use burn::optim::{AdamState, LearningRate};
 use burn::tensor::{Device, Tensor};
 
-use super::values::{AdamHyper, CapturedGroup, Replayed, Unfused};
+use super::values::{AdamHyper, CapturedGroup, Unfused};
 use crate::callable::Member;
 use crate::config::GraphedConfig;
 use crate::counter_rng::Draw;
 use crate::error::GraphedError;
-use crate::stats::{FallbackReason, GraphStats};
+use crate::stats::{EagerReason, GraphStats};
 use crate::tensors::FlatTensor;
 
 /// No backend captures graphs without the `cube` feature.
@@ -75,22 +75,27 @@ impl Graphs {
         false
     }
 
-    pub(crate) fn replay(
+    pub(crate) fn admit(
         &self,
-        inputs: Vec<FlatTensor>,
-        _params: Vec<FlatTensor>,
-    ) -> Result<Replayed, GraphedError> {
-        Ok(Replayed::Eager(FallbackReason::Unsupported, inputs))
+        _inputs: &[FlatTensor],
+        _params: &[FlatTensor],
+        _training: bool,
+    ) -> Result<Admitted, EagerReason> {
+        Err(EagerReason::Unsupported)
     }
 
-    pub(crate) fn replay_inference(
+    pub(crate) fn replay(
         &self,
-        inputs: Vec<FlatTensor>,
+        call: Admitted,
+        _inputs: Vec<FlatTensor>,
         _params: Vec<FlatTensor>,
-    ) -> Result<Replayed, GraphedError> {
-        Ok(Replayed::Eager(FallbackReason::Unsupported, inputs))
+    ) -> Result<Vec<FlatTensor>, GraphedError> {
+        match call {}
     }
 }
+
+/// Never admitted: see [`Graphs`].
+pub(crate) enum Admitted {}
 
 /// Device generator states never exist here: generators count on the host.
 pub(crate) enum RandomState {}
@@ -165,10 +170,6 @@ impl StepState {
     }
 
     pub(crate) fn steps(&self) -> u64 {
-        match *self {}
-    }
-
-    pub(crate) fn on_capture_thread(&self) -> bool {
         match *self {}
     }
 
@@ -263,6 +264,19 @@ pub(crate) fn capture_step(
 pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
     true
 }
+
+/// Without cubecl there is no kernel cache to write from.
+pub(crate) fn export_tuned(_out: &std::path::Path) -> Result<crate::stats::TunedBundle, String> {
+    Err(NO_CUBECL.into())
+}
+
+/// Without cubecl there is no kernel cache to fill.
+pub(crate) fn import_tuned(_path: &std::path::Path) -> Result<crate::stats::TunedBundle, String> {
+    Err(NO_CUBECL.into())
+}
+
+const NO_CUBECL: &str = "this build has no cubecl backend (burn-graphed's features `cuda` or `wgpu`), so no kernel \
+     cache";
 
 /// Nothing captures without the `cube` feature: there is no graph to write.
 pub(crate) fn write_graphs_as_dot(_dir: Option<std::path::PathBuf>) {}

@@ -3,8 +3,7 @@
 use burn::optim::AdamState;
 use burn::tensor::Tensor;
 
-use crate::stats::FallbackReason;
-use crate::tensors::{FlatTensor, TensorSpec};
+use crate::tensors::TensorSpec;
 
 /// What a successful capture of a group hands up (`G`: the engine's [`Graphs`](super::Graphs)).
 pub(crate) struct CapturedGroup<G> {
@@ -26,15 +25,6 @@ pub(crate) struct CapturedMember<G> {
     pub outputs: usize,
     /// Bytes of the static buffers the member owns (see `CaptureSummary::static_bytes`).
     pub static_bytes: u64,
-}
-
-/// What [`Graphs::replay`](super::Graphs::replay) did with a call.
-#[cfg_attr(not(feature = "cube"), allow(dead_code))] // no outputs without the `cube` feature
-pub(crate) enum Replayed {
-    /// The forward graph replayed: its outputs, linked into autodiff.
-    Outputs(Vec<FlatTensor>),
-    /// Nothing ran: the call runs eagerly, for this reason; its inputs, given back.
-    Eager(FallbackReason, Vec<FlatTensor>),
 }
 
 /// Adam's hyper-parameters as the fused kernels take them.
