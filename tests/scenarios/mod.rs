@@ -20,6 +20,7 @@ pub mod inspect;
 pub mod learner;
 pub mod low_precision;
 pub mod optim;
+#[cfg(feature = "wgpu")]
 pub mod picks;
 pub mod prop;
 pub mod random;
