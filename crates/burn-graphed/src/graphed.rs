@@ -481,7 +481,9 @@ where
             }
             return Ok(Routed::eager(reason));
         }
-        let (key, refused) = match self.plan(flat)? {
+        let plan = self.plan(flat)?;
+        host_phases::lap(HostPhase::Plan);
+        let (key, refused) = match plan {
             Ok(plan) => plan,
             Err(reason) => return Ok(Routed::eager(reason)),
         };
