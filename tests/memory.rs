@@ -7,8 +7,6 @@ mod scenarios;
 
 use std::sync::Mutex;
 
-use burn::prelude::*;
-
 /// Held by each test of this file: libtest runs tests on parallel threads.
 static ALONE: Mutex<()> = Mutex::new(());
 

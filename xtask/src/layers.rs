@@ -36,8 +36,9 @@ const FEATURES: &[&str] = &[
     "optim",
     "rng",
     "route",
-    "step",
-    "step_record",
+    "step/mod",
+    "step/parallel",
+    "step/record",
     "train",
 ];
 

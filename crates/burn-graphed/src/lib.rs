@@ -125,7 +125,6 @@ mod optim;
 mod rng;
 mod route;
 mod step;
-mod step_record;
 #[cfg(feature = "train")]
 mod train;
 

@@ -1,25 +1,27 @@
 //! [`GraphedStep`]: one graph per training step (forward, loss, backward, gradient clipping and
-//! the optimizer update), replayed with nothing around it but the input copies.
+//! the optimizer update), replayed with nothing around it but the input copies. This file:
+//! construction, routing, the step's run and its eager forms; `parallel.rs`: the data-parallel
+//! step; `record.rs`: the parameters and the optimizer state as burn's modules and records.
+
+mod parallel;
+mod record;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use burn::backend::ops::FloatTensorOps;
-use burn::backend::{AutodiffBackend, Dispatch};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 
 use crate::callable::StepRunner;
 use crate::config::{GraphedConfig, MismatchPolicy};
-use crate::cube::{self, Bucket, StepCut, StepGraph, StepState};
+use crate::cube::{self, StepCut, StepGraph, StepState};
 use crate::data_parallel::DataParallel;
 use crate::error::GraphedError;
 use crate::params::{self, ModuleMode};
-use crate::route::{NoCapture, OnMiss, Route, Router};
+use crate::route::{OnMiss, Route, Router};
 use crate::stats::{EagerReason, StepStats};
 use crate::step_optim::{Clipping, IntoStepOptimizer, StepOptimizer};
-use crate::step_record::{self, StateParts};
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
 /// A training step captured whole: the model's forward and loss, the autodiff backward, the
@@ -94,15 +96,6 @@ pub struct GraphedStep<M, I> {
     replays: u64,
     input_copies: u64,
     _inputs: PhantomData<fn(I)>,
-}
-
-/// How the gradient half of a data-parallel step ran.
-enum Half {
-    /// By this graph, whose update half ends the step.
-    Replayed(Arc<StepGraph>),
-    Eager,
-    /// Eagerly, for shapes without graphs that the ranks capture after the step.
-    CaptureAfter,
 }
 
 /// What the ranks of a data-parallel group do, each in its turn, when one of them captures.
@@ -387,125 +380,6 @@ where
         Err(error)
     }
 
-    /// A data-parallel step (see [`data_parallel`](Self::data_parallel)): the gradient half,
-    /// replayed or eager; the ranks' agreement; the bucket averaged; the update half; then,
-    /// when any rank met shapes without graphs, every rank's turn to capture them.
-    fn parallel_step(
-        &mut self,
-        group: &DataParallel,
-        state: &Arc<StepState>,
-        flat: &[Vec<FlatTensor>],
-        key: &Vec<TensorSpec>,
-        lr: f64,
-    ) -> Result<Tensor<1>, GraphedError> {
-        let half = self
-            .gradient_half(state, flat, key, lr)
-            .and_then(|(losses, bucket, half)| {
-                // An eager half's bucket holds no values where a launch was skipped (an input
-                // without values); a replayed one was written by its graph, whose replay refuses
-                // such inputs.
-                if !matches!(half, Half::Replayed(_)) {
-                    crate::data_parallel::written(&bucket.tensor)?;
-                }
-                Ok((losses, bucket, half))
-            });
-        let wants_capture = matches!(&half, Ok((_, _, Half::CaptureAfter)));
-        let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
-            let layout = &bucket.layout;
-            (layout.fingerprint(), layout.len, layout.dtype, lr)
-        });
-        let (_, any_capture) =
-            group
-                .ranks()
-                .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
-        let (losses, bucket, half) = half?;
-        let averaged = group
-            .mean(Tensor::from_dispatch(bucket.tensor))?
-            .into_dispatch();
-        if let Half::Replayed(graph) = &half {
-            graph.replay_update(&averaged)?;
-        } else {
-            state.eager_update(&Bucket {
-                tensor: averaged,
-                layout: bucket.layout,
-            })?;
-        }
-        if any_capture {
-            self.capture_in_turn(state, flat, key, wants_capture)?;
-        }
-        Ok(concat(losses))
-    }
-
-    /// Every rank's turn at capturing after a step in which some met shapes without graphs:
-    /// those ranks (`wanted`) capture `flat`'s signature into their shape cache, the others
-    /// wait their turn.
-    ///
-    /// # Errors
-    ///
-    /// On every rank alike, [`GraphedError::RankFailed`] when a rank's capture failed (the
-    /// group is spent).
-    fn capture_in_turn(
-        &mut self,
-        state: &Arc<StepState>,
-        flat: &[Vec<FlatTensor>],
-        key: &[TensorSpec],
-        wanted: bool,
-    ) -> Result<(), GraphedError> {
-        let captured = if wanted {
-            self.capture(state, flat).map(Some)
-        } else {
-            let Some((group, device)) = &self.parallel else {
-                return Ok(());
-            };
-            group.in_turn(CAPTURE_TURN, device, || Ok(None))
-        }?;
-        if let Some((graph, bytes)) = captured {
-            self.router.insert(key.to_vec(), graph, bytes);
-        }
-        Ok(())
-    }
-
-    /// The first half of a data-parallel step: the losses, this rank's bucket, and how the half
-    /// ran. Shapes without graphs are not captured here (their capture needs every rank, after
-    /// the step): the half runs eagerly and asks for the capture.
-    fn gradient_half(
-        &mut self,
-        state: &StepState,
-        flat: &[Vec<FlatTensor>],
-        key: &Vec<TensorSpec>,
-        lr: f64,
-    ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, Half), GraphedError> {
-        let miss = OnMiss::<NoCapture<_>>::After;
-        let routed = self
-            .router
-            .route(key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
-        state.set_lr(lr)?;
-        match routed.route {
-            Route::Replay(graph) => {
-                let (losses, copies, bucket) = graph.replay_gradients(flat)?;
-                self.replays += 1;
-                self.input_copies += copies;
-                Ok((losses, bucket, Half::Replayed(graph)))
-            }
-            Route::Eager(reason) => {
-                // New shapes are captured after the step, not refused.
-                if self.config.on_mismatch == MismatchPolicy::Error
-                    && reason != EagerReason::CaptureAfterStep
-                {
-                    return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
-                }
-                let half = if reason == EagerReason::CaptureAfterStep {
-                    Half::CaptureAfter
-                } else {
-                    Half::Eager
-                };
-                self.router.count_eager(reason);
-                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
-                Ok((losses, bucket, half))
-            }
-        }
-    }
-
     /// Captures a whole step (a data-parallel rank: its two halves, in the rank's turn) for
     /// `flat`'s signature, with the bytes it holds.
     fn capture(
@@ -576,150 +450,6 @@ where
         Ok(concat(losses))
     }
 
-    /// The model with the current parameters: copies of the graphs' buffers (later steps do
-    /// not change it), with the `require_grad` of the model given.
-    pub fn module(&self) -> M {
-        let Some(state) = self.state.as_ref() else {
-            return self.model.clone();
-        };
-        let values = state.param_values();
-        with_values(self.model.clone(), values)
-    }
-
-    /// The model with the current parameters, ending the step.
-    pub fn into_module(self) -> M {
-        self.module()
-    }
-
-    /// Makes `model`'s parameters the current ones (a checkpoint loaded, a model assigned
-    /// back); the optimizer state is kept.
-    ///
-    /// # Errors
-    ///
-    /// [`GraphedError::ParametersChanged`] when `model`'s parameters differ in number, id,
-    /// shape or `require_grad`, or its train/eval flags, from the step's model (nothing is
-    /// written then).
-    pub fn load_module(&mut self, model: M) -> Result<(), GraphedError> {
-        let (entries, mode) = params::collect(&model);
-        if let Some(detail) = mode.difference(&self.mode) {
-            return Err(GraphedError::ParametersChanged { detail });
-        }
-        if let Some(state) = self.state.as_ref() {
-            let values: Vec<_> = entries.into_iter().map(|e| e.tensor.tensor).collect();
-            state.load_params(&values)?;
-        }
-        self.model = model;
-        Ok(())
-    }
-
-    /// The optimizer state, per float parameter in visiting order: the two moments for Adam
-    /// and AdamW, the velocity for SGD with momentum, nothing for plain SGD (copies, without
-    /// autodiff). Empty where steps run with burn's optimizer (see its records instead).
-    pub fn optimizer_state(&self) -> Vec<Vec<FlatTensor>> {
-        let Some(state) = self.state.as_ref() else {
-            return Vec::new();
-        };
-        state
-            .state_values()
-            .into_iter()
-            .map(|states| {
-                states
-                    .into_iter()
-                    .map(|tensor| FlatTensor::from_tensor(Tensor::<1>::from_dispatch(tensor)))
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// The optimizer state as burn's [`OptimizerRecord`](burn::optim::OptimizerRecord): the
-    /// record that burn's own optimizer of the same kind (`AdamConfig::new().init()`, ...) writes
-    /// after the same steps, so that eager burn can load it (`load_record`) and go on.
-    pub fn optimizer_record(&self) -> burn::optim::OptimizerRecord {
-        let Some(state) = self.state.as_ref() else {
-            return self
-                .eager
-                .as_ref()
-                .map(ModuleOptimizer::to_record)
-                .unwrap_or_default();
-        };
-        let steps = state.steps();
-        let states = if steps == 0 {
-            Vec::new()
-        } else {
-            let (entries, _) = params::collect(&self.model);
-            state
-                .state_values()
-                .into_iter()
-                .zip(entries)
-                .filter(|(_, entry)| entry.tensor.require_grad)
-                .map(|(tensors, _)| StateParts {
-                    tensors,
-                    time: steps as usize,
-                })
-                .collect()
-        };
-        step_record::export(&self.model, &self.optimizer, states)
-    }
-
-    /// Loads an optimizer state saved by burn's optimizer of the same kind (or by
-    /// [`optimizer_record`](Self::optimizer_record)); the next step goes on from it. Adam's and
-    /// AdamW's states carry their step count; SGD's does not, so a record with velocities counts
-    /// as one update done (what SGD's arithmetic distinguishes).
-    ///
-    /// # Errors
-    ///
-    /// [`GraphedError::InvalidArgument`] naming `record` when its states are at different steps,
-    /// cover only some of the parameters that train, or do not fit a parameter's shape (nothing
-    /// is loaded then).
-    pub fn load_optimizer_record(
-        &mut self,
-        record: burn::optim::OptimizerRecord,
-    ) -> Result<(), GraphedError> {
-        let Some(state) = self.state.as_ref() else {
-            if let Some(eager) = self.eager.take() {
-                self.eager = Some(eager.load_record(record));
-            }
-            return Ok(());
-        };
-        let imported = step_record::import(&self.model, &self.optimizer, record)?;
-        let (entries, _) = params::collect(&self.model);
-        let mut imported = imported.into_iter();
-        let mut states = Vec::with_capacity(entries.len());
-        let mut steps = 0;
-        for (index, entry) in entries.iter().enumerate() {
-            if !entry.tensor.require_grad {
-                states.push(None);
-                continue;
-            }
-            let Some(state) = imported.next().flatten() else {
-                states.push(None);
-                continue;
-            };
-            steps = state.time as u64;
-            let device = entry.tensor.device.clone().inner();
-            let mut tensors = Vec::with_capacity(state.tensors.len());
-            for data in state.tensors {
-                if data.shape().as_slice() != entry.tensor.shape.as_slice() {
-                    return Err(GraphedError::InvalidArgument {
-                        argument: "record",
-                        detail: format!(
-                            "parameter {index} has shape {:?}, its state in the record {:?}",
-                            entry.tensor.shape,
-                            data.shape()
-                        ),
-                    });
-                }
-                let data = data.convert_dtype(entry.tensor.dtype);
-                tensors.push(Dispatch::float_from_data(
-                    data,
-                    &device.as_dispatch().clone(),
-                ));
-            }
-            states.push(Some(tensors));
-        }
-        state.load_states(&states, steps)
-    }
-
     /// Optimizer updates done.
     pub fn steps(&self) -> u64 {
         match self.state.as_ref() {
@@ -782,26 +512,6 @@ where
                 .collect(),
         }
     }
-}
-
-/// `model` with its float parameters replaced by `values` (visiting order), each with the
-/// `require_grad` it had.
-fn with_values<M: Module>(model: M, values: Vec<burn::backend::DispatchTensor>) -> M {
-    let mut values = values.into_iter();
-    params::replace(model, |_, flat| {
-        let Some(value) = values.next() else {
-            return flat;
-        };
-        let tensor = Dispatch::from_inner(value);
-        FlatTensor {
-            tensor: if flat.require_grad {
-                Dispatch::float_set_require_grad(tensor, true)
-            } else {
-                tensor
-            },
-            ..flat
-        }
-    })
 }
 
 /// The signature of a step's micro-batches: every flattened input's shape and dtype.

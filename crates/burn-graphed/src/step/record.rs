@@ -1,6 +1,7 @@
-//! A whole step's optimizer state as burn's [`OptimizerRecord`] and back: the record that burn's
-//! own `ModuleOptimizer` for the same optimizer writes and reads, so that training can move
-//! between a [`GraphedStep`](crate::GraphedStep) and eager burn in both directions.
+//! A whole step's parameters as burn's module (`module`, `load_module`) and its optimizer state
+//! as burn's [`OptimizerRecord`] and back: the record that burn's own `ModuleOptimizer` for the
+//! same optimizer writes and reads, so that training can move between a [`GraphedStep`] and
+//! eager burn in both directions.
 //!
 //! burn keeps its per-parameter states private to `ModuleOptimizer`, which alone writes and
 //! reads records. So both directions go through a `ModuleOptimizer` of a stand-in optimizer
@@ -11,7 +12,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use burn::backend::DispatchTensor;
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{AutodiffBackend, Dispatch, DispatchTensor};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{
     AdamState, AdamWState, AdaptiveMomentumState, GradientsParams, LearningRate, ModuleOptimizer,
@@ -19,9 +21,12 @@ use burn::optim::{
 };
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::GraphedStep;
 use crate::error::GraphedError;
+use crate::params;
 use crate::step_optim::StepOptimizer;
 use crate::sync::lock;
+use crate::tensors::{FlatTensor, TensorGroup};
 
 /// One parameter's optimizer state as the graphs hold it: its state tensors (the moments, or
 /// the velocity) and the updates done.
@@ -246,4 +251,174 @@ pub(crate) fn import<M: Module>(
         });
     }
     Ok(collected)
+}
+
+impl<M, I> GraphedStep<M, I>
+where
+    M: Module,
+    I: TensorGroup,
+{
+    /// The model with the current parameters: copies of the graphs' buffers (later steps do
+    /// not change it), with the `require_grad` of the model given.
+    pub fn module(&self) -> M {
+        let Some(state) = self.state.as_ref() else {
+            return self.model.clone();
+        };
+        let values = state.param_values();
+        with_values(self.model.clone(), values)
+    }
+
+    /// The model with the current parameters, ending the step.
+    pub fn into_module(self) -> M {
+        self.module()
+    }
+
+    /// Makes `model`'s parameters the current ones (a checkpoint loaded, a model assigned
+    /// back); the optimizer state is kept.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::ParametersChanged`] when `model`'s parameters differ in number, id,
+    /// shape or `require_grad`, or its train/eval flags, from the step's model (nothing is
+    /// written then).
+    pub fn load_module(&mut self, model: M) -> Result<(), GraphedError> {
+        let (entries, mode) = params::collect(&model);
+        if let Some(detail) = mode.difference(&self.mode) {
+            return Err(GraphedError::ParametersChanged { detail });
+        }
+        if let Some(state) = self.state.as_ref() {
+            let values: Vec<_> = entries.into_iter().map(|e| e.tensor.tensor).collect();
+            state.load_params(&values)?;
+        }
+        self.model = model;
+        Ok(())
+    }
+
+    /// The optimizer state, per float parameter in visiting order: the two moments for Adam
+    /// and AdamW, the velocity for SGD with momentum, nothing for plain SGD (copies, without
+    /// autodiff). Empty where steps run with burn's optimizer (see its records instead).
+    pub fn optimizer_state(&self) -> Vec<Vec<FlatTensor>> {
+        let Some(state) = self.state.as_ref() else {
+            return Vec::new();
+        };
+        state
+            .state_values()
+            .into_iter()
+            .map(|states| {
+                states
+                    .into_iter()
+                    .map(|tensor| FlatTensor::from_tensor(Tensor::<1>::from_dispatch(tensor)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The optimizer state as burn's [`OptimizerRecord`](burn::optim::OptimizerRecord): the
+    /// record that burn's own optimizer of the same kind (`AdamConfig::new().init()`, ...) writes
+    /// after the same steps, so that eager burn can load it (`load_record`) and go on.
+    pub fn optimizer_record(&self) -> burn::optim::OptimizerRecord {
+        let Some(state) = self.state.as_ref() else {
+            return self
+                .eager
+                .as_ref()
+                .map(ModuleOptimizer::to_record)
+                .unwrap_or_default();
+        };
+        let steps = state.steps();
+        let states = if steps == 0 {
+            Vec::new()
+        } else {
+            let (entries, _) = params::collect(&self.model);
+            state
+                .state_values()
+                .into_iter()
+                .zip(entries)
+                .filter(|(_, entry)| entry.tensor.require_grad)
+                .map(|(tensors, _)| StateParts {
+                    tensors,
+                    time: steps as usize,
+                })
+                .collect()
+        };
+        export(&self.model, &self.optimizer, states)
+    }
+
+    /// Loads an optimizer state saved by burn's optimizer of the same kind (or by
+    /// [`optimizer_record`](Self::optimizer_record)); the next step goes on from it. Adam's and
+    /// AdamW's states carry their step count; SGD's does not, so a record with velocities counts
+    /// as one update done (what SGD's arithmetic distinguishes).
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming `record` when its states are at different steps,
+    /// cover only some of the parameters that train, or do not fit a parameter's shape (nothing
+    /// is loaded then).
+    pub fn load_optimizer_record(
+        &mut self,
+        record: burn::optim::OptimizerRecord,
+    ) -> Result<(), GraphedError> {
+        let Some(state) = self.state.as_ref() else {
+            if let Some(eager) = self.eager.take() {
+                self.eager = Some(eager.load_record(record));
+            }
+            return Ok(());
+        };
+        let imported = import(&self.model, &self.optimizer, record)?;
+        let (entries, _) = params::collect(&self.model);
+        let mut imported = imported.into_iter();
+        let mut states = Vec::with_capacity(entries.len());
+        let mut steps = 0;
+        for (index, entry) in entries.iter().enumerate() {
+            if !entry.tensor.require_grad {
+                states.push(None);
+                continue;
+            }
+            let Some(state) = imported.next().flatten() else {
+                states.push(None);
+                continue;
+            };
+            steps = state.time as u64;
+            let device = entry.tensor.device.clone().inner();
+            let mut tensors = Vec::with_capacity(state.tensors.len());
+            for data in state.tensors {
+                if data.shape().as_slice() != entry.tensor.shape.as_slice() {
+                    return Err(GraphedError::InvalidArgument {
+                        argument: "record",
+                        detail: format!(
+                            "parameter {index} has shape {:?}, its state in the record {:?}",
+                            entry.tensor.shape,
+                            data.shape()
+                        ),
+                    });
+                }
+                let data = data.convert_dtype(entry.tensor.dtype);
+                tensors.push(Dispatch::float_from_data(
+                    data,
+                    &device.as_dispatch().clone(),
+                ));
+            }
+            states.push(Some(tensors));
+        }
+        state.load_states(&states, steps)
+    }
+}
+
+/// `model` with its float parameters replaced by `values` (visiting order), each with the
+/// `require_grad` it had.
+fn with_values<M: Module>(model: M, values: Vec<burn::backend::DispatchTensor>) -> M {
+    let mut values = values.into_iter();
+    params::replace(model, |_, flat| {
+        let Some(value) = values.next() else {
+            return flat;
+        };
+        let tensor = Dispatch::from_inner(value);
+        FlatTensor {
+            tensor: if flat.require_grad {
+                Dispatch::float_set_require_grad(tensor, true)
+            } else {
+                tensor
+            },
+            ..flat
+        }
+    })
 }
