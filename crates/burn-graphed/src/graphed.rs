@@ -397,7 +397,7 @@ where
     /// [`GraphedConfig::max_graphs`], evicting the least recently used idle graphs when the
     /// cache is full, as such a call would), or finds them cached. `sample`'s values do not
     /// matter, but the device must have written them. Nothing is trained and no gradient is
-    /// left behind; the shape cache counts the capture ([`Graphed::shape_cache`]).
+    /// left behind; the shape cache counts the capture ([`GraphStats::shape_cache`]).
     ///
     /// Use it before a loop in which a capture would be unwelcome: the epoch's smaller last
     /// batch before burn-train's `Learner` starts (on CUDA a capture needs the device to

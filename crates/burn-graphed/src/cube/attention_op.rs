@@ -45,7 +45,6 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::AttentionSpec;
 use super::adam_op::kernel_elem;
 use super::attention_kernels::{
     Blocks, KEYS, MaskStridesLaunch, ROWS, THREADS, forward_kernel, key_grad_kernel,
@@ -57,6 +56,7 @@ use super::attention_tc_kernels::{
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::count_forward;
+use super::values::AttentionSpec;
 
 /// Attention calls (forward or backward) run on tensor cores in this process (read by
 /// `burn_graphed::testing`).
@@ -681,9 +681,9 @@ impl<C: CheckpointStrategy> FusedAttentionOps for Autodiff<Cube, C> {
 /// ([`supports_dim`]).
 /// Never `Err` here (see the stand-in, which hands the tensors back).
 pub(crate) fn attention(
-    (q, k, v, mask): super::AttentionInputs,
+    (q, k, v, mask): super::values::AttentionInputs,
     spec: AttentionSpec,
-) -> Result<burn::backend::DispatchTensor, Box<super::AttentionInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::AttentionInputs>> {
     Ok(
         <burn::backend::Dispatch as FusedAttentionOps>::fused_attention(
             q,

@@ -314,6 +314,6 @@ impl<C: CheckpointStrategy> FusedCrossEntropyOps for Autodiff<Cube, C> {
 pub(crate) fn cross_entropy_rows(
     logits: burn::backend::DispatchTensor,
     targets: burn::backend::DispatchTensor,
-) -> Result<burn::backend::DispatchTensor, Box<super::LossInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::LossInputs>> {
     Ok(<burn::backend::Dispatch as FusedCrossEntropyOps>::fused_cross_entropy(logits, targets))
 }

@@ -323,9 +323,9 @@ impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
 /// The caller checked the device (a cubecl one), the dtypes (one of `f32`, `f16`, `bf16` for
 /// all) and the shapes. Never `Err` here (see the stand-in, which hands the tensors back).
 pub(crate) fn linear(
-    (x, w, bias): super::OpInputs,
+    (x, w, bias): super::values::OpInputs,
     vendor: bool,
-) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::OpInputs>> {
     let has_bias = bias.is_some();
     let bias = bias.unwrap_or_else(|| w.clone());
     Ok(<burn::backend::Dispatch as FusedLinearOps>::fused_linear(

@@ -28,13 +28,13 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::OpInputs;
 use super::adam_op::kernel_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::{
     MAX_THREADS, count_forward, cube_sum, row_grid, row_of_cube, threads_for,
 };
+use super::values::OpInputs;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;

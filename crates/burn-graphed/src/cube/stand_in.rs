@@ -209,11 +209,11 @@ impl StepState {
         &self,
         _run: &crate::callable::StepRunner<'_>,
         _micro_inputs: &[Vec<FlatTensor>],
-    ) -> Result<(Vec<DispatchTensor>, super::Bucket), GraphedError> {
+    ) -> Result<(Vec<DispatchTensor>, super::values::Bucket), GraphedError> {
         match *self {}
     }
 
-    pub(crate) fn eager_update(&self, _bucket: &super::Bucket) -> Result<(), GraphedError> {
+    pub(crate) fn eager_update(&self, _bucket: &super::values::Bucket) -> Result<(), GraphedError> {
         match *self {}
     }
 }
@@ -240,7 +240,7 @@ impl StepGraph {
     pub(crate) fn replay_gradients(
         &self,
         _micro_inputs: &[Vec<FlatTensor>],
-    ) -> Result<(Vec<DispatchTensor>, u64, super::Bucket), GraphedError> {
+    ) -> Result<(Vec<DispatchTensor>, u64, super::values::Bucket), GraphedError> {
         match *self {}
     }
 
@@ -255,7 +255,7 @@ pub(crate) fn capture_step(
     _run: &crate::callable::StepRunner<'_>,
     _sample: &[Vec<FlatTensor>],
     _config: &GraphedConfig,
-    _cut: super::StepCut,
+    _cut: super::values::StepCut,
 ) -> Result<StepGraph, GraphedError> {
     match **state {}
 }
@@ -283,10 +283,10 @@ pub(crate) fn write_graphs_as_dot(_dir: Option<std::path::PathBuf>) {}
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn norm(
-    inputs: super::OpInputs,
+    inputs: super::values::OpInputs,
     _centered: bool,
     _epsilon: f64,
-) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::OpInputs>> {
     Err(Box::new(inputs))
 }
 
@@ -332,15 +332,15 @@ pub(crate) fn set_progress_intervals(_first: std::time::Duration, _every: std::t
 pub(crate) fn cross_entropy_rows(
     logits: burn::backend::DispatchTensor,
     targets: burn::backend::DispatchTensor,
-) -> Result<burn::backend::DispatchTensor, Box<super::LossInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::LossInputs>> {
     Err(Box::new((logits, targets)))
 }
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn attention(
-    inputs: super::AttentionInputs,
-    _spec: super::AttentionSpec,
-) -> Result<burn::backend::DispatchTensor, Box<super::AttentionInputs>> {
+    inputs: super::values::AttentionInputs,
+    _spec: super::values::AttentionSpec,
+) -> Result<burn::backend::DispatchTensor, Box<super::values::AttentionInputs>> {
     Err(Box::new(inputs))
 }
 
@@ -351,9 +351,9 @@ pub(crate) fn attention_supports_dim(_device: &burn::tensor::Device, _dim: usize
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn linear(
-    inputs: super::OpInputs,
+    inputs: super::values::OpInputs,
     _vendor: bool,
-) -> Result<burn::backend::DispatchTensor, Box<super::OpInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::OpInputs>> {
     Err(Box::new(inputs))
 }
 
