@@ -43,12 +43,22 @@ pub(crate) fn export_tuned(out: &Path) -> Result<TunedBundle, String> {
     };
     bundle::export(&[cubecl::environment::path()], out, &options).map_err(|e| e.to_string())?;
     let written = bundle::open(out).map_err(|e| e.to_string())?;
-    let mut tuned = TunedBundle::default();
-    for namespace in written.namespaces() {
-        written.scan(&namespace, &mut |_, _| tuned.entries += 1);
-        tuned.namespaces.push(namespace);
+    let (namespaces, entries) = contents(written.as_ref());
+    Ok(TunedBundle {
+        namespaces,
+        entries,
+        ..TunedBundle::default()
+    })
+}
+
+/// The namespaces of `bundle` and how many entries it holds in all.
+fn contents(bundle: &dyn bundle::Bundle) -> (Vec<String>, usize) {
+    let namespaces = bundle.namespaces();
+    let mut entries = 0;
+    for namespace in &namespaces {
+        bundle.scan(namespace, &mut |_, _| entries += 1);
     }
-    Ok(tuned)
+    (namespaces, entries)
 }
 
 /// Copies the bundle at `path` into this process's cubecl cache: entries the cache lacks are
@@ -61,14 +71,13 @@ pub(crate) fn export_tuned(out: &Path) -> Result<TunedBundle, String> {
 pub(crate) fn import_tuned(path: &Path) -> Result<TunedBundle, String> {
     let _ = CubeClRuntimeConfig::get();
     let opened = bundle::open(path).map_err(|e| e.to_string())?;
-    let mut tuned = TunedBundle::default();
-    for namespace in opened.namespaces() {
-        opened.scan(&namespace, &mut |_, _| tuned.entries += 1);
-    }
+    let (_, entries) = contents(opened.as_ref());
     let report = bundle::import(opened.as_ref());
-    tuned.namespaces = report.namespaces;
-    tuned.imported = report.imported;
-    tuned.skipped = report.skipped;
-    tuned.failed = report.failed;
-    Ok(tuned)
+    Ok(TunedBundle {
+        namespaces: report.namespaces,
+        entries,
+        imported: report.imported,
+        skipped: report.skipped,
+        failed: report.failed,
+    })
 }
