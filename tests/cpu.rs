@@ -44,6 +44,12 @@ on_devices! {
     attention_matches_exact_f16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F16);
     attention_matches_exact_bf16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::BF16);
     mha_matches_burn_nn => scenarios::fused_attention::mha_matches_burn_nn;
+    conv_matches_exact_f32 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::F32);
+    conv_matches_exact_f16 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::F16);
+    conv_matches_exact_bf16 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::BF16);
+    conv_matches_burn_nn => scenarios::fused_conv::conv_matches_burn_nn;
+    conv_graphed_matches_eager => scenarios::fused_conv::conv_graphed_matches_eager;
+    conv_records_load_both_ways => scenarios::fused_conv::conv_records_load_both_ways;
     linear_matches_exact_f32 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F32);
     linear_matches_exact_f16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F16);
     linear_matches_exact_bf16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::BF16);

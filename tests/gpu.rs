@@ -1234,6 +1234,38 @@ fn attention_runs_on_tensor_cores() {
     scenarios::fused_attention::attention_runs_on_tensor_cores(&cuda());
 }
 
+/// The fused convolution against the exact convolution, output and gradients, per dtype.
+#[test]
+fn conv_matches_exact_f32() {
+    scenarios::fused_conv::conv_matches_exact(&cuda(), burn::tensor::FloatDType::F32);
+}
+
+/// As [`conv_matches_exact_f32`], in `f16`.
+#[test]
+fn conv_matches_exact_f16() {
+    scenarios::fused_conv::conv_matches_exact(&cuda(), burn::tensor::FloatDType::F16);
+}
+
+/// As [`conv_matches_exact_f32`], in `bf16` (where burn-cubecl's own convolution does not train
+/// correctly: BENCHMARKS.md).
+#[test]
+fn conv_matches_exact_bf16() {
+    scenarios::fused_conv::conv_matches_exact(&cuda(), burn::tensor::FloatDType::BF16);
+}
+
+/// The fused `Conv2d` computes what burn-nn's does (`Same` padding, a stride), within both
+/// computations' bounds.
+#[test]
+fn conv_matches_burn_nn() {
+    scenarios::fused_conv::conv_matches_burn_nn(&cuda());
+}
+
+/// A graphed call of a small CNN with the fused convolutions equals its eager call, bit for bit.
+#[test]
+fn conv_graphed_matches_eager() {
+    scenarios::fused_conv::conv_graphed_matches_eager(&cuda());
+}
+
 /// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
 #[test]
 fn linear_graphed_matches_eager() {

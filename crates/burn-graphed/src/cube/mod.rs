@@ -12,7 +12,7 @@ mod tf32;
 mod values;
 
 pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
-pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, StepCut};
+pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, ConvSpec, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam_multi_op;
@@ -28,6 +28,8 @@ mod attention_tc_kernels;
 mod buffers;
 #[cfg(feature = "cube")]
 mod capture;
+#[cfg(feature = "cube")]
+mod conv_op;
 #[cfg(feature = "cube")]
 mod copy_op;
 #[cfg(feature = "cube")]
@@ -82,6 +84,7 @@ pub(crate) use self::{
     attention_op::{attention, supports_dim as attention_supports_dim},
     buffers::check_written,
     capture::{capture_group, capture_inference},
+    conv_op::{MAX_TAPS as CONV_MAX_TAPS, conv2d},
     copy_op::collective_buffer,
     cross_entropy_op::cross_entropy_rows,
     graphs::{Admitted, Graphs},
@@ -115,14 +118,17 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Admitted, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, cross_entropy_rows, enable_kernel_cache, export_tuned, import_tuned, linear,
-    norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
+    collective_buffer, conv2d, cross_entropy_rows, enable_kernel_cache, export_tuned, import_tuned,
+    linear, norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, fused_norm_forwards, hold_attention_tensor_cores,
     norm_rows_per_chunk, norm_sum_lanes, set_progress_intervals, vendor_gemms,
 };
+/// Without cubecl no convolution is fused (the value is never used).
+#[cfg(not(feature = "cube"))]
+pub(crate) const CONV_MAX_TAPS: usize = 0;
 /// Without cubecl no linear layer is fused (the value is never used).
 #[cfg(not(feature = "cube"))]
 pub(crate) const SMALL_LINEAR_ROWS: usize = 0;

@@ -92,6 +92,34 @@ pub(crate) type OpInputs = (
     Option<burn::backend::DispatchTensor>,
 );
 
+/// What a fused 2-D convolution computes besides its tensors: burn's `ConvOptions<2>` and
+/// whether a bias is added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConvSpec {
+    pub(crate) stride: [usize; 2],
+    /// `(before, after)` per spatial dimension.
+    pub(crate) padding: [(usize, usize); 2],
+    pub(crate) dilation: [usize; 2],
+    pub(crate) groups: usize,
+    pub(crate) has_bias: bool,
+}
+
+impl ConvSpec {
+    /// The output's shape for an input of shape `input` (`[batch, channels, height, width]`)
+    /// and a weight of shape `weight` (`[out_channels, channels / groups, kernel_h,
+    /// kernel_w]`), as burn computes it; a spatial size the kernel does not fit is 0.
+    pub(crate) fn output_shape(&self, input: &[usize; 4], weight: &[usize; 4]) -> [usize; 4] {
+        let size = |d: usize| {
+            let padded = input[2 + d] + self.padding[d].0 + self.padding[d].1;
+            let reach = self.dilation[d] * (weight[2 + d].max(1) - 1) + 1;
+            padded
+                .checked_sub(reach)
+                .map_or(0, |room| room / self.stride[d].max(1) + 1)
+        };
+        [input[0], weight[0], size(0), size(1)]
+    }
+}
+
 /// The tensors of a fused cross-entropy: logits, targets.
 pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
 

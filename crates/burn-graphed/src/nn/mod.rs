@@ -12,14 +12,17 @@
 //! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
 //! | [`TransformerEncoder`], [`PositionWiseFeedForward`] | its layer norms, attention and linear layers | as each op |
 //! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` without TF32; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
+//! | [`conv2d`], [`Conv2d`] | `f32`, `f16`, `bf16`, stride, padding, dilation, groups, kernels up to 64 taps: one kernel forward, three backward, on the `[batch, channels, height, width]` layout (direct convolution on CUDA cores) | other backends; mixed dtypes; larger kernels |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
 
 pub mod attention;
+mod conv;
 mod encoder;
 mod linear;
 pub mod loss;
 mod norm;
 
+pub use conv::{Conv2d, conv2d};
 pub use encoder::{
     PositionWiseFeedForward, TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
     TransformerEncoderLayer,

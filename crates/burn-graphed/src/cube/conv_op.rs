@@ -1,0 +1,842 @@
+//! A 2-D convolution in one kernel forward and one or three backward, reading and writing the
+//! `[batch, channels, height, width]` layout the model holds, with its own autodiff node: what
+//! [`crate::nn::conv2d`] runs on burn's cubecl backends, where burn-cubecl's convolution moves
+//! the data around its products (slices, packs, copies and fills: half the bench CNN's step).
+//!
+//! Direct convolution: a unit computes one output pixel for a block of output channels (the
+//! forward), or one input pixel for a block of input channels (the input gradient), reading
+//! each input value once per block and the weights as values common to every unit of a cube.
+//! The weight gradient is a sum over every output pixel: one cube per output-channel block and
+//! input channel (and per chunk of pixels where there are few such cubes) sums its pixels per
+//! unit, then over the cube in shared memory, then a second kernel sums the chunks in order.
+//! Stride, dilation, groups and asymmetric padding as burn's `ConvOptions`.
+//!
+//! Arithmetic: every value is read in its dtype and summed in `f32`, rounded once to the dtype
+//! (also in `bf16`, where burn-cubecl's convolutions sum in `bf16` after a failed tune:
+//! BENCHMARKS.md). The sums run in a fixed order, so a replay computes what the eager call
+//! computed, bit for bit; against burn's convolution they differ by the order of the sums and,
+//! in `f32` on CUDA, by TF32 where burn's tune picks it (see the tests' tolerance).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Cube, backend_extension};
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::adam_op::kernel_elem;
+use super::buffers::FusedTensor;
+use super::dense::Dense;
+use super::row_kernels::count_forward;
+use super::values::{ConvSpec, OpInputs};
+
+/// The autodiff tensor of burn's cubecl backend.
+type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
+
+/// Units of a cube of the forward and the input gradient (one pixel each).
+const PIXEL_THREADS: usize = 256;
+/// Output (forward) or input (input gradient) channels one unit computes.
+const CHANNEL_BLOCK: usize = 8;
+/// Units of a cube of the weight gradient.
+const WEIGHT_THREADS: usize = 128;
+/// The most kernel taps (`kernel_h * kernel_w`) the fused path takes: the weight gradient holds
+/// `taps` sums per unit in registers and `taps * WEIGHT_THREADS` in shared memory.
+pub(crate) const MAX_TAPS: usize = 64;
+/// Sums of the weight gradient one unit holds at most: `block * taps`, the block of output
+/// channels chosen so (32 KiB of shared memory with [`WEIGHT_THREADS`] units).
+const WEIGHT_SUMS: usize = 64;
+/// Cubes along x before a grid takes its z dimension (wgpu's limit per dimension).
+const MAX_CUBES: usize = 65_535;
+/// Weight-gradient cubes wanted at least (a few per multiprocessor of the largest GPUs): fewer
+/// output-channel blocks times input channels split the pixels into chunks.
+const WEIGHT_CUBES: usize = 1024;
+/// Pixels one weight-gradient chunk sums at least (per unit: this over [`WEIGHT_THREADS`]).
+const MIN_CHUNK_PIXELS: usize = 4096;
+
+/// The sizes of one convolution, as the kernels take them.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+#[expand(derive(Clone))]
+pub(super) struct Geometry {
+    batch: u32,
+    in_channels: u32,
+    height: u32,
+    width: u32,
+    out_channels: u32,
+    out_height: u32,
+    out_width: u32,
+    kernel_h: u32,
+    kernel_w: u32,
+    stride_h: u32,
+    stride_w: u32,
+    pad_top: u32,
+    pad_left: u32,
+    dilation_h: u32,
+    dilation_w: u32,
+    /// Input channels per group.
+    group_in: u32,
+    /// Output channels per group.
+    group_out: u32,
+}
+
+/// The pixel this unit computes, over a grid of `(x, blocks, z)` cubes.
+#[cube]
+fn pixel_of_unit() -> usize {
+    ((CUBE_POS_Z * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X) as usize
+}
+
+/// The padded input row (or column) that output row `out` reads at tap `tap`: the input's row
+/// plus the padding before it (the caller checks it against the padding and the size).
+#[cube]
+fn padded_at(out: usize, tap: usize, stride: u32, dilation: u32) -> usize {
+    out * stride as usize + tap * dilation as usize
+}
+
+/// Channel `first + j` of a group of `count` channels, past its last one clamped to it (the
+/// sums of a clamped channel are computed and not written).
+#[cube]
+fn clamped(first: usize, j: usize, count: usize) -> usize {
+    let mut channel = first + j;
+    if channel >= count {
+        channel = count - 1;
+    }
+    channel
+}
+
+/// Forward: output pixel `p` (of `batch * out_height * out_width`) for the output channels of
+/// block `CUBE_POS_Y` (blocks of `block` within each group), plus the bias with `has_bias`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel<F: Float>(
+    input: &[F],
+    weight: &[F],
+    bias: &[F],
+    output: &mut [F],
+    g: Geometry,
+    #[comptime] block: usize,
+    #[comptime] has_bias: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let pixel = pixel_of_unit();
+    let out_h = g.out_height as usize;
+    let out_w = g.out_width as usize;
+    if pixel < g.batch as usize * out_h * out_w {
+        let ox = pixel % out_w;
+        let oy = (pixel / out_w) % out_h;
+        let n = pixel / (out_w * out_h);
+        let group_in = g.group_in as usize;
+        let group_out = g.group_out as usize;
+        let blocks = (group_out + block - 1) / block;
+        let group = CUBE_POS_Y as usize / blocks;
+        let first = (CUBE_POS_Y as usize % blocks) * block;
+        let height = g.height as usize;
+        let width = g.width as usize;
+        let kernel_h = g.kernel_h as usize;
+        let kernel_w = g.kernel_w as usize;
+        let pad_top = g.pad_top as usize;
+        let pad_left = g.pad_left as usize;
+        let taps = kernel_h * kernel_w;
+        let row_len = group_in * taps;
+        let mut acc = Array::<f32>::new(block);
+        #[unroll]
+        for j in 0..block {
+            acc[j] = 0.0f32;
+        }
+        for ci in 0..group_in {
+            let plane = (n * g.in_channels as usize + group * group_in + ci) * height;
+            for ky in 0..kernel_h {
+                let iy = padded_at(oy, ky, g.stride_h, g.dilation_h);
+                if iy >= pad_top && iy - pad_top < height {
+                    let line = (plane + iy - pad_top) * width;
+                    for kx in 0..kernel_w {
+                        let ix = padded_at(ox, kx, g.stride_w, g.dilation_w);
+                        if ix >= pad_left && ix - pad_left < width {
+                            let x = f32::cast_from(input[line + ix - pad_left]);
+                            let tap = ci * taps + ky * kernel_w + kx;
+                            #[unroll]
+                            for j in 0..block {
+                                let channel = group * group_out + clamped(first, j, group_out);
+                                acc[j] += x * f32::cast_from(weight[channel * row_len + tap]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let out_channels = g.out_channels as usize;
+        #[unroll]
+        for j in 0..block {
+            if first + j < group_out {
+                let channel = group * group_out + first + j;
+                let mut y = acc[j];
+                if has_bias {
+                    y += f32::cast_from(bias[channel]);
+                }
+                output[((n * out_channels + channel) * out_h + oy) * out_w + ox] = F::cast_from(y);
+            }
+        }
+    }
+}
+
+/// Input gradient: input pixel `p` (of `batch * height * width`) for the input channels of
+/// block `CUBE_POS_Y` (blocks of `block` within each group), from the output gradient `grad`.
+#[cube(launch_unchecked)]
+fn input_grad_kernel<F: Float>(
+    grad: &[F],
+    weight: &[F],
+    dx: &mut [F],
+    g: Geometry,
+    #[comptime] block: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let pixel = pixel_of_unit();
+    let height = g.height as usize;
+    let width = g.width as usize;
+    if pixel < g.batch as usize * height * width {
+        let x = pixel % width;
+        let y = (pixel / width) % height;
+        let n = pixel / (width * height);
+        let group_in = g.group_in as usize;
+        let group_out = g.group_out as usize;
+        let blocks = (group_in + block - 1) / block;
+        let group = CUBE_POS_Y as usize / blocks;
+        let first = (CUBE_POS_Y as usize % blocks) * block;
+        let out_h = g.out_height as usize;
+        let out_w = g.out_width as usize;
+        let kernel_h = g.kernel_h as usize;
+        let kernel_w = g.kernel_w as usize;
+        let stride_h = g.stride_h as usize;
+        let stride_w = g.stride_w as usize;
+        let dilation_h = g.dilation_h as usize;
+        let dilation_w = g.dilation_w as usize;
+        let taps = kernel_h * kernel_w;
+        let padded_y = y + g.pad_top as usize;
+        let padded_x = x + g.pad_left as usize;
+        let mut acc = Array::<f32>::new(block);
+        #[unroll]
+        for j in 0..block {
+            acc[j] = 0.0f32;
+        }
+        for co in 0..group_out {
+            let channel = group * group_out + co;
+            let plane = (n * g.out_channels as usize + channel) * out_h;
+            let row = channel * group_in * taps;
+            for ky in 0..kernel_h {
+                let reach_y = ky * dilation_h;
+                if padded_y >= reach_y && (padded_y - reach_y) % stride_h == 0 {
+                    let oy = (padded_y - reach_y) / stride_h;
+                    if oy < out_h {
+                        let line = (plane + oy) * out_w;
+                        for kx in 0..kernel_w {
+                            let reach_x = kx * dilation_w;
+                            if padded_x >= reach_x && (padded_x - reach_x) % stride_w == 0 {
+                                let ox = (padded_x - reach_x) / stride_w;
+                                if ox < out_w {
+                                    let dy = f32::cast_from(grad[line + ox]);
+                                    let tap = row + ky * kernel_w + kx;
+                                    #[unroll]
+                                    for j in 0..block {
+                                        let column = clamped(first, j, group_in) * taps;
+                                        acc[j] += dy * f32::cast_from(weight[tap + column]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let in_channels = g.in_channels as usize;
+        #[unroll]
+        for j in 0..block {
+            if first + j < group_in {
+                let channel = group * group_in + first + j;
+                dx[((n * in_channels + channel) * height + y) * width + x] = F::cast_from(acc[j]);
+            }
+        }
+    }
+}
+
+/// Every unit's `sums` values (`shared[s * threads + unit]`) summed over the cube into
+/// `shared[s * threads]`, in a fixed tree order. Every unit of the cube must call it.
+#[cube]
+fn cube_sums(shared: &mut Shared<[f32]>, #[comptime] sums: usize, #[comptime] threads: usize) {
+    let unit = UNIT_POS_X as usize;
+    sync_cube();
+    let mut active = threads.runtime();
+    while active > 1 {
+        active /= 2;
+        if unit < active {
+            #[unroll]
+            for s in 0..sums {
+                let other = shared[s * threads + unit + active];
+                shared[s * threads + unit] += other;
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Weight and bias gradients in partial sums: cube `(b, ci, k)` sums, over the output pixels of
+/// chunk `k` (`chunk` pixels each), `grad * input` for every tap of the weights of output
+/// channels `b * block ..` (within a group) and input channel `ci` of the group, into row `k` of
+/// `partial` (`[chunks, out_channels * group_in * taps]`, `f32`); the cubes of `ci == 0` also
+/// sum `grad` per output channel into row `k` of `bias_partial` (`[chunks, out_channels]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn weight_grad_kernel<F: Float>(
+    grad: &[F],
+    input: &[F],
+    partial: &mut [f32],
+    bias_partial: &mut [f32],
+    g: Geometry,
+    chunk: u32,
+    #[comptime] block: usize,
+    #[comptime] kernel_h: usize,
+    #[comptime] kernel_w: usize,
+    #[comptime] threads: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let taps = comptime!(kernel_h * kernel_w);
+    let sums = comptime!(block * taps);
+    let group_in = g.group_in as usize;
+    let group_out = g.group_out as usize;
+    let blocks = (group_out + block - 1) / block;
+    let group = CUBE_POS_X as usize / blocks;
+    let first = (CUBE_POS_X as usize % blocks) * block;
+    let ci = CUBE_POS_Y as usize;
+    let chunk_index = CUBE_POS_Z as usize;
+    let out_h = g.out_height as usize;
+    let out_w = g.out_width as usize;
+    let height = g.height as usize;
+    let width = g.width as usize;
+    let pad_top = g.pad_top as usize;
+    let pad_left = g.pad_left as usize;
+    let out_channels = g.out_channels as usize;
+    let in_channels = g.in_channels as usize;
+    let pixels = g.batch as usize * out_h * out_w;
+    let unit = UNIT_POS_X as usize;
+    let mut acc = Array::<f32>::new(sums);
+    #[unroll]
+    for s in 0..sums {
+        acc[s] = 0.0f32;
+    }
+    let mut bias_acc = Array::<f32>::new(block);
+    let mut dys = Array::<f32>::new(block);
+    #[unroll]
+    for j in 0..block {
+        bias_acc[j] = 0.0f32;
+        dys[j] = 0.0f32;
+    }
+    let start = chunk_index * chunk as usize;
+    let mut end = start + chunk as usize;
+    if end > pixels {
+        end = pixels;
+    }
+    let mut p = start + unit;
+    while p < end {
+        let ox = p % out_w;
+        let oy = (p / out_w) % out_h;
+        let n = p / (out_w * out_h);
+        #[unroll]
+        for j in 0..block {
+            let channel = group * group_out + clamped(first, j, group_out);
+            let dy = f32::cast_from(grad[((n * out_channels + channel) * out_h + oy) * out_w + ox]);
+            dys[j] = dy;
+            bias_acc[j] += dy;
+        }
+        let plane = (n * in_channels + group * group_in + ci) * height;
+        #[unroll]
+        for ky in 0..kernel_h {
+            let iy = padded_at(oy, ky, g.stride_h, g.dilation_h);
+            if iy >= pad_top && iy - pad_top < height {
+                let line = (plane + iy - pad_top) * width;
+                #[unroll]
+                for kx in 0..kernel_w {
+                    let ix = padded_at(ox, kx, g.stride_w, g.dilation_w);
+                    if ix >= pad_left && ix - pad_left < width {
+                        let x = f32::cast_from(input[line + ix - pad_left]);
+                        #[unroll]
+                        for j in 0..block {
+                            acc[j * taps + ky * kernel_w + kx] += dys[j] * x;
+                        }
+                    }
+                }
+            }
+        }
+        p += threads;
+    }
+    // Over the cube, every sum at once.
+    let mut shared = Shared::<[f32]>::new_slice(comptime!(sums * threads));
+    #[unroll]
+    for s in 0..sums {
+        shared[s * threads + unit] = acc[s];
+    }
+    cube_sums(&mut shared, sums, threads);
+    let weights = out_channels * group_in * taps;
+    if unit < sums {
+        let j = unit / taps;
+        if first + j < group_out {
+            let channel = group * group_out + first + j;
+            let at = (channel * group_in + ci) * taps + unit % taps;
+            partial[chunk_index * weights + at] = shared[unit * threads];
+        }
+    }
+    // The bias: the same tree over the bias sums, in the cubes of the group's first input
+    // channel (uniform over the cube).
+    if ci == 0 {
+        sync_cube();
+        #[unroll]
+        for j in 0..block {
+            shared[j * threads + unit] = bias_acc[j];
+        }
+        cube_sums(&mut shared, block, threads);
+        if unit < block && first + unit < group_out {
+            let channel = group * group_out + first + unit;
+            bias_partial[chunk_index * out_channels + channel] = shared[unit * threads];
+        }
+    }
+}
+
+/// The weight and bias gradients from their partial sums: element `i` of `weight_grad` (and of
+/// `bias_grad`, for `i < out_channels`) summed over the chunks' rows in order, rounded once.
+#[cube(launch_unchecked)]
+fn chunk_sum_kernel<F: Float>(
+    partial: &[f32],
+    bias_partial: &[f32],
+    weight_grad: &mut [F],
+    bias_grad: &mut [F],
+    chunks: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS;
+    let weights = weight_grad.len();
+    let out_channels = bias_grad.len();
+    if i < weights {
+        let mut sum = 0.0f32;
+        for k in 0..chunks as usize {
+            sum += partial[k * weights + i];
+        }
+        weight_grad[i] = F::cast_from(sum);
+    }
+    if i < out_channels {
+        let mut sum = 0.0f32;
+        for k in 0..chunks as usize {
+            sum += bias_partial[k * out_channels + i];
+        }
+        bias_grad[i] = F::cast_from(sum);
+    }
+}
+
+/// The kernels as lazy fusion operations on burn's cubecl backend.
+#[backend_extension(Cube, Fusion)]
+pub(crate) trait ConvKernels: Backend {
+    /// The forward: `[batch, out_channels, out_h, out_w]` in the input's dtype. `bias` is read
+    /// only with `spec.has_bias` (pass the weight otherwise). Shapes, dtypes and the spec were
+    /// checked by the caller ([`conv2d`]).
+    #[fusion(meta = |input, weight, _bias, spec| {
+        burn::backend::fusion::custom::TensorSpec::new(
+            Shape::new(spec.output_shape(&input.shape.dims::<4>(), &weight.shape.dims::<4>())),
+            input.dtype,
+        )
+    })]
+    fn conv_forward(
+        input: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        spec: ConvSpec,
+    ) -> FloatTensor<Self>;
+
+    /// The input gradient, of `input`'s shape and dtype (its values are not read).
+    #[fusion(meta = |_grad, input, _weight, _spec| input.clone())]
+    fn conv_input_grad(
+        grad: FloatTensor<Self>,
+        input: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        spec: ConvSpec,
+    ) -> FloatTensor<Self>;
+
+    /// `(weight gradient, bias gradient)`: of the weight's shape, and `[out_channels]`, in the
+    /// weight's dtype (the bias gradient is computed with or without a bias).
+    #[fusion(meta = |_grad, _input, weight, _spec| {
+        let out_channels = weight.shape[0];
+        (
+            weight.clone(),
+            burn::backend::fusion::custom::TensorSpec::new(Shape::new([out_channels]), weight.dtype),
+        )
+    })]
+    fn conv_weight_grad(
+        grad: FloatTensor<Self>,
+        input: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        spec: ConvSpec,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The element type of a float tensor the kernels take; checked by the caller (`nn`), so another
+/// one here breaks this module's invariant.
+fn elem_of(tensor: &CubeTensor) -> ElemType {
+    kernel_elem(tensor.dtype).unwrap_or_else(|| {
+        panic!(
+            "burn-graphed: convolution kernel given {:?} (the caller checks the dtype)",
+            tensor.dtype
+        )
+    })
+}
+
+/// The launch's sizes from the input's and the weight's shapes.
+fn geometry(input: &CubeTensor, weight: &CubeTensor, spec: &ConvSpec) -> (Geometry, [usize; 4]) {
+    let x = input.meta.shape().dims::<4>();
+    let w = weight.meta.shape().dims::<4>();
+    let out = spec.output_shape(&x, &w);
+    let u = |v: usize| v as u32;
+    let g = Geometry {
+        batch: u(x[0]),
+        in_channels: u(x[1]),
+        height: u(x[2]),
+        width: u(x[3]),
+        out_channels: u(w[0]),
+        out_height: u(out[2]),
+        out_width: u(out[3]),
+        kernel_h: u(w[2]),
+        kernel_w: u(w[3]),
+        stride_h: u(spec.stride[0]),
+        stride_w: u(spec.stride[1]),
+        pad_top: u(spec.padding[0].0),
+        pad_left: u(spec.padding[1].0),
+        dilation_h: u(spec.dilation[0]),
+        dilation_w: u(spec.dilation[1]),
+        group_in: u(w[1]),
+        group_out: u(w[0] / spec.groups),
+    };
+    (g, out)
+}
+
+impl Geometry {
+    fn launch(&self) -> GeometryLaunch {
+        GeometryLaunch::new(
+            self.batch,
+            self.in_channels,
+            self.height,
+            self.width,
+            self.out_channels,
+            self.out_height,
+            self.out_width,
+            self.kernel_h,
+            self.kernel_w,
+            self.stride_h,
+            self.stride_w,
+            self.pad_top,
+            self.pad_left,
+            self.dilation_h,
+            self.dilation_w,
+            self.group_in,
+            self.group_out,
+        )
+    }
+}
+
+/// A grid of `pixels` units in cubes of [`PIXEL_THREADS`], `blocks` cubes along y.
+fn pixel_grid(pixels: usize, blocks: usize) -> CubeCount {
+    let cubes = pixels.div_ceil(PIXEL_THREADS).max(1);
+    let x = cubes.min(MAX_CUBES);
+    CubeCount::Static(x as u32, blocks as u32, cubes.div_ceil(x) as u32)
+}
+
+/// The channel block of a unit: [`CHANNEL_BLOCK`], or fewer for a group of fewer channels.
+fn channel_block(channels: usize) -> usize {
+    channels.clamp(1, CHANNEL_BLOCK)
+}
+
+/// Output channels per weight-gradient cube for `taps` kernel taps: at most 4, within
+/// [`WEIGHT_SUMS`] sums per unit and the group's output channels.
+fn weight_block(taps: usize, group_out: usize) -> usize {
+    (WEIGHT_SUMS / taps).clamp(1, 4).min(group_out.max(1))
+}
+
+/// `(chunks, pixels per chunk)` of the weight gradient's sums over `pixels` output pixels, for
+/// `cubes` cubes per chunk.
+fn weight_chunks(pixels: usize, cubes: usize) -> (usize, usize) {
+    let wanted = WEIGHT_CUBES.div_ceil(cubes.max(1));
+    let most = pixels.div_ceil(MIN_CHUNK_PIXELS).max(1);
+    let chunks = wanted.clamp(1, most.min(MAX_CUBES));
+    let per_chunk = pixels.div_ceil(chunks).max(1);
+    (pixels.div_ceil(per_chunk).max(1), per_chunk)
+}
+
+impl ConvKernels for CubeBackend {
+    fn conv_forward(
+        input: CubeTensor,
+        weight: CubeTensor,
+        bias: CubeTensor,
+        spec: ConvSpec,
+    ) -> CubeTensor {
+        let (g, out) = geometry(&input, &weight, &spec);
+        let elem = elem_of(&input);
+        let client = input.client.clone();
+        let output = Dense::new_empty(
+            client.clone(),
+            input.device.clone(),
+            Shape::new(out),
+            input.dtype,
+        );
+        let (input, weight, bias) = (Dense::of(&input), Dense::of(&weight), Dense::of(&bias));
+        let block = channel_block(g.group_out as usize);
+        let blocks = spec.groups * (g.group_out as usize).div_ceil(block);
+        // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, the weight and
+        // the bias (one dtype, checked by the caller) and of the output (made with it). A unit
+        // with pixel `p < batch * out_h * out_w` reads input elements `(n, c, iy, ix)` with
+        // `c < in_channels`, `iy < height`, `ix < width` (checked), weight rows of channels
+        // below `out_channels` (clamped into its group) at taps below `group_in * taps`, bias
+        // elements below `out_channels` (the bias has `out_channels` elements, checked by the
+        // caller; not read without it), and writes output `(n, co, oy, ox)` inside `out`. The
+        // output is a new allocation, distinct from the read buffers.
+        unsafe {
+            forward_kernel::launch_unchecked(
+                &client,
+                pixel_grid(out[0] * out[2] * out[3], blocks),
+                CubeDim::new_1d(PIXEL_THREADS as u32),
+                input.arg(),
+                weight.arg(),
+                bias.arg(),
+                output.arg(),
+                g.launch(),
+                block,
+                spec.has_bias,
+                elem,
+            );
+        }
+        output.into_tensor()
+    }
+
+    fn conv_input_grad(
+        grad: CubeTensor,
+        input: CubeTensor,
+        weight: CubeTensor,
+        spec: ConvSpec,
+    ) -> CubeTensor {
+        let (g, _) = geometry(&input, &weight, &spec);
+        let elem = elem_of(&input);
+        let client = input.client.clone();
+        let dx = Dense::empty_like(&input);
+        let (grad, weight) = (Dense::of(&grad), Dense::of(&weight));
+        let block = channel_block(g.group_in as usize);
+        let blocks = spec.groups * (g.group_in as usize).div_ceil(block);
+        let pixels = (g.batch * g.height * g.width) as usize;
+        // SAFETY: one dtype `elem` for grad, weight and dx (checked by the caller). A unit with
+        // input pixel `p < batch * height * width` reads grad elements `(n, co, oy, ox)` with
+        // `co < out_channels`, `oy < out_h`, `ox < out_w` (checked; grad has the forward's
+        // output shape), weight elements of channel `co` at input-channel offsets clamped into
+        // `group_in` and taps below `taps`, and writes dx `(n, ci, y, x)` inside the input's
+        // shape. dx is a new allocation, distinct from the read buffers.
+        unsafe {
+            input_grad_kernel::launch_unchecked(
+                &client,
+                pixel_grid(pixels, blocks),
+                CubeDim::new_1d(PIXEL_THREADS as u32),
+                grad.arg(),
+                weight.arg(),
+                dx.arg(),
+                g.launch(),
+                block,
+                elem,
+            );
+        }
+        dx.into_tensor()
+    }
+
+    fn conv_weight_grad(
+        grad: CubeTensor,
+        input: CubeTensor,
+        weight: CubeTensor,
+        spec: ConvSpec,
+    ) -> (CubeTensor, CubeTensor) {
+        let (g, out) = geometry(&input, &weight, &spec);
+        let elem = elem_of(&input);
+        let client = input.client.clone();
+        let device = input.device.clone();
+        let new = |shape: Shape, dtype: DType| {
+            Dense::new_empty(client.clone(), device.clone(), shape, dtype)
+        };
+        let [out_channels, group_in, kernel_h, kernel_w] = weight.meta.shape().dims::<4>();
+        let taps = kernel_h * kernel_w;
+        let group_out = g.group_out as usize;
+        let block = weight_block(taps, group_out);
+        let cube_blocks = spec.groups * group_out.div_ceil(block);
+        let pixels = out[0] * out[2] * out[3];
+        let (chunks, per_chunk) = weight_chunks(pixels, cube_blocks * group_in);
+        let weights = out_channels * group_in * taps;
+        let partial = new(Shape::new([chunks, weights]), DType::F32);
+        let bias_partial = new(Shape::new([chunks, out_channels]), DType::F32);
+        let weight_grad = new(weight.meta.shape().clone(), weight.dtype);
+        let bias_grad = new(Shape::new([out_channels]), weight.dtype);
+        let (grad, input) = (Dense::of(&grad), Dense::of(&input));
+        // SAFETY: one dtype `elem` for grad, input and the two gradients (checked by the
+        // caller), f32 for the partial sums. A cube `(b, ci, k)` (`b` below the output-channel
+        // blocks, `ci < group_in`, `k < chunks`) reads grad at output pixels below `pixels` of
+        // channels clamped below `out_channels`, input at `(n, c, iy, ix)` inside its shape
+        // (checked), indexes its shared array below `block * taps * WEIGHT_THREADS` (its size),
+        // and writes row `k < chunks` of the partial sums at weights below `weights` and output
+        // channels below `out_channels`. Every element of the partial sums is written by exactly
+        // one cube (each weight of each chunk; each bias of each chunk by its block's `ci == 0`
+        // cube) before the second kernel, on the same stream, reads it; that kernel writes
+        // element `i` of the two new gradients, `i` below their lengths. The written buffers are
+        // new allocations, distinct from each other and from the read ones.
+        unsafe {
+            weight_grad_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(cube_blocks as u32, group_in as u32, chunks as u32),
+                CubeDim::new_1d(WEIGHT_THREADS as u32),
+                grad.arg(),
+                input.arg(),
+                partial.arg(),
+                bias_partial.arg(),
+                g.launch(),
+                per_chunk as u32,
+                block,
+                kernel_h,
+                kernel_w,
+                WEIGHT_THREADS,
+                elem,
+            );
+            chunk_sum_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(weights.div_ceil(PIXEL_THREADS).max(1) as u32, 1, 1),
+                CubeDim::new_1d(PIXEL_THREADS as u32),
+                partial.arg(),
+                bias_partial.arg(),
+                weight_grad.arg(),
+                bias_grad.arg(),
+                chunks as u32,
+                elem,
+            );
+        }
+        (weight_grad.into_tensor(), bias_grad.into_tensor())
+    }
+}
+
+/// The convolution with its own backward, reached from `Tensor` through burn's dispatch.
+#[backend_extension(Cube, Autodiff)]
+pub(crate) trait FusedConvOps: Backend {
+    /// `input` (`[batch, in_channels, height, width]`) convolved with `weight`
+    /// (`[out_channels, in_channels / groups, kernel_h, kernel_w]`), plus `bias`
+    /// (`[out_channels]`) where `spec.has_bias` (otherwise `bias` is not read and gets no
+    /// gradient: pass the weight). An optional tensor does not cross burn 0.22's generated
+    /// dispatch (UPSTREAM.md 14), hence the flag.
+    fn fused_conv2d(
+        input: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        spec: ConvSpec,
+    ) -> FloatTensor<Self>;
+}
+
+/// Without autodiff: the forward alone.
+impl FusedConvOps for Cube {
+    fn fused_conv2d(
+        input: FusedTensor,
+        weight: FusedTensor,
+        bias: FusedTensor,
+        spec: ConvSpec,
+    ) -> FusedTensor {
+        count_forward();
+        <Cube as ConvKernels>::conv_forward(input, weight, bias, spec)
+    }
+}
+
+/// What the backward keeps of the forward.
+#[derive(Debug, Clone)]
+struct Saved {
+    input: FusedTensor,
+    weight: FusedTensor,
+    spec: ConvSpec,
+}
+
+/// The backward node: parents input, weight and bias (an untracked stand-in without a bias).
+#[derive(Debug)]
+struct ConvBackward;
+
+impl Backward<Cube, 3> for ConvBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_input, node_weight, node_bias] = ops.parents;
+        let grad = grads.consume::<Cube>(&ops.node);
+        let Saved {
+            input,
+            weight,
+            spec,
+        } = ops.state;
+        if node_weight.is_some() || node_bias.is_some() {
+            let (dweight, dbias) = <Cube as ConvKernels>::conv_weight_grad(
+                grad.clone(),
+                input.clone(),
+                weight.clone(),
+                spec,
+            );
+            if let Some(node) = node_weight {
+                grads.register::<Cube>(node.id, dweight);
+            }
+            if let Some(node) = node_bias {
+                grads.register::<Cube>(node.id, dbias);
+            }
+        }
+        if let Some(node) = node_input {
+            let dx = <Cube as ConvKernels>::conv_input_grad(grad, input, weight, spec);
+            grads.register::<Cube>(node.id, dx);
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedConvOps for Autodiff<Cube, C> {
+    fn fused_conv2d(
+        input: AutodiffTensor,
+        weight: AutodiffTensor,
+        bias: AutodiffTensor,
+        spec: ConvSpec,
+    ) -> AutodiffTensor {
+        let (input, input_node) = input.into_parts();
+        let (weight, weight_node) = weight.into_parts();
+        let (bias, bias_node) = bias.into_parts();
+        // Without a bias, an untracked parent in its place: it asks for no gradient.
+        let bias_node = if spec.has_bias {
+            bias_node
+        } else {
+            AutodiffTensor::new(weight.clone()).node()
+        };
+        let prepared = ConvBackward
+            .prepare::<C>([input_node, weight_node, bias_node])
+            .compute_bound()
+            .stateful();
+        count_forward();
+        let output = <Cube as ConvKernels>::conv_forward(input.clone(), weight.clone(), bias, spec);
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish(
+                Saved {
+                    input,
+                    weight,
+                    spec,
+                },
+                output,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        }
+    }
+}
+
+/// The fused convolution of tensors of burn's cubecl backend (autodiff or not), through
+/// burn's dispatch. The caller checked the device (a cubecl one), the dtypes (one of `f32`,
+/// `f16`, `bf16` for all), the shapes (`spec.fits`) and whether a bias is given.
+/// Never `Err` here (see the stand-in, which hands the tensors back).
+pub(crate) fn conv2d(
+    (input, weight, bias): OpInputs,
+    spec: ConvSpec,
+) -> Result<burn::backend::DispatchTensor, Box<OpInputs>> {
+    let bias = bias.unwrap_or_else(|| weight.clone());
+    Ok(<burn::backend::Dispatch as FusedConvOps>::fused_conv2d(
+        input, weight, bias, spec,
+    ))
+}
