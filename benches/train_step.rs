@@ -5,7 +5,7 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,transformer_fused,lm_fused]
+//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,transformer_fused,lm_fused,cnn_fused]
 //!            [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
@@ -16,7 +16,8 @@
 //!            [--check-cost] [--ranks 2] [--tf32 off|on]
 //! ```
 //!
-//! `mlp_fused`, `transformer_fused` and `lm_fused` are `mlp`, `transformer` and `lm` with
+//! `mlp_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`, `transformer`, `lm`
+//! and `cnn` with
 //! `burn_graphed::nn`'s fused layers (the same parameters); their rows carry the model's name and the mode with
 //! `_fused_layers` appended (`whole_step_fused_layers`, ...), PyTorch having no such variant.
 //!
@@ -182,6 +183,43 @@ struct Cnn {
 }
 
 fn cnn_forward(m: &Cnn, x: Tensor<4>) -> Tensor<2> {
+    let x = Relu::new().forward(m.conv1.forward(x));
+    let x = Relu::new().forward(m.conv2.forward(x));
+    let x = m.pool.forward(x).flatten::<2>(1, 3);
+    m.head.forward(x)
+}
+
+/// The `cnn` model: two 3x3 convolutions (3 -> 16 -> 32 channels, padding 1), ReLU, global
+/// average pooling and a linear head (`torch_reference.py`'s `Cnn`).
+fn make_cnn(d: &Device) -> Cnn {
+    Cnn {
+        conv1: Conv2dConfig::new([3, 16], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(d),
+        conv2: Conv2dConfig::new([16, 32], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init(d),
+        pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+        head: LinearConfig::new(32, 10).init(d),
+    }
+}
+
+/// A batch of the `cnn`'s `[rows, 3, 32, 32]` images.
+fn cnn_input(d: &Device, rows: usize) -> Tensor<4> {
+    Tensor::random([rows, 3, 32, 32], Distribution::Default, d)
+}
+
+/// The `cnn` with `burn_graphed::nn::Conv2d` layers (`cnn_fused`), converted from
+/// [`make_cnn`]'s model: the same parameters.
+#[derive(Module, Debug)]
+struct FusedCnn {
+    conv1: burn_graphed::nn::Conv2d,
+    conv2: burn_graphed::nn::Conv2d,
+    pool: AdaptiveAvgPool2d,
+    head: Linear,
+}
+
+fn fused_cnn_forward(m: &FusedCnn, x: Tensor<4>) -> Tensor<2> {
     let x = Relu::new().forward(m.conv1.forward(x));
     let x = Relu::new().forward(m.conv2.forward(x));
     let x = m.pool.forward(x).flatten::<2>(1, 3);
@@ -2389,22 +2427,40 @@ fn main() {
             "cnn" => bench(
                 Case {
                     name: "cnn 2conv b32 32x32".into(),
-                    make: |d| Cnn {
-                        conv1: Conv2dConfig::new([3, 16], [3, 3])
-                            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
-                            .init(d),
-                        conv2: Conv2dConfig::new([16, 32], [3, 3])
-                            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
-                            .init(d),
-                        pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
-                        head: LinearConfig::new(32, 10).init(d),
-                    },
+                    make: make_cnn,
                     call: cnn_forward,
                     loss: mean_square_of,
                     call_loss: |m, x| mean_square(cnn_forward(m, x)),
-                    input: |d, rows| Tensor::random([rows, 3, 32, 32], Distribution::Default, d),
+                    input: cnn_input,
                     batch: 32,
                     variant: "",
+                },
+                &device,
+                &options,
+            ),
+            "cnn_fused" => bench(
+                Case {
+                    name: "cnn 2conv b32 32x32".into(),
+                    make: |d| {
+                        let Cnn {
+                            conv1,
+                            conv2,
+                            pool,
+                            head,
+                        } = make_cnn(d);
+                        FusedCnn {
+                            conv1: conv1.into(),
+                            conv2: conv2.into(),
+                            pool,
+                            head,
+                        }
+                    },
+                    call: fused_cnn_forward,
+                    loss: mean_square_of,
+                    call_loss: |m, x| mean_square(fused_cnn_forward(m, x)),
+                    input: cnn_input,
+                    batch: 32,
+                    variant: "_fused_layers",
                 },
                 &device,
                 &options,
