@@ -1,7 +1,8 @@
 //! `burn_graphed::nn::Conv2d` and `conv2d` against the exact convolution (host `f64` from the
 //! very values the device holds), the output and every gradient, in `f32`, `f16` and `bf16`:
 //! odd sizes, stride, asymmetric padding, dilation, groups (depthwise too), a 1x1 and a 5x5
-//! kernel, channel counts that leave a partial block, an input held in another memory order;
+//! kernel, channel counts that leave a partial block or take the staged weights in several
+//! chunks, an input held in another memory order;
 //! against burn-nn's `Conv2d` in `f32`; inside graphed calls.
 //!
 //! Tolerance, derived per element: each value is a sum of `K` products of values the device
@@ -102,6 +103,18 @@ fn cases() -> Vec<Case> {
             [1, 1],
             6,
             true,
+        ),
+        // More input and output channels than the kernels stage at once (weights in chunks
+        // of channels), blocks of channels that end partway.
+        case(
+            [1, 12, 6, 5],
+            11,
+            [5, 5],
+            [1, 1],
+            (2, 2, 2, 2),
+            [1, 1],
+            1,
+            false,
         ),
         Case {
             channels_last: true,

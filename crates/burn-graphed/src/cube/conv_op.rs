@@ -57,7 +57,8 @@ const WEIGHT_CUBES: usize = 1024;
 /// Pixels one weight-gradient chunk sums at least (per unit: this over [`WEIGHT_THREADS`]).
 const MIN_CHUNK_PIXELS: usize = 4096;
 
-/// The sizes of one convolution, as the kernels take them.
+/// The sizes of one convolution the kernels take at run time (the kernel's size, stride and
+/// dilation are compile-time constants of each kernel: [`Taps`]).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
 #[expand(derive(Clone))]
 pub(super) struct Geometry {
@@ -68,46 +69,67 @@ pub(super) struct Geometry {
     out_channels: u32,
     out_height: u32,
     out_width: u32,
-    kernel_h: u32,
-    kernel_w: u32,
-    stride_h: u32,
-    stride_w: u32,
     pad_top: u32,
     pad_left: u32,
-    dilation_h: u32,
-    dilation_w: u32,
     /// Input channels per group.
     group_in: u32,
     /// Output channels per group.
     group_out: u32,
 }
 
-/// The pixel this unit computes, over a grid of `(x, blocks, z)` cubes.
-#[cube]
-fn pixel_of_unit() -> usize {
-    ((CUBE_POS_Z * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X) as usize
+/// A kernel's size, stride and dilation (height, width): compile-time constants of the
+/// kernels, so that their loops over the taps unroll and their divisions are by constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Taps {
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
 }
 
-/// The padded input row (or column) that output row `out` reads at tap `tap`: the input's row
-/// plus the padding before it (the caller checks it against the padding and the size).
-#[cube]
-fn padded_at(out: usize, tap: usize, stride: u32, dilation: u32) -> usize {
-    out * stride as usize + tap * dilation as usize
+/// Channels whose weights a cube stages at once in shared memory, for `per_channel` values each
+/// (a block's taps): at most 2048 values (8 KiB), at least one channel.
+fn chunk_channels(per_channel: usize) -> usize {
+    (2048 / per_channel.max(1)).max(1)
 }
 
-/// Channel `first + j` of a group of `count` channels, past its last one clamped to it (the
-/// sums of a clamped channel are computed and not written).
+/// Rows (or columns) of a padded input that no tap of a kernel reaches: a pixel past the last
+/// one gets this row, so that every bounds check of its loads fails.
+const OUTSIDE: u32 = 1 << 30;
+
+/// The pixels of this unit: `count` pixels `PIXEL_THREADS` apart, starting at the cube's tile,
+/// as `(plane, row, column)` of `[batch, rows, columns]`, where `plane` is the batch index; a
+/// pixel past `batch * rows * columns` gets row [`OUTSIDE`].
 #[cube]
-fn clamped(first: usize, j: usize, count: usize) -> usize {
-    let mut channel = first + j;
-    if channel >= count {
-        channel = count - 1;
+fn unit_pixels(
+    batch: u32,
+    rows: u32,
+    columns: u32,
+    planes: &mut Array<u32>,
+    ys: &mut Array<u32>,
+    xs: &mut Array<u32>,
+    #[comptime] count: usize,
+) {
+    let tile = (CUBE_POS_Z * CUBE_COUNT_X + CUBE_POS_X) * comptime!((PIXEL_THREADS * count) as u32);
+    let total = batch * rows * columns;
+    #[unroll]
+    for i in 0..count {
+        let p = tile + UNIT_POS_X + (i * PIXEL_THREADS) as u32;
+        if p < total {
+            xs[i] = p % columns;
+            ys[i] = (p / columns) % rows;
+            planes[i] = p / (columns * rows);
+        } else {
+            xs[i] = 0;
+            ys[i] = OUTSIDE;
+            planes[i] = 0;
+        }
     }
-    channel
 }
 
-/// Forward: output pixel `p` (of `batch * out_height * out_width`) for the output channels of
-/// block `CUBE_POS_Y` (blocks of `block` within each group), plus the bias with `has_bias`.
+/// Forward: `pixels` output pixels per unit (`PIXEL_THREADS` apart) for the `block` output
+/// channels of cube row `CUBE_POS_Y` (blocks within each group), plus the bias with `has_bias`.
+/// The block's weights are staged in shared memory, `chunk` input channels at a time, and read
+/// by every unit at the same address.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn forward_kernel<F: Float>(
@@ -116,145 +138,268 @@ fn forward_kernel<F: Float>(
     bias: &[F],
     output: &mut [F],
     g: Geometry,
+    #[comptime] taps: Taps,
     #[comptime] block: usize,
+    #[comptime] pixels: usize,
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let pixel = pixel_of_unit();
-    let out_h = g.out_height as usize;
-    let out_w = g.out_width as usize;
-    if pixel < g.batch as usize * out_h * out_w {
-        let ox = pixel % out_w;
-        let oy = (pixel / out_w) % out_h;
-        let n = pixel / (out_w * out_h);
-        let group_in = g.group_in as usize;
-        let group_out = g.group_out as usize;
-        let blocks = (group_out + block - 1) / block;
-        let group = CUBE_POS_Y as usize / blocks;
-        let first = (CUBE_POS_Y as usize % blocks) * block;
-        let height = g.height as usize;
-        let width = g.width as usize;
-        let kernel_h = g.kernel_h as usize;
-        let kernel_w = g.kernel_w as usize;
-        let pad_top = g.pad_top as usize;
-        let pad_left = g.pad_left as usize;
-        let taps = kernel_h * kernel_w;
-        let row_len = group_in * taps;
-        let mut acc = Array::<f32>::new(block);
-        #[unroll]
-        for j in 0..block {
-            acc[j] = 0.0f32;
+    let kh = comptime!(taps.kernel[0]);
+    let kw = comptime!(taps.kernel[1]);
+    let sh = comptime!(taps.stride[0] as u32);
+    let sw = comptime!(taps.stride[1] as u32);
+    let dh = comptime!(taps.dilation[0]);
+    let dw = comptime!(taps.dilation[1]);
+    let kernel_taps = comptime!(kh * kw);
+    let chunk = comptime!(chunk_channels(kernel_taps * block));
+    let staged = comptime!(chunk * kernel_taps * block);
+    let group_in = g.group_in;
+    let group_out = g.group_out;
+    let blocks = (group_out + block as u32 - 1) / block as u32;
+    let group = CUBE_POS_Y / blocks;
+    let first = (CUBE_POS_Y % blocks) * block as u32;
+    let mut planes = Array::<u32>::new(pixels);
+    let mut ys = Array::<u32>::new(pixels);
+    let mut xs = Array::<u32>::new(pixels);
+    unit_pixels(
+        g.batch,
+        g.out_height,
+        g.out_width,
+        &mut planes,
+        &mut ys,
+        &mut xs,
+        pixels,
+    );
+    // Each pixel's first padded input row and column, and its batch's first input channel.
+    #[unroll]
+    for i in 0..pixels {
+        if ys[i] != OUTSIDE {
+            ys[i] *= sh;
+            xs[i] *= sw;
         }
-        for ci in 0..group_in {
-            let plane = (n * g.in_channels as usize + group * group_in + ci) * height;
-            for ky in 0..kernel_h {
-                let iy = padded_at(oy, ky, g.stride_h, g.dilation_h);
-                if iy >= pad_top && iy - pad_top < height {
-                    let line = (plane + iy - pad_top) * width;
-                    for kx in 0..kernel_w {
-                        let ix = padded_at(ox, kx, g.stride_w, g.dilation_w);
-                        if ix >= pad_left && ix - pad_left < width {
-                            let x = f32::cast_from(input[line + ix - pad_left]);
-                            let tap = ci * taps + ky * kernel_w + kx;
-                            #[unroll]
-                            for j in 0..block {
-                                let channel = group * group_out + clamped(first, j, group_out);
-                                acc[j] += x * f32::cast_from(weight[channel * row_len + tap]);
-                            }
+        planes[i] = planes[i] * g.in_channels + group * group_in;
+    }
+    let mut acc = Array::<f32>::new(comptime!(pixels * block));
+    #[unroll]
+    for a in 0..comptime!(pixels * block) {
+        acc[a] = 0.0f32;
+    }
+    let mut shared = Shared::<[f32]>::new_slice(staged);
+    let unit = UNIT_POS_X as usize;
+    let mut ci0 = 0u32;
+    while ci0 < group_in {
+        sync_cube();
+        let mut idx = unit;
+        while idx < staged {
+            let j = (idx % block) as u32;
+            let tap = (idx / block) % kernel_taps;
+            let c = (idx / comptime!(block * kernel_taps)) as u32;
+            let mut value = 0.0f32;
+            if ci0 + c < group_in && first + j < group_out {
+                let channel = group * group_out + first + j;
+                let at = ((channel * group_in + ci0 + c) as usize) * kernel_taps + tap;
+                value = f32::cast_from(weight[at]);
+            }
+            shared[idx] = value;
+            idx += PIXEL_THREADS;
+        }
+        sync_cube();
+        let mut count = group_in - ci0;
+        if count > chunk as u32 {
+            count = chunk as u32;
+        }
+        for c in 0..count {
+            #[unroll]
+            for ky in 0..kh {
+                #[unroll]
+                for kx in 0..kw {
+                    let mut values = Array::<f32>::new(pixels);
+                    #[unroll]
+                    for i in 0..pixels {
+                        let iy = ys[i] + (ky * dh) as u32;
+                        let ix = xs[i] + (kx * dw) as u32;
+                        let mut value = 0.0f32;
+                        if iy >= g.pad_top
+                            && iy - g.pad_top < g.height
+                            && ix >= g.pad_left
+                            && ix - g.pad_left < g.width
+                        {
+                            let row = (planes[i] + ci0 + c) * g.height + iy - g.pad_top;
+                            value =
+                                f32::cast_from(input[(row * g.width + ix - g.pad_left) as usize]);
+                        }
+                        values[i] = value;
+                    }
+                    let base = ((c as usize) * kernel_taps + ky * kw + kx) * block;
+                    #[unroll]
+                    for j in 0..block {
+                        let w = shared[base + j];
+                        #[unroll]
+                        for i in 0..pixels {
+                            acc[i * block + j] += values[i] * w;
                         }
                     }
                 }
             }
         }
-        let out_channels = g.out_channels as usize;
-        #[unroll]
-        for j in 0..block {
-            if first + j < group_out {
-                let channel = group * group_out + first + j;
-                let mut y = acc[j];
-                if has_bias {
-                    y += f32::cast_from(bias[channel]);
+        ci0 += chunk as u32;
+    }
+    #[unroll]
+    for i in 0..pixels {
+        if ys[i] != OUTSIDE {
+            let oy = ys[i] / sh;
+            let ox = xs[i] / sw;
+            let n = (planes[i] - group * group_in) / g.in_channels;
+            #[unroll]
+            for j in 0..block {
+                if first + (j as u32) < group_out {
+                    let channel = group * group_out + first + j as u32;
+                    let mut y = acc[i * block + j];
+                    if has_bias {
+                        y += f32::cast_from(bias[channel as usize]);
+                    }
+                    let at =
+                        ((n * g.out_channels + channel) * g.out_height + oy) * g.out_width + ox;
+                    output[at as usize] = F::cast_from(y);
                 }
-                output[((n * out_channels + channel) * out_h + oy) * out_w + ox] = F::cast_from(y);
             }
         }
     }
 }
 
-/// Input gradient: input pixel `p` (of `batch * height * width`) for the input channels of
-/// block `CUBE_POS_Y` (blocks of `block` within each group), from the output gradient `grad`.
+/// Input gradient: `pixels` input pixels per unit for the `block` input channels of cube row
+/// `CUBE_POS_Y` (blocks within each group), from the output gradient `grad`. The block's
+/// weights are staged in shared memory, `chunk` output channels at a time.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn input_grad_kernel<F: Float>(
     grad: &[F],
     weight: &[F],
     dx: &mut [F],
     g: Geometry,
+    #[comptime] taps: Taps,
     #[comptime] block: usize,
+    #[comptime] pixels: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let pixel = pixel_of_unit();
-    let height = g.height as usize;
-    let width = g.width as usize;
-    if pixel < g.batch as usize * height * width {
-        let x = pixel % width;
-        let y = (pixel / width) % height;
-        let n = pixel / (width * height);
-        let group_in = g.group_in as usize;
-        let group_out = g.group_out as usize;
-        let blocks = (group_in + block - 1) / block;
-        let group = CUBE_POS_Y as usize / blocks;
-        let first = (CUBE_POS_Y as usize % blocks) * block;
-        let out_h = g.out_height as usize;
-        let out_w = g.out_width as usize;
-        let kernel_h = g.kernel_h as usize;
-        let kernel_w = g.kernel_w as usize;
-        let stride_h = g.stride_h as usize;
-        let stride_w = g.stride_w as usize;
-        let dilation_h = g.dilation_h as usize;
-        let dilation_w = g.dilation_w as usize;
-        let taps = kernel_h * kernel_w;
-        let padded_y = y + g.pad_top as usize;
-        let padded_x = x + g.pad_left as usize;
-        let mut acc = Array::<f32>::new(block);
-        #[unroll]
-        for j in 0..block {
-            acc[j] = 0.0f32;
+    let kh = comptime!(taps.kernel[0]);
+    let kw = comptime!(taps.kernel[1]);
+    let sh = comptime!(taps.stride[0] as u32);
+    let sw = comptime!(taps.stride[1] as u32);
+    let dh = comptime!(taps.dilation[0]);
+    let dw = comptime!(taps.dilation[1]);
+    let kernel_taps = comptime!(kh * kw);
+    let chunk = comptime!(chunk_channels(kernel_taps * block));
+    let staged = comptime!(chunk * kernel_taps * block);
+    let group_in = g.group_in;
+    let group_out = g.group_out;
+    let blocks = (group_in + block as u32 - 1) / block as u32;
+    let group = CUBE_POS_Y / blocks;
+    let first = (CUBE_POS_Y % blocks) * block as u32;
+    let mut planes = Array::<u32>::new(pixels);
+    let mut ys = Array::<u32>::new(pixels);
+    let mut xs = Array::<u32>::new(pixels);
+    unit_pixels(
+        g.batch,
+        g.height,
+        g.width,
+        &mut planes,
+        &mut ys,
+        &mut xs,
+        pixels,
+    );
+    // Each pixel's padded row and column, and its batch's first output channel of the group.
+    #[unroll]
+    for i in 0..pixels {
+        if ys[i] != OUTSIDE {
+            ys[i] += g.pad_top;
+            xs[i] += g.pad_left;
         }
-        for co in 0..group_out {
-            let channel = group * group_out + co;
-            let plane = (n * g.out_channels as usize + channel) * out_h;
-            let row = channel * group_in * taps;
-            for ky in 0..kernel_h {
-                let reach_y = ky * dilation_h;
-                if padded_y >= reach_y && (padded_y - reach_y) % stride_h == 0 {
-                    let oy = (padded_y - reach_y) / stride_h;
-                    if oy < out_h {
-                        let line = (plane + oy) * out_w;
-                        for kx in 0..kernel_w {
-                            let reach_x = kx * dilation_w;
-                            if padded_x >= reach_x && (padded_x - reach_x) % stride_w == 0 {
-                                let ox = (padded_x - reach_x) / stride_w;
-                                if ox < out_w {
-                                    let dy = f32::cast_from(grad[line + ox]);
-                                    let tap = row + ky * kernel_w + kx;
-                                    #[unroll]
-                                    for j in 0..block {
-                                        let column = clamped(first, j, group_in) * taps;
-                                        acc[j] += dy * f32::cast_from(weight[tap + column]);
-                                    }
-                                }
+        planes[i] = planes[i] * g.out_channels + group * group_out;
+    }
+    let mut acc = Array::<f32>::new(comptime!(pixels * block));
+    #[unroll]
+    for a in 0..comptime!(pixels * block) {
+        acc[a] = 0.0f32;
+    }
+    let mut shared = Shared::<[f32]>::new_slice(staged);
+    let unit = UNIT_POS_X as usize;
+    let mut co0 = 0u32;
+    while co0 < group_out {
+        sync_cube();
+        let mut idx = unit;
+        while idx < staged {
+            let j = (idx % block) as u32;
+            let tap = (idx / block) % kernel_taps;
+            let c = (idx / comptime!(block * kernel_taps)) as u32;
+            let mut value = 0.0f32;
+            if co0 + c < group_out && first + j < group_in {
+                let channel = group * group_out + co0 + c;
+                let at = ((channel * group_in + first + j) as usize) * kernel_taps + tap;
+                value = f32::cast_from(weight[at]);
+            }
+            shared[idx] = value;
+            idx += PIXEL_THREADS;
+        }
+        sync_cube();
+        let mut count = group_out - co0;
+        if count > chunk as u32 {
+            count = chunk as u32;
+        }
+        for c in 0..count {
+            #[unroll]
+            for ky in 0..kh {
+                #[unroll]
+                for kx in 0..kw {
+                    let reach_y = (ky * dh) as u32;
+                    let reach_x = (kx * dw) as u32;
+                    let mut values = Array::<f32>::new(pixels);
+                    #[unroll]
+                    for i in 0..pixels {
+                        let mut value = 0.0f32;
+                        if ys[i] >= reach_y && xs[i] >= reach_x {
+                            let ty = ys[i] - reach_y;
+                            let tx = xs[i] - reach_x;
+                            let oy = ty / sh;
+                            let ox = tx / sw;
+                            if oy * sh == ty
+                                && ox * sw == tx
+                                && oy < g.out_height
+                                && ox < g.out_width
+                            {
+                                let row = (planes[i] + co0 + c) * g.out_height + oy;
+                                value = f32::cast_from(grad[(row * g.out_width + ox) as usize]);
                             }
+                        }
+                        values[i] = value;
+                    }
+                    let base = ((c as usize) * kernel_taps + ky * kw + kx) * block;
+                    #[unroll]
+                    for j in 0..block {
+                        let w = shared[base + j];
+                        #[unroll]
+                        for i in 0..pixels {
+                            acc[i * block + j] += values[i] * w;
                         }
                     }
                 }
             }
         }
-        let in_channels = g.in_channels as usize;
-        #[unroll]
-        for j in 0..block {
-            if first + j < group_in {
-                let channel = group * group_in + first + j;
-                dx[((n * in_channels + channel) * height + y) * width + x] = F::cast_from(acc[j]);
+        co0 += chunk as u32;
+    }
+    #[unroll]
+    for i in 0..pixels {
+        if ys[i] != OUTSIDE {
+            let y = ys[i] - g.pad_top;
+            let x = xs[i] - g.pad_left;
+            let n = (planes[i] - group * group_out) / g.out_channels;
+            #[unroll]
+            for j in 0..block {
+                if first + (j as u32) < group_in {
+                    let channel = group * group_in + first + j as u32;
+                    let at = ((n * g.in_channels + channel) * g.height + y) * g.width + x;
+                    dx[at as usize] = F::cast_from(acc[i * block + j]);
+                }
             }
         }
     }
@@ -285,6 +430,8 @@ fn cube_sums(shared: &mut Shared<[f32]>, #[comptime] sums: usize, #[comptime] th
 /// channels `b * block ..` (within a group) and input channel `ci` of the group, into row `k` of
 /// `partial` (`[chunks, out_channels * group_in * taps]`, `f32`); the cubes of `ci == 0` also
 /// sum `grad` per output channel into row `k` of `bias_partial` (`[chunks, out_channels]`).
+/// A unit walks its pixels `threads` apart, carrying column, row and batch index from one to
+/// the next (no division per pixel).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn weight_grad_kernel<F: Float>(
@@ -294,31 +441,30 @@ fn weight_grad_kernel<F: Float>(
     bias_partial: &mut [f32],
     g: Geometry,
     chunk: u32,
+    #[comptime] taps: Taps,
     #[comptime] block: usize,
-    #[comptime] kernel_h: usize,
-    #[comptime] kernel_w: usize,
     #[comptime] threads: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let taps = comptime!(kernel_h * kernel_w);
-    let sums = comptime!(block * taps);
-    let group_in = g.group_in as usize;
-    let group_out = g.group_out as usize;
-    let blocks = (group_out + block - 1) / block;
-    let group = CUBE_POS_X as usize / blocks;
-    let first = (CUBE_POS_X as usize % blocks) * block;
-    let ci = CUBE_POS_Y as usize;
-    let chunk_index = CUBE_POS_Z as usize;
-    let out_h = g.out_height as usize;
-    let out_w = g.out_width as usize;
-    let height = g.height as usize;
-    let width = g.width as usize;
-    let pad_top = g.pad_top as usize;
-    let pad_left = g.pad_left as usize;
-    let out_channels = g.out_channels as usize;
-    let in_channels = g.in_channels as usize;
-    let pixels = g.batch as usize * out_h * out_w;
-    let unit = UNIT_POS_X as usize;
+    let kh = comptime!(taps.kernel[0]);
+    let kw = comptime!(taps.kernel[1]);
+    let sh = comptime!(taps.stride[0] as u32);
+    let sw = comptime!(taps.stride[1] as u32);
+    let dh = comptime!(taps.dilation[0]);
+    let dw = comptime!(taps.dilation[1]);
+    let kernel_taps = comptime!(kh * kw);
+    let sums = comptime!(block * kernel_taps);
+    let group_in = g.group_in;
+    let group_out = g.group_out;
+    let blocks = (group_out + block as u32 - 1) / block as u32;
+    let group = CUBE_POS_X / blocks;
+    let first = (CUBE_POS_X % blocks) * block as u32;
+    let ci = CUBE_POS_Y;
+    let chunk_index = CUBE_POS_Z;
+    let out_h = g.out_height;
+    let out_w = g.out_width;
+    let pixels = g.batch * out_h * out_w;
+    let unit = UNIT_POS_X;
     let mut acc = Array::<f32>::new(sums);
     #[unroll]
     for s in 0..sums {
@@ -326,63 +472,92 @@ fn weight_grad_kernel<F: Float>(
     }
     let mut bias_acc = Array::<f32>::new(block);
     let mut dys = Array::<f32>::new(block);
+    // The grad rows of this block's output channels, past the group's last one clamped to it
+    // (their sums are not written).
+    let mut channels = Array::<u32>::new(block);
     #[unroll]
     for j in 0..block {
         bias_acc[j] = 0.0f32;
         dys[j] = 0.0f32;
+        let mut channel = first + j as u32;
+        if channel >= group_out {
+            channel = group_out - 1;
+        }
+        channels[j] = group * group_out + channel;
     }
-    let start = chunk_index * chunk as usize;
-    let mut end = start + chunk as usize;
+    let start = chunk_index * chunk;
+    let mut end = start + chunk;
     if end > pixels {
         end = pixels;
     }
+    // The first pixel, and the step to the next as (columns, rows, batches) with carries.
     let mut p = start + unit;
+    let mut ox = p % out_w;
+    let mut oy = (p / out_w) % out_h;
+    let mut n = p / (out_w * out_h);
+    let step = threads as u32;
+    let step_x = step % out_w;
+    let step_y = (step / out_w) % out_h;
+    let step_n = step / (out_w * out_h);
+    let in_plane = group * group_in + ci;
     while p < end {
-        let ox = p % out_w;
-        let oy = (p / out_w) % out_h;
-        let n = p / (out_w * out_h);
+        let grad_base = n * g.out_channels;
         #[unroll]
         for j in 0..block {
-            let channel = group * group_out + clamped(first, j, group_out);
-            let dy = f32::cast_from(grad[((n * out_channels + channel) * out_h + oy) * out_w + ox]);
+            let at = ((grad_base + channels[j]) * out_h + oy) * out_w + ox;
+            let dy = f32::cast_from(grad[at as usize]);
             dys[j] = dy;
             bias_acc[j] += dy;
         }
-        let plane = (n * in_channels + group * group_in + ci) * height;
+        let plane = (n * g.in_channels + in_plane) * g.height;
+        let row0 = oy * sh;
+        let col0 = ox * sw;
         #[unroll]
-        for ky in 0..kernel_h {
-            let iy = padded_at(oy, ky, g.stride_h, g.dilation_h);
-            if iy >= pad_top && iy - pad_top < height {
-                let line = (plane + iy - pad_top) * width;
+        for ky in 0..kh {
+            let iy = row0 + (ky * dh) as u32;
+            if iy >= g.pad_top && iy - g.pad_top < g.height {
+                let line = (plane + iy - g.pad_top) * g.width;
                 #[unroll]
-                for kx in 0..kernel_w {
-                    let ix = padded_at(ox, kx, g.stride_w, g.dilation_w);
-                    if ix >= pad_left && ix - pad_left < width {
-                        let x = f32::cast_from(input[line + ix - pad_left]);
+                for kx in 0..kw {
+                    let ix = col0 + (kx * dw) as u32;
+                    if ix >= g.pad_left && ix - g.pad_left < g.width {
+                        let x = f32::cast_from(input[(line + ix - g.pad_left) as usize]);
                         #[unroll]
                         for j in 0..block {
-                            acc[j * taps + ky * kernel_w + kx] += dys[j] * x;
+                            acc[j * kernel_taps + ky * kw + kx] += dys[j] * x;
                         }
                     }
                 }
             }
         }
-        p += threads;
+        p += step;
+        ox += step_x;
+        if ox >= out_w {
+            ox -= out_w;
+            oy += 1;
+        }
+        oy += step_y;
+        if oy >= out_h {
+            oy -= out_h;
+            n += 1;
+        }
+        n += step_n;
     }
     // Over the cube, every sum at once.
+    let unit = unit as usize;
     let mut shared = Shared::<[f32]>::new_slice(comptime!(sums * threads));
     #[unroll]
     for s in 0..sums {
         shared[s * threads + unit] = acc[s];
     }
     cube_sums(&mut shared, sums, threads);
-    let weights = out_channels * group_in * taps;
+    let weights = (g.out_channels * group_in) as usize * kernel_taps;
     if unit < sums {
-        let j = unit / taps;
+        let j = (unit / kernel_taps) as u32;
         if first + j < group_out {
             let channel = group * group_out + first + j;
-            let at = (channel * group_in + ci) * taps + unit % taps;
-            partial[chunk_index * weights + at] = shared[unit * threads];
+            let at = ((channel * group_in + ci) as usize) * kernel_taps + unit % kernel_taps;
+            partial[chunk_index as usize * weights + at] = shared[unit * threads];
         }
     }
     // The bias: the same tree over the bias sums, in the cubes of the group's first input
@@ -394,9 +569,10 @@ fn weight_grad_kernel<F: Float>(
             shared[j * threads + unit] = bias_acc[j];
         }
         cube_sums(&mut shared, block, threads);
-        if unit < block && first + unit < group_out {
-            let channel = group * group_out + first + unit;
-            bias_partial[chunk_index * out_channels + channel] = shared[unit * threads];
+        if unit < block && first + (unit as u32) < group_out {
+            let channel = group * group_out + first + unit as u32;
+            let at = chunk_index * g.out_channels + channel;
+            bias_partial[at as usize] = shared[unit * threads];
         }
     }
 }
@@ -487,8 +663,13 @@ fn elem_of(tensor: &CubeTensor) -> ElemType {
     })
 }
 
-/// The launch's sizes from the input's and the weight's shapes.
-fn geometry(input: &CubeTensor, weight: &CubeTensor, spec: &ConvSpec) -> (Geometry, [usize; 4]) {
+/// The launch's sizes from the input's and the weight's shapes, the kernel's compile-time
+/// constants, and the output's shape.
+fn geometry(
+    input: &CubeTensor,
+    weight: &CubeTensor,
+    spec: &ConvSpec,
+) -> (Geometry, Taps, [usize; 4]) {
     let x = input.meta.shape().dims::<4>();
     let w = weight.meta.shape().dims::<4>();
     let out = spec.output_shape(&x, &w);
@@ -501,18 +682,17 @@ fn geometry(input: &CubeTensor, weight: &CubeTensor, spec: &ConvSpec) -> (Geomet
         out_channels: u(w[0]),
         out_height: u(out[2]),
         out_width: u(out[3]),
-        kernel_h: u(w[2]),
-        kernel_w: u(w[3]),
-        stride_h: u(spec.stride[0]),
-        stride_w: u(spec.stride[1]),
         pad_top: u(spec.padding[0].0),
         pad_left: u(spec.padding[1].0),
-        dilation_h: u(spec.dilation[0]),
-        dilation_w: u(spec.dilation[1]),
         group_in: u(w[1]),
         group_out: u(w[0] / spec.groups),
     };
-    (g, out)
+    let taps = Taps {
+        kernel: [w[2], w[3]],
+        stride: spec.stride,
+        dilation: spec.dilation,
+    };
+    (g, taps, out)
 }
 
 impl Geometry {
@@ -525,23 +705,22 @@ impl Geometry {
             self.out_channels,
             self.out_height,
             self.out_width,
-            self.kernel_h,
-            self.kernel_w,
-            self.stride_h,
-            self.stride_w,
             self.pad_top,
             self.pad_left,
-            self.dilation_h,
-            self.dilation_w,
             self.group_in,
             self.group_out,
         )
     }
 }
 
-/// A grid of `pixels` units in cubes of [`PIXEL_THREADS`], `blocks` cubes along y.
+/// Pixels one unit of the forward and the input gradient computes (each for a block of
+/// channels: every staged weight read serves this many products).
+const UNIT_PIXELS: usize = 4;
+
+/// A grid of `pixels` pixels, [`UNIT_PIXELS`] per unit in cubes of [`PIXEL_THREADS`], `blocks`
+/// cubes along y.
 fn pixel_grid(pixels: usize, blocks: usize) -> CubeCount {
-    let cubes = pixels.div_ceil(PIXEL_THREADS).max(1);
+    let cubes = pixels.div_ceil(PIXEL_THREADS * UNIT_PIXELS).max(1);
     let x = cubes.min(MAX_CUBES);
     CubeCount::Static(x as u32, blocks as u32, cubes.div_ceil(x) as u32)
 }
@@ -574,7 +753,7 @@ impl ConvKernels for CubeBackend {
         bias: CubeTensor,
         spec: ConvSpec,
     ) -> CubeTensor {
-        let (g, out) = geometry(&input, &weight, &spec);
+        let (g, taps, out) = geometry(&input, &weight, &spec);
         let elem = elem_of(&input);
         let client = input.client.clone();
         let output = Dense::new_empty(
@@ -604,7 +783,9 @@ impl ConvKernels for CubeBackend {
                 bias.arg(),
                 output.arg(),
                 g.launch(),
+                taps,
                 block,
+                UNIT_PIXELS,
                 spec.has_bias,
                 elem,
             );
@@ -618,7 +799,7 @@ impl ConvKernels for CubeBackend {
         weight: CubeTensor,
         spec: ConvSpec,
     ) -> CubeTensor {
-        let (g, _) = geometry(&input, &weight, &spec);
+        let (g, taps, _) = geometry(&input, &weight, &spec);
         let elem = elem_of(&input);
         let client = input.client.clone();
         let dx = Dense::empty_like(&input);
@@ -641,7 +822,9 @@ impl ConvKernels for CubeBackend {
                 weight.arg(),
                 dx.arg(),
                 g.launch(),
+                taps,
                 block,
+                UNIT_PIXELS,
                 elem,
             );
         }
@@ -654,7 +837,7 @@ impl ConvKernels for CubeBackend {
         weight: CubeTensor,
         spec: ConvSpec,
     ) -> (CubeTensor, CubeTensor) {
-        let (g, out) = geometry(&input, &weight, &spec);
+        let (g, taps, out) = geometry(&input, &weight, &spec);
         let elem = elem_of(&input);
         let client = input.client.clone();
         let device = input.device.clone();
@@ -662,13 +845,13 @@ impl ConvKernels for CubeBackend {
             Dense::new_empty(client.clone(), device.clone(), shape, dtype)
         };
         let [out_channels, group_in, kernel_h, kernel_w] = weight.meta.shape().dims::<4>();
-        let taps = kernel_h * kernel_w;
+        let kernel_taps = kernel_h * kernel_w;
         let group_out = g.group_out as usize;
-        let block = weight_block(taps, group_out);
+        let block = weight_block(kernel_taps, group_out);
         let cube_blocks = spec.groups * group_out.div_ceil(block);
         let pixels = out[0] * out[2] * out[3];
         let (chunks, per_chunk) = weight_chunks(pixels, cube_blocks * group_in);
-        let weights = out_channels * group_in * taps;
+        let weights = out_channels * group_in * kernel_taps;
         let partial = new(Shape::new([chunks, weights]), DType::F32);
         let bias_partial = new(Shape::new([chunks, out_channels]), DType::F32);
         let weight_grad = new(weight.meta.shape().clone(), weight.dtype);
@@ -696,9 +879,8 @@ impl ConvKernels for CubeBackend {
                 bias_partial.arg(),
                 g.launch(),
                 per_chunk as u32,
+                taps,
                 block,
-                kernel_h,
-                kernel_w,
                 WEIGHT_THREADS,
                 elem,
             );
