@@ -250,12 +250,27 @@ pub fn conv_matches_exact(device: &Device, dtype: FloatDType) {
         skip(&format!("{device:?} has no {dtype:?}"));
         return;
     }
+    // The kernels' tilings (pixels and channels per unit) in turn, one per case (by size, a
+    // small shape would always take the smallest): every tiling meets several cases.
+    let tilings = [Some((4, 8)), Some((2, 4)), Some((1, 1)), Some((4, 2)), None];
     for (seed, case) in cases().into_iter().enumerate() {
-        check_case(&device, dtype, &case, seed as u64 * 10);
+        check_case(
+            &device,
+            dtype,
+            &case,
+            seed as u64 * 10,
+            tilings[seed % tilings.len()],
+        );
     }
 }
 
-fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
+fn check_case(
+    device: &Device,
+    dtype: FloatDType,
+    case: &Case,
+    seed: u64,
+    tiling: Option<(usize, usize)>,
+) {
     let [n, c, h, w] = case.input;
     let made = |values: Vec<f32>| {
         let count = values.len();
@@ -304,7 +319,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
     let out = fused.forward(x.clone()).dims();
     let dy = made(seeded(out.iter().product(), seed + 3, -1.0, 1.0)).reshape(out);
     let label = format!(
-        "conv {dtype:?} {:?} -> {} kernel {:?} stride {:?} padding {:?} dilation {:?} groups {} bias {} channels-last {}",
+        "conv {dtype:?} tiling {tiling:?} {:?} -> {} kernel {:?} stride {:?} padding {:?} dilation {:?} groups {} bias {} channels-last {}",
         case.input,
         case.out_channels,
         case.kernel,
@@ -313,7 +328,7 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         case.dilation,
         case.groups,
         case.bias,
-        case.channels_last
+        case.channels_last,
     );
     let truth = exact(
         case,
@@ -355,7 +370,9 @@ fn check_case(device: &Device, dtype: FloatDType, case: &Case, seed: u64) {
         ]
     };
     let before = burn_graphed::testing::fused_ops();
+    burn_graphed::testing::force_conv_tiling(tiling);
     let ours = run(&|x| fused.forward(x), &fused.weight, fused.bias.as_ref());
+    burn_graphed::testing::force_conv_tiling(None);
     let ran_fused = burn_graphed::testing::fused_ops() > before;
     // Off cubecl backends the module is burn-nn's computation (checked below, bit for bit),
     // whose sums may run in the dtype: the bound is the fused kernels'.

@@ -310,6 +310,14 @@ pub mod testing {
         }
     }
 
+    /// Makes every fused convolution's forward and input gradient (`burn_graphed::nn::conv2d`)
+    /// compute `per_unit` pixels of `block` channels per unit, whatever the shapes (`None`:
+    /// chosen by size again), so that small test shapes run every tiling. Process-wide; the
+    /// values do not depend on it (each sum runs in the same order).
+    pub fn force_conv_tiling(tiling: Option<(usize, usize)>) {
+        crate::cube::force_conv_tiling(tiling);
+    }
+
     /// Whether products on `device` run through cuBLASLt (a CUDA device, `libcublasLt` found,
     /// `BURN_GRAPHED_VENDOR_MATMUL` not `off`).
     pub fn vendor_matmul_available(device: &burn::prelude::Device) -> bool {

@@ -39,8 +39,6 @@ type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
 /// Units of a cube of the forward and the input gradient (one pixel each).
 const PIXEL_THREADS: usize = 256;
-/// Output (forward) or input (input gradient) channels one unit computes.
-const CHANNEL_BLOCK: usize = 8;
 /// Units of a cube of the weight gradient.
 const WEIGHT_THREADS: usize = 128;
 /// The most kernel taps (`kernel_h * kernel_w`) the fused path takes: the weight gradient holds
@@ -55,7 +53,9 @@ const MAX_CUBES: usize = 65_535;
 /// output-channel blocks times input channels split the pixels into chunks.
 const WEIGHT_CUBES: usize = 1024;
 /// Pixels one weight-gradient chunk sums at least (per unit: this over [`WEIGHT_THREADS`]).
-const MIN_CHUNK_PIXELS: usize = 4096;
+const MIN_CHUNK_PIXELS: usize = 2048;
+/// Pixels a unit of the weight gradient loads before it multiplies (loads in flight at once).
+const WEIGHT_BATCH: usize = 4;
 
 /// The sizes of one convolution the kernels take at run time (the kernel's size, stride and
 /// dilation are compile-time constants of each kernel: [`Taps`]).
@@ -430,8 +430,8 @@ fn cube_sums(shared: &mut Shared<[f32]>, #[comptime] sums: usize, #[comptime] th
 /// channels `b * block ..` (within a group) and input channel `ci` of the group, into row `k` of
 /// `partial` (`[chunks, out_channels * group_in * taps]`, `f32`); the cubes of `ci == 0` also
 /// sum `grad` per output channel into row `k` of `bias_partial` (`[chunks, out_channels]`).
-/// A unit walks its pixels `threads` apart, carrying column, row and batch index from one to
-/// the next (no division per pixel).
+/// A unit walks its pixels `threads` apart, [`WEIGHT_BATCH`] at a time, carrying column, row
+/// and batch index from one to the next (no division per pixel).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn weight_grad_kernel<F: Float>(
@@ -471,14 +471,12 @@ fn weight_grad_kernel<F: Float>(
         acc[s] = 0.0f32;
     }
     let mut bias_acc = Array::<f32>::new(block);
-    let mut dys = Array::<f32>::new(block);
     // The grad rows of this block's output channels, past the group's last one clamped to it
     // (their sums are not written).
     let mut channels = Array::<u32>::new(block);
     #[unroll]
     for j in 0..block {
         bias_acc[j] = 0.0f32;
-        dys[j] = 0.0f32;
         let mut channel = first + j as u32;
         if channel >= group_out {
             channel = group_out - 1;
@@ -501,47 +499,64 @@ fn weight_grad_kernel<F: Float>(
     let step_n = step / (out_w * out_h);
     let in_plane = group * group_in + ci;
     while p < end {
-        let grad_base = n * g.out_channels;
+        // `WEIGHT_BATCH` pixels' loads first (independent of each other), then their products.
+        let mut dys = Array::<f32>::new(comptime!(WEIGHT_BATCH * block));
+        let mut xs = Array::<f32>::new(comptime!(WEIGHT_BATCH * kernel_taps));
         #[unroll]
-        for j in 0..block {
-            let at = ((grad_base + channels[j]) * out_h + oy) * out_w + ox;
-            let dy = f32::cast_from(grad[at as usize]);
-            dys[j] = dy;
-            bias_acc[j] += dy;
-        }
-        let plane = (n * g.in_channels + in_plane) * g.height;
-        let row0 = oy * sh;
-        let col0 = ox * sw;
-        #[unroll]
-        for ky in 0..kh {
-            let iy = row0 + (ky * dh) as u32;
-            if iy >= g.pad_top && iy - g.pad_top < g.height {
+        for b in 0..WEIGHT_BATCH {
+            let valid = p < end;
+            let grad_base = n * g.out_channels;
+            #[unroll]
+            for j in 0..block {
+                let mut dy = 0.0f32;
+                if valid {
+                    let at = ((grad_base + channels[j]) * out_h + oy) * out_w + ox;
+                    dy = f32::cast_from(grad[at as usize]);
+                }
+                dys[b * block + j] = dy;
+                bias_acc[j] += dy;
+            }
+            let plane = (n * g.in_channels + in_plane) * g.height;
+            let row0 = oy * sh;
+            let col0 = ox * sw;
+            #[unroll]
+            for ky in 0..kh {
+                let iy = row0 + (ky * dh) as u32;
+                let row_inside = valid && iy >= g.pad_top && iy - g.pad_top < g.height;
                 let line = (plane + iy - g.pad_top) * g.width;
                 #[unroll]
                 for kx in 0..kw {
                     let ix = col0 + (kx * dw) as u32;
-                    if ix >= g.pad_left && ix - g.pad_left < g.width {
-                        let x = f32::cast_from(input[(line + ix - g.pad_left) as usize]);
-                        #[unroll]
-                        for j in 0..block {
-                            acc[j * kernel_taps + ky * kw + kx] += dys[j] * x;
-                        }
+                    let mut x = 0.0f32;
+                    if row_inside && ix >= g.pad_left && ix - g.pad_left < g.width {
+                        x = f32::cast_from(input[(line + ix - g.pad_left) as usize]);
                     }
+                    xs[b * kernel_taps + ky * kw + kx] = x;
+                }
+            }
+            p += step;
+            ox += step_x;
+            if ox >= out_w {
+                ox -= out_w;
+                oy += 1;
+            }
+            oy += step_y;
+            if oy >= out_h {
+                oy -= out_h;
+                n += 1;
+            }
+            n += step_n;
+        }
+        #[unroll]
+        for b in 0..WEIGHT_BATCH {
+            #[unroll]
+            for j in 0..block {
+                #[unroll]
+                for t in 0..kernel_taps {
+                    acc[j * kernel_taps + t] += dys[b * block + j] * xs[b * kernel_taps + t];
                 }
             }
         }
-        p += step;
-        ox += step_x;
-        if ox >= out_w {
-            ox -= out_w;
-            oy += 1;
-        }
-        oy += step_y;
-        if oy >= out_h {
-            oy -= out_h;
-            n += 1;
-        }
-        n += step_n;
     }
     // Over the cube, every sum at once.
     let unit = unit as usize;
@@ -713,21 +728,60 @@ impl Geometry {
     }
 }
 
-/// Pixels one unit of the forward and the input gradient computes (each for a block of
-/// channels: every staged weight read serves this many products).
-const UNIT_PIXELS: usize = 4;
-
-/// A grid of `pixels` pixels, [`UNIT_PIXELS`] per unit in cubes of [`PIXEL_THREADS`], `blocks`
-/// cubes along y.
-fn pixel_grid(pixels: usize, blocks: usize) -> CubeCount {
-    let cubes = pixels.div_ceil(PIXEL_THREADS * UNIT_PIXELS).max(1);
-    let x = cubes.min(MAX_CUBES);
-    CubeCount::Static(x as u32, blocks as u32, cubes.div_ceil(x) as u32)
+/// `(pixels per unit, channels per unit)` of the forward and the input gradient, over `pixels`
+/// pixels of `groups` groups of `channels` channels: the most products per staged weight read
+/// and per input read (pixels times channels) that still gives [`PIXEL_CUBES`] cubes, so that a
+/// small convolution still spreads over the whole GPU; the fewest otherwise.
+fn pixel_tiling(pixels: usize, groups: usize, channels: usize) -> (usize, usize) {
+    #[cfg(feature = "testing")]
+    if let Some((per_unit, block)) = forced_tiling() {
+        return (per_unit, block.min(channels.max(1)));
+    }
+    const TILINGS: [(usize, usize); 7] = [(4, 8), (4, 4), (2, 8), (2, 4), (1, 8), (1, 4), (1, 2)];
+    let cubes = |(per_unit, block): (usize, usize)| {
+        let block = block.min(channels.max(1));
+        pixels.div_ceil(PIXEL_THREADS * per_unit) * groups * channels.div_ceil(block)
+    };
+    let (per_unit, block) = TILINGS
+        .into_iter()
+        .find(|&tiling| cubes(tiling) >= PIXEL_CUBES)
+        .unwrap_or((1, 1));
+    (per_unit, block.min(channels.max(1)))
 }
 
-/// The channel block of a unit: [`CHANNEL_BLOCK`], or fewer for a group of fewer channels.
-fn channel_block(channels: usize) -> usize {
-    channels.clamp(1, CHANNEL_BLOCK)
+/// A tiling every forward and input gradient takes, `per_unit << 8 | block`, or 0 (chosen by
+/// size): `burn_graphed::testing::force_conv_tiling`, so that small test shapes run every
+/// tiling (each computes every sum in the same order: the values do not depend on it).
+#[cfg(feature = "testing")]
+static FORCED_TILING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets (or with `None` clears) the tiling of [`FORCED_TILING`].
+#[cfg(feature = "testing")]
+pub(crate) fn force_tiling(tiling: Option<(usize, usize)>) {
+    let code = tiling.map_or(0, |(per_unit, block)| {
+        (per_unit.clamp(1, 255) << 8) | block.clamp(1, 255)
+    });
+    FORCED_TILING.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg(feature = "testing")]
+fn forced_tiling() -> Option<(usize, usize)> {
+    match FORCED_TILING.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        code => Some((code >> 8, code & 0xff)),
+    }
+}
+
+/// Cubes of the forward and the input gradient wanted at least: two per multiprocessor of the
+/// largest GPUs here (132 on an H100 or H200).
+const PIXEL_CUBES: usize = 256;
+
+/// A grid of `pixels` pixels, `per_unit` per unit in cubes of [`PIXEL_THREADS`], `blocks` cubes
+/// along y.
+fn pixel_grid(pixels: usize, per_unit: usize, blocks: usize) -> CubeCount {
+    let cubes = pixels.div_ceil(PIXEL_THREADS * per_unit).max(1);
+    let x = cubes.min(MAX_CUBES);
+    CubeCount::Static(x as u32, blocks as u32, cubes.div_ceil(x) as u32)
 }
 
 /// Output channels per weight-gradient cube for `taps` kernel taps: at most 4, within
@@ -763,7 +817,8 @@ impl ConvKernels for CubeBackend {
             input.dtype,
         );
         let (input, weight, bias) = (Dense::of(&input), Dense::of(&weight), Dense::of(&bias));
-        let block = channel_block(g.group_out as usize);
+        let pixels = out[0] * out[2] * out[3];
+        let (per_unit, block) = pixel_tiling(pixels, spec.groups, g.group_out as usize);
         let blocks = spec.groups * (g.group_out as usize).div_ceil(block);
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, the weight and
         // the bias (one dtype, checked by the caller) and of the output (made with it). A unit
@@ -776,7 +831,7 @@ impl ConvKernels for CubeBackend {
         unsafe {
             forward_kernel::launch_unchecked(
                 &client,
-                pixel_grid(out[0] * out[2] * out[3], blocks),
+                pixel_grid(pixels, per_unit, blocks),
                 CubeDim::new_1d(PIXEL_THREADS as u32),
                 input.arg(),
                 weight.arg(),
@@ -785,7 +840,7 @@ impl ConvKernels for CubeBackend {
                 g.launch(),
                 taps,
                 block,
-                UNIT_PIXELS,
+                per_unit,
                 spec.has_bias,
                 elem,
             );
@@ -804,9 +859,9 @@ impl ConvKernels for CubeBackend {
         let client = input.client.clone();
         let dx = Dense::empty_like(&input);
         let (grad, weight) = (Dense::of(&grad), Dense::of(&weight));
-        let block = channel_block(g.group_in as usize);
-        let blocks = spec.groups * (g.group_in as usize).div_ceil(block);
         let pixels = (g.batch * g.height * g.width) as usize;
+        let (per_unit, block) = pixel_tiling(pixels, spec.groups, g.group_in as usize);
+        let blocks = spec.groups * (g.group_in as usize).div_ceil(block);
         // SAFETY: one dtype `elem` for grad, weight and dx (checked by the caller). A unit with
         // input pixel `p < batch * height * width` reads grad elements `(n, co, oy, ox)` with
         // `co < out_channels`, `oy < out_h`, `ox < out_w` (checked; grad has the forward's
@@ -816,7 +871,7 @@ impl ConvKernels for CubeBackend {
         unsafe {
             input_grad_kernel::launch_unchecked(
                 &client,
-                pixel_grid(pixels, blocks),
+                pixel_grid(pixels, per_unit, blocks),
                 CubeDim::new_1d(PIXEL_THREADS as u32),
                 grad.arg(),
                 weight.arg(),
@@ -824,7 +879,7 @@ impl ConvKernels for CubeBackend {
                 g.launch(),
                 taps,
                 block,
-                UNIT_PIXELS,
+                per_unit,
                 elem,
             );
         }

@@ -106,6 +106,7 @@ pub(crate) use self::{
         hold_tensor_cores_always as hold_attention_tensor_cores,
         tensor_core_calls as attention_tensor_core_calls,
     },
+    conv_op::force_tiling as force_conv_tiling,
     norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
     progress::set_intervals as set_progress_intervals,
     row_kernels::forwards as fused_norm_forwards,
@@ -123,8 +124,9 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    attention_tensor_core_calls, fused_norm_forwards, hold_attention_tensor_cores,
-    norm_rows_per_chunk, norm_sum_lanes, set_progress_intervals, vendor_gemms,
+    attention_tensor_core_calls, force_conv_tiling, fused_norm_forwards,
+    hold_attention_tensor_cores, norm_rows_per_chunk, norm_sum_lanes, set_progress_intervals,
+    vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

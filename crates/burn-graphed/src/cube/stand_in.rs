@@ -326,6 +326,10 @@ pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
 #[cfg(feature = "testing")]
 pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
 
+/// Without cubecl no convolution is fused: there is no tiling to force.
+#[cfg(feature = "testing")]
+pub(crate) fn force_conv_tiling(_tiling: Option<(usize, usize)>) {}
+
 /// Without cubecl one chunk: one lane adds it.
 #[cfg(feature = "testing")]
 pub(crate) fn norm_sum_lanes() -> usize {
