@@ -209,14 +209,14 @@ fn cnn_input(d: &Device, rows: usize) -> Tensor<4> {
     Tensor::random([rows, 3, 32, 32], Distribution::Default, d)
 }
 
-/// The `cnn` with `burn_graphed::nn::Conv2d` layers (`cnn_fused`), converted from
-/// [`make_cnn`]'s model: the same parameters.
+/// The `cnn` with `burn_graphed::nn`'s `Conv2d` and `Linear` layers (`cnn_fused`), converted
+/// from [`make_cnn`]'s model: the same parameters.
 #[derive(Module, Debug)]
 struct FusedCnn {
     conv1: burn_graphed::nn::Conv2d,
     conv2: burn_graphed::nn::Conv2d,
     pool: AdaptiveAvgPool2d,
-    head: Linear,
+    head: burn_graphed::nn::Linear,
 }
 
 fn fused_cnn_forward(m: &FusedCnn, x: Tensor<4>) -> Tensor<2> {
@@ -2452,7 +2452,7 @@ fn main() {
                             conv1: conv1.into(),
                             conv2: conv2.into(),
                             pool,
-                            head,
+                            head: head.into(),
                         }
                     },
                     call: fused_cnn_forward,

@@ -170,12 +170,17 @@ fn forward_kernel<F: Float>(
         &mut xs,
         pixels,
     );
-    // Each pixel's first padded input row and column, and its batch's first input channel.
+    // Each pixel's first input row and column (`- padding`, wrapping below 0 to values no
+    // bounds check passes until a tap brings them back), and its batch's first input channel.
+    let mut rows = Array::<u32>::new(pixels);
+    let mut columns = Array::<u32>::new(pixels);
     #[unroll]
     for i in 0..pixels {
+        rows[i] = OUTSIDE;
+        columns[i] = 0;
         if ys[i] != OUTSIDE {
-            ys[i] *= sh;
-            xs[i] *= sw;
+            rows[i] = ys[i] * sh - g.pad_top;
+            columns[i] = xs[i] * sw - g.pad_left;
         }
         planes[i] = planes[i] * g.in_channels + group * group_in;
     }
@@ -209,6 +214,11 @@ fn forward_kernel<F: Float>(
             count = chunk as u32;
         }
         for c in 0..count {
+            let mut bases = Array::<u32>::new(pixels);
+            #[unroll]
+            for i in 0..pixels {
+                bases[i] = (planes[i] + ci0 + c) * g.height;
+            }
             #[unroll]
             for ky in 0..kh {
                 #[unroll]
@@ -216,17 +226,12 @@ fn forward_kernel<F: Float>(
                     let mut values = Array::<f32>::new(pixels);
                     #[unroll]
                     for i in 0..pixels {
-                        let iy = ys[i] + (ky * dh) as u32;
-                        let ix = xs[i] + (kx * dw) as u32;
+                        let iy = rows[i] + (ky * dh) as u32;
+                        let ix = columns[i] + (kx * dw) as u32;
                         let mut value = 0.0f32;
-                        if iy >= g.pad_top
-                            && iy - g.pad_top < g.height
-                            && ix >= g.pad_left
-                            && ix - g.pad_left < g.width
-                        {
-                            let row = (planes[i] + ci0 + c) * g.height + iy - g.pad_top;
+                        if iy < g.height && ix < g.width {
                             value =
-                                f32::cast_from(input[(row * g.width + ix - g.pad_left) as usize]);
+                                f32::cast_from(input[((bases[i] + iy) * g.width + ix) as usize]);
                         }
                         values[i] = value;
                     }
@@ -247,8 +252,8 @@ fn forward_kernel<F: Float>(
     #[unroll]
     for i in 0..pixels {
         if ys[i] != OUTSIDE {
-            let oy = ys[i] / sh;
-            let ox = xs[i] / sw;
+            let oy = ys[i];
+            let ox = xs[i];
             let n = (planes[i] - group * group_in) / g.in_channels;
             #[unroll]
             for j in 0..block {
@@ -356,20 +361,23 @@ fn input_grad_kernel<F: Float>(
                     let mut values = Array::<f32>::new(pixels);
                     #[unroll]
                     for i in 0..pixels {
+                        // The output row and column this tap came from: `(padded - reach) /
+                        // stride` where that divides (a difference below 0 wraps to a value no
+                        // bounds check passes).
+                        let ty = ys[i] - reach_y;
+                        let tx = xs[i] - reach_x;
+                        let mut oy = ty;
+                        let mut ox = tx;
+                        let mut divides = true;
+                        if comptime!(sh != 1 || sw != 1) {
+                            oy = ty / sh;
+                            ox = tx / sw;
+                            divides = oy * sh == ty && ox * sw == tx;
+                        }
                         let mut value = 0.0f32;
-                        if ys[i] >= reach_y && xs[i] >= reach_x {
-                            let ty = ys[i] - reach_y;
-                            let tx = xs[i] - reach_x;
-                            let oy = ty / sh;
-                            let ox = tx / sw;
-                            if oy * sh == ty
-                                && ox * sw == tx
-                                && oy < g.out_height
-                                && ox < g.out_width
-                            {
-                                let row = (planes[i] + co0 + c) * g.out_height + oy;
-                                value = f32::cast_from(grad[(row * g.out_width + ox) as usize]);
-                            }
+                        if divides && oy < g.out_height && ox < g.out_width {
+                            let row = (planes[i] + co0 + c) * g.out_height + oy;
+                            value = f32::cast_from(grad[(row * g.out_width + ox) as usize]);
                         }
                         values[i] = value;
                     }
