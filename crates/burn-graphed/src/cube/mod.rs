@@ -29,6 +29,8 @@ mod buffers;
 #[cfg(feature = "cube")]
 mod capture;
 #[cfg(feature = "cube")]
+mod conv_kernels;
+#[cfg(feature = "cube")]
 mod conv_op;
 #[cfg(feature = "cube")]
 mod copy_op;
