@@ -5,6 +5,9 @@
 //! kernel's size, stride and dilation are compile-time constants of each kernel ([`Taps`]).
 //! Every sum runs in a fixed order, whatever the tiling: a replay equals the eager call bit for
 //! bit.
+//!
+//! Over 600 lines: the four kernels of one op, the two helpers the forward and the input
+//! gradient share, and the weight gradient's in-cube sum.
 
 use cubecl::prelude::*;
 
@@ -84,6 +87,70 @@ fn unit_pixels(
     }
 }
 
+/// Stages into `shared` (`[chunk, taps, block]`, zero past either end) the weights of a
+/// cube's block of `block` channels (`first + j` of group `group`) against `chunk` channels of
+/// the other side from `start`: without `transposed` the block is output channels and the chunk
+/// input channels (the forward), with it the other way round (the input gradient). Meets the
+/// cube at a barrier before and after; every unit of the cube must call it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_weights<F: Float>(
+    weight: &[F],
+    shared: &mut Shared<[f32]>,
+    group_in: u32,
+    group_out: u32,
+    group: u32,
+    first: u32,
+    start: u32,
+    #[comptime] block: usize,
+    #[comptime] taps: usize,
+    #[comptime] staged: usize,
+    #[comptime] transposed: bool,
+) {
+    sync_cube();
+    let mut idx = UNIT_POS_X as usize;
+    while idx < staged {
+        let j = (idx % block) as u32;
+        let tap = (idx / block) % taps;
+        let c = (idx / comptime!(block * taps)) as u32;
+        let mut out_channel = first + j;
+        let mut in_channel = start + c;
+        if transposed {
+            out_channel = start + c;
+            in_channel = first + j;
+        }
+        let mut value = 0.0f32;
+        if out_channel < group_out && in_channel < group_in {
+            let row = (group * group_out + out_channel) * group_in + in_channel;
+            value = f32::cast_from(weight[(row as usize) * taps + tap]);
+        }
+        shared[idx] = value;
+        idx += PIXEL_THREADS;
+    }
+    sync_cube();
+}
+
+/// `acc[i * block + j] += values[i] * shared[base + j]` for each of `pixels` pixels `i` and
+/// `block` channels `j`: one staged weight read for `pixels` products.
+#[cube]
+fn accumulate(
+    acc: &mut Array<f32>,
+    values: &Array<f32>,
+    shared: &Shared<[f32]>,
+    base: usize,
+    #[comptime] block: usize,
+    #[comptime] pixels: usize,
+) {
+    #[unroll]
+    for j in 0..block {
+        let w = shared[base + j];
+        #[unroll]
+        for i in 0..pixels {
+            acc[i * block + j] += values[i] * w;
+        }
+    }
+}
+
 /// Forward: `pixels` output pixels per unit (`PIXEL_THREADS` apart) for the `block` output
 /// channels of cube row `CUBE_POS_Y` (blocks within each group), plus the bias with `has_bias`.
 /// The block's weights are staged in shared memory, `chunk` input channels at a time, and read
@@ -148,25 +215,21 @@ pub(super) fn forward_kernel<F: Float>(
         acc[a] = 0.0f32;
     }
     let mut shared = Shared::<[f32]>::new_slice(staged);
-    let unit = UNIT_POS_X as usize;
     let mut ci0 = 0u32;
     while ci0 < group_in {
-        sync_cube();
-        let mut idx = unit;
-        while idx < staged {
-            let j = (idx % block) as u32;
-            let tap = (idx / block) % kernel_taps;
-            let c = (idx / comptime!(block * kernel_taps)) as u32;
-            let mut value = 0.0f32;
-            if ci0 + c < group_in && first + j < group_out {
-                let channel = group * group_out + first + j;
-                let at = ((channel * group_in + ci0 + c) as usize) * kernel_taps + tap;
-                value = f32::cast_from(weight[at]);
-            }
-            shared[idx] = value;
-            idx += PIXEL_THREADS;
-        }
-        sync_cube();
+        stage_weights(
+            weight,
+            &mut shared,
+            group_in,
+            group_out,
+            group,
+            first,
+            ci0,
+            block,
+            kernel_taps,
+            staged,
+            false,
+        );
         let mut count = group_in - ci0;
         if count > chunk as u32 {
             count = chunk as u32;
@@ -194,14 +257,7 @@ pub(super) fn forward_kernel<F: Float>(
                         values[i] = value;
                     }
                     let base = ((c as usize) * kernel_taps + ky * kw + kx) * block;
-                    #[unroll]
-                    for j in 0..block {
-                        let w = shared[base + j];
-                        #[unroll]
-                        for i in 0..pixels {
-                            acc[i * block + j] += values[i] * w;
-                        }
-                    }
+                    accumulate(&mut acc, &values, &shared, base, block, pixels);
                 }
             }
         }
@@ -286,25 +342,21 @@ pub(super) fn input_grad_kernel<F: Float>(
         acc[a] = 0.0f32;
     }
     let mut shared = Shared::<[f32]>::new_slice(staged);
-    let unit = UNIT_POS_X as usize;
     let mut co0 = 0u32;
     while co0 < group_out {
-        sync_cube();
-        let mut idx = unit;
-        while idx < staged {
-            let j = (idx % block) as u32;
-            let tap = (idx / block) % kernel_taps;
-            let c = (idx / comptime!(block * kernel_taps)) as u32;
-            let mut value = 0.0f32;
-            if co0 + c < group_out && first + j < group_in {
-                let channel = group * group_out + co0 + c;
-                let at = ((channel * group_in + first + j) as usize) * kernel_taps + tap;
-                value = f32::cast_from(weight[at]);
-            }
-            shared[idx] = value;
-            idx += PIXEL_THREADS;
-        }
-        sync_cube();
+        stage_weights(
+            weight,
+            &mut shared,
+            group_in,
+            group_out,
+            group,
+            first,
+            co0,
+            block,
+            kernel_taps,
+            staged,
+            true,
+        );
         let mut count = group_out - co0;
         if count > chunk as u32 {
             count = chunk as u32;
@@ -340,14 +392,7 @@ pub(super) fn input_grad_kernel<F: Float>(
                         values[i] = value;
                     }
                     let base = ((c as usize) * kernel_taps + ky * kw + kx) * block;
-                    #[unroll]
-                    for j in 0..block {
-                        let w = shared[base + j];
-                        #[unroll]
-                        for i in 0..pixels {
-                            acc[i * block + j] += values[i] * w;
-                        }
-                    }
+                    accumulate(&mut acc, &values, &shared, base, block, pixels);
                 }
             }
         }
