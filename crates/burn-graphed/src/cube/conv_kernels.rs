@@ -9,6 +9,9 @@
 //! Over 600 lines: the four kernels of one op, the two helpers the forward and the input
 //! gradient share, and the weight gradient's in-cube sum.
 
+// (`div_ceil` is not a kernel operation here, as in `attention_kernels.rs`).
+#![allow(clippy::manual_div_ceil)]
+
 use cubecl::prelude::*;
 
 /// Units of a cube of the forward and the input gradient (one pixel each).

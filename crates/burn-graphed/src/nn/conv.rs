@@ -78,7 +78,7 @@ fn fused(input: &Tensor<4>, weight: &Tensor<4>, bias: Option<&Tensor<1>>, spec: 
         && bias.is_none_or(|b| b.dtype() == dtype && b.dims() == [w[0]])
         && groups > 0
         && x[1] == w[1] * groups
-        && w[0] % groups == 0
+        && w[0].is_multiple_of(groups)
         && (1..=cube::CONV_MAX_TAPS).contains(&taps)
         && x.iter().chain(&w).chain(&out).all(|&d| d > 0)
         && w[0] <= MAX_GRID
