@@ -28,6 +28,7 @@ const FEATURES: &[&str] = &[
     "group",
     "multi_adam",
     "nn/attention",
+    "nn/conv",
     "nn/encoder",
     "nn/linear",
     "nn/loss",
