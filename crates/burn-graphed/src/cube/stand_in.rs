@@ -296,14 +296,6 @@ pub(crate) fn fused_norm_forwards() -> usize {
     0
 }
 
-/// Without cubecl no convolution is fused: the tensors come back.
-pub(crate) fn conv2d(
-    inputs: super::values::OpInputs,
-    _spec: super::values::ConvSpec,
-) -> Result<burn::backend::DispatchTensor, Box<super::values::OpInputs>> {
-    Err(Box::new(inputs))
-}
-
 /// Without cubecl no product runs through a vendor library.
 #[cfg(feature = "testing")]
 pub(crate) fn vendor_gemms() -> usize {

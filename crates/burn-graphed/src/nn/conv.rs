@@ -73,13 +73,16 @@ fn fused(input: &Tensor<4>, weight: &Tensor<4>, bias: Option<&Tensor<1>>, spec: 
     let out = spec.output_shape(&x, &w);
     let groups = spec.groups;
     let taps = w[2] * w[3];
+    // Without cubecl the range is empty (`CONV_MAX_TAPS` is 0): nothing is fused.
+    #[allow(clippy::reversed_empty_ranges)]
+    let taps_fit = (1..=cube::CONV_MAX_TAPS).contains(&taps);
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
         && weight.dtype() == dtype
         && bias.is_none_or(|b| b.dtype() == dtype && b.dims() == [w[0]])
         && groups > 0
         && x[1] == w[1] * groups
         && w[0].is_multiple_of(groups)
-        && (1..=cube::CONV_MAX_TAPS).contains(&taps)
+        && taps_fit
         && x.iter().chain(&w).chain(&out).all(|&d| d > 0)
         && w[0] <= MAX_GRID
         && w[1] <= MAX_GRID
