@@ -84,6 +84,17 @@ pub(crate) fn kernel_elem(dtype: DType) -> Option<ElemType> {
     }
 }
 
+/// The element type of a float tensor a fused op's kernels take (`op` names the op in the
+/// panic): its caller (`nn`) checked the dtype, so another one here breaks that op's invariant.
+pub(crate) fn checked_elem(tensor: &burn_cubecl::tensor::CubeTensor, op: &str) -> ElemType {
+    kernel_elem(tensor.dtype).unwrap_or_else(|| {
+        panic!(
+            "burn-graphed: {op} kernel given {:?} (the caller checks the dtype)",
+            tensor.dtype
+        )
+    })
+}
+
 /// Element `i` of the update, in `f32` whatever `F` is: updates the moments in place (rounded
 /// to `F` once each), returns the new parameter value (for the caller to round once).
 #[cube]

@@ -45,7 +45,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::adam_op::kernel_elem;
+use super::adam_op::{checked_elem, kernel_elem};
 use super::attention_kernels::{
     Blocks, KEYS, MaskStridesLaunch, ROWS, THREADS, forward_kernel, key_grad_kernel,
     query_grad_kernel,
@@ -138,16 +138,6 @@ pub(crate) trait AttentionKernels: Backend {
         scale: f32,
         fill: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
-/// The element type of the queries; the caller checked it.
-fn elem_of(tensor: &CubeTensor) -> ElemType {
-    kernel_elem(tensor.dtype).unwrap_or_else(|| {
-        panic!(
-            "burn-graphed: attention kernel given {:?} (the caller checks the dtype)",
-            tensor.dtype
-        )
-    })
 }
 
 /// The shapes of a call: `(batch, q_len, k_len, heads, dim)`, its blocks and the mask's
@@ -274,7 +264,7 @@ impl AttentionKernels for CubeBackend {
         fill: f32,
     ) -> (CubeTensor, CubeTensor) {
         let call = Call::of(&q, &k, &mask, masked);
-        let elem = elem_of(&q);
+        let elem = checked_elem(&q, "attention");
         let (client, device) = (q.client.clone(), q.device.clone());
         let out = Dense::new_empty(
             client.clone(),
@@ -378,7 +368,7 @@ impl AttentionKernels for CubeBackend {
         fill: f32,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
         let call = Call::of(&q, &k, &mask, masked);
-        let elem = elem_of(&q);
+        let elem = checked_elem(&q, "attention");
         let (client, device) = (q.client.clone(), q.device.clone());
         let new = |like: &CubeTensor| {
             Dense::new_empty(

@@ -28,7 +28,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::adam_op::kernel_elem;
+use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::conv_kernels::{
     Geometry, GeometryLaunch, PIXEL_THREADS, Taps, WEIGHT_THREADS, chunk_sum_kernel,
@@ -98,17 +98,6 @@ pub(crate) trait ConvKernels: Backend {
         weight: FloatTensor<Self>,
         spec: ConvSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
-}
-
-/// The element type of a float tensor the kernels take; checked by the caller (`nn`), so another
-/// one here breaks this module's invariant.
-fn elem_of(tensor: &CubeTensor) -> ElemType {
-    kernel_elem(tensor.dtype).unwrap_or_else(|| {
-        panic!(
-            "burn-graphed: convolution kernel given {:?} (the caller checks the dtype)",
-            tensor.dtype
-        )
-    })
 }
 
 /// The launch's sizes from the input's and the weight's shapes, the kernel's compile-time
@@ -241,7 +230,7 @@ impl ConvKernels for CubeBackend {
         spec: ConvSpec,
     ) -> CubeTensor {
         let (g, taps, out) = geometry(&input, &weight, &spec);
-        let elem = elem_of(&input);
+        let elem = checked_elem(&input, "convolution");
         let client = input.client.clone();
         let output = Dense::new_empty(
             client.clone(),
@@ -288,7 +277,7 @@ impl ConvKernels for CubeBackend {
         spec: ConvSpec,
     ) -> CubeTensor {
         let (g, taps, _) = geometry(&input, &weight, &spec);
-        let elem = elem_of(&input);
+        let elem = checked_elem(&input, "convolution");
         let client = input.client.clone();
         let dx = Dense::empty_like(&input);
         let (grad, weight) = (Dense::of(&grad), Dense::of(&weight));
@@ -326,7 +315,7 @@ impl ConvKernels for CubeBackend {
         spec: ConvSpec,
     ) -> (CubeTensor, CubeTensor) {
         let (g, taps, out) = geometry(&input, &weight, &spec);
-        let elem = elem_of(&input);
+        let elem = checked_elem(&input, "convolution");
         let client = input.client.clone();
         let device = input.device.clone();
         let new = |shape: Shape, dtype: DType| {

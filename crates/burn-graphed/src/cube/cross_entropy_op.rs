@@ -20,7 +20,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::adam_op::kernel_elem;
+use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::{count_forward, cube_max, cube_sum, row_grid, row_of_cube, threads_for};
@@ -145,20 +145,10 @@ pub(crate) trait CrossEntropyKernels: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The element type of the logits; the caller checked it.
-fn elem_of(tensor: &CubeTensor) -> ElemType {
-    kernel_elem(tensor.dtype).unwrap_or_else(|| {
-        panic!(
-            "burn-graphed: cross-entropy kernel given {:?} (the caller checks the dtype)",
-            tensor.dtype
-        )
-    })
-}
-
 impl CrossEntropyKernels for CubeBackend {
     fn cross_entropy_forward(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
         let [rows, classes] = logits.meta.shape().dims::<2>();
-        let elem = elem_of(&logits);
+        let elem = checked_elem(&logits, "cross-entropy");
         let (client, device) = (logits.client.clone(), logits.device.clone());
         let loss = Dense::new_empty(
             client.clone(),
@@ -200,7 +190,7 @@ impl CrossEntropyKernels for CubeBackend {
         lse: CubeTensor,
     ) -> CubeTensor {
         let [rows, classes] = logits.meta.shape().dims::<2>();
-        let elem = elem_of(&logits);
+        let elem = checked_elem(&logits, "cross-entropy");
         let (client, device) = (logits.client.clone(), logits.device.clone());
         let dx = Dense::new_empty(
             client.clone(),

@@ -28,7 +28,7 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::adam_op::kernel_elem;
+use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::{
@@ -308,17 +308,6 @@ fn grad_chunks(rows: usize) -> (usize, usize) {
     (rows.div_ceil(per_chunk).max(1), per_chunk)
 }
 
-/// The element type of a float tensor the kernels take; checked by the caller (`nn`), so another
-/// one here breaks this module's invariant.
-fn elem_of(tensor: &CubeTensor) -> ElemType {
-    kernel_elem(tensor.dtype).unwrap_or_else(|| {
-        panic!(
-            "burn-graphed: layer norm kernel given {:?} (the caller checks the dtype)",
-            tensor.dtype
-        )
-    })
-}
-
 /// Where a launch goes and what it covers: the input's rows of `width` elements of `elem`.
 struct Layout {
     shape: Shape,
@@ -336,7 +325,7 @@ impl Layout {
             rows: rows_of(&shape),
             width: shape[shape.num_dims() - 1],
             shape,
-            elem: elem_of(input),
+            elem: checked_elem(input, "layer norm"),
             client: input.client.clone(),
             device: input.device.clone(),
         }
