@@ -150,25 +150,45 @@ impl Geometry {
     }
 }
 
-/// `(pixels per unit, channels per unit)` of the forward and the input gradient, over `pixels`
-/// pixels of `groups` groups of `channels` channels: the most products per staged weight read
-/// and per input read (pixels times channels) that still gives [`PIXEL_CUBES`] cubes, so that a
-/// small convolution still spreads over the whole GPU; the fewest otherwise.
-fn pixel_tiling(pixels: usize, groups: usize, channels: usize) -> (usize, usize) {
-    #[cfg(feature = "testing")]
-    if let Some((per_unit, block)) = forced_tiling() {
-        return (per_unit, block.min(channels.max(1)));
-    }
+/// How the forward or the input gradient covers `pixels` pixels of `groups` groups of
+/// `channels` channels: pixels and channels per unit, and the grid.
+struct PixelTiling {
+    per_unit: usize,
+    block: usize,
+    grid: CubeCount,
+}
+
+/// The most products per staged weight read and per input read (pixels times channels per
+/// unit) that still gives [`PIXEL_CUBES`] cubes, so that a small convolution still spreads over
+/// the whole GPU; the fewest otherwise.
+fn pixel_tiling(pixels: usize, groups: usize, channels: usize) -> PixelTiling {
     const TILINGS: [(usize, usize); 7] = [(4, 8), (4, 4), (2, 8), (2, 4), (1, 8), (1, 4), (1, 2)];
+    let channels = channels.max(1);
+    // Pixel cubes along x and channel blocks along y for a tiling.
     let cubes = |(per_unit, block): (usize, usize)| {
-        let block = block.min(channels.max(1));
-        pixels.div_ceil(PIXEL_THREADS * per_unit) * groups * channels.div_ceil(block)
+        let block = block.min(channels);
+        (
+            pixels.div_ceil(PIXEL_THREADS * per_unit).max(1),
+            groups * channels.div_ceil(block),
+        )
     };
-    let (per_unit, block) = TILINGS
+    let chosen = TILINGS
         .into_iter()
-        .find(|&tiling| cubes(tiling) >= PIXEL_CUBES)
+        .find(|&tiling| {
+            let (x, y) = cubes(tiling);
+            x * y >= PIXEL_CUBES
+        })
         .unwrap_or((1, 1));
-    (per_unit, block.min(channels.max(1)))
+    #[cfg(feature = "testing")]
+    let chosen = forced_tiling().unwrap_or(chosen);
+    let (per_unit, block) = (chosen.0, chosen.1.min(channels));
+    let (x, blocks) = cubes((per_unit, block));
+    let across = x.min(MAX_CUBES);
+    PixelTiling {
+        per_unit,
+        block,
+        grid: CubeCount::Static(across as u32, blocks as u32, x.div_ceil(across) as u32),
+    }
 }
 
 /// A tiling every forward and input gradient takes, `per_unit << 8 | block`, or 0 (chosen by
@@ -197,14 +217,6 @@ fn forced_tiling() -> Option<(usize, usize)> {
 /// Cubes of the forward and the input gradient wanted at least: two per multiprocessor of the
 /// largest GPUs here (132 on an H100 or H200).
 const PIXEL_CUBES: usize = 256;
-
-/// A grid of `pixels` pixels, `per_unit` per unit in cubes of [`PIXEL_THREADS`], `blocks` cubes
-/// along y.
-fn pixel_grid(pixels: usize, per_unit: usize, blocks: usize) -> CubeCount {
-    let cubes = pixels.div_ceil(PIXEL_THREADS * per_unit).max(1);
-    let x = cubes.min(MAX_CUBES);
-    CubeCount::Static(x as u32, blocks as u32, cubes.div_ceil(x) as u32)
-}
 
 /// Output channels per weight-gradient cube for `taps` kernel taps: at most 4, within
 /// [`WEIGHT_SUMS`] sums per unit and the group's output channels.
@@ -239,9 +251,7 @@ impl ConvKernels for CubeBackend {
             input.dtype,
         );
         let (input, weight, bias) = (Dense::of(&input), Dense::of(&weight), Dense::of(&bias));
-        let pixels = out[0] * out[2] * out[3];
-        let (per_unit, block) = pixel_tiling(pixels, spec.groups, g.group_out as usize);
-        let blocks = spec.groups * (g.group_out as usize).div_ceil(block);
+        let tiling = pixel_tiling(out[0] * out[2] * out[3], spec.groups, g.group_out as usize);
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, the weight and
         // the bias (one dtype, checked by the caller) and of the output (made with it). A unit
         // with pixel `p < batch * out_h * out_w` reads input elements `(n, c, iy, ix)` with
@@ -253,7 +263,7 @@ impl ConvKernels for CubeBackend {
         unsafe {
             forward_kernel::launch_unchecked(
                 &client,
-                pixel_grid(pixels, per_unit, blocks),
+                tiling.grid,
                 CubeDim::new_1d(PIXEL_THREADS as u32),
                 input.arg(),
                 weight.arg(),
@@ -261,8 +271,8 @@ impl ConvKernels for CubeBackend {
                 output.arg(),
                 g.launch(),
                 taps,
-                block,
-                per_unit,
+                tiling.block,
+                tiling.per_unit,
                 spec.has_bias,
                 elem,
             );
@@ -282,8 +292,7 @@ impl ConvKernels for CubeBackend {
         let dx = Dense::empty_like(&input);
         let (grad, weight) = (Dense::of(&grad), Dense::of(&weight));
         let pixels = (g.batch * g.height * g.width) as usize;
-        let (per_unit, block) = pixel_tiling(pixels, spec.groups, g.group_in as usize);
-        let blocks = spec.groups * (g.group_in as usize).div_ceil(block);
+        let tiling = pixel_tiling(pixels, spec.groups, g.group_in as usize);
         // SAFETY: one dtype `elem` for grad, weight and dx (checked by the caller). A unit with
         // input pixel `p < batch * height * width` reads grad elements `(n, co, oy, ox)` with
         // `co < out_channels`, `oy < out_h`, `ox < out_w` (checked; grad has the forward's
@@ -293,15 +302,15 @@ impl ConvKernels for CubeBackend {
         unsafe {
             input_grad_kernel::launch_unchecked(
                 &client,
-                pixel_grid(pixels, per_unit, blocks),
+                tiling.grid,
                 CubeDim::new_1d(PIXEL_THREADS as u32),
                 grad.arg(),
                 weight.arg(),
                 dx.arg(),
                 g.launch(),
                 taps,
-                block,
-                per_unit,
+                tiling.block,
+                tiling.per_unit,
                 elem,
             );
         }
@@ -321,9 +330,12 @@ impl ConvKernels for CubeBackend {
         let new = |shape: Shape, dtype: DType| {
             Dense::new_empty(client.clone(), device.clone(), shape, dtype)
         };
-        let [out_channels, group_in, kernel_h, kernel_w] = weight.meta.shape().dims::<4>();
-        let kernel_taps = kernel_h * kernel_w;
-        let group_out = g.group_out as usize;
+        let (out_channels, group_in, group_out) = (
+            g.out_channels as usize,
+            g.group_in as usize,
+            g.group_out as usize,
+        );
+        let kernel_taps = taps.kernel[0] * taps.kernel[1];
         let block = weight_block(kernel_taps, group_out);
         let cube_blocks = spec.groups * group_out.div_ceil(block);
         let pixels = out[0] * out[2] * out[3];
