@@ -102,8 +102,51 @@ impl TensorBlocks {
     }
 }
 
-/// Stages `count` rows of `source` (`[batch, len, heads, dim]`, rows `first..` of batch `b`,
-/// head `h`; rows past `len` as 0) in `target`, `dim + PAD` apart, in the dtype.
+/// Loads this unit's share (`count * dim / UNITS` elements; `count` is a multiple of [`TILE`],
+/// `dim` of 16, so every unit has as many) of `count` rows of `source` (`[batch, len, heads, dim]`, rows
+/// `first..` of batch `b`, head `h`; rows past `len` as 0) into `values`, every load issued
+/// before any is used: the unrolled loop keeps them in flight together, and a caller that
+/// stores them later (`store_rows`) overlaps their latency with its work in between.
+#[cube]
+fn load_rows<F: Float>(
+    source: &[F],
+    values: &mut Array<F>,
+    b: usize,
+    h: usize,
+    first: usize,
+    len: usize,
+    heads: usize,
+    #[comptime] count: usize,
+    #[comptime] dim: usize,
+) {
+    #[unroll]
+    for n in 0..comptime!(count * dim / UNITS) {
+        let idx = UNIT_POS as usize + n * UNITS;
+        let at = first + idx / dim;
+        let mut value = F::cast_from(0.0f32);
+        if at < len {
+            value = source[((b * len + at) * heads + h) * dim + idx % dim];
+        }
+        values[n] = value;
+    }
+}
+
+/// Stores a share `load_rows` loaded into `target`, rows `dim + PAD` apart.
+#[cube]
+fn store_rows<F: Float>(
+    values: &Array<F>,
+    target: &mut Shared<[F]>,
+    #[comptime] count: usize,
+    #[comptime] dim: usize,
+) {
+    #[unroll]
+    for n in 0..comptime!(count * dim / UNITS) {
+        let idx = UNIT_POS as usize + n * UNITS;
+        target[(idx / dim) * comptime!(dim + PAD) + idx % dim] = values[n];
+    }
+}
+
+/// Stages `count` rows of `source` in `target` at once (`load_rows` then `store_rows`).
 #[cube]
 fn stage_rows<F: Float>(
     source: &[F],
@@ -116,18 +159,9 @@ fn stage_rows<F: Float>(
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
-    let mut idx = UNIT_POS as usize;
-    while idx < count * dim {
-        let row = idx / dim;
-        let d = idx % dim;
-        let at = first + row;
-        let mut value = F::cast_from(0.0f32);
-        if at < len {
-            value = source[((b * len + at) * heads + h) * dim + d];
-        }
-        target[row * comptime!(dim + PAD) + d] = value;
-        idx += UNITS;
-    }
+    let mut values = Array::<F>::new(comptime!(count * dim / UNITS));
+    load_rows::<F>(source, &mut values, b, h, first, len, heads, count, dim);
+    store_rows::<F>(&values, target, count, dim);
 }
 
 /// One 16x16 `f32` tile of a plane's product `A B` into `out` at `out_at` (rows `out_stride`
@@ -197,6 +231,18 @@ fn product_tile<F: Float>(
     );
 }
 
+/// The entry of `values` (`[batch, len, heads]`: a row's `lse` or `delta`) for this unit's
+/// query row `first + UNIT_POS` of batch `b`, head `h`; 0 past `len`.
+#[cube]
+fn row_value(values: &[f32], b: usize, h: usize, first: usize, len: usize, heads: usize) -> f32 {
+    let qi = first + UNIT_POS as usize;
+    let mut value = 0.0f32;
+    if qi < len {
+        value = values[(b * len + qi) * heads + h];
+    }
+    value
+}
+
 /// Key blocks of `keys` a query block `first..first + BLOCK` reads: every block of `k_len`
 /// keys, or with `causal` those up to its last row.
 #[cube]
@@ -261,6 +307,12 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
     let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
     let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
+    // The first block's keys and values are in flight while the queries are staged.
+    let blocks = key_blocks(first, k_len, keys, causal);
+    let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
+    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         os[r * ap + 2 * c + half] = 0.0f32;
@@ -272,13 +324,17 @@ pub(super) fn forward_tc_kernel<F: Float>(
         row_max = 0.0f32;
         row_sum = 1.0f32;
     }
-    let blocks = key_blocks(first, k_len, keys, causal);
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        stage_rows::<F>(k, &mut ks, b, h, base, k_len, heads, keys, dim);
-        stage_rows::<F>(v, &mut vs, b, h, base, k_len, heads, keys, dim);
+        store_rows::<F>(&k_next, &mut ks, keys, dim);
+        store_rows::<F>(&v_next, &mut vs, keys, dim);
         sync_cube();
+        // The next block's keys and values, in flight while this block is worked on.
+        if block + 1 < blocks {
+            load_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+        }
         // The plane's scores: its 16 rows of q times the block's keys.
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
@@ -420,6 +476,12 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut dps = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
     let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
     let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
+    // The first block's keys and values are in flight while the rows are staged.
+    let blocks = key_blocks(first, k_len, keys, causal);
+    let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
+    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
     stage_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
@@ -429,6 +491,7 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut part = 0.0f32;
     let mut row_lse = 0.0f32;
     if i < q_len {
+        #[unroll]
         for c in 0..comptime!(dim / 2) {
             let at = row * dim + 2 * c + half;
             part += f32::cast_from(dout[at]) * f32::cast_from(out[at]);
@@ -439,13 +502,17 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     if i < q_len && half == 0 {
         delta[row] = row_delta;
     }
-    let blocks = key_blocks(first, k_len, keys, causal);
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        stage_rows::<F>(k, &mut ks, b, h, base, k_len, heads, keys, dim);
-        stage_rows::<F>(v, &mut vs, b, h, base, k_len, heads, keys, dim);
+        store_rows::<F>(&k_next, &mut ks, keys, dim);
+        store_rows::<F>(&v_next, &mut vs, keys, dim);
         sync_cube();
+        // The next block's keys and values, in flight while this block is worked on.
+        if block + 1 < blocks {
+            load_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+        }
         // The plane's scores (q k^T) and the output gradient's products with the values (dO v^T).
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
@@ -580,12 +647,6 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let mut dv_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     let mut lses = Shared::<[f32]>::new_slice(rows);
     let mut deltas = Shared::<[f32]>::new_slice(rows);
-    stage_rows::<F>(k, &mut ks, b, h, first, k_len, heads, BLOCK, dim);
-    stage_rows::<F>(v, &mut vs, b, h, first, k_len, heads, BLOCK, dim);
-    for c in 0..comptime!(dim / 2) {
-        dk_acc[j * ap + 2 * c + half] = 0.0f32;
-        dv_acc[j * ap + 2 * c + half] = 0.0f32;
-    }
     // With `causal`, query rows before the block's first key see none of its keys.
     let mut start = 0usize;
     if causal {
@@ -596,25 +657,57 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         start = skipped / rows;
     }
     let blocks = (q_len + rows - 1) / rows;
+    // The first block's rows (queries, output gradients, their `lse` and `delta`; a unit per
+    // row, `rows` <= UNITS) are in flight while the keys and values are staged.
+    let mut q_next = Array::<F>::new(comptime!(rows * dim / UNITS));
+    let mut do_next = Array::<F>::new(comptime!(rows * dim / UNITS));
+    load_rows::<F>(q, &mut q_next, b, h, start * rows, q_len, heads, rows, dim);
+    load_rows::<F>(
+        dout,
+        &mut do_next,
+        b,
+        h,
+        start * rows,
+        q_len,
+        heads,
+        rows,
+        dim,
+    );
+    let mut lse_next = row_value(lse, b, h, start * rows, q_len, heads);
+    let mut delta_next = row_value(delta, b, h, start * rows, q_len, heads);
+    stage_rows::<F>(k, &mut ks, b, h, first, k_len, heads, BLOCK, dim);
+    stage_rows::<F>(v, &mut vs, b, h, first, k_len, heads, BLOCK, dim);
+    for c in 0..comptime!(dim / 2) {
+        dk_acc[j * ap + 2 * c + half] = 0.0f32;
+        dv_acc[j * ap + 2 * c + half] = 0.0f32;
+    }
     for block in start..blocks {
         let base = block * rows;
         sync_cube();
-        stage_rows::<F>(q, &mut qs, b, h, base, q_len, heads, rows, dim);
-        stage_rows::<F>(dout, &mut dos, b, h, base, q_len, heads, rows, dim);
-        let mut idx = unit;
-        while idx < rows {
-            let qi = base + idx;
-            let mut row_lse = 0.0f32;
-            let mut row_delta = 0.0f32;
-            if qi < q_len {
-                row_lse = lse[(b * q_len + qi) * heads + h];
-                row_delta = delta[(b * q_len + qi) * heads + h];
-            }
-            lses[idx] = row_lse;
-            deltas[idx] = row_delta;
-            idx += UNITS;
+        store_rows::<F>(&q_next, &mut qs, rows, dim);
+        store_rows::<F>(&do_next, &mut dos, rows, dim);
+        if unit < rows {
+            lses[unit] = lse_next;
+            deltas[unit] = delta_next;
         }
         sync_cube();
+        // The next block's rows, in flight while this block is worked on.
+        if block + 1 < blocks {
+            load_rows::<F>(q, &mut q_next, b, h, base + rows, q_len, heads, rows, dim);
+            load_rows::<F>(
+                dout,
+                &mut do_next,
+                b,
+                h,
+                base + rows,
+                q_len,
+                heads,
+                rows,
+                dim,
+            );
+            lse_next = row_value(lse, b, h, base + rows, q_len, heads);
+            delta_next = row_value(delta, b, h, base + rows, q_len, heads);
+        }
         // The plane's transposed scores (k q^T) and (v dO^T).
         #[unroll]
         for n in 0..comptime!(rows / TILE) {
