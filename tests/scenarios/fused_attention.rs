@@ -22,7 +22,10 @@
 //! composition, not its `attention`: on CUDA in `f16` and `bf16` burn's `attention` runs its
 //! flash kernels, which with a padding or full mask at head dimensions 16 and 32 (cases 5 and 6)
 //! were 1.2 of the output's magnitude off the exact values (H200, bf16 padding and f16 full),
-//! a reference no bound can be derived from (the controls caught it).
+//! a reference no bound can be derived from (the controls caught it); and so was the
+//! composition itself (UPSTREAM.md 19). There the GPU suite takes the rounding cost from the
+//! composition on the same inputs without the mask
+//! ([`attention_matches_exact_unmasked_reference_in`]).
 
 use super::exact::{
     assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
@@ -230,6 +233,37 @@ pub fn attention_matches_exact_in(
     dtype: FloatDType,
     cases: std::ops::Range<usize>,
 ) {
+    matches_exact(device, dtype, cases, Reference::Composition);
+}
+
+/// The cases `cases` of [`attention_matches_exact`] with the bound taken from burn's
+/// composition on the same inputs without the mask (its error against the unmasked exact
+/// values): for the masked cases in `f16` and `bf16` on CUDA, where burn's masked composition
+/// is off the exact values (UPSTREAM.md 19). What the bound stands for is the same: the cost of
+/// the dtype's roundings in the formula's products and sums, which a mask does not add to (it
+/// removes terms); the negative controls hold it to the same test.
+pub fn attention_matches_exact_unmasked_reference_in(
+    device: &Device,
+    dtype: FloatDType,
+    cases: std::ops::Range<usize>,
+) {
+    matches_exact(device, dtype, cases, Reference::Unmasked);
+}
+
+/// Where the bound's rounding cost comes from: burn's composition on the case, or on the case
+/// without its mask.
+#[derive(Clone, Copy, PartialEq)]
+enum Reference {
+    Composition,
+    Unmasked,
+}
+
+fn matches_exact(
+    device: &Device,
+    dtype: FloatDType,
+    cases: std::ops::Range<usize>,
+    reference: Reference,
+) {
     let device = device.clone().autodiff();
     if !device.supports_dtype(DType::from(dtype)) {
         skip(&format!("{device:?} has no {dtype:?}"));
@@ -267,12 +301,45 @@ pub fn attention_matches_exact_in(
             &|q, k, v| attention(q, k, v, mask.clone(), None, options),
             (&q, &k, &v, &w),
         );
-        let burn = run(
-            &|q, k, v| {
-                burn::tensor::module::attention_fallback(q, k, v, mask.clone(), None, options)
-            },
-            (&q, &k, &v, &w),
-        );
+        // Burn's composition and the exact values it is measured against.
+        let open = Case {
+            dims: case.dims,
+            masking: Masking::None,
+        };
+        let (burn, burn_truth) = match reference {
+            Reference::Composition => (
+                run(
+                    &|q, k, v| {
+                        burn::tensor::module::attention_fallback(
+                            q,
+                            k,
+                            v,
+                            mask.clone(),
+                            None,
+                            options,
+                        )
+                    },
+                    (&q, &k, &v, &w),
+                ),
+                truth.clone(),
+            ),
+            Reference::Unmasked => (
+                run(
+                    &|q, k, v| {
+                        burn::tensor::module::attention_fallback(
+                            q,
+                            k,
+                            v,
+                            None,
+                            None,
+                            AttentionModuleOptions::default(),
+                        )
+                    },
+                    (&q, &k, &v, &w),
+                ),
+                exact(&open, inputs, scale, None, false),
+            ),
+        };
         let control = match case.masking {
             Masking::Causal => exact(case, inputs, scale, None, true),
             Masking::Full | Masking::Padding => exact(case, inputs, scale, Some(1), false),
@@ -283,7 +350,7 @@ pub fn attention_matches_exact_in(
         for (index, what) in ["output", "dq", "dk", "dv"].into_iter().enumerate() {
             let (fused_error, burn_error) = (
                 error(&fused[index], &truth[index]),
-                error(&burn[index], &truth[index]),
+                error(&burn[index], &burn_truth[index]),
             );
             let order = dim.max(q_len).max(k_len) as f64 * 2f64.powi(-24);
             let bound = 2.0 * burn_error.max(order) + u;

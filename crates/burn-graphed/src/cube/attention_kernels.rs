@@ -125,14 +125,16 @@ pub(super) fn hidden(
     }
     if masked {
         if valid {
-            let at = b * (strides.batch as usize)
-                + h * (strides.head as usize)
-                + i * (strides.row as usize)
-                + kj;
-            hide = hide || mask[at] != 0i32;
+            hide = hide || mask[mask_at(strides, b, h, i, kj)] != 0i32;
         }
     }
     hide
+}
+
+/// Where the mask holds the entry of query row `i`, key `kj` of batch `b`, head `h`.
+#[cube]
+pub(super) fn mask_at(strides: &MaskStrides, b: usize, h: usize, i: usize, kj: usize) -> usize {
+    b * (strides.batch as usize) + h * (strides.head as usize) + i * (strides.row as usize) + kj
 }
 
 /// The mask's strides along batches, heads and query rows (0 along a dimension of size 1).
@@ -144,8 +146,54 @@ pub(super) struct MaskStrides {
     row: u32,
 }
 
-/// Loads `count` rows of `source` (`[batch, len, heads, dim]`, rows `first..` of batch `b`,
-/// head `h`; rows past `len` as 0) into `target`, `pitch` apart.
+/// Loads this unit's share (`count * dim / THREADS` elements, rounded up; the last past
+/// `count * dim` for some units, left 0) of `count` rows of `source` (`[batch, len, heads, dim]`, rows
+/// `first..` of batch `b`, head `h`; rows past `len` as 0) into `values`, as `f32`, every load
+/// issued before any is used: the unrolled loop keeps them in flight together, and a caller
+/// that stores them later (`store_rows`) overlaps their latency with its work in between.
+#[cube]
+fn fetch_rows<F: Float>(
+    source: &[F],
+    values: &mut Array<f32>,
+    b: usize,
+    h: usize,
+    first: usize,
+    len: usize,
+    heads: usize,
+    #[comptime] count: usize,
+    #[comptime] dim: usize,
+) {
+    #[unroll]
+    for n in 0..comptime!((count * dim + THREADS - 1) / THREADS) {
+        let idx = UNIT_POS as usize + n * THREADS;
+        let at = first + idx / dim;
+        let mut value = 0.0f32;
+        if at < len && idx < comptime!(count * dim) {
+            value = f32::cast_from(source[((b * len + at) * heads + h) * dim + idx % dim]);
+        }
+        values[n] = value;
+    }
+}
+
+/// Stores a share `fetch_rows` loaded into `target`, rows `pitch` apart.
+#[cube]
+fn store_rows(
+    values: &Array<f32>,
+    target: &mut Shared<[f32]>,
+    #[comptime] count: usize,
+    #[comptime] dim: usize,
+    #[comptime] pitch: usize,
+) {
+    #[unroll]
+    for n in 0..comptime!((count * dim + THREADS - 1) / THREADS) {
+        let idx = UNIT_POS as usize + n * THREADS;
+        if idx < comptime!(count * dim) {
+            target[(idx / dim) * pitch + idx % dim] = values[n];
+        }
+    }
+}
+
+/// Loads `count` rows of `source` into `target` at once (`fetch_rows` then `store_rows`).
 #[cube]
 fn load_rows<F: Float>(
     source: &[F],
@@ -159,18 +207,28 @@ fn load_rows<F: Float>(
     #[comptime] dim: usize,
     #[comptime] pitch: usize,
 ) {
-    let mut idx = UNIT_POS as usize;
-    while idx < count * dim {
-        let row = idx / dim;
-        let d = idx % dim;
-        let at = first + row;
-        let mut value = 0.0f32;
-        if at < len {
-            value = f32::cast_from(source[((b * len + at) * heads + h) * dim + d]);
-        }
-        target[row * pitch + d] = value;
-        idx += THREADS;
+    let mut values = Array::<f32>::new(comptime!((count * dim + THREADS - 1) / THREADS));
+    fetch_rows::<F>(source, &mut values, b, h, first, len, heads, count, dim);
+    store_rows(&values, target, count, dim, pitch);
+}
+
+/// The entry of `values` (`[batch, len, heads]`: a row's `lse` or `delta`) for this unit's
+/// query row `first + UNIT_POS` (the unit's own row) of batch `b`, head `h`; 0 past `len`.
+#[cube]
+pub(super) fn row_value(
+    values: &[f32],
+    b: usize,
+    h: usize,
+    first: usize,
+    len: usize,
+    heads: usize,
+) -> f32 {
+    let qi = first + UNIT_POS as usize;
+    let mut value = 0.0f32;
+    if qi < len {
+        value = values[(b * len + qi) * heads + h];
     }
+    value
 }
 
 /// Key blocks a query block `first..first + ROWS` reads: every block of `k_len` keys, or with
@@ -230,6 +288,12 @@ pub(super) fn forward_kernel<F: Float>(
     let mut ps = Shared::<[f32]>::new_slice(comptime!(ROWS * keys));
     let mut acc = Shared::<[f32]>::new_slice(comptime!(ROWS * dim));
     let mut scratch = Shared::<[f32]>::new_slice(THREADS);
+    // The first block's keys and values are in flight while the queries are loaded.
+    let blocks = key_blocks(first, k_len, keys, causal);
+    let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
+    let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
+    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
+    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
     load_rows::<F>(q, &mut qs, b, h, first, q_len, heads, ROWS, dim, pitch);
     let mut idx = unit;
     while idx < comptime!(ROWS * dim) {
@@ -243,13 +307,17 @@ pub(super) fn forward_kernel<F: Float>(
         row_max = 0.0f32;
         row_sum = 1.0f32;
     }
-    let blocks = key_blocks(first, k_len, keys, causal);
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        load_rows::<F>(k, &mut ks, b, h, base, k_len, heads, keys, dim, pitch);
-        load_rows::<F>(v, &mut vs, b, h, base, k_len, heads, keys, dim, dim);
+        store_rows(&k_next, &mut ks, keys, dim, pitch);
+        store_rows(&v_next, &mut vs, keys, dim, dim);
         sync_cube();
+        // The next block's keys and values, in flight while this block is worked on.
+        if block + 1 < blocks {
+            fetch_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
+            fetch_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+        }
         let mut high = f32::min_value();
         let mut j = t;
         while j < keys {
@@ -389,6 +457,12 @@ pub(super) fn query_grad_kernel<F: Float>(
     let mut ds = Shared::<[f32]>::new_slice(comptime!(ROWS * keys));
     let mut acc = Shared::<[f32]>::new_slice(comptime!(ROWS * dim));
     let mut scratch = Shared::<[f32]>::new_slice(THREADS);
+    // The first block's keys and values are in flight while the rows are loaded.
+    let blocks = key_blocks(first, k_len, keys, causal);
+    let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
+    let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
+    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
+    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
     load_rows::<F>(q, &mut qs, b, h, first, q_len, heads, ROWS, dim, pitch);
     load_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, ROWS, dim, pitch);
     let mut idx = unit;
@@ -411,13 +485,17 @@ pub(super) fn query_grad_kernel<F: Float>(
     if i < q_len && t == 0 {
         delta[row] = row_delta;
     }
-    let blocks = key_blocks(first, k_len, keys, causal);
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        load_rows::<F>(k, &mut ks, b, h, base, k_len, heads, keys, dim, pitch);
-        load_rows::<F>(v, &mut vs, b, h, base, k_len, heads, keys, dim, pitch);
+        store_rows(&k_next, &mut ks, keys, dim, pitch);
+        store_rows(&v_next, &mut vs, keys, dim, pitch);
         sync_cube();
+        // The next block's keys and values, in flight while this block is worked on.
+        if block + 1 < blocks {
+            fetch_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
+            fetch_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+        }
         let mut j = t;
         while j < keys {
             let kj = base + j;
@@ -497,14 +575,6 @@ pub(super) fn key_grad_kernel<F: Float>(
     let mut dv_acc = Shared::<[f32]>::new_slice(comptime!(KEYS * dim));
     let mut lses = Shared::<[f32]>::new_slice(rows);
     let mut deltas = Shared::<[f32]>::new_slice(rows);
-    load_rows::<F>(k, &mut ks, b, h, first, k_len, heads, KEYS, dim, pitch);
-    load_rows::<F>(v, &mut vs, b, h, first, k_len, heads, KEYS, dim, pitch);
-    let mut idx = unit;
-    while idx < comptime!(KEYS * dim) {
-        dk_acc[idx] = 0.0f32;
-        dv_acc[idx] = 0.0f32;
-        idx += THREADS;
-    }
     // With `causal`, query rows before the block's first key see none of its keys.
     let mut start = 0usize;
     if causal {
@@ -515,23 +585,59 @@ pub(super) fn key_grad_kernel<F: Float>(
         start = skipped / rows;
     }
     let blocks = (q_len + rows - 1) / rows;
+    // The first block's rows (queries, output gradients, their `lse` and `delta`; a unit per
+    // row, `rows` <= THREADS) are in flight while the keys and values are loaded.
+    let mut q_next = Array::<f32>::new(comptime!((rows * dim + THREADS - 1) / THREADS));
+    let mut do_next = Array::<f32>::new(comptime!((rows * dim + THREADS - 1) / THREADS));
+    fetch_rows::<F>(q, &mut q_next, b, h, start * rows, q_len, heads, rows, dim);
+    fetch_rows::<F>(
+        dout,
+        &mut do_next,
+        b,
+        h,
+        start * rows,
+        q_len,
+        heads,
+        rows,
+        dim,
+    );
+    let mut lse_next = row_value(lse, b, h, start * rows, q_len, heads);
+    let mut delta_next = row_value(delta, b, h, start * rows, q_len, heads);
+    load_rows::<F>(k, &mut ks, b, h, first, k_len, heads, KEYS, dim, pitch);
+    load_rows::<F>(v, &mut vs, b, h, first, k_len, heads, KEYS, dim, pitch);
+    let mut idx = unit;
+    while idx < comptime!(KEYS * dim) {
+        dk_acc[idx] = 0.0f32;
+        dv_acc[idx] = 0.0f32;
+        idx += THREADS;
+    }
     for block in start..blocks {
         let base = block * rows;
         sync_cube();
-        load_rows::<F>(q, &mut qs, b, h, base, q_len, heads, rows, dim, pitch);
-        load_rows::<F>(dout, &mut dos, b, h, base, q_len, heads, rows, dim, pitch);
+        store_rows(&q_next, &mut qs, rows, dim, pitch);
+        store_rows(&do_next, &mut dos, rows, dim, pitch);
         if unit < rows {
-            let qi = base + unit;
-            let mut row_lse = 0.0f32;
-            let mut row_delta = 0.0f32;
-            if qi < q_len {
-                row_lse = lse[(b * q_len + qi) * heads + h];
-                row_delta = delta[(b * q_len + qi) * heads + h];
-            }
-            lses[unit] = row_lse;
-            deltas[unit] = row_delta;
+            lses[unit] = lse_next;
+            deltas[unit] = delta_next;
         }
         sync_cube();
+        // The next block's rows, in flight while this block is worked on.
+        if block + 1 < blocks {
+            fetch_rows::<F>(q, &mut q_next, b, h, base + rows, q_len, heads, rows, dim);
+            fetch_rows::<F>(
+                dout,
+                &mut do_next,
+                b,
+                h,
+                base + rows,
+                q_len,
+                heads,
+                rows,
+                dim,
+            );
+            lse_next = row_value(lse, b, h, base + rows, q_len, heads);
+            delta_next = row_value(delta, b, h, base + rows, q_len, heads);
+        }
         let mut ii = t;
         while ii < rows {
             let qi = base + ii;

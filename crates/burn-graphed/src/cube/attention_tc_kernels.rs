@@ -31,7 +31,7 @@
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::attention_kernels::{MaskStrides, hidden, probability, score_gradient};
+use super::attention_kernels::{MaskStrides, mask_at, probability, row_value, score_gradient};
 
 /// Units of a plane; the kernels need exactly this many (two per row of a 16-row tile).
 pub(super) const LANES: usize = 32;
@@ -231,16 +231,80 @@ fn product_tile<F: Float>(
     );
 }
 
-/// The entry of `values` (`[batch, len, heads]`: a row's `lse` or `delta`) for this unit's
-/// query row `first + UNIT_POS` of batch `b`, head `h`; 0 past `len`.
+/// Loads, with `masked`, the mask entries this unit meets in a block of `count` (a row's keys or
+/// a key's rows), every load issued before any is used (see `load_rows`): its `count / 2`
+/// entries `base + 2c + half` along the block, at query row `fixed` (`by_row`) or key `fixed`
+/// (otherwise), into `values`; 0 where the row or the key is out of range.
 #[cube]
-fn row_value(values: &[f32], b: usize, h: usize, first: usize, len: usize, heads: usize) -> f32 {
-    let qi = first + UNIT_POS as usize;
-    let mut value = 0.0f32;
-    if qi < len {
-        value = values[(b * len + qi) * heads + h];
+fn fetch_mask(
+    mask: &[i32],
+    strides: &MaskStrides,
+    values: &mut Array<i32>,
+    b: usize,
+    h: usize,
+    fixed: usize,
+    base: usize,
+    half: usize,
+    q_len: usize,
+    k_len: usize,
+    #[comptime] count: usize,
+    #[comptime] by_row: bool,
+    #[comptime] masked: bool,
+) {
+    if masked {
+        #[unroll]
+        for c in 0..comptime!(count / 2) {
+            let along = base + 2 * c + half;
+            let mut value = 0i32;
+            if by_row {
+                if fixed < q_len && along < k_len {
+                    value = mask[mask_at(strides, b, h, fixed, along)];
+                }
+            } else {
+                if along < q_len && fixed < k_len {
+                    value = mask[mask_at(strides, b, h, along, fixed)];
+                }
+            }
+            values[c] = value;
+        }
     }
-    value
+}
+
+/// The entries `fetch_mask` loaded as bits (bit `c`: entry `c` hides its key); 0 without
+/// `masked`. `count / 2` is at most 32 (blocks of at most 64).
+#[cube]
+fn mask_bits(values: &Array<i32>, #[comptime] count: usize, #[comptime] masked: bool) -> u32 {
+    let mut bits = 0u32;
+    if masked {
+        #[unroll]
+        for c in 0..comptime!(count / 2) {
+            if values[c] != 0i32 {
+                bits |= 1u32 << (c as u32);
+            }
+        }
+    }
+    bits
+}
+
+/// Whether entry `c` of a unit's block is hidden: by the mask's `bits` (`mask_bits`), or with
+/// `causal` by key `kj` coming after query row `i`.
+#[cube]
+fn hides(
+    bits: u32,
+    c: usize,
+    i: usize,
+    kj: usize,
+    #[comptime] masked: bool,
+    #[comptime] causal: bool,
+) -> bool {
+    let mut hide = false;
+    if causal {
+        hide = kj > i;
+    }
+    if masked {
+        hide = hide || ((bits >> (c as u32)) & 1u32) != 0u32;
+    }
+    hide
 }
 
 /// Key blocks of `keys` a query block `first..first + BLOCK` reads: every block of `k_len`
@@ -311,8 +375,24 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
     load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
     load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
+    fetch_mask(
+        mask,
+        &strides,
+        &mut mask_next,
+        b,
+        h,
+        i,
+        0,
+        half,
+        q_len,
+        k_len,
+        keys,
+        true,
+        masked,
+    );
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         os[r * ap + 2 * c + half] = 0.0f32;
@@ -329,11 +409,29 @@ pub(super) fn forward_tc_kernel<F: Float>(
         sync_cube();
         store_rows::<F>(&k_next, &mut ks, keys, dim);
         store_rows::<F>(&v_next, &mut vs, keys, dim);
+        let bits = mask_bits(&mask_next, keys, masked);
         sync_cube();
-        // The next block's keys and values, in flight while this block is worked on.
+        // The next block's keys, values and mask entries, in flight while this block is worked
+        // on.
         if block + 1 < blocks {
-            load_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+            let next = base + keys;
+            load_rows::<F>(k, &mut k_next, b, h, next, k_len, heads, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, next, k_len, heads, keys, dim);
+            fetch_mask(
+                mask,
+                &strides,
+                &mut mask_next,
+                b,
+                h,
+                i,
+                next,
+                half,
+                q_len,
+                k_len,
+                keys,
+                true,
+                masked,
+            );
         }
         // The plane's scores: its 16 rows of q times the block's keys.
         #[unroll]
@@ -362,7 +460,7 @@ pub(super) fn forward_tc_kernel<F: Float>(
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
             let mut s = ss[r * sp + j] * scale;
-            if valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal) {
+            if valid && hides(bits, c, i, kj, masked, causal) {
                 s = fill;
             }
             if kj < k_len {
@@ -480,8 +578,24 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
     load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
     load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
+    fetch_mask(
+        mask,
+        &strides,
+        &mut mask_next,
+        b,
+        h,
+        i,
+        0,
+        half,
+        q_len,
+        k_len,
+        keys,
+        true,
+        masked,
+    );
     stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
     stage_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
@@ -507,11 +621,29 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         sync_cube();
         store_rows::<F>(&k_next, &mut ks, keys, dim);
         store_rows::<F>(&v_next, &mut vs, keys, dim);
+        let bits = mask_bits(&mask_next, keys, masked);
         sync_cube();
-        // The next block's keys and values, in flight while this block is worked on.
+        // The next block's keys, values and mask entries, in flight while this block is worked
+        // on.
         if block + 1 < blocks {
-            load_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+            let next = base + keys;
+            load_rows::<F>(k, &mut k_next, b, h, next, k_len, heads, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, next, k_len, heads, keys, dim);
+            fetch_mask(
+                mask,
+                &strides,
+                &mut mask_next,
+                b,
+                h,
+                i,
+                next,
+                half,
+                q_len,
+                k_len,
+                keys,
+                true,
+                masked,
+            );
         }
         // The plane's scores (q k^T) and the output gradient's products with the values (dO v^T).
         #[unroll]
@@ -555,7 +687,7 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
             let mut s = ss[r * sp + j] * scale;
-            let hide = valid && hidden(mask, &strides, b, h, i, kj, valid, masked, causal);
+            let hide = valid && hides(bits, c, i, kj, masked, causal);
             if hide {
                 s = fill;
             }
@@ -661,20 +793,27 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     // row, `rows` <= UNITS) are in flight while the keys and values are staged.
     let mut q_next = Array::<F>::new(comptime!(rows * dim / UNITS));
     let mut do_next = Array::<F>::new(comptime!(rows * dim / UNITS));
-    load_rows::<F>(q, &mut q_next, b, h, start * rows, q_len, heads, rows, dim);
-    load_rows::<F>(
-        dout,
-        &mut do_next,
+    let mut mask_next = Array::<i32>::new(comptime!(rows / 2));
+    let first_row = start * rows;
+    load_rows::<F>(q, &mut q_next, b, h, first_row, q_len, heads, rows, dim);
+    load_rows::<F>(dout, &mut do_next, b, h, first_row, q_len, heads, rows, dim);
+    fetch_mask(
+        mask,
+        &strides,
+        &mut mask_next,
         b,
         h,
-        start * rows,
+        kj,
+        first_row,
+        half,
         q_len,
-        heads,
+        k_len,
         rows,
-        dim,
+        false,
+        masked,
     );
-    let mut lse_next = row_value(lse, b, h, start * rows, q_len, heads);
-    let mut delta_next = row_value(delta, b, h, start * rows, q_len, heads);
+    let mut lse_next = row_value(lse, b, h, first_row, q_len, heads);
+    let mut delta_next = row_value(delta, b, h, first_row, q_len, heads);
     stage_rows::<F>(k, &mut ks, b, h, first, k_len, heads, BLOCK, dim);
     stage_rows::<F>(v, &mut vs, b, h, first, k_len, heads, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
@@ -690,23 +829,30 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
             lses[unit] = lse_next;
             deltas[unit] = delta_next;
         }
+        let bits = mask_bits(&mask_next, rows, masked);
         sync_cube();
-        // The next block's rows, in flight while this block is worked on.
+        // The next block's rows and mask entries, in flight while this block is worked on.
         if block + 1 < blocks {
-            load_rows::<F>(q, &mut q_next, b, h, base + rows, q_len, heads, rows, dim);
-            load_rows::<F>(
-                dout,
-                &mut do_next,
+            let next = base + rows;
+            load_rows::<F>(q, &mut q_next, b, h, next, q_len, heads, rows, dim);
+            load_rows::<F>(dout, &mut do_next, b, h, next, q_len, heads, rows, dim);
+            fetch_mask(
+                mask,
+                &strides,
+                &mut mask_next,
                 b,
                 h,
-                base + rows,
+                kj,
+                next,
+                half,
                 q_len,
-                heads,
+                k_len,
                 rows,
-                dim,
+                false,
+                masked,
             );
-            lse_next = row_value(lse, b, h, base + rows, q_len, heads);
-            delta_next = row_value(delta, b, h, base + rows, q_len, heads);
+            lse_next = row_value(lse, b, h, next, q_len, heads);
+            delta_next = row_value(delta, b, h, next, q_len, heads);
         }
         // The plane's transposed scores (k q^T) and (v dO^T).
         #[unroll]
@@ -750,7 +896,7 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
             let qi = base + ii;
             let valid = qi < q_len && kj < k_len;
             let mut s = sts[j * sp + ii] * scale;
-            let hide = valid && hidden(mask, &strides, b, h, qi, kj, valid, masked, causal);
+            let hide = valid && hides(bits, c, qi, kj, masked, causal);
             if hide {
                 s = fill;
             }
