@@ -302,44 +302,30 @@ fn matches_exact(
             (&q, &k, &v, &w),
         );
         // Burn's composition and the exact values it is measured against.
-        let open = Case {
-            dims: case.dims,
-            masking: Masking::None,
+        let (burn_mask, burn_options, burn_truth) = match reference {
+            Reference::Composition => (mask.clone(), options, truth.clone()),
+            Reference::Unmasked => {
+                let open = Case {
+                    dims: case.dims,
+                    masking: Masking::None,
+                };
+                let truth = exact(&open, inputs, scale, None, false);
+                (None, AttentionModuleOptions::default(), truth)
+            }
         };
-        let (burn, burn_truth) = match reference {
-            Reference::Composition => (
-                run(
-                    &|q, k, v| {
-                        burn::tensor::module::attention_fallback(
-                            q,
-                            k,
-                            v,
-                            mask.clone(),
-                            None,
-                            options,
-                        )
-                    },
-                    (&q, &k, &v, &w),
-                ),
-                truth.clone(),
-            ),
-            Reference::Unmasked => (
-                run(
-                    &|q, k, v| {
-                        burn::tensor::module::attention_fallback(
-                            q,
-                            k,
-                            v,
-                            None,
-                            None,
-                            AttentionModuleOptions::default(),
-                        )
-                    },
-                    (&q, &k, &v, &w),
-                ),
-                exact(&open, inputs, scale, None, false),
-            ),
-        };
+        let burn = run(
+            &|q, k, v| {
+                burn::tensor::module::attention_fallback(
+                    q,
+                    k,
+                    v,
+                    burn_mask.clone(),
+                    None,
+                    burn_options,
+                )
+            },
+            (&q, &k, &v, &w),
+        );
         let control = match case.masking {
             Masking::Causal => exact(case, inputs, scale, None, true),
             Masking::Full | Masking::Padding => exact(case, inputs, scale, Some(1), false),
