@@ -261,12 +261,12 @@ fn make_lm(device: &Device) -> Lm {
     }
 }
 
-/// The `lm` with `burn_graphed::nn`'s fused layers (blocks, final norm and head; its loss is the
-/// fused cross-entropy, [`fused_lm_loss_of`]), converted from [`make_lm`]'s model: the same
-/// parameters.
+/// The `lm` with `burn_graphed::nn`'s fused layers (token embedding, blocks, final norm and
+/// head; its loss is the fused cross-entropy, [`fused_lm_loss_of`]), converted from
+/// [`make_lm`]'s model: the same parameters.
 #[derive(Module, Debug)]
 struct FusedLm {
-    tokens: Embedding,
+    tokens: burn_graphed::nn::Embedding,
     positions: Embedding,
     blocks: burn_graphed::nn::TransformerEncoder,
     norm: burn_graphed::nn::LayerNorm,
@@ -276,7 +276,7 @@ struct FusedLm {
 fn make_fused_lm(device: &Device) -> FusedLm {
     let lm = make_lm(device);
     FusedLm {
-        tokens: lm.tokens,
+        tokens: lm.tokens.into(),
         positions: lm.positions,
         blocks: burn_graphed::nn::TransformerEncoder::from_burn(lm.blocks, 1e-5),
         norm: burn_graphed::nn::LayerNorm::from_burn(lm.norm, 1e-5),

@@ -1265,6 +1265,31 @@ fn conv_graphed_matches_eager() {
     scenarios::fused_conv::conv_graphed_matches_eager(&cuda());
 }
 
+/// The fused embedding's output equals burn's gather and its table gradient the exact one, per
+/// dtype.
+#[test]
+fn embedding_matches_exact_f32() {
+    scenarios::fused_embedding::embedding_matches_exact(&cuda(), burn::tensor::FloatDType::F32);
+}
+
+/// As [`embedding_matches_exact_f32`], in `f16`.
+#[test]
+fn embedding_matches_exact_f16() {
+    scenarios::fused_embedding::embedding_matches_exact(&cuda(), burn::tensor::FloatDType::F16);
+}
+
+/// As [`embedding_matches_exact_f32`], in `bf16`.
+#[test]
+fn embedding_matches_exact_bf16() {
+    scenarios::fused_embedding::embedding_matches_exact(&cuda(), burn::tensor::FloatDType::BF16);
+}
+
+/// A graphed call of a model with the fused embedding equals its eager call, bit for bit.
+#[test]
+fn embedding_graphed_matches_eager() {
+    scenarios::fused_embedding::embedding_graphed_matches_eager(&cuda());
+}
+
 /// A graphed call of the linear layers (one row and 48) equals its eager call, bit for bit.
 #[test]
 fn linear_graphed_matches_eager() {

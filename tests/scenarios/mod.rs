@@ -10,6 +10,7 @@ pub mod exact;
 pub mod facts;
 pub mod fused_attention;
 pub mod fused_conv;
+pub mod fused_embedding;
 pub mod fused_linear;
 pub mod fused_loss;
 pub mod fused_norm;

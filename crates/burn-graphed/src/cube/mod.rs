@@ -41,6 +41,8 @@ mod dense;
 #[cfg(feature = "cube")]
 mod driver;
 #[cfg(feature = "cube")]
+mod embedding_op;
+#[cfg(feature = "cube")]
 mod graphs;
 #[cfg(feature = "cube")]
 mod inspect;
@@ -89,6 +91,7 @@ pub(crate) use self::{
     conv_op::{MAX_TAPS as CONV_MAX_TAPS, conv2d},
     copy_op::collective_buffer,
     cross_entropy_op::cross_entropy_rows,
+    embedding_op::embedding_rows,
     graphs::{Admitted, Graphs},
     inspect::write_graphs_as_dot,
     kernel_cache::{enable as enable_kernel_cache, export_tuned, import_tuned},
@@ -121,8 +124,9 @@ mod stand_in;
 pub(crate) use stand_in::{
     AdamBatch, Admitted, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
     attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, conv2d, cross_entropy_rows, enable_kernel_cache, export_tuned, import_tuned,
-    linear, norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
+    collective_buffer, conv2d, cross_entropy_rows, embedding_rows, enable_kernel_cache,
+    export_tuned, import_tuned, linear, norm, supports_graphs, vendor_matmul_available,
+    write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{

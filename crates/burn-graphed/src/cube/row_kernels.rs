@@ -1,7 +1,7 @@
 //! What the row-wise fused kernels share (`norm_op.rs`, `cross_entropy_op.rs`,
-//! `linear_op.rs`): one cube per row, its thread count, sums and maxima over a cube in a
-//! fixed tree order (so that a replay computes what the eager call computed, bit for bit), and
-//! the count of fused ops queued (the `testing` feature's proof that a fused path ran).
+//! `linear_op.rs`, `embedding_op.rs`): one cube per row, its thread count, sums and maxima
+//! over a cube in a fixed tree order (so that a replay computes what the eager call computed,
+//! bit for bit), and the count of fused ops queued (the `testing` feature's proof that a fused path ran).
 
 use cubecl::prelude::*;
 
@@ -20,8 +20,13 @@ pub(super) fn threads_for(width: usize) -> usize {
 
 /// One cube per row: a grid of `rows` cubes, in two dimensions past [`MAX_CUBES_X`].
 pub(super) fn row_grid(rows: usize) -> CubeCount {
+    row_grid_by(rows, 1)
+}
+
+/// [`row_grid`] with `z` cubes along z per row (a row's blocks).
+pub(super) fn row_grid_by(rows: usize, z: usize) -> CubeCount {
     let x = rows.clamp(1, MAX_CUBES_X);
-    CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, 1)
+    CubeCount::Static(x as u32, rows.div_ceil(x).max(1) as u32, z.max(1) as u32)
 }
 
 /// The sum of every unit's `value` over the cube, in a fixed tree order; every unit gets it.

@@ -340,6 +340,14 @@ pub(crate) fn cross_entropy_rows(
     Err(Box::new((logits, targets)))
 }
 
+/// Without cubecl no embedding is fused: the tensors come back for burn's.
+pub(crate) fn embedding_rows(
+    table: burn::backend::DispatchTensor,
+    ids: burn::backend::DispatchTensor,
+) -> Result<burn::backend::DispatchTensor, Box<super::values::EmbeddingInputs>> {
+    Err(Box::new((table, ids)))
+}
+
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn attention(
     inputs: super::values::AttentionInputs,

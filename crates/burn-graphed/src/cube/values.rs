@@ -123,6 +123,9 @@ impl ConvSpec {
 /// The tensors of a fused cross-entropy: logits, targets.
 pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
 
+/// The tensors of a fused embedding: the table, the ids.
+pub(crate) type EmbeddingInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
+
 /// The tensors of a fused attention: queries, keys, values (`[batch, len, heads, dim]`) and
 /// an `i32` mask (read only where the call is masked; otherwise any one-element int tensor,
 /// bound and never read).
