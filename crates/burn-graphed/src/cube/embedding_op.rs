@@ -4,7 +4,7 @@
 //! tokens one after another: about 0.2 ms of the bench language model's step on an H200, the
 //! largest kernel of its step).
 //!
-//! The forward is burn's gather (`select` along the table's rows). The table's gradient: row
+//! The forward is a gather, one unit per token and dimension. The table's gradient: row
 //! `v` is the sum of the output gradient's rows of the tokens whose id is `v`, 0 where no token
 //! has it. One cube per token and block of [`THREADS`] dimensions: the cube of a token's first
 //! occurrence owns the row and sums the rows of every token with that id, in token order, in
@@ -16,16 +16,16 @@
 //! Cost: the tokens' ids are read once per token to find its first occurrence (in blocks through
 //! shared memory), and once per distinct id by its owner: `tokens * (tokens + distinct) /
 //! THREADS` shared reads in all, small for a batch of a few thousand tokens. An id outside
-//! `0..rows` adds to no row (burn's gather reads no such row either: its lookup is the caller's
-//! check, as burn's).
+//! `0..rows` looks up a row of zeros and adds to no row (the ids are not checked on the host:
+//! a graph cannot read them back).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, Cube, backend_extension};
+use burn::tensor::Shape;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -49,6 +49,30 @@ fn zero_kernel<F: Float>(out: &mut [F], #[define(F)] _dtype: ElemType) {
     let i = row_of_cube() * THREADS + UNIT_POS as usize;
     if i < out.len() {
         out[i] = F::cast_from(0.0f32);
+    }
+}
+
+/// The lookup: row `row_of_cube()` of `out` (`[tokens, dim]`), dimensions `CUBE_POS_Z *
+/// THREADS..`, is row `ids[token]` of `table` (`[rows, dim]`); 0 for an id outside `0..rows`.
+#[cube(launch_unchecked)]
+fn gather_kernel<F: Float>(
+    table: &[F],
+    ids: &[i32],
+    out: &mut [F],
+    rows: u32,
+    dim: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let token = row_of_cube();
+    let dim = dim as usize;
+    let d = CUBE_POS_Z as usize * THREADS + UNIT_POS as usize;
+    if token < ids.len() && d < dim {
+        let id = ids[token];
+        let mut value = F::cast_from(0.0f32);
+        if id >= 0i32 && (id as usize) < rows as usize {
+            value = table[(id as usize) * dim + d];
+        }
+        out[token * dim + d] = value;
     }
 }
 
@@ -130,6 +154,16 @@ fn grad_kernel<F: Float>(
 /// The kernels as lazy fusion operations on burn's cubecl backend.
 #[backend_extension(Cube, Fusion)]
 pub(crate) trait EmbeddingKernels: Backend {
+    /// Rows `ids` (`[tokens]`, `i32`) of `table` (`[rows, dim]`): `[tokens, dim]` in the
+    /// table's dtype; a row of zeros for an id outside `0..rows`.
+    #[fusion(meta = |table, ids| {
+        burn::backend::fusion::custom::TensorSpec::new(
+            Shape::new([ids.shape.num_elements(), table.shape[1]]),
+            table.dtype,
+        )
+    })]
+    fn embedding_forward(table: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self>;
+
     /// The table's gradient, of `table`'s shape and dtype (its values are not read), from the
     /// output's gradient `grad` (`[tokens, dim]`, the table's dtype) and the tokens' `ids`
     /// (`[tokens]`, `i32`).
@@ -142,6 +176,39 @@ pub(crate) trait EmbeddingKernels: Backend {
 }
 
 impl EmbeddingKernels for CubeBackend {
+    fn embedding_forward(table: CubeTensor, ids: CubeTensor) -> CubeTensor {
+        let [rows, dim] = table.meta.shape().dims::<2>();
+        let tokens = ids.meta.shape().num_elements();
+        let elem = checked_elem(&table, "embedding");
+        let client = table.client.clone();
+        let out = Dense::new_empty(
+            client.clone(),
+            table.device.clone(),
+            Shape::new([tokens, dim]),
+            table.dtype,
+        );
+        let (table, ids) = (Dense::of(&table), Dense::of(&ids));
+        // SAFETY: `elem` is the dtype of the table (checked by the caller) and of `out` (made
+        // with it); the ids are i32 (cast by the caller). A unit reads id `token < tokens` (the
+        // slice's length) and table element `(id, d)` only for `id < rows`, `d < dim`, and
+        // writes `out` element `(token, d)` inside `[tokens, dim]`, a new allocation distinct
+        // from the read buffers.
+        unsafe {
+            gather_kernel::launch_unchecked(
+                &client,
+                row_grid_by(tokens, dim.div_ceil(THREADS)),
+                CubeDim::new_1d(THREADS as u32),
+                table.arg(),
+                ids.arg(),
+                out.arg(),
+                rows as u32,
+                dim as u32,
+                elem,
+            );
+        }
+        out.into_tensor()
+    }
+
     fn embedding_grad(grad: CubeTensor, ids: CubeTensor, table: CubeTensor) -> CubeTensor {
         let [rows, dim] = table.meta.shape().dims::<2>();
         let tokens = ids.meta.shape().num_elements();
@@ -188,9 +255,9 @@ pub(crate) trait FusedEmbeddingOps: Backend {
     fn fused_embedding(table: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// The forward: burn's gather of the rows.
+/// The forward: the gather of the rows.
 fn gather(table: FusedTensor, ids: FusedInt) -> FusedTensor {
-    <Cube as FloatTensorOps<Cube>>::float_select(table, 0, ids)
+    <Cube as EmbeddingKernels>::embedding_forward(table, ids)
 }
 
 impl FusedEmbeddingOps for Cube {

@@ -7,15 +7,15 @@ use burn::tensor::{DType, Int, IntDType, Tensor};
 use crate::cube;
 
 /// What `burn::tensor::module::embedding` computes: rows `indices` (`[batch, length]`) of
-/// `weights` (`[rows, dim]`), `[batch, length, dim]`. On burn's cubecl backends its backward
-/// is a kernel of its own: one cube per token and block of dimensions, where burn-cubecl walks
-/// every token in turn on one unit per dimension; each row's gradient is the sum of its
-/// tokens' gradients in token order, in `f32`, rounded once to the dtype (burn rounds after
-/// every addition). Elsewhere (not a cubecl backend, another dtype, no tokens) this is burn's
-/// function.
+/// `weights` (`[rows, dim]`), `[batch, length, dim]`. On burn's cubecl backends a gather
+/// kernel forward and a backward of its own: one cube per token and block of dimensions, where
+/// burn-cubecl walks every token in turn on one unit per dimension; each row's gradient is the
+/// sum of its tokens' gradients in token order, in `f32`, rounded once to the dtype (burn
+/// rounds after every addition). Elsewhere (not a cubecl backend, another dtype, no tokens)
+/// this is burn's function.
 ///
-/// As burn's, the ids are not checked on the device: an id outside `0..rows` reads what
-/// burn's gather reads and adds to no row's gradient.
+/// The ids are not checked (a graph cannot read them back): an id outside `0..rows` looks up a
+/// row of zeros and adds to no row's gradient, where burn's lookup reads outside the table.
 ///
 /// # Panics
 ///

@@ -13,7 +13,7 @@
 //! | [`TransformerEncoder`], [`PositionWiseFeedForward`] | its layer norms, attention and linear layers | as each op |
 //! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` without TF32; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
 //! | [`conv2d`], [`Conv2d`] | `f32`, `f16`, `bf16`, stride, padding, dilation, groups, kernels up to 64 taps: one kernel forward, three backward, on the `[batch, channels, height, width]` layout (direct convolution on CUDA cores) | other backends; mixed dtypes; larger kernels |
-//! | [`embedding`], [`Embedding`] | `f32`, `f16`, `bf16`: burn's gather forward; backward one kernel, a cube per token and block of dimensions (burn-cubecl's walks the tokens in turn) | other backends; other dtypes |
+//! | [`embedding`], [`Embedding`] | `f32`, `f16`, `bf16`: a gather kernel forward; backward one kernel, a cube per token and block of dimensions (burn-cubecl's walks the tokens in turn) | other backends; other dtypes |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
 
 pub mod attention;
