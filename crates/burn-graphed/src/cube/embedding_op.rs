@@ -34,6 +34,7 @@ use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::{count_forward, row_grid, row_grid_by, row_of_cube};
+use super::values::TableSpec;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
@@ -164,14 +165,18 @@ pub(crate) trait EmbeddingKernels: Backend {
     })]
     fn embedding_forward(table: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self>;
 
-    /// The table's gradient, of `table`'s shape and dtype (its values are not read), from the
-    /// output's gradient `grad` (`[tokens, dim]`, the table's dtype) and the tokens' `ids`
-    /// (`[tokens]`, `i32`).
-    #[fusion(meta = |_grad, _ids, table| table.clone())]
+    /// The table's gradient, of `table`'s shape and dtype, from the output's gradient `grad`
+    /// (`[tokens, dim]`, the table's dtype) and the tokens' `ids` (`[tokens]`, `i32`).
+    #[fusion(meta = |_grad, _ids, table| {
+        burn::backend::fusion::custom::TensorSpec::new(
+            Shape::new([table.rows, table.dim]),
+            table.dtype,
+        )
+    })]
     fn embedding_grad(
         grad: FloatTensor<Self>,
         ids: IntTensor<Self>,
-        table: FloatTensor<Self>,
+        table: TableSpec,
     ) -> FloatTensor<Self>;
 }
 
@@ -209,13 +214,13 @@ impl EmbeddingKernels for CubeBackend {
         out.into_tensor()
     }
 
-    fn embedding_grad(grad: CubeTensor, ids: CubeTensor, table: CubeTensor) -> CubeTensor {
-        let [rows, dim] = table.meta.shape().dims::<2>();
+    fn embedding_grad(grad: CubeTensor, ids: CubeTensor, table: TableSpec) -> CubeTensor {
+        let TableSpec { rows, dim, dtype } = table;
         let tokens = ids.meta.shape().num_elements();
-        let elem = checked_elem(&table, "embedding");
-        let client = table.client.clone();
-        let out = Dense::empty_like(&table);
+        let elem = checked_elem(&grad, "embedding");
+        let (client, device) = (grad.client.clone(), grad.device.clone());
         let (grad, ids) = (Dense::of(&grad), Dense::of(&ids));
+        let out = Dense::new_empty(client.clone(), device, Shape::new([rows, dim]), dtype);
         // SAFETY: `elem` is the dtype of the table, `grad` (checked by the caller) and `out`
         // (made like the table); the ids are i32 (cast by the caller). The zero kernel writes
         // element `i < out.len()` only. A cube of the second reads id elements below `tokens`
@@ -270,7 +275,7 @@ impl FusedEmbeddingOps for Cube {
 /// What the backward keeps of the forward.
 #[derive(Debug, Clone)]
 struct Saved {
-    table: FusedTensor,
+    table: TableSpec,
     ids: FusedInt,
 }
 
@@ -300,9 +305,15 @@ impl<C: CheckpointStrategy> FusedEmbeddingOps for Autodiff<Cube, C> {
             .compute_bound()
             .stateful();
         count_forward();
-        let output = gather(table.clone(), ids.clone());
+        let [rows, dim] = table.shape.dims::<2>();
+        let spec = TableSpec {
+            rows,
+            dim,
+            dtype: table.dtype,
+        };
+        let output = gather(table, ids.clone());
         match prepared {
-            OpsKind::Tracked(prep) => prep.finish(Saved { table, ids }, output),
+            OpsKind::Tracked(prep) => prep.finish(Saved { table: spec, ids }, output),
             OpsKind::UnTracked(prep) => prep.finish(output),
         }
     }
