@@ -54,7 +54,6 @@ on_devices! {
     embedding_matches_exact_f16 => |d| scenarios::fused_embedding::embedding_matches_exact(d, burn::tensor::FloatDType::F16);
     embedding_matches_exact_bf16 => |d| scenarios::fused_embedding::embedding_matches_exact(d, burn::tensor::FloatDType::BF16);
     embedding_graphed_matches_eager => scenarios::fused_embedding::embedding_graphed_matches_eager;
-    embedding_graphed_diagnose => scenarios::fused_embedding::embedding_graphed_diagnose;
     embedding_records_load_both_ways => scenarios::fused_embedding::embedding_records_load_both_ways;
     linear_matches_exact_f32 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F32);
     linear_matches_exact_f16 => |d| scenarios::fused_linear::linear_matches_exact(d, burn::tensor::FloatDType::F16);

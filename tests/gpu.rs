@@ -1284,12 +1284,6 @@ fn embedding_matches_exact_bf16() {
     scenarios::fused_embedding::embedding_matches_exact(&cuda(), burn::tensor::FloatDType::BF16);
 }
 
-/// Diagnosis (branch only): the graphed table gradient against the host's, four ways.
-#[test]
-fn embedding_graphed_diagnose() {
-    scenarios::fused_embedding::embedding_graphed_diagnose(&cuda());
-}
-
 /// A graphed call of a model with the fused embedding equals its eager call, bit for bit.
 #[test]
 fn embedding_graphed_matches_eager() {

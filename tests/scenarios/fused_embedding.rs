@@ -186,7 +186,10 @@ pub fn embedding_matches_exact(device: &Device, dtype: FloatDType) {
 }
 
 /// A model with the fused embedding, graphed, against the same model eager: outputs and the
-/// table's gradient equal (bit for bit where one formula runs one way).
+/// table's gradient equal (bit for bit where one formula runs one way). The ids, `[2, 9]`,
+/// lie in a graph's static buffer, which CUDA pads past the last token; tokens name row 0 at
+/// steps 2 and 4, so a backward that counted tokens by the buffer's length (it once did, the
+/// spare ids reading 0) adds spare rows into row 0 there.
 pub fn embedding_graphed_matches_eager(device: &Device) {
     let device = device.clone().autodiff();
     #[derive(Module, Debug)]
@@ -261,102 +264,4 @@ pub fn embedding_records_load_both_ways(device: &Device) {
         "the fused module's file in burn-nn's"
     );
     std::fs::remove_dir_all(&dir).ok();
-}
-
-/// Diagnosis (branch only): a graphed call's table gradient against the one the host computes
-/// from the call's own output (`sum(tanh(E[ids]))`: row `v` sums `1 - y^2` over the tokens of
-/// id `v`), per step, for four ways of reaching the ids: as given, through an int addition
-/// inside the call (a buffer of the recording's own), with the eager copy run between, and
-/// with burn's embedding in place of the fused one.
-pub fn embedding_graphed_diagnose(device: &Device) {
-    let device = device.clone().autodiff();
-    #[derive(Module, Debug)]
-    struct Lookup {
-        tokens: burn_graphed::nn::Embedding,
-    }
-    let input = |step: u64| {
-        let ids: Vec<i64> = (0..2 * 9)
-            .map(|t| ((t as u64 * 13 + step * 7) % 40) as i64)
-            .collect();
-        (
-            ids.clone(),
-            Tensor::<1, Int>::from_data(TensorData::new(ids, [18]), &device).reshape([2, 9]),
-        )
-    };
-    type Forward = fn(&Lookup, Tensor<2, Int>) -> Tensor<3>;
-    let ways: [(&str, Forward, bool); 5] = [
-        ("fused, ids as given", |m, x| m.tokens.forward(x).tanh(), false),
-        ("fused, ids + 0", |m, x| m.tokens.forward(x + 0).tanh(), false),
-        ("fused, eager between", |m, x| m.tokens.forward(x).tanh(), true),
-        (
-            "burn's embedding",
-            |m, x| burn::tensor::module::embedding(m.tokens.weight.val(), x).tanh(),
-            false,
-        ),
-        (
-            "fused, ids cast to i32 before",
-            |m, x| m.tokens.forward(x.cast(burn::tensor::IntDType::I32)).tanh(),
-            false,
-        ),
-    ];
-    let mut failures = Vec::new();
-    for (name, forward, eager_between) in ways {
-        let model = Lookup {
-            tokens: EmbeddingConfig::new(40, 24).init(&device).into(),
-        };
-        let eager = burn_graphed_testkit::deep_copy(&model);
-        let graphed =
-            burn_graphed::Graphed::new(model, forward, input(0).1, &GraphedConfig::new())
-                .expect("capture");
-        for step in 1..6u64 {
-            let (ids, x) = input(step);
-            println!("{name}: step {step} ids dtype {:?}", x.dtype());
-            let expected = eager_between.then(|| forward(&eager, x.clone()));
-            let got = graphed.forward(x).expect("graphed call");
-            let y = host(got.clone().into_data());
-            if let Some(e) = &expected {
-                let _ = e.clone().into_data();
-            }
-            let grads = got.sum().backward();
-            if let Some(e) = expected {
-                let _ = e.sum().backward();
-            }
-            let grad = host(
-                graphed
-                    .module()
-                    .tokens
-                    .weight
-                    .val()
-                    .grad(&grads)
-                    .expect("the table's gradient")
-                    .into_data(),
-            );
-            let mut truth = vec![0.0f64; 40 * 24];
-            for (t, &id) in ids.iter().enumerate() {
-                for d in 0..24 {
-                    truth[id as usize * 24 + d] += 1.0 - y[t * 24 + d] * y[t * 24 + d];
-                }
-            }
-            let off = grad
-                .iter()
-                .zip(&truth)
-                .fold(0.0f64, |m, (g, e)| m.max((g - e).abs()));
-            let rows = |v: &[f64]| -> Vec<usize> {
-                (0..40)
-                    .filter(|r| v[r * 24..(r + 1) * 24].iter().any(|x| *x != 0.0))
-                    .collect()
-            };
-            println!("{name}: step {step} largest difference {off:.3e}");
-            if off > 1e-4 {
-                println!(
-                    "{name}: step {step} rows with gradient {:?}, rows expected {:?}",
-                    rows(&grad),
-                    rows(&truth)
-                );
-                failures.push(format!("{name} step {step}: {off:.3e}"));
-            }
-        }
-        println!("{name}: {:?}", graphed.stats());
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
 }

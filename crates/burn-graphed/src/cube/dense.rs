@@ -9,6 +9,8 @@
 //! elements reads and writes a pitched buffer's padding in place of its last rows' elements.
 //! So those kernels bind [`Dense`] tensors only, and a
 //! [`Dense`] is made only from a tensor that is dense or by a copy into a dense allocation.
+//! A dense tensor's buffer may still run past its last element (one padded row; cubecl gives a
+//! kernel's slice the buffer's length): [`Dense::arg`] binds it trimmed to the elements.
 
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::BufferArg;
@@ -85,7 +87,14 @@ impl Dense {
         self.0
     }
 
-    /// The buffer as a kernel's slice argument of [`len`](Self::len) elements.
+    /// The buffer as a kernel's slice argument of [`len`](Self::len) elements: the slice's
+    /// `len()` inside the kernel is this tensor's element count.
+    ///
+    /// cubecl gives a kernel's slice the length of the bound handle (its bytes in use over the
+    /// element size), not the length passed with it, and a dense tensor's handle may be longer
+    /// than its elements: CUDA pads a row to its pitch, so a one-row tensor or a tensor made
+    /// contiguous by a copy there holds spare elements past its last. The handle is bound
+    /// trimmed to the elements, so a kernel that counts by `len()` never reads the spare ones.
     ///
     /// # Safety
     ///
@@ -93,10 +102,18 @@ impl Dense {
     /// instantiated for that dtype), and only below the slice's length: the length is counted in
     /// those elements, and cubecl does not check it.
     pub(crate) unsafe fn arg(&self) -> BufferArg {
+        let bytes = (self.len() * self.0.dtype.size()) as u64;
+        let handle = self.0.handle.clone();
+        let spare = handle.size_in_used().saturating_sub(bytes);
+        let handle = if spare > 0 {
+            handle.offset_end(spare)
+        } else {
+            handle
+        };
         // SAFETY: the buffer holds `len()` elements of the tensor's dtype densely from the
-        // handle's offset on (the type's invariant); that the kernel reads elements of that
-        // dtype is the caller's obligation.
-        unsafe { BufferArg::from_raw_parts(self.0.handle.clone(), self.len()) }
+        // handle's offset on (the type's invariant), and the handle is trimmed to exactly those
+        // bytes; that the kernel reads elements of that dtype is the caller's obligation.
+        unsafe { BufferArg::from_raw_parts(handle, self.len()) }
     }
 }
 
@@ -235,6 +252,21 @@ pub(crate) mod test_support {
         CubeTensor::new(client, handle, metadata, device, DType::F32)
     }
 
+    /// A row-major tensor of `shape` over the first of `words` (4-byte elements of `dtype`),
+    /// in a buffer of all of them: what CUDA allocates for one row (padded to its pitch).
+    pub fn padded<const D: usize>(
+        words: &[[u8; 4]],
+        shape: [usize; D],
+        dtype: DType,
+    ) -> CubeTensor {
+        let device = device();
+        let client = device.client();
+        let handle = client.create_from_slice(words.concat().as_slice());
+        let strides: Vec<usize> = (0..D).map(|d| shape[d + 1..].iter().product()).collect();
+        let metadata = Metadata::new(Shape::new(shape), Strides::new(&strides));
+        CubeTensor::new(client, handle, metadata, device, dtype)
+    }
+
     /// The whole buffer behind `tensor`, padding included.
     pub fn buffer(tensor: &CubeTensor) -> Vec<f32> {
         let bytes = tensor
@@ -273,6 +305,8 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+    use burn::tensor::DType;
+    use cubecl::prelude::*;
 
     #[test]
     fn pitched_tensors_are_not_dense() {
@@ -296,6 +330,42 @@ mod tests {
         }
         assert_eq!(elements(&pitched), values(0.0));
         assert!(padding_untouched(&pitched));
+    }
+
+    /// What a kernel reads as `len()` of a slice.
+    #[cube(launch_unchecked)]
+    fn length_kernel(x: &[f32], out: &mut [u32]) {
+        if UNIT_POS == 0 {
+            out[0] = x.len() as u32;
+        }
+    }
+
+    /// A dense tensor whose handle is longer than its elements (one CUDA row, padded) binds as
+    /// a slice of its elements: `len()` in the kernel is the tensor's length, not the buffer's.
+    #[test]
+    fn a_padded_row_binds_as_its_elements() {
+        let row = padded(&[1.0f32.to_le_bytes(); 64], [18], DType::F32);
+        assert!(is_dense(&row));
+        let out = padded(&[[0; 4]], [1], DType::U32);
+        let (x, out) = (Dense::of(&row), Dense::of(&out));
+        // SAFETY: the kernel reads nothing of `x` and writes element 0 of `out` (one element).
+        unsafe {
+            length_kernel::launch_unchecked(
+                &row.client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_1d(1),
+                x.arg(),
+                out.arg(),
+            );
+        }
+        let bytes = row
+            .client
+            .read_one(out.tensor().handle.clone())
+            .expect("reads back");
+        assert_eq!(
+            u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            18
+        );
     }
 
     /// `copy_values` writes a pitched destination through its strides: elements replaced,

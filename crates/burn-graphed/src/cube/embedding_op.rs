@@ -328,3 +328,44 @@ pub(crate) fn embedding_rows(
 ) -> Result<burn::backend::DispatchTensor, Box<super::values::EmbeddingInputs>> {
     Ok(<burn::backend::Dispatch as FusedEmbeddingOps>::fused_embedding(table, ids))
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::super::dense::test_support::*;
+    use super::*;
+    use burn::tensor::DType;
+
+    /// The ids and the output gradient as CUDA lays out one padded row (a graphed call's ids on
+    /// CUDA: their buffer runs past the last token): the spare ids name row 0 and the spare
+    /// gradient values are 100, so a kernel counting tokens by the buffer's length would add
+    /// 100s into row 0. The table's gradient holds exactly the tokens' sums.
+    #[test]
+    fn grad_reads_only_the_tokens() {
+        let ids: Vec<[u8; 4]> = [2i32, 0, 2]
+            .into_iter()
+            .chain(std::iter::repeat_n(0, 13))
+            .map(i32::to_le_bytes)
+            .collect();
+        let grad: Vec<[u8; 4]> = [1.0f32, 2.0, 4.0, 8.0, 16.0, 32.0]
+            .into_iter()
+            .chain(std::iter::repeat_n(100.0, 10))
+            .map(f32::to_le_bytes)
+            .collect();
+        let table = TableSpec {
+            rows: 4,
+            dim: 2,
+            dtype: DType::F32,
+        };
+        let out = <CubeBackend as EmbeddingKernels>::embedding_grad(
+            padded(&grad, [3, 2], DType::F32),
+            padded(&ids, [3], DType::I32),
+            table,
+        );
+        // Row 0: token 1; row 2: tokens 0 and 2; rows 1 and 3: no token.
+        assert_eq!(
+            buffer(&out),
+            [4.0, 8.0, 0.0, 0.0, 17.0, 34.0, 0.0, 0.0],
+            "the table's gradient"
+        );
+    }
+}
