@@ -13,11 +13,12 @@
 //! computes the eager call's values bit for bit; burn's backward sums in the same order but
 //! rounds to the dtype after every addition.
 //!
-//! Cost: the tokens' ids are read once per token to find its first occurrence (in blocks through
-//! shared memory), and once per distinct id by its owner: `tokens * (tokens + distinct) /
-//! THREADS` shared reads in all, small for a batch of a few thousand tokens. An id outside
-//! `0..rows` looks up a row of zeros and adds to no row (the ids are not checked on the host:
-//! a graph cannot read them back).
+//! Cost: each token's cube reads the ids before it to find whether it is its id's first
+//! occurrence (`tokens / THREADS` reads per unit); an owner then compares each later token's id
+//! once (one unit per token) and lists the matches with a prefix sum over the cube: about
+//! `distinct * tokens` comparisons in all, spread over the units, plus one read of each token's
+//! gradient row. An id outside `0..rows` looks up a row of zeros and adds to no row (the ids are
+//! not checked on the host: a graph cannot read them back).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -81,6 +82,11 @@ fn gather_kernel<F: Float>(
 /// `CUBE_POS_Z * THREADS..`: where the token is its id's first occurrence, row `ids[token]` of
 /// `out` (`[rows, dim]`) gets the sum of `grad`'s rows (`[tokens, dim]`) of every token with
 /// that id, in token order.
+///
+/// The owner walks the tokens from its own on in blocks of [`THREADS`]: each unit compares one
+/// token's id, a prefix sum over the cube lists the block's matching tokens in order, and every
+/// unit adds those tokens' rows at its dimension. So a cube's work grows with the tokens over
+/// [`THREADS`] plus its id's occurrences, not with the tokens on every unit.
 #[cube(launch_unchecked)]
 fn grad_kernel<F: Float>(
     grad: &[F],
@@ -95,7 +101,8 @@ fn grad_kernel<F: Float>(
     let dim = dim as usize;
     let unit = UNIT_POS as usize;
     let d = CUBE_POS_Z as usize * THREADS + unit;
-    let mut block = Shared::<[i32]>::new_slice(THREADS);
+    let mut scan = Shared::<[u32]>::new_slice(THREADS);
+    let mut list = Shared::<[u32]>::new_slice(THREADS);
     let mut earlier = Shared::<[u32]>::new_slice(1usize);
     // Uniform over the cube (one token per cube): every unit meets the barriers or none does.
     if token < tokens {
@@ -118,28 +125,37 @@ fn grad_kernel<F: Float>(
                 let mut sum = 0.0f32;
                 let mut base = token;
                 while base < tokens {
-                    // Ids past the last token as -1, which no token's id equals here.
-                    let inside = base + unit < tokens;
-                    let mut at = base + unit;
-                    if !inside {
-                        at = token;
+                    let at = base + unit;
+                    let mut hit = 0u32;
+                    if at < tokens {
+                        if ids[at] == id {
+                            hit = 1u32;
+                        }
                     }
-                    let mut mine = ids[at];
-                    if !inside {
-                        mine = -1i32;
-                    }
+                    // The previous block's list and count are read by every unit.
                     sync_cube();
-                    block[unit] = mine;
+                    scan[unit] = hit;
                     sync_cube();
-                    let mut count = tokens - base;
-                    if count > THREADS {
-                        count = THREADS;
+                    // Inclusive prefix sum of the hits (Hillis-Steele).
+                    let mut offset = 1usize;
+                    while offset < THREADS {
+                        let mut value = scan[unit];
+                        if unit >= offset {
+                            value += scan[unit - offset];
+                        }
+                        sync_cube();
+                        scan[unit] = value;
+                        sync_cube();
+                        offset *= 2;
                     }
+                    if hit == 1u32 {
+                        list[(scan[unit] - 1u32) as usize] = at as u32;
+                    }
+                    let count = scan[THREADS - 1] as usize;
+                    sync_cube();
                     if d < dim {
                         for k in 0..count {
-                            if block[k] == id {
-                                sum += f32::cast_from(grad[(base + k) * dim + d]);
-                            }
+                            sum += f32::cast_from(grad[list[k] as usize * dim + d]);
                         }
                     }
                     base += THREADS;
