@@ -593,41 +593,10 @@ pub fn conv_graphed_matches_eager(device: &Device) {
 /// burn-nn's file loads into the fused module and the fused module's into burn-nn's: a
 /// checkpoint of one is a checkpoint of the other.
 pub fn conv_records_load_both_ways(device: &Device) {
-    let dir = std::env::temp_dir().join(format!(
-        "burn-graphed-conv-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
     let config = Conv2dConfig::new([3, 5], [3, 3]).with_padding(PaddingConfig2d::Same);
-    let burn_conv = config.init(device);
-    let burn_file = dir.join("burn_nn.bpk");
-    burn_conv
-        .clone()
-        .save_file(&burn_file)
-        .expect("burn-nn's module saves");
-    // A fresh fused module (other random values) takes burn-nn's.
-    let fused: burn_graphed::nn::Conv2d = config.init(device).into();
-    let fused = fused.load_file(&burn_file);
-    let values_of = |weight: &Param<Tensor<4>>, bias: Option<&Param<Tensor<1>>>| {
-        (weight.val().into_data(), bias.map(|b| b.val().into_data()))
-    };
-    assert_eq!(
-        values_of(&fused.weight, fused.bias.as_ref()),
-        values_of(&burn_conv.weight, burn_conv.bias.as_ref()),
-        "burn-nn's file in the fused module"
+    records_load_both_ways(
+        "conv",
+        || config.init(device),
+        || -> burn_graphed::nn::Conv2d { config.init(device).into() },
     );
-    let fused: burn_graphed::nn::Conv2d = config.init(device).into();
-    let fused_file = dir.join("fused.bpk");
-    fused
-        .clone()
-        .save_file(&fused_file)
-        .expect("the fused module saves");
-    let back = config.init(device).load_file(&fused_file);
-    assert_eq!(
-        values_of(&back.weight, back.bias.as_ref()),
-        values_of(&fused.weight, fused.bias.as_ref()),
-        "the fused module's file in burn-nn's"
-    );
-    std::fs::remove_dir_all(&dir).ok();
 }

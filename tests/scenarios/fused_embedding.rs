@@ -16,7 +16,6 @@
 
 use super::exact::{host, seeded, unit_roundoff};
 use super::*;
-use burn::module::Param;
 use burn::nn::EmbeddingConfig;
 use burn::tensor::{DType, FloatDType, Int};
 
@@ -230,38 +229,10 @@ pub fn embedding_graphed_matches_eager(device: &Device) {
 
 /// burn-nn's file loads into the fused module and the fused module's into burn-nn's.
 pub fn embedding_records_load_both_ways(device: &Device) {
-    let dir = std::env::temp_dir().join(format!(
-        "burn-graphed-embedding-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
     let config = EmbeddingConfig::new(11, 6);
-    let burn_embedding = config.init(device);
-    let burn_file = dir.join("burn_nn.bpk");
-    burn_embedding
-        .clone()
-        .save_file(&burn_file)
-        .expect("burn-nn's module saves");
-    let fused: burn_graphed::nn::Embedding = config.init(device).into();
-    let fused = fused.load_file(&burn_file);
-    let values_of = |weight: &Param<Tensor<2>>| weight.val().into_data();
-    assert_eq!(
-        values_of(&fused.weight),
-        values_of(&burn_embedding.weight),
-        "burn-nn's file in the fused module"
+    records_load_both_ways(
+        "embedding",
+        || config.init(device),
+        || -> burn_graphed::nn::Embedding { config.init(device).into() },
     );
-    let fused: burn_graphed::nn::Embedding = config.init(device).into();
-    let fused_file = dir.join("fused.bpk");
-    fused
-        .clone()
-        .save_file(&fused_file)
-        .expect("the fused module saves");
-    let back = config.init(device).load_file(&fused_file);
-    assert_eq!(
-        values_of(&back.weight),
-        values_of(&fused.weight),
-        "the fused module's file in burn-nn's"
-    );
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -766,6 +766,50 @@ pub fn assert_params_close<A: Module, B: Module>(what: &str, a: &A, b: &B, toler
     }
 }
 
+/// A checkpoint of burn-nn's module (`burn_nn()`, a fresh one each call) loads into a fresh
+/// fused module (`fused()`) and the fused module's into a fresh burn-nn one, every parameter
+/// equal bit for bit: a checkpoint of one is a checkpoint of the other. Each fresh module draws
+/// other random values, so a load that kept them fails. `what` names the files' folder.
+pub fn records_load_both_ways<A: Module, B: Module>(
+    what: &str,
+    burn_nn: impl Fn() -> A,
+    fused: impl Fn() -> B,
+) {
+    let dir = std::env::temp_dir().join(format!(
+        "burn-graphed-{what}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let saved = burn_nn();
+    let burn_file = dir.join("burn_nn.bpk");
+    saved
+        .clone()
+        .save_file(&burn_file)
+        .expect("burn-nn's module saves");
+    let loaded = fused().load_file(&burn_file);
+    assert_params_close(
+        &format!("{what}: burn-nn's file in the fused module"),
+        &loaded,
+        &saved,
+        Tolerance::exact(),
+    );
+    let saved = fused();
+    let fused_file = dir.join("fused.bpk");
+    saved
+        .clone()
+        .save_file(&fused_file)
+        .expect("the fused module saves");
+    let loaded = burn_nn().load_file(&fused_file);
+    assert_params_close(
+        &format!("{what}: the fused module's file in burn-nn's"),
+        &loaded,
+        &saved,
+        Tolerance::exact(),
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Parameters of two trainings from the same start, compared relative to the path the
 /// reference travelled ([`burn_graphed_testkit::ParamMovement`]): where f32 products may round
 /// to TF32 in one training and not the other ([`tolerance_for`] on CUDA), that rounding reaches

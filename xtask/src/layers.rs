@@ -29,6 +29,7 @@ const FEATURES: &[&str] = &[
     "multi_adam",
     "nn/attention",
     "nn/conv",
+    "nn/embedding",
     "nn/encoder",
     "nn/linear",
     "nn/loss",

@@ -35,12 +35,22 @@ use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
 use super::row_kernels::{count_forward, row_grid, row_grid_by, row_of_cube};
-use super::values::TableSpec;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 /// An int tensor of burn's cubecl backend.
 type FusedInt = IntTensor<Cube>;
+
+/// The table of a fused embedding, as its backward needs it: shape and dtype, not its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TableSpec {
+    /// Rows of the table.
+    pub(crate) rows: usize,
+    /// Columns of the table.
+    pub(crate) dim: usize,
+    /// The table's dtype.
+    pub(crate) dtype: burn::tensor::DType,
+}
 
 /// Units of a cube: dimensions a cube sums, and ids it compares per step.
 const THREADS: usize = 256;
@@ -127,6 +137,9 @@ fn grad_kernel<F: Float>(
                 while base < tokens {
                     let at = base + unit;
                     let mut hit = 0u32;
+                    // Nested, not `&&`: a kernel evaluates both sides, and no id past the last
+                    // token may be read.
+                    #[allow(clippy::collapsible_if)]
                     if at < tokens {
                         if ids[at] == id {
                             hit = 1u32;

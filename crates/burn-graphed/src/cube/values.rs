@@ -123,17 +123,6 @@ impl ConvSpec {
 /// The tensors of a fused cross-entropy: logits, targets.
 pub(crate) type LossInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
 
-/// The table of a fused embedding, as its backward needs it: shape and dtype, not its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TableSpec {
-    /// Rows of the table.
-    pub(crate) rows: usize,
-    /// Columns of the table.
-    pub(crate) dim: usize,
-    /// The table's dtype.
-    pub(crate) dtype: burn::tensor::DType,
-}
-
 /// The tensors of a fused embedding: the table, the ids.
 pub(crate) type EmbeddingInputs = (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
 
