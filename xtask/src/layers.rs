@@ -178,4 +178,46 @@ mod tests {
         assert!(!names_file(&text, "cube/not_a_module.rs"));
         assert!(!names_file(&text, "nn/not_a_module.rs"));
     }
+
+    /// Lines a library file may hold before its module doc must say why it is longer.
+    const LONG_FILE: usize = 600;
+
+    /// Whether `source`'s module doc (its leading `//!` lines) gives a reason for its length.
+    fn says_why_long(source: &str) -> bool {
+        source
+            .lines()
+            .take_while(|line| line.starts_with("//!") || line.trim().is_empty())
+            .any(|line| line.contains("Over 600 lines"))
+    }
+
+    /// The house rule: no file of the library over about 600 lines without a reason at its top
+    /// ("Over 600 lines: ..." in its module doc).
+    #[test]
+    fn long_files_say_why() {
+        let src = crate::root().join("crates/burn-graphed/src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let silent: Vec<String> = files
+            .iter()
+            .filter_map(|file| {
+                let source = std::fs::read_to_string(file).expect("readable source");
+                let long = source.lines().count() > LONG_FILE;
+                (long && !says_why_long(&source)).then(|| {
+                    let relative = file.strip_prefix(&src).expect("under src");
+                    format!("{} ({} lines)", relative.display(), source.lines().count())
+                })
+            })
+            .collect();
+        assert!(
+            silent.is_empty(),
+            "files over {LONG_FILE} lines without a reason at their top: {silent:?}"
+        );
+        // The control: a reason below the module doc is not at the top.
+        assert!(says_why_long(
+            "//! A module.\n//!\n//! Over 600 lines: why.\n\nuse x;\n"
+        ));
+        assert!(!says_why_long(
+            "//! A module.\n\nuse x;\n// Over 600 lines: too late.\n"
+        ));
+    }
 }

@@ -1,4 +1,8 @@
 //! [`Graphed`]: a module wrapper whose calls replay captured forward and backward graphs.
+//!
+//! Over 600 lines: the public type's methods with their documentation (about half the file),
+//! its `Module` implementation and the plan of a call; the routing is `route.rs`'s and the
+//! capture `build.rs`'s.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};

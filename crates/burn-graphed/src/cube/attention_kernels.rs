@@ -8,6 +8,10 @@
 //! device's shared memory ([`Blocks`]); a head dimension above [`MAX_DIM`], or a device too
 //! small for the smallest blocks, is not taken (the caller runs burn's composition). Rows of
 //! shared arrays are padded by one element so that the units of a row read different banks.
+//!
+//! Over 600 lines: three kernels and the helpers only they use (staging rows one block ahead,
+//! the group sums and maxima, the block sizes), kept together as `attention_tc_kernels.rs`
+//! keeps the tensor-core three.
 
 // Kernels take queries, keys, values, a mask, their shapes and compile-time choices: more
 // arguments than clippy's default. Inside `#[cube]` functions a compile-time condition stays its
