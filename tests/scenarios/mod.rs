@@ -781,33 +781,26 @@ pub fn records_load_both_ways<A: Module, B: Module>(
         std::thread::current().id()
     ));
     std::fs::create_dir_all(&dir).expect("a temporary folder");
-    let saved = burn_nn();
-    let burn_file = dir.join("burn_nn.bpk");
-    saved
-        .clone()
-        .save_file(&burn_file)
-        .expect("burn-nn's module saves");
-    let loaded = fused().load_file(&burn_file);
-    assert_params_close(
+    record_loads_into(
+        &dir.join("burn_nn.bpk"),
+        burn_nn(),
+        fused(),
         &format!("{what}: burn-nn's file in the fused module"),
-        &loaded,
-        &saved,
-        Tolerance::exact(),
     );
-    let saved = fused();
-    let fused_file = dir.join("fused.bpk");
-    saved
-        .clone()
-        .save_file(&fused_file)
-        .expect("the fused module saves");
-    let loaded = burn_nn().load_file(&fused_file);
-    assert_params_close(
+    record_loads_into(
+        &dir.join("fused.bpk"),
+        fused(),
+        burn_nn(),
         &format!("{what}: the fused module's file in burn-nn's"),
-        &loaded,
-        &saved,
-        Tolerance::exact(),
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `saved` written to `file` and loaded into `fresh`: every parameter equal bit for bit.
+fn record_loads_into<S: Module, L: Module>(file: &std::path::Path, saved: S, fresh: L, what: &str) {
+    saved.clone().save_file(file).expect("the module saves");
+    let loaded = fresh.load_file(file);
+    assert_params_close(what, &loaded, &saved, Tolerance::exact());
 }
 
 /// Parameters of two trainings from the same start, compared relative to the path the

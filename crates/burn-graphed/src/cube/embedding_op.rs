@@ -1,8 +1,6 @@
 //! An embedding lookup with its own backward: what [`crate::nn::embedding`] runs on burn's
 //! cubecl backends, where burn-cubecl's backward (`select_assign`) gives one unit to each
-//! embedding dimension and walks every token in turn (256 units for a 256-wide table, 1024
-//! tokens one after another: about 0.2 ms of the bench language model's step on an H200, the
-//! largest kernel of its step).
+//! embedding dimension and walks every token in turn (docs/decisions.md, "Embeddings").
 //!
 //! The forward is a gather, one unit per token and dimension. The table's gradient: row
 //! `v` is the sum of the output gradient's rows of the tokens whose id is `v`, 0 where no token

@@ -1,7 +1,8 @@
 //! What the row-wise fused kernels share (`norm_op.rs`, `cross_entropy_op.rs`,
 //! `linear_op.rs`, `embedding_op.rs`): one cube per row, its thread count, sums and maxima
 //! over a cube in a fixed tree order (so that a replay computes what the eager call computed,
-//! bit for bit), and the count of fused ops queued (the `testing` feature's proof that a fused path ran).
+//! bit for bit), and the count of fused ops queued (the `testing` feature's proof that a fused
+//! path ran).
 
 use cubecl::prelude::*;
 
