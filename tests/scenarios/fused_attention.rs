@@ -438,8 +438,11 @@ fn attending_forward(model: &Attending, x: Tensor<3>) -> Tensor<3> {
 }
 
 /// The fused multi-head attention against burn-nn's with the same parameters, with a padding
-/// and a causal mask and `quiet_softmax` on and off: checkpoints load both ways, the context
-/// and every parameter gradient agree within what burn-nn's module moves by when its input
+/// and a causal mask and `quiet_softmax` on and off, as self-attention (`MhaInput::self_attn`:
+/// the three projections as one product, the packed kernels) and as the same tensor given
+/// three times (`MhaInput::new`: three products): checkpoints load both ways, the context,
+/// the input's gradient and every projection's weight and bias gradients (the key bias's, 0 in
+/// exact arithmetic, against the value bias's scale) agree within what burn-nn's module moves by when its input
 /// moves by one rounding (measured, as `encoder_matches_burn_nn` does: twice the distance
 /// burn-nn's context moves when each input element moves by `exact::nudge_size` of itself,
 /// plus 2^-20; the gradients within four times that, relative to their largest value). Negative control: the padding mask one key short must move the context by more than
@@ -471,7 +474,7 @@ pub fn mha_matches_burn_nn(device: &Device) {
         .greater(positions.clone().reshape([length, 1]))
         .unsqueeze::<3>()
         .repeat_dim(0, batch);
-    for quiet in [false, true] {
+    for (quiet, joined) in [(false, true), (true, true), (false, false)] {
         let config = MultiHeadAttentionConfig::new(d_model, heads)
             .with_dropout(0.0)
             .with_quiet_softmax(quiet);
@@ -484,12 +487,12 @@ pub fn mha_matches_burn_nn(device: &Device) {
             "quiet {quiet}: a round trip through burn-nn's module changed a parameter"
         );
         let ours_at = |x: Tensor<3>, pad: Tensor<2, Bool>| {
-            ours.forward(
-                MhaInput::self_attn(x)
-                    .mask_pad(pad)
-                    .mask_attn(causal.clone()),
-            )
-            .context
+            let input = match joined {
+                true => MhaInput::self_attn(x),
+                false => MhaInput::new(x.clone(), x.clone(), x),
+            };
+            ours.forward(input.mask_pad(pad).mask_attn(causal.clone()))
+                .context
         };
         let theirs_at = |x: Tensor<3>, pad: Tensor<2, Bool>| {
             theirs
@@ -502,9 +505,13 @@ pub fn mha_matches_burn_nn(device: &Device) {
         };
         let pad = pad_from(length - 3);
         let before = burn_graphed::testing::fused_ops();
-        let context = ours_at(x.clone(), pad.clone());
+        let packed_before = burn_graphed::testing::packed_attention_calls();
+        // The input's gradient too: a leaf of its own per side.
+        let ours_x = x.clone().detach().require_grad();
+        let their_x = x.clone().detach().require_grad();
+        let context = ours_at(ours_x.clone(), pad.clone());
         let ours_grads = context.clone().sum().backward();
-        let burn_context = theirs_at(x.clone(), pad.clone());
+        let burn_context = theirs_at(their_x.clone(), pad.clone());
         let burn_grads = burn_context.clone().sum().backward();
         let burn_out = host(burn_context.into_data());
         let nudge = super::exact::nudge_size(&device);
@@ -517,7 +524,7 @@ pub fn mha_matches_burn_nn(device: &Device) {
             &burn_out,
         );
         println!(
-            "mha quiet {quiet}: fused against burn-nn {distance:.3e}, sensitivity \
+            "mha quiet {quiet} joined {joined}: fused against burn-nn {distance:.3e}, sensitivity \
              {sensitivity:.3e}, bound {bound:.3e}, control {control:.3e}"
         );
         assert!(
@@ -532,19 +539,55 @@ pub fn mha_matches_burn_nn(device: &Device) {
         let grad_of = |weight: &burn::module::Param<Tensor<2>>, grads: &burn::tensor::Gradients| {
             host(weight.grad(grads).expect("a gradient").into_data())
         };
-        for (what, ours_weight, their_weight) in [
-            ("query", &ours.query.weight, &theirs.query.weight),
-            ("key", &ours.key.weight, &theirs.key.weight),
-            ("value", &ours.value.weight, &theirs.value.weight),
+        let bias_of = |bias: &Option<burn::module::Param<Tensor<1>>>,
+                       grads: &burn::tensor::Gradients| {
+            let bias = bias.as_ref().expect("a bias");
+            host(bias.grad(grads).expect("a gradient").into_data())
+        };
+        let mut gradients = vec![(
+            "input".to_string(),
+            host(ours_x.grad(&ours_grads).expect("a gradient").into_data()),
+            host(their_x.grad(&burn_grads).expect("a gradient").into_data()),
+        )];
+        for (what, ours_linear, their_linear) in [
+            ("query", &ours.query, &theirs.query),
+            ("key", &ours.key, &theirs.key),
+            ("value", &ours.value, &theirs.value),
         ] {
-            let distance = error(
-                &grad_of(ours_weight, &ours_grads),
-                &grad_of(their_weight, &burn_grads),
-            );
-            println!("mha quiet {quiet}: {what} weight gradient {distance:.3e}");
+            gradients.push((
+                format!("{what} weight"),
+                grad_of(&ours_linear.weight, &ours_grads),
+                grad_of(&their_linear.weight, &burn_grads),
+            ));
+            gradients.push((
+                format!("{what} bias"),
+                bias_of(&ours_linear.bias, &ours_grads),
+                bias_of(&their_linear.bias, &burn_grads),
+            ));
+        }
+        // The key bias's gradient is 0 in exact arithmetic (it adds one constant to each row's
+        // scores, which the softmax ignores): both sides hold rounding noise, so it is measured
+        // against the value bias gradient's scale (the same sums, of the same size).
+        let value_bias = gradients
+            .iter()
+            .find(|(what, _, _)| what == "value bias")
+            .map(|(_, _, theirs)| theirs.clone())
+            .expect("the value bias's gradient");
+        for (what, ours_grad, their_grad) in gradients {
+            let distance = if what == "key bias" {
+                let scale: f64 = value_bias.iter().fold(0.0, |m, v| m.max(v.abs()));
+                let off = ours_grad
+                    .iter()
+                    .zip(&their_grad)
+                    .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                off / scale
+            } else {
+                error(&ours_grad, &their_grad)
+            };
+            println!("mha quiet {quiet} joined {joined}: {what} gradient {distance:.3e}");
             assert!(
                 distance <= 4.0 * bound,
-                "quiet {quiet}: {what} weight gradient {distance:.3e} above {:.3e}",
+                "quiet {quiet} joined {joined}: {what} gradient {distance:.3e} above {:.3e}",
                 4.0 * bound
             );
         }
@@ -552,6 +595,12 @@ pub fn mha_matches_burn_nn(device: &Device) {
             assert!(
                 burn_graphed::testing::fused_ops() > before,
                 "quiet {quiet}: the fused kernels did not run"
+            );
+            let packed = burn_graphed::testing::packed_attention_calls() - packed_before;
+            assert_eq!(
+                packed,
+                usize::from(joined),
+                "quiet {quiet} joined {joined}: {packed} packed attention calls"
             );
         }
     }

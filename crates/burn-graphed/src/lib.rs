@@ -287,6 +287,13 @@ pub mod testing {
         crate::cube::attention_tensor_core_calls()
     }
 
+    /// How many self-attention calls of `burn_graphed::nn::attention::MultiHeadAttention`
+    /// this process queued with the query, key and value projections as one product (the
+    /// packed kernels): a test's proof that the joined path ran.
+    pub fn packed_attention_calls() -> usize {
+        crate::cube::packed_attention_calls()
+    }
+
     /// While any such guard lives in the process, attention takes its tensor-core kernels
     /// wherever the dtype, head dimension and device allow, whatever its grid (without one, a
     /// grid with fewer cubes than the device has multiprocessors runs the CUDA-core kernels):

@@ -150,9 +150,25 @@ pub(super) struct MaskStrides {
     row: u32,
 }
 
+/// Where a call's queries, keys and values lie in their buffers, and their gradients in
+/// theirs: element `d` of head `h` of row `t` of batch `b` at `at + (b * len + t) * stride + h *
+/// dim + d`, `at` the operand's. Three dense tensors `[batch, len, heads, dim]` have `stride =
+/// heads * dim` and every `at` 0; self-attention's three projections as one tensor `[batch,
+/// len, 3 * heads, dim]` (one product makes them) have `stride = 3 * heads * dim` and `at` 0,
+/// `heads * dim` and `2 * heads * dim`. The output, its gradient, `lse` and `delta` are
+/// always dense.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+#[expand(derive(Clone))]
+pub(super) struct Operands {
+    pub(super) stride: u32,
+    pub(super) q_at: u32,
+    pub(super) k_at: u32,
+    pub(super) v_at: u32,
+}
+
 /// Loads this unit's share (`count * dim / THREADS` elements, rounded up; the last past
-/// `count * dim` for some units, left 0) of `count` rows of `source` (`[batch, len, heads, dim]`, rows
-/// `first..` of batch `b`, head `h`; rows past `len` as 0) into `values`, as `f32`, every load
+/// `count * dim` for some units, left 0) of `count` rows of `source` (rows `first..` of batch
+/// `b`, head `h`, laid out as [`Operands`] says with `at` and `stride`; rows past `len` as 0) into `values`, as `f32`, every load
 /// issued before any is used: the unrolled loop keeps them in flight together, and a caller
 /// that stores them later (`store_rows`) overlaps their latency with its work in between.
 #[cube]
@@ -163,17 +179,18 @@ fn fetch_rows<F: Float>(
     h: usize,
     first: usize,
     len: usize,
-    heads: usize,
+    at: usize,
+    stride: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     #[unroll]
     for n in 0..comptime!((count * dim + THREADS - 1) / THREADS) {
         let idx = UNIT_POS as usize + n * THREADS;
-        let at = first + idx / dim;
+        let row = first + idx / dim;
         let mut value = 0.0f32;
-        if at < len && idx < comptime!(count * dim) {
-            value = f32::cast_from(source[((b * len + at) * heads + h) * dim + idx % dim]);
+        if row < len && idx < comptime!(count * dim) {
+            value = f32::cast_from(source[at + (b * len + row) * stride + h * dim + idx % dim]);
         }
         values[n] = value;
     }
@@ -206,13 +223,25 @@ fn load_rows<F: Float>(
     h: usize,
     first: usize,
     len: usize,
-    heads: usize,
+    at: usize,
+    stride: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
     #[comptime] pitch: usize,
 ) {
     let mut values = Array::<f32>::new(comptime!((count * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(source, &mut values, b, h, first, len, heads, count, dim);
+    fetch_rows::<F>(
+        source,
+        &mut values,
+        b,
+        h,
+        first,
+        len,
+        at,
+        stride,
+        count,
+        dim,
+    );
     store_rows(&values, target, count, dim, pitch);
 }
 
@@ -266,6 +295,7 @@ pub(super) fn forward_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -278,6 +308,12 @@ pub(super) fn forward_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * ROWS;
@@ -296,9 +332,11 @@ pub(super) fn forward_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
     let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
-    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
-    load_rows::<F>(q, &mut qs, b, h, first, q_len, heads, ROWS, dim, pitch);
+    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
+    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    load_rows::<F>(
+        q, &mut qs, b, h, first, q_len, q_at, stride, ROWS, dim, pitch,
+    );
     let mut idx = unit;
     while idx < comptime!(ROWS * dim) {
         acc[idx] = 0.0f32;
@@ -319,8 +357,30 @@ pub(super) fn forward_kernel<F: Float>(
         sync_cube();
         // The next block's keys and values, in flight while this block is worked on.
         if block + 1 < blocks {
-            fetch_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
-            fetch_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+            fetch_rows::<F>(
+                k,
+                &mut k_next,
+                b,
+                h,
+                base + keys,
+                k_len,
+                k_at,
+                stride,
+                keys,
+                dim,
+            );
+            fetch_rows::<F>(
+                v,
+                &mut v_next,
+                b,
+                h,
+                base + keys,
+                k_len,
+                v_at,
+                stride,
+                keys,
+                dim,
+            );
         }
         let mut high = f32::min_value();
         let mut j = t;
@@ -435,6 +495,7 @@ pub(super) fn query_grad_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -446,6 +507,12 @@ pub(super) fn query_grad_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * ROWS;
@@ -465,10 +532,24 @@ pub(super) fn query_grad_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
     let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
-    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
-    load_rows::<F>(q, &mut qs, b, h, first, q_len, heads, ROWS, dim, pitch);
-    load_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, ROWS, dim, pitch);
+    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
+    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    load_rows::<F>(
+        q, &mut qs, b, h, first, q_len, q_at, stride, ROWS, dim, pitch,
+    );
+    load_rows::<F>(
+        dout,
+        &mut dos,
+        b,
+        h,
+        first,
+        q_len,
+        0,
+        heads * dim,
+        ROWS,
+        dim,
+        pitch,
+    );
     let mut idx = unit;
     while idx < comptime!(ROWS * dim) {
         acc[idx] = 0.0f32;
@@ -497,8 +578,30 @@ pub(super) fn query_grad_kernel<F: Float>(
         sync_cube();
         // The next block's keys and values, in flight while this block is worked on.
         if block + 1 < blocks {
-            fetch_rows::<F>(k, &mut k_next, b, h, base + keys, k_len, heads, keys, dim);
-            fetch_rows::<F>(v, &mut v_next, b, h, base + keys, k_len, heads, keys, dim);
+            fetch_rows::<F>(
+                k,
+                &mut k_next,
+                b,
+                h,
+                base + keys,
+                k_len,
+                k_at,
+                stride,
+                keys,
+                dim,
+            );
+            fetch_rows::<F>(
+                v,
+                &mut v_next,
+                b,
+                h,
+                base + keys,
+                k_len,
+                v_at,
+                stride,
+                keys,
+                dim,
+            );
         }
         let mut j = t;
         while j < keys {
@@ -528,7 +631,8 @@ pub(super) fn query_grad_kernel<F: Float>(
     if i < q_len {
         let mut d = t;
         while d < dim {
-            dq[row * dim + d] = F::cast_from(acc[r * dim + d] * scale);
+            dq[q_at + (b * q_len + i) * stride + h * dim + d] =
+                F::cast_from(acc[r * dim + d] * scale);
             d += GROUP;
         }
     }
@@ -550,6 +654,7 @@ pub(super) fn key_grad_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -561,6 +666,12 @@ pub(super) fn key_grad_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * KEYS;
@@ -593,7 +704,18 @@ pub(super) fn key_grad_kernel<F: Float>(
     // row, `rows` <= THREADS) are in flight while the keys and values are loaded.
     let mut q_next = Array::<f32>::new(comptime!((rows * dim + THREADS - 1) / THREADS));
     let mut do_next = Array::<f32>::new(comptime!((rows * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(q, &mut q_next, b, h, start * rows, q_len, heads, rows, dim);
+    fetch_rows::<F>(
+        q,
+        &mut q_next,
+        b,
+        h,
+        start * rows,
+        q_len,
+        q_at,
+        stride,
+        rows,
+        dim,
+    );
     fetch_rows::<F>(
         dout,
         &mut do_next,
@@ -601,14 +723,19 @@ pub(super) fn key_grad_kernel<F: Float>(
         h,
         start * rows,
         q_len,
-        heads,
+        0,
+        heads * dim,
         rows,
         dim,
     );
     let mut lse_next = row_value(lse, b, h, start * rows, q_len, heads);
     let mut delta_next = row_value(delta, b, h, start * rows, q_len, heads);
-    load_rows::<F>(k, &mut ks, b, h, first, k_len, heads, KEYS, dim, pitch);
-    load_rows::<F>(v, &mut vs, b, h, first, k_len, heads, KEYS, dim, pitch);
+    load_rows::<F>(
+        k, &mut ks, b, h, first, k_len, k_at, stride, KEYS, dim, pitch,
+    );
+    load_rows::<F>(
+        v, &mut vs, b, h, first, k_len, v_at, stride, KEYS, dim, pitch,
+    );
     let mut idx = unit;
     while idx < comptime!(KEYS * dim) {
         dk_acc[idx] = 0.0f32;
@@ -627,7 +754,18 @@ pub(super) fn key_grad_kernel<F: Float>(
         sync_cube();
         // The next block's rows, in flight while this block is worked on.
         if block + 1 < blocks {
-            fetch_rows::<F>(q, &mut q_next, b, h, base + rows, q_len, heads, rows, dim);
+            fetch_rows::<F>(
+                q,
+                &mut q_next,
+                b,
+                h,
+                base + rows,
+                q_len,
+                q_at,
+                stride,
+                rows,
+                dim,
+            );
             fetch_rows::<F>(
                 dout,
                 &mut do_next,
@@ -635,7 +773,8 @@ pub(super) fn key_grad_kernel<F: Float>(
                 h,
                 base + rows,
                 q_len,
-                heads,
+                0,
+                heads * dim,
                 rows,
                 dim,
             );
@@ -672,11 +811,11 @@ pub(super) fn key_grad_kernel<F: Float>(
         }
     }
     if kj < k_len {
-        let at = ((b * k_len + kj) * heads + h) * dim;
+        let at = (b * k_len + kj) * stride + h * dim;
         let mut d = t;
         while d < dim {
-            dk[at + d] = F::cast_from(dk_acc[j * dim + d] * scale);
-            dv[at + d] = F::cast_from(dv_acc[j * dim + d]);
+            dk[k_at + at + d] = F::cast_from(dk_acc[j * dim + d] * scale);
+            dv[v_at + at + d] = F::cast_from(dv_acc[j * dim + d]);
             d += GROUP;
         }
     }

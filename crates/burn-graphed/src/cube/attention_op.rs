@@ -47,8 +47,8 @@ use cubecl::prelude::*;
 
 use super::adam_op::{checked_elem, kernel_elem};
 use super::attention_kernels::{
-    Blocks, KEYS, MaskStridesLaunch, ROWS, THREADS, forward_kernel, key_grad_kernel,
-    query_grad_kernel,
+    Blocks, KEYS, MaskStridesLaunch, OperandsLaunch, ROWS, THREADS, forward_kernel,
+    key_grad_kernel, query_grad_kernel,
 };
 use super::attention_tc_kernels::{
     BLOCK, LANES, PLANES, TensorBlocks, forward_tc_kernel, key_grad_tc_kernel, query_grad_tc_kernel,
@@ -66,6 +66,16 @@ static TENSOR_CORE_CALLS: AtomicUsize = AtomicUsize::new(0);
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) fn tensor_core_calls() -> usize {
     TENSOR_CORE_CALLS.load(Ordering::Relaxed)
+}
+
+/// Packed attention forwards (self-attention's projections in one tensor) queued in this
+/// process (read by `burn_graphed::testing`).
+static PACKED_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Packed attention forwards queued so far in this process.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn packed_calls() -> usize {
+    PACKED_CALLS.load(Ordering::Relaxed)
 }
 
 /// Live guards of `burn_graphed::testing::attention_tensor_cores_always`: while any lives, the
@@ -138,6 +148,49 @@ pub(crate) trait AttentionKernels: Backend {
         scale: f32,
         fill: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `(out, lse)` as [`attention_forward`](Self::attention_forward), the queries, keys and
+    /// values as one tensor `qkv` `[batch, len, 3 * heads, dim]` (their heads in turn: a
+    /// self-attention's three projections made by one product).
+    #[fusion(meta = |qkv, _mask, _masked, _causal, _quiet, _scale, _fill| {
+        let [batch, len, heads, dim] = qkv.shape.dims::<4>();
+        (
+            burn::backend::fusion::custom::TensorSpec::new(
+                Shape::new([batch, len, heads / 3, dim]),
+                qkv.dtype,
+            ),
+            burn::backend::fusion::custom::TensorSpec::new(
+                Shape::new([batch, len, heads / 3]),
+                DType::F32,
+            ),
+        )
+    })]
+    fn attention_packed_forward(
+        qkv: FloatTensor<Self>,
+        mask: IntTensor<Self>,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f32,
+        fill: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradient of `qkv` (its layout) for the output's gradient `dout`.
+    #[fusion(meta = |qkv, _out, _dout, _lse, _mask, _masked, _causal, _quiet, _scale, _fill| {
+        burn::backend::fusion::custom::TensorSpec::new(qkv.shape.clone(), qkv.dtype)
+    })]
+    fn attention_packed_backward(
+        qkv: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        mask: IntTensor<Self>,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f32,
+        fill: f32,
+    ) -> FloatTensor<Self>;
 }
 
 /// The shapes of a call: `(batch, q_len, k_len, heads, dim)`, its blocks and the mask's
@@ -152,12 +205,24 @@ struct Call {
     /// The tensor-core kernels' blocks where they take the call.
     tensor: Option<TensorBlocks>,
     strides: [u32; 3],
+    /// Where the operands lie: `OperandsLaunch`'s stride, then the queries', keys' and values'
+    /// offsets.
+    operands: [u32; 4],
 }
 
 impl Call {
-    fn of(q: &CubeTensor, k: &CubeTensor, mask: &CubeTensor, masked: bool) -> Self {
+    /// The call of `q` over `k` (`[batch, len, heads, dim]` each), or with `packed` of `q`
+    /// alone, `[batch, len, 3 * heads, dim]`, the queries, keys and values in turn.
+    fn of(q: &CubeTensor, k: &CubeTensor, mask: &CubeTensor, masked: bool, packed: bool) -> Self {
         let [batch, q_len, heads, dim] = q.meta.shape().dims::<4>();
         let k_len = k.meta.shape().dims::<4>()[1];
+        let (heads, operands) = if packed {
+            let heads = heads / 3;
+            let width = (heads * dim) as u32;
+            (heads, [3 * width, 0, width, 2 * width])
+        } else {
+            (heads, [(heads * dim) as u32, 0, 0, 0])
+        };
         let shared = q.client.properties().hardware.max_shared_memory_size;
         let blocks = Blocks::for_dim(dim, shared).unwrap_or_else(|| {
             panic!(
@@ -186,12 +251,18 @@ impl Call {
             blocks,
             tensor,
             strides,
+            operands,
         }
     }
 
     fn strides(&self) -> MaskStridesLaunch {
         let [batch, head, row] = self.strides;
         MaskStridesLaunch::new(batch, head, row)
+    }
+
+    fn operands(&self) -> OperandsLaunch {
+        let [stride, q_at, k_at, v_at] = self.operands;
+        OperandsLaunch::new(stride, q_at, k_at, v_at)
     }
 
     /// One cube per block of `per_cube` rows of `len`, per head, per batch.
@@ -263,94 +334,10 @@ impl AttentionKernels for CubeBackend {
         scale: f32,
         fill: f32,
     ) -> (CubeTensor, CubeTensor) {
-        let call = Call::of(&q, &k, &mask, masked);
-        let elem = checked_elem(&q, "attention");
-        let (client, device) = (q.client.clone(), q.device.clone());
-        let out = Dense::new_empty(
-            client.clone(),
-            device.clone(),
-            q.meta.shape().clone(),
-            q.dtype,
-        );
-        let lse = Dense::new_empty(
-            client.clone(),
-            device,
-            Shape::new([call.batch, call.q_len, call.heads]),
-            DType::F32,
-        );
-        let (q, k, v, mask) = (
-            Dense::of(&q),
-            Dense::of(&k),
-            Dense::of(&v),
-            Dense::of(&mask),
-        );
-        if let Some(blocks) = call.tensor {
-            TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `PLANES` planes
-            // of `LANES` units (`tensor_cores` checked the device's planes are that size and
-            // that it multiplies 16x16x16 tiles of `elem` into f32), `BLOCK` rows each, its
-            // shared arrays sized by `TensorBlocks::for_dim` within the device's limit.
-            unsafe {
-                forward_tc_kernel::launch_unchecked(
-                    &client,
-                    call.grid(call.q_len, BLOCK),
-                    CubeDim::new_2d(LANES as u32, PLANES as u32),
-                    q.arg(),
-                    k.arg(),
-                    v.arg(),
-                    mask.arg(),
-                    out.arg(),
-                    lse.arg(),
-                    call.q_len as u32,
-                    call.k_len as u32,
-                    call.heads as u32,
-                    call.strides(),
-                    scale,
-                    fill,
-                    call.dim,
-                    blocks.forward_keys,
-                    masked,
-                    causal,
-                    quiet,
-                    elem,
-                );
-            }
-            return (out.into_tensor(), lse.into_tensor());
-        }
-        // SAFETY: the kernel is instantiated for `elem`, the dtype of q, k, v (the caller
-        // checked they agree) and of out (made with it); lse is f32 and the mask i32. A cube
-        // reads rows below `q_len` of q and below `k_len` of k and v (`[batch, len, heads, dim]`
-        // dense, `dim` the kernel's), and the mask, when `masked`, at `b * s0 + h * s1 + i * s2
-        // + j` for `b < batch`, `h < heads`, `i < q_len`, `j < k_len`, inside the dense mask
-        // whose shape gave the strides (0 along its dimensions of size 1). It writes the rows
-        // `i < q_len` of its own block of out and lse, new allocations distinct from the read
-        // buffers. Shared memory: `Blocks::for_dim` sized the blocks within the device's limit.
-        unsafe {
-            forward_kernel::launch_unchecked(
-                &client,
-                call.grid(call.q_len, ROWS),
-                CubeDim::new_1d(THREADS as u32),
-                q.arg(),
-                k.arg(),
-                v.arg(),
-                mask.arg(),
-                out.arg(),
-                lse.arg(),
-                call.q_len as u32,
-                call.k_len as u32,
-                call.heads as u32,
-                call.strides(),
-                scale,
-                fill,
-                call.dim,
-                call.blocks.keys,
-                masked,
-                causal,
-                quiet,
-                elem,
-            );
-        }
-        (out.into_tensor(), lse.into_tensor())
+        let call = Call::of(&q, &k, &mask, masked, false);
+        let spec = spec_of(masked, causal, quiet, scale.into(), fill.into());
+        let (q, k, v) = (Dense::of(&q), Dense::of(&k), Dense::of(&v));
+        launch_forward(&call, [&q, &k, &v], &Dense::of(&mask), spec)
     }
 
     fn attention_backward(
@@ -363,100 +350,215 @@ impl AttentionKernels for CubeBackend {
         mask: CubeTensor,
         masked: bool,
         causal: bool,
-        _quiet: bool,
+        quiet: bool,
         scale: f32,
         fill: f32,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let call = Call::of(&q, &k, &mask, masked);
-        let elem = checked_elem(&q, "attention");
-        let (client, device) = (q.client.clone(), q.device.clone());
-        let new = |like: &CubeTensor| {
-            Dense::new_empty(
-                client.clone(),
-                device.clone(),
-                like.meta.shape().clone(),
-                like.dtype,
-            )
-        };
-        let (dq, dk, dv) = (new(&q), new(&k), new(&v));
-        let delta = Dense::new_empty(
-            client.clone(),
-            device.clone(),
-            lse.meta.shape().clone(),
-            DType::F32,
+        let call = Call::of(&q, &k, &mask, masked, false);
+        let spec = spec_of(masked, causal, quiet, scale.into(), fill.into());
+        let (dq, dk, dv) = (
+            Dense::empty_like(&q),
+            Dense::empty_like(&k),
+            Dense::empty_like(&v),
         );
         let (q, k, v) = (Dense::of(&q), Dense::of(&k), Dense::of(&v));
-        let (out, dout, lse) = (Dense::of(&out), Dense::of(&dout), Dense::of(&lse));
-        let mask = Dense::of(&mask);
-        if let Some(blocks) = call.tensor {
-            TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
-            // of `LANES` units, `BLOCK` rows or keys each; the device checked by
-            // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`).
-            unsafe {
-                query_grad_tc_kernel::launch_unchecked(
-                    &client,
-                    call.grid(call.q_len, BLOCK),
-                    CubeDim::new_2d(LANES as u32, PLANES as u32),
-                    q.arg(),
-                    k.arg(),
-                    v.arg(),
-                    out.arg(),
-                    dout.arg(),
-                    lse.arg(),
-                    mask.arg(),
-                    dq.arg(),
-                    delta.arg(),
-                    call.q_len as u32,
-                    call.k_len as u32,
-                    call.heads as u32,
-                    call.strides(),
-                    scale,
-                    fill,
-                    call.dim,
-                    blocks.grad_keys,
-                    masked,
-                    causal,
-                    elem,
-                );
-                key_grad_tc_kernel::launch_unchecked(
-                    &client,
-                    call.grid(call.k_len, BLOCK),
-                    CubeDim::new_2d(LANES as u32, PLANES as u32),
-                    q.arg(),
-                    k.arg(),
-                    v.arg(),
-                    dout.arg(),
-                    lse.arg(),
-                    delta.arg(),
-                    mask.arg(),
-                    dk.arg(),
-                    dv.arg(),
-                    call.q_len as u32,
-                    call.k_len as u32,
-                    call.heads as u32,
-                    call.strides(),
-                    scale,
-                    fill,
-                    call.dim,
-                    blocks.rows,
-                    masked,
-                    causal,
-                    elem,
-                );
-            }
-            return (dq.into_tensor(), dk.into_tensor(), dv.into_tensor());
-        }
-        // SAFETY: as in the forward: `elem` for q, k, v, out, dout and the gradients, f32 for
-        // lse and delta, i32 for the mask, the same shapes and bounds. The first kernel writes
-        // rows `i < q_len` of its block of dq and delta; the second reads delta (after the
-        // first, on the same stream) and writes keys `j < k_len` of its block of dk and dv. The
-        // written buffers are new allocations, distinct from each other and the read ones.
+        let saved = [&Dense::of(&out), &Dense::of(&dout), &Dense::of(&lse)];
+        launch_backward(
+            &call,
+            [&q, &k, &v],
+            saved,
+            &Dense::of(&mask),
+            [&dq, &dk, &dv],
+            spec,
+        );
+        (dq.into_tensor(), dk.into_tensor(), dv.into_tensor())
+    }
+
+    fn attention_packed_forward(
+        qkv: CubeTensor,
+        mask: CubeTensor,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f32,
+        fill: f32,
+    ) -> (CubeTensor, CubeTensor) {
+        let call = Call::of(&qkv, &qkv, &mask, masked, true);
+        let spec = spec_of(masked, causal, quiet, scale.into(), fill.into());
+        let qkv = Dense::of(&qkv);
+        launch_forward(&call, [&qkv, &qkv, &qkv], &Dense::of(&mask), spec)
+    }
+
+    fn attention_packed_backward(
+        qkv: CubeTensor,
+        out: CubeTensor,
+        dout: CubeTensor,
+        lse: CubeTensor,
+        mask: CubeTensor,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f32,
+        fill: f32,
+    ) -> CubeTensor {
+        let call = Call::of(&qkv, &qkv, &mask, masked, true);
+        let spec = spec_of(masked, causal, quiet, scale.into(), fill.into());
+        // Every element is written: the dQ kernel the queries' heads of every row, the dK/dV
+        // kernel the keys' and the values'.
+        let dqkv = Dense::empty_like(&qkv);
+        let qkv = Dense::of(&qkv);
+        let saved = [&Dense::of(&out), &Dense::of(&dout), &Dense::of(&lse)];
+        launch_backward(
+            &call,
+            [&qkv, &qkv, &qkv],
+            saved,
+            &Dense::of(&mask),
+            [&dqkv, &dqkv, &dqkv],
+            spec,
+        );
+        dqkv.into_tensor()
+    }
+}
+
+/// The forward's launch: `(out, lse)` (dense, `[batch, q_len, heads, dim]` and `[batch, q_len,
+/// heads]`) of the operands `q`, `k`, `v` laid out as `call` says (three tensors or one packed
+/// tensor bound three times).
+fn launch_forward(
+    call: &Call,
+    [q, k, v]: [&Dense; 3],
+    mask: &Dense,
+    spec: AttentionSpec,
+) -> (CubeTensor, CubeTensor) {
+    let AttentionSpec {
+        masked,
+        causal,
+        quiet,
+        scale,
+        fill,
+    } = spec;
+    let elem = checked_elem(q.tensor(), "attention");
+    let (client, device) = (q.tensor().client.clone(), q.tensor().device.clone());
+    let out = Dense::new_empty(
+        client.clone(),
+        device.clone(),
+        Shape::new([call.batch, call.q_len, call.heads, call.dim]),
+        q.tensor().dtype,
+    );
+    let lse = Dense::new_empty(
+        client.clone(),
+        device,
+        Shape::new([call.batch, call.q_len, call.heads]),
+        DType::F32,
+    );
+    if let Some(blocks) = call.tensor {
+        TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `PLANES` planes
+        // of `LANES` units (`tensor_cores` checked the device's planes are that size and
+        // that it multiplies 16x16x16 tiles of `elem` into f32), `BLOCK` rows each, its
+        // shared arrays sized by `TensorBlocks::for_dim` within the device's limit.
         unsafe {
-            query_grad_kernel::launch_unchecked(
+            forward_tc_kernel::launch_unchecked(
                 &client,
-                call.grid(call.q_len, ROWS),
-                CubeDim::new_1d(THREADS as u32),
+                call.grid(call.q_len, BLOCK),
+                CubeDim::new_2d(LANES as u32, PLANES as u32),
+                q.arg(),
+                k.arg(),
+                v.arg(),
+                mask.arg(),
+                out.arg(),
+                lse.arg(),
+                call.q_len as u32,
+                call.k_len as u32,
+                call.heads as u32,
+                call.strides(),
+                call.operands(),
+                scale,
+                fill,
+                call.dim,
+                blocks.forward_keys,
+                masked,
+                causal,
+                quiet,
+                elem,
+            );
+        }
+        return (out.into_tensor(), lse.into_tensor());
+    }
+    // SAFETY: the kernel is instantiated for `elem`, the dtype of q, k, v (the caller
+    // checked they agree) and of out (made with it); lse is f32 and the mask i32. A cube
+    // reads rows below `q_len` of q and below `k_len` of k and v (dense, `[batch, len,
+    // heads, dim]` each or `[batch, len, 3 * heads, dim]` bound three times, the operands'
+    // stride and offsets `Call::of` took from that shape, `dim` the kernel's), and the mask, when `masked`, at `b * s0 + h * s1 + i * s2
+    // + j` for `b < batch`, `h < heads`, `i < q_len`, `j < k_len`, inside the dense mask
+    // whose shape gave the strides (0 along its dimensions of size 1). It writes the rows
+    // `i < q_len` of its own block of out and lse, new allocations distinct from the read
+    // buffers. Shared memory: `Blocks::for_dim` sized the blocks within the device's limit.
+    unsafe {
+        forward_kernel::launch_unchecked(
+            &client,
+            call.grid(call.q_len, ROWS),
+            CubeDim::new_1d(THREADS as u32),
+            q.arg(),
+            k.arg(),
+            v.arg(),
+            mask.arg(),
+            out.arg(),
+            lse.arg(),
+            call.q_len as u32,
+            call.k_len as u32,
+            call.heads as u32,
+            call.strides(),
+            call.operands(),
+            scale,
+            fill,
+            call.dim,
+            call.blocks.keys,
+            masked,
+            causal,
+            quiet,
+            elem,
+        );
+    }
+    (out.into_tensor(), lse.into_tensor())
+}
+
+/// The backward's launches: the gradients of `q`, `k`, `v` (laid out as `call` says) into
+/// `dq`, `dk`, `dv` (the same layout: three new tensors, or one new packed tensor bound three
+/// times, of which each kernel writes its own operands' elements), from the forward's `out`,
+/// the output's gradient `dout` and `lse`.
+fn launch_backward(
+    call: &Call,
+    [q, k, v]: [&Dense; 3],
+    [out, dout, lse]: [&Dense; 3],
+    mask: &Dense,
+    [dq, dk, dv]: [&Dense; 3],
+    spec: AttentionSpec,
+) {
+    let AttentionSpec {
+        masked,
+        causal,
+        scale,
+        fill,
+        ..
+    } = spec;
+    let elem = checked_elem(q.tensor(), "attention");
+    let client = q.tensor().client.clone();
+    let delta = Dense::new_empty(
+        client.clone(),
+        q.tensor().device.clone(),
+        lse.tensor().meta.shape().clone(),
+        DType::F32,
+    );
+    if let Some(blocks) = call.tensor {
+        TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
+        // of `LANES` units, `BLOCK` rows or keys each; the device checked by
+        // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`).
+        unsafe {
+            query_grad_tc_kernel::launch_unchecked(
+                &client,
+                call.grid(call.q_len, BLOCK),
+                CubeDim::new_2d(LANES as u32, PLANES as u32),
                 q.arg(),
                 k.arg(),
                 v.arg(),
@@ -470,18 +572,19 @@ impl AttentionKernels for CubeBackend {
                 call.k_len as u32,
                 call.heads as u32,
                 call.strides(),
+                call.operands(),
                 scale,
                 fill,
                 call.dim,
-                call.blocks.keys,
+                blocks.grad_keys,
                 masked,
                 causal,
                 elem,
             );
-            key_grad_kernel::launch_unchecked(
+            key_grad_tc_kernel::launch_unchecked(
                 &client,
-                call.grid(call.k_len, KEYS),
-                CubeDim::new_1d(THREADS as u32),
+                call.grid(call.k_len, BLOCK),
+                CubeDim::new_2d(LANES as u32, PLANES as u32),
                 q.arg(),
                 k.arg(),
                 v.arg(),
@@ -495,16 +598,79 @@ impl AttentionKernels for CubeBackend {
                 call.k_len as u32,
                 call.heads as u32,
                 call.strides(),
+                call.operands(),
                 scale,
                 fill,
                 call.dim,
-                call.blocks.rows,
+                blocks.rows,
                 masked,
                 causal,
                 elem,
             );
         }
-        (dq.into_tensor(), dk.into_tensor(), dv.into_tensor())
+        return;
+    }
+    // SAFETY: as in the forward: `elem` for q, k, v, out, dout and the gradients, f32 for
+    // lse and delta, i32 for the mask, the same shapes and bounds; the gradients in the
+    // operands' layout. The first kernel writes rows `i < q_len` of its block of dq and
+    // delta; the second reads delta (after the first, on the same stream) and writes keys
+    // `j < k_len` of its block of dk and dv. The written buffers are new allocations,
+    // distinct from the read ones; where dq, dk and dv are one packed buffer, each writes
+    // only its own operand's heads (offsets `heads * dim` apart, `dim` elements each), so no
+    // element is written twice or through two bindings.
+    unsafe {
+        query_grad_kernel::launch_unchecked(
+            &client,
+            call.grid(call.q_len, ROWS),
+            CubeDim::new_1d(THREADS as u32),
+            q.arg(),
+            k.arg(),
+            v.arg(),
+            out.arg(),
+            dout.arg(),
+            lse.arg(),
+            mask.arg(),
+            dq.arg(),
+            delta.arg(),
+            call.q_len as u32,
+            call.k_len as u32,
+            call.heads as u32,
+            call.strides(),
+            call.operands(),
+            scale,
+            fill,
+            call.dim,
+            call.blocks.keys,
+            masked,
+            causal,
+            elem,
+        );
+        key_grad_kernel::launch_unchecked(
+            &client,
+            call.grid(call.k_len, KEYS),
+            CubeDim::new_1d(THREADS as u32),
+            q.arg(),
+            k.arg(),
+            v.arg(),
+            dout.arg(),
+            lse.arg(),
+            delta.arg(),
+            mask.arg(),
+            dk.arg(),
+            dv.arg(),
+            call.q_len as u32,
+            call.k_len as u32,
+            call.heads as u32,
+            call.strides(),
+            call.operands(),
+            scale,
+            fill,
+            call.dim,
+            call.blocks.rows,
+            masked,
+            causal,
+            elem,
+        );
     }
 }
 
@@ -517,6 +683,19 @@ pub(crate) trait FusedAttentionOps: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        mask: IntTensor<Self>,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f64,
+        fill: f64,
+    ) -> FloatTensor<Self>;
+
+    /// The attention of the queries over the keys and values of `qkv` (`[batch, len, 3 *
+    /// heads, dim]`, the three in turn), as [`AttentionKernels::attention_packed_forward`]'s
+    /// first output; the backward's gradient in `qkv`'s layout.
+    fn fused_attention_packed(
+        qkv: FloatTensor<Self>,
         mask: IntTensor<Self>,
         masked: bool,
         causal: bool,
@@ -570,6 +749,37 @@ impl FusedAttentionOps for Cube {
     ) -> FusedTensor {
         forward((q, k, v, mask), spec_of(masked, causal, quiet, scale, fill)).0
     }
+
+    fn fused_attention_packed(
+        qkv: FusedTensor,
+        mask: FusedInt,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f64,
+        fill: f64,
+    ) -> FusedTensor {
+        forward_packed(qkv, mask, spec_of(masked, causal, quiet, scale, fill)).0
+    }
+}
+
+/// The packed forward through the fusion kernels: `(out, lse)`.
+fn forward_packed(
+    qkv: FusedTensor,
+    mask: FusedInt,
+    spec: AttentionSpec,
+) -> (FusedTensor, FusedTensor) {
+    count_forward();
+    PACKED_CALLS.fetch_add(1, Ordering::Relaxed);
+    <Cube as AttentionKernels>::attention_packed_forward(
+        qkv,
+        mask,
+        spec.masked,
+        spec.causal,
+        spec.quiet,
+        spec.scale,
+        spec.fill,
+    )
 }
 
 /// What the backward keeps of the forward.
@@ -625,6 +835,56 @@ impl Backward<Cube, 3> for AttentionBackward {
     }
 }
 
+/// What the packed backward keeps of the forward.
+#[derive(Debug, Clone)]
+struct SavedPacked {
+    qkv: FusedTensor,
+    out: FusedTensor,
+    lse: FusedTensor,
+    mask: FusedInt,
+    spec: AttentionSpec,
+}
+
+/// The packed backward node: parent qkv.
+#[derive(Debug)]
+struct PackedAttentionBackward;
+
+impl Backward<Cube, 1> for PackedAttentionBackward {
+    type State = SavedPacked;
+
+    fn backward(
+        self,
+        ops: Ops<SavedPacked, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [node] = ops.parents;
+        let dout = grads.consume::<Cube>(&ops.node);
+        let SavedPacked {
+            qkv,
+            out,
+            lse,
+            mask,
+            spec,
+        } = ops.state;
+        let dqkv = <Cube as AttentionKernels>::attention_packed_backward(
+            qkv,
+            out,
+            dout,
+            lse,
+            mask,
+            spec.masked,
+            spec.causal,
+            spec.quiet,
+            spec.scale,
+            spec.fill,
+        );
+        if let Some(node) = node {
+            grads.register::<Cube>(node.id, dqkv);
+        }
+    }
+}
+
 impl<C: CheckpointStrategy> FusedAttentionOps for Autodiff<Cube, C> {
     fn fused_attention(
         q: AutodiffTensor,
@@ -662,6 +922,37 @@ impl<C: CheckpointStrategy> FusedAttentionOps for Autodiff<Cube, C> {
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
+
+    fn fused_attention_packed(
+        qkv: AutodiffTensor,
+        mask: FusedInt,
+        masked: bool,
+        causal: bool,
+        quiet: bool,
+        scale: f64,
+        fill: f64,
+    ) -> AutodiffTensor {
+        let (qkv, node) = qkv.into_parts();
+        let prepared = PackedAttentionBackward
+            .prepare::<C>([node])
+            .compute_bound()
+            .stateful();
+        let spec = spec_of(masked, causal, quiet, scale, fill);
+        let (out, lse) = forward_packed(qkv.clone(), mask.clone(), spec);
+        match prepared {
+            OpsKind::Tracked(prep) => prep.finish(
+                SavedPacked {
+                    qkv,
+                    out: out.clone(),
+                    lse,
+                    mask,
+                    spec,
+                },
+                out,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
 }
 
 /// The attention of `q` over `k` and `v` (`[batch, len, heads, dim]`, one float dtype, burn's
@@ -689,6 +980,27 @@ pub(crate) fn attention(
     )
 }
 
+/// The attention of the queries over the keys and values of `qkv` (`[batch, len, 3 * heads,
+/// dim]`, the three in turn: self-attention's projections made by one product) with `mask`
+/// (as [`attention`]'s), through burn's dispatch: `[batch, len, heads, dim]`. The caller
+/// checked what [`attention`]'s caller checks. Never `Err` here (see the stand-in).
+pub(crate) fn attention_packed(
+    (qkv, mask): super::values::PackedAttentionInputs,
+    spec: AttentionSpec,
+) -> Result<burn::backend::DispatchTensor, Box<super::values::PackedAttentionInputs>> {
+    Ok(
+        <burn::backend::Dispatch as FusedAttentionOps>::fused_attention_packed(
+            qkv,
+            mask,
+            spec.masked,
+            spec.causal,
+            spec.quiet,
+            f64::from(spec.scale),
+            f64::from(spec.fill),
+        ),
+    )
+}
+
 /// Whether the kernels take head dimension `dim` on `device` (its shared memory fits the
 /// smallest blocks).
 pub(crate) fn supports_dim(device: &burn::tensor::Device, dim: usize) -> bool {
@@ -696,4 +1008,106 @@ pub(crate) fn supports_dim(device: &burn::tensor::Device, dim: usize) -> bool {
         return false;
     };
     Blocks::for_dim(dim, shared).is_some()
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::super::dense::test_support::*;
+    use super::*;
+
+    fn tensor<const D: usize>(values: &[f32], shape: [usize; D], dtype: DType) -> CubeTensor {
+        let words: Vec<[u8; 4]> = values.iter().map(|v| v.to_le_bytes()).collect();
+        padded(&words, shape, dtype)
+    }
+
+    fn read(tensor: &CubeTensor) -> Vec<f32> {
+        let n = tensor.meta.shape().num_elements();
+        buffer(tensor)[..n].to_vec()
+    }
+
+    /// The packed call reads its queries, keys and values where the separate call's tensors
+    /// hold them, so it computes the separate call's output, `lse` and gradients bit for bit
+    /// (the kernels' arithmetic does not depend on the layout): causal, with a padding mask,
+    /// 19 rows (a partial block), 2 heads of 8. The gradient's three parts land in the packed
+    /// layout: with the keys' and values' offsets swapped or one head off, they would differ.
+    #[test]
+    fn packed_equals_separate() {
+        let [batch, len, heads, dim] = [2, 19, 2, 8];
+        let width = heads * dim;
+        let qkv: Vec<f32> = (0..batch * len * 3 * width)
+            .map(|i| (i as f32 * 0.61).sin())
+            .collect();
+        // Part `p` (0 queries, 1 keys, 2 values) of every row.
+        let part = |values: &[f32], p: usize| -> Vec<f32> {
+            values
+                .chunks(3 * width)
+                .flat_map(|row| row[p * width..(p + 1) * width].to_vec())
+                .collect()
+        };
+        let shape = [batch, len, heads, dim];
+        let [q, k, v] = [0, 1, 2].map(|p| tensor(&part(&qkv, p), shape, DType::F32));
+        let packed = tensor(&qkv, [batch, len, 3 * heads, dim], DType::F32);
+        let hidden: Vec<[u8; 4]> = (0..batch * len)
+            .map(|i| i32::from(i % len >= len - 3).to_le_bytes())
+            .collect();
+        let mask = || padded(&hidden, [batch, 1, 1, len], DType::I32);
+        let (scale, fill) = (0.35, f32::NEG_INFINITY);
+        let (out, lse) = <CubeBackend as AttentionKernels>::attention_forward(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            mask(),
+            true,
+            true,
+            false,
+            scale,
+            fill,
+        );
+        let (packed_out, packed_lse) = <CubeBackend as AttentionKernels>::attention_packed_forward(
+            packed.clone(),
+            mask(),
+            true,
+            true,
+            false,
+            scale,
+            fill,
+        );
+        assert_eq!(packed_out.meta.shape().dims::<4>(), shape);
+        assert_eq!(read(&packed_out), read(&out), "the output");
+        assert_eq!(read(&packed_lse), read(&lse), "lse");
+        let dout_values: Vec<f32> = (0..batch * len * width)
+            .map(|i| (i as f32 * 0.23).cos())
+            .collect();
+        let dout = || tensor(&dout_values, shape, DType::F32);
+        let (dq, dk, dv) = <CubeBackend as AttentionKernels>::attention_backward(
+            q,
+            k,
+            v,
+            out.clone(),
+            dout(),
+            lse.clone(),
+            mask(),
+            true,
+            true,
+            false,
+            scale,
+            fill,
+        );
+        let dqkv = <CubeBackend as AttentionKernels>::attention_packed_backward(
+            packed,
+            out,
+            dout(),
+            lse,
+            mask(),
+            true,
+            true,
+            false,
+            scale,
+            fill,
+        );
+        let dqkv = read(&dqkv);
+        for (p, (what, grad)) in [("dq", dq), ("dk", dk), ("dv", dv)].into_iter().enumerate() {
+            assert_eq!(part(&dqkv, p), read(&grad), "{what}");
+        }
+    }
 }

@@ -31,7 +31,9 @@
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::attention_kernels::{MaskStrides, mask_at, probability, row_value, score_gradient};
+use super::attention_kernels::{
+    MaskStrides, Operands, mask_at, probability, row_value, score_gradient,
+};
 
 /// Units of a plane; the kernels need exactly this many (two per row of a 16-row tile).
 pub(super) const LANES: usize = 32;
@@ -103,8 +105,9 @@ impl TensorBlocks {
 }
 
 /// Loads this unit's share (`count * dim / UNITS` elements; `count` is a multiple of [`TILE`],
-/// `dim` of 16, so every unit has as many) of `count` rows of `source` (`[batch, len, heads, dim]`, rows
-/// `first..` of batch `b`, head `h`; rows past `len` as 0) into `values`, every load issued
+/// `dim` of 16, so every unit has as many) of `count` rows of `source` (rows `first..` of batch
+/// `b`, head `h`, laid out as [`Operands`] says with `at` and `stride`; rows past `len` as 0)
+/// into `values`, every load issued
 /// before any is used: the unrolled loop keeps them in flight together, and a caller that
 /// stores them later (`store_rows`) overlaps their latency with its work in between.
 #[cube]
@@ -115,17 +118,18 @@ fn load_rows<F: Float>(
     h: usize,
     first: usize,
     len: usize,
-    heads: usize,
+    at: usize,
+    stride: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     #[unroll]
     for n in 0..comptime!(count * dim / UNITS) {
         let idx = UNIT_POS as usize + n * UNITS;
-        let at = first + idx / dim;
+        let row = first + idx / dim;
         let mut value = F::cast_from(0.0f32);
-        if at < len {
-            value = source[((b * len + at) * heads + h) * dim + idx % dim];
+        if row < len {
+            value = source[at + (b * len + row) * stride + h * dim + idx % dim];
         }
         values[n] = value;
     }
@@ -155,12 +159,24 @@ fn stage_rows<F: Float>(
     h: usize,
     first: usize,
     len: usize,
-    heads: usize,
+    at: usize,
+    stride: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     let mut values = Array::<F>::new(comptime!(count * dim / UNITS));
-    load_rows::<F>(source, &mut values, b, h, first, len, heads, count, dim);
+    load_rows::<F>(
+        source,
+        &mut values,
+        b,
+        h,
+        first,
+        len,
+        at,
+        stride,
+        count,
+        dim,
+    );
     store_rows::<F>(&values, target, count, dim);
 }
 
@@ -340,6 +356,7 @@ pub(super) fn forward_tc_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -352,6 +369,12 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * BLOCK;
@@ -376,8 +399,8 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
-    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
+    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
+    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
     fetch_mask(
         mask,
         &strides,
@@ -393,7 +416,7 @@ pub(super) fn forward_tc_kernel<F: Float>(
         true,
         masked,
     );
-    stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
+    stage_rows::<F>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         os[r * ap + 2 * c + half] = 0.0f32;
     }
@@ -415,8 +438,8 @@ pub(super) fn forward_tc_kernel<F: Float>(
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_rows::<F>(k, &mut k_next, b, h, next, k_len, heads, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, next, k_len, heads, keys, dim);
+            load_rows::<F>(k, &mut k_next, b, h, next, k_len, k_at, stride, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, next, k_len, v_at, stride, keys, dim);
             fetch_mask(
                 mask,
                 &strides,
@@ -543,6 +566,7 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -554,6 +578,12 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * BLOCK;
@@ -579,8 +609,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, heads, keys, dim);
-    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, heads, keys, dim);
+    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
+    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
     fetch_mask(
         mask,
         &strides,
@@ -596,8 +626,19 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         true,
         masked,
     );
-    stage_rows::<F>(q, &mut qs, b, h, first, q_len, heads, BLOCK, dim);
-    stage_rows::<F>(dout, &mut dos, b, h, first, q_len, heads, BLOCK, dim);
+    stage_rows::<F>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
+    stage_rows::<F>(
+        dout,
+        &mut dos,
+        b,
+        h,
+        first,
+        q_len,
+        0,
+        heads * dim,
+        BLOCK,
+        dim,
+    );
     for c in 0..comptime!(dim / 2) {
         acc[r * ap + 2 * c + half] = 0.0f32;
     }
@@ -627,8 +668,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_rows::<F>(k, &mut k_next, b, h, next, k_len, heads, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, next, k_len, heads, keys, dim);
+            load_rows::<F>(k, &mut k_next, b, h, next, k_len, k_at, stride, keys, dim);
+            load_rows::<F>(v, &mut v_next, b, h, next, k_len, v_at, stride, keys, dim);
             fetch_mask(
                 mask,
                 &strides,
@@ -721,7 +762,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     if i < q_len {
         for c in 0..comptime!(dim / 2) {
             let d = 2 * c + half;
-            dq[row * dim + d] = F::cast_from(acc[r * ap + d] * scale);
+            dq[q_at + (b * q_len + i) * stride + h * dim + d] =
+                F::cast_from(acc[r * ap + d] * scale);
         }
     }
 }
@@ -743,6 +785,7 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     k_len: u32,
     heads: u32,
     strides: MaskStrides,
+    operands: Operands,
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
@@ -754,6 +797,12 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
+    let stride = operands.stride as usize;
+    let (q_at, k_at, v_at) = (
+        operands.q_at as usize,
+        operands.k_at as usize,
+        operands.v_at as usize,
+    );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * BLOCK;
@@ -795,8 +844,30 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let mut do_next = Array::<F>::new(comptime!(rows * dim / UNITS));
     let mut mask_next = Array::<i32>::new(comptime!(rows / 2));
     let first_row = start * rows;
-    load_rows::<F>(q, &mut q_next, b, h, first_row, q_len, heads, rows, dim);
-    load_rows::<F>(dout, &mut do_next, b, h, first_row, q_len, heads, rows, dim);
+    load_rows::<F>(
+        q,
+        &mut q_next,
+        b,
+        h,
+        first_row,
+        q_len,
+        q_at,
+        stride,
+        rows,
+        dim,
+    );
+    load_rows::<F>(
+        dout,
+        &mut do_next,
+        b,
+        h,
+        first_row,
+        q_len,
+        0,
+        heads * dim,
+        rows,
+        dim,
+    );
     fetch_mask(
         mask,
         &strides,
@@ -814,8 +885,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     );
     let mut lse_next = row_value(lse, b, h, first_row, q_len, heads);
     let mut delta_next = row_value(delta, b, h, first_row, q_len, heads);
-    stage_rows::<F>(k, &mut ks, b, h, first, k_len, heads, BLOCK, dim);
-    stage_rows::<F>(v, &mut vs, b, h, first, k_len, heads, BLOCK, dim);
+    stage_rows::<F>(k, &mut ks, b, h, first, k_len, k_at, stride, BLOCK, dim);
+    stage_rows::<F>(v, &mut vs, b, h, first, k_len, v_at, stride, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         dk_acc[j * ap + 2 * c + half] = 0.0f32;
         dv_acc[j * ap + 2 * c + half] = 0.0f32;
@@ -834,8 +905,19 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         // The next block's rows and mask entries, in flight while this block is worked on.
         if block + 1 < blocks {
             let next = base + rows;
-            load_rows::<F>(q, &mut q_next, b, h, next, q_len, heads, rows, dim);
-            load_rows::<F>(dout, &mut do_next, b, h, next, q_len, heads, rows, dim);
+            load_rows::<F>(q, &mut q_next, b, h, next, q_len, q_at, stride, rows, dim);
+            load_rows::<F>(
+                dout,
+                &mut do_next,
+                b,
+                h,
+                next,
+                q_len,
+                0,
+                heads * dim,
+                rows,
+                dim,
+            );
             fetch_mask(
                 mask,
                 &strides,
@@ -945,11 +1027,11 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         sync_plane();
     }
     if kj < k_len {
-        let at = ((b * k_len + kj) * heads + h) * dim;
+        let at = (b * k_len + kj) * stride + h * dim;
         for c in 0..comptime!(dim / 2) {
             let d = 2 * c + half;
-            dk[at + d] = F::cast_from(dk_acc[j * ap + d] * scale);
-            dv[at + d] = F::cast_from(dv_acc[j * ap + d]);
+            dk[k_at + at + d] = F::cast_from(dk_acc[j * ap + d] * scale);
+            dv[v_at + at + d] = F::cast_from(dv_acc[j * ap + d]);
         }
     }
 }

@@ -57,6 +57,8 @@ mod node;
 #[cfg(feature = "cube")]
 mod norm_op;
 #[cfg(feature = "cube")]
+mod pack_op;
+#[cfg(feature = "cube")]
 mod param_claim;
 #[cfg(feature = "cube")]
 mod progress;
@@ -85,7 +87,7 @@ mod write_check;
 pub(crate) use self::{
     adam_multi_op::Batch as AdamBatch,
     adam_op::step as adam_step,
-    attention_op::{attention, supports_dim as attention_supports_dim},
+    attention_op::{attention, attention_packed, supports_dim as attention_supports_dim},
     buffers::check_written,
     capture::{capture_group, capture_inference},
     conv_op::{MAX_TAPS as CONV_MAX_TAPS, conv2d},
@@ -98,6 +100,7 @@ pub(crate) use self::{
     lifecycle::supports_graphs,
     linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
     norm_op::norm,
+    pack_op::join3,
     random_state::RandomState,
     step_graph::{StepGraph, capture_step},
     step_state::StepState,
@@ -109,7 +112,7 @@ pub(crate) use self::{
 pub(crate) use self::{
     attention_op::{
         hold_tensor_cores_always as hold_attention_tensor_cores,
-        tensor_core_calls as attention_tensor_core_calls,
+        packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
     },
     conv_op::force_tiling as force_conv_tiling,
     norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
@@ -123,16 +126,16 @@ mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
     AdamBatch, Admitted, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
-    attention_supports_dim, capture_group, capture_inference, capture_step, check_written,
-    collective_buffer, conv2d, cross_entropy_rows, embedding_rows, enable_kernel_cache,
-    export_tuned, import_tuned, linear, norm, supports_graphs, vendor_matmul_available,
-    write_graphs_as_dot,
+    attention_packed, attention_supports_dim, capture_group, capture_inference, capture_step,
+    check_written, collective_buffer, conv2d, cross_entropy_rows, embedding_rows,
+    enable_kernel_cache, export_tuned, import_tuned, join3, linear, norm, supports_graphs,
+    vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, force_conv_tiling, fused_norm_forwards,
-    hold_attention_tensor_cores, norm_rows_per_chunk, norm_sum_lanes, set_progress_intervals,
-    vendor_gemms,
+    hold_attention_tensor_cores, norm_rows_per_chunk, norm_sum_lanes, packed_attention_calls,
+    set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

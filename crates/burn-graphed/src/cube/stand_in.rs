@@ -314,6 +314,12 @@ pub(crate) fn norm_rows_per_chunk(rows: usize) -> usize {
     rows.max(1)
 }
 
+/// Without cubecl no attention runs packed.
+#[cfg(feature = "testing")]
+pub(crate) fn packed_attention_calls() -> usize {
+    0
+}
+
 /// Without cubecl no attention runs on tensor cores: nothing to hold.
 #[cfg(feature = "testing")]
 pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
@@ -353,6 +359,21 @@ pub(crate) fn attention(
     inputs: super::values::AttentionInputs,
     _spec: super::values::AttentionSpec,
 ) -> Result<burn::backend::DispatchTensor, Box<super::values::AttentionInputs>> {
+    Err(Box::new(inputs))
+}
+
+/// Without cubecl nothing is fused: the tensors go back for burn's composition.
+pub(crate) fn attention_packed(
+    inputs: super::values::PackedAttentionInputs,
+    _spec: super::values::AttentionSpec,
+) -> Result<burn::backend::DispatchTensor, Box<super::values::PackedAttentionInputs>> {
+    Err(Box::new(inputs))
+}
+
+/// Without cubecl nothing is joined here: the tensors go back for burn's `cat`.
+pub(crate) fn join3(
+    inputs: super::values::JoinInputs,
+) -> Result<burn::backend::DispatchTensor, Box<super::values::JoinInputs>> {
     Err(Box::new(inputs))
 }
 

@@ -136,6 +136,18 @@ pub(crate) type AttentionInputs = (
     burn::backend::DispatchTensor,
 );
 
+/// The tensors of a packed fused attention: the queries, keys and values as one tensor
+/// `[batch, len, 3 * heads, dim]` and the mask as [`AttentionInputs`]'.
+pub(crate) type PackedAttentionInputs =
+    (burn::backend::DispatchTensor, burn::backend::DispatchTensor);
+
+/// The three tensors of one shape a fused join puts side by side.
+pub(crate) type JoinInputs = (
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+    burn::backend::DispatchTensor,
+);
+
 /// What a fused attention computes besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct AttentionSpec {

@@ -81,13 +81,7 @@ fn fused_heads_last(
     mask: Option<Tensor<4, Bool>>,
     spec: AttentionSpec,
 ) -> Result<Tensor<4>, Declined> {
-    let device = q.device();
-    let mask_int = match &mask {
-        Some(mask) => mask.clone().int().cast(IntDType::I32),
-        // Bound but never read (the spec says unmasked): a one-element placeholder, no
-        // values written, no cast.
-        None => Tensor::<4, Int>::empty([1, 1, 1, 1], &device),
-    };
+    let mask_int = mask_i32(mask.as_ref(), &q.device());
     let inputs = (
         q.into_dispatch(),
         k.into_dispatch(),
@@ -106,6 +100,37 @@ fn fused_heads_last(
             )))
         }
     }
+}
+
+/// The mask as the kernels take it: `i32`, or without one a one-element placeholder, bound and
+/// never read (the spec says unmasked), no values written, no cast.
+fn mask_i32(mask: Option<&Tensor<4, Bool>>, device: &Device) -> Tensor<4, Int> {
+    match mask {
+        Some(mask) => mask.clone().int().cast(IntDType::I32),
+        None => Tensor::<4, Int>::empty([1, 1, 1, 1], device),
+    }
+}
+
+/// The fused attention of the queries over the keys and values of `qkv` (`[batch, len, 3 *
+/// heads, dim]`, the three in turn), `[batch, len, heads, dim]`; `None` where the engine has no
+/// kernels. The caller checked what [`fused_heads_last`]'s caller checks.
+fn fused_packed(
+    qkv: Tensor<4>,
+    mask: Option<Tensor<4, Bool>>,
+    spec: AttentionSpec,
+) -> Option<Tensor<4>> {
+    let mask_int = mask_i32(mask.as_ref(), &qkv.device());
+    cube::attention_packed((qkv.into_dispatch(), mask_int.into_dispatch()), spec)
+        .ok()
+        .map(Tensor::from_dispatch)
+}
+
+/// `a`, `b` and `c` (one shape and dtype) side by side along their last dimension, one kernel
+/// forward and one backward; `None` where the engine has no kernels.
+fn join3<const D: usize>(a: Tensor<D>, b: Tensor<D>, c: Tensor<D>) -> Option<Tensor<D>> {
+    cube::join3((a.into_dispatch(), b.into_dispatch(), c.into_dispatch()))
+        .ok()
+        .map(Tensor::from_dispatch)
 }
 
 /// Whether the kernels take these queries, keys and values (`[.., dim]`, their lengths along
@@ -187,12 +212,18 @@ pub struct MhaInput {
     value: Tensor<3>,
     mask_pad: Option<Tensor<2, Bool>>,
     mask_attn: Option<Tensor<3, Bool>>,
+    /// Made by [`MhaInput::self_attn`]: the three projections may run as one product.
+    self_attention: bool,
 }
 
 impl MhaInput {
-    /// Self-attention: `tensor` `[batch, len, d_model]` as queries, keys and values.
+    /// Self-attention: `tensor` `[batch, len, d_model]` as queries, keys and values (where
+    /// the kernels run, the three projections are one product: see [`MultiHeadAttention`]).
     pub fn self_attn(tensor: Tensor<3>) -> Self {
-        Self::new(tensor.clone(), tensor.clone(), tensor)
+        Self {
+            self_attention: true,
+            ..Self::new(tensor.clone(), tensor.clone(), tensor)
+        }
     }
 
     /// Queries `[batch, q_len, d_model]` over keys and values `[batch, k_len, d_model]`.
@@ -203,6 +234,7 @@ impl MhaInput {
             value,
             mask_pad: None,
             mask_attn: None,
+            self_attention: false,
         }
     }
 
@@ -240,7 +272,11 @@ pub struct MhaOutput {
 
 /// burn-nn's `MultiHeadAttention` with the fused [`attention`] inside and this crate's
 /// [`Linear`] projections: the same fields, names and forward, so saved parameters load into
-/// either and `From` converts both ways. Where the
+/// either and `From` converts both ways. On self-attention ([`MhaInput::self_attn`]) whose
+/// query, key and value projections all have a bias or none has, the three run as one
+/// product: their weights joined side by side (one copy kernel, split back by one in the
+/// backward), the queries, keys and values read by the attention kernels from that product's
+/// output in place. Where the
 /// kernels do not run (see [`attention`]; and in training with a dropout rate above 0, whose
 /// dropout acts on the attention weights) this is burn-nn's forward.
 #[derive(Module, Debug)]
@@ -308,15 +344,7 @@ impl MultiHeadAttention {
             && k_len > 0
             && cube::attention_supports_dim(&input.query.device(), self.d_k);
         if fusable {
-            let heads = |x: Tensor<3>, linear: &Linear, len: usize| {
-                linear
-                    .forward(x)
-                    .reshape([batch, len, self.n_heads, self.d_k])
-            };
             let mask = mask_of(&input, batch, q_len, k_len);
-            let q = heads(input.query.clone(), &self.query, q_len);
-            let k = heads(input.key.clone(), &self.key, k_len);
-            let v = heads(input.value.clone(), &self.value, k_len);
             let spec = AttentionSpec {
                 masked: mask.is_some(),
                 causal: false,
@@ -324,9 +352,32 @@ impl MultiHeadAttention {
                 scale: (1.0 / (self.d_k as f64).sqrt()) as f32,
                 fill: self.min_float as f32,
             };
-            // Only without the engine's kernels (no cubecl) is this `Err`: `fusable` says
+            let joined = match input.self_attention {
+                true => self.joined_projections(dtype),
+                false => None,
+            };
+            let context =
+                match joined {
+                    Some((weight, bias)) => {
+                        let qkv = super::linear::linear(input.query.clone(), weight, bias)
+                            .reshape([batch, q_len, 3 * self.n_heads, self.d_k]);
+                        fused_packed(qkv, mask, spec)
+                    }
+                    None => {
+                        let heads = |x: Tensor<3>, linear: &Linear, len: usize| {
+                            linear
+                                .forward(x)
+                                .reshape([batch, len, self.n_heads, self.d_k])
+                        };
+                        let q = heads(input.query.clone(), &self.query, q_len);
+                        let k = heads(input.key.clone(), &self.key, k_len);
+                        let v = heads(input.value.clone(), &self.value, k_len);
+                        fused_heads_last(q, k, v, mask, spec).ok()
+                    }
+                };
+            // Only without the engine's kernels (no cubecl) is this `None`: `fusable` says
             // they run.
-            if let Ok(context) = fused_heads_last(q, k, v, mask, spec) {
+            if let Some(context) = context {
                 let context = context.reshape([batch, q_len, d_model]);
                 return MhaOutput {
                     context: self.output.forward(context),
@@ -335,6 +386,29 @@ impl MultiHeadAttention {
         }
         let context = self.to_burn().forward(input.into_burn()).context;
         MhaOutput { context }
+    }
+
+    /// The query, key and value projections' weights side by side (`[d_model, 3 * d_model]`)
+    /// and their biases (`[3 * d_model]`), where all three have a bias of `dtype` or none has
+    /// one; `None` otherwise, or where the engine has no kernels.
+    fn joined_projections(&self, dtype: DType) -> Option<(Tensor<2>, Option<Tensor<1>>)> {
+        let linears = [&self.query, &self.key, &self.value];
+        let biases: Vec<Tensor<1>> = linears
+            .iter()
+            .filter_map(|linear| linear.bias.as_ref().map(|bias| bias.val()))
+            .collect();
+        if !(biases.is_empty() || biases.len() == 3)
+            || biases.iter().any(|bias| bias.dtype() != dtype)
+        {
+            return None;
+        }
+        let [wq, wk, wv] = linears.map(|linear| linear.weight.val());
+        let weight = join3(wq, wk, wv)?;
+        let bias = match <[Tensor<1>; 3]>::try_from(biases) {
+            Ok([bq, bk, bv]) => Some(join3(bq, bk, bv)?),
+            Err(_) => None,
+        };
+        Some((weight, bias))
     }
 
     /// This module as burn-nn's (the same parameters, burn-nn's forward).
