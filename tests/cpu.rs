@@ -44,6 +44,8 @@ on_devices! {
     attention_matches_exact_f16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::F16);
     attention_matches_exact_bf16 => |d| scenarios::fused_attention::attention_matches_exact(d, burn::tensor::FloatDType::BF16);
     mha_matches_burn_nn => scenarios::fused_attention::mha_matches_burn_nn;
+    packed_attention_matches_separate_f32 => |d| scenarios::fused_attention::packed_attention_matches_separate(d, burn::tensor::FloatDType::F32, false), needs_graphs: "the packed attention kernels are cubecl kernels";
+    packed_attention_matches_separate_f16 => |d| scenarios::fused_attention::packed_attention_matches_separate(d, burn::tensor::FloatDType::F16, false), needs_graphs: "the packed attention kernels are cubecl kernels";
     conv_matches_exact_f32 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::F32);
     conv_matches_exact_f16 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::F16);
     conv_matches_exact_bf16 => |d| scenarios::fused_conv::conv_matches_exact(d, burn::tensor::FloatDType::BF16);

@@ -1233,6 +1233,18 @@ fn attention_runs_on_tensor_cores() {
     scenarios::fused_attention::attention_runs_on_tensor_cores(&cuda());
 }
 
+#[test]
+fn packed_attention_matches_separate() {
+    use burn::tensor::FloatDType;
+    for (dtype, tensor_cores) in [
+        (FloatDType::F32, false),
+        (FloatDType::F16, true),
+        (FloatDType::BF16, true),
+    ] {
+        scenarios::fused_attention::packed_attention_matches_separate(&cuda(), dtype, tensor_cores);
+    }
+}
+
 /// The fused convolution against the exact convolution, output and gradients, per dtype.
 #[test]
 fn conv_matches_exact_f32() {

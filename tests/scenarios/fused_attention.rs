@@ -418,6 +418,67 @@ pub fn attention_runs_on_tensor_cores(device: &Device) {
     }
 }
 
+/// The packed kernels (self-attention's queries, keys and values read from one projection's
+/// output) against the separate call on the same values: the queries, keys and values cut out
+/// of one `[batch, len, 3 * heads, dim]` tensor. The kernels' arithmetic does not depend on
+/// where they read, so the output and the three gradients (the packed one cut the same way)
+/// are equal bit for bit, causal and not, in `dtype`; on CUDA in `f16` and `bf16` on the
+/// tensor cores (`tensor_cores`: the caller knows the device has them, and the test holds the
+/// call to them). A backend without the fused kernels or the dtype skips, and says so.
+pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, tensor_cores: bool) {
+    if !supports_graphs(device) {
+        return skip("packed attention: no fused kernels on this backend");
+    }
+    if !device.supports_dtype(DType::from(dtype)) {
+        return skip(&format!("{device:?} has no {dtype:?}"));
+    }
+    let device = device.clone().autodiff();
+    let [batch, len, heads, dim] = [2, 40, 3, 32];
+    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
+    for causal in [false, true] {
+        let qkv = tensor([batch, len, 3 * heads, dim], 90, dtype, &device).detach();
+        let weights = tensor([batch, len, heads, dim], 91, dtype, &device);
+        let tc_before = burn_graphed::testing::attention_tensor_core_calls();
+        // Packed: the queries', keys' and values' heads in turn along dimension 2.
+        let packed = qkv.clone().require_grad();
+        let out = burn_graphed::testing::attention_packed(packed.clone(), causal)
+            .expect("the packed kernels take these shapes");
+        let grads = (out.clone() * weights.clone()).sum().backward();
+        let packed_grad = packed.grad(&grads).expect("a gradient");
+        let tc_calls = burn_graphed::testing::attention_tensor_core_calls() - tc_before;
+        // Separate: the same values cut out, heads first as burn's `attention` takes them.
+        let part = |t: Tensor<4>, p: usize| t.narrow(2, p * heads, heads).swap_dims(1, 2);
+        let options = AttentionModuleOptions {
+            is_causal: causal,
+            ..Default::default()
+        };
+        let call = |q, k, v| attention(q, k, v, None, None, options).swap_dims(1, 2);
+        let [q, k, v] = [0, 1, 2].map(|p| part(qkv.clone(), p));
+        let separate = run(&call, (&q, &k, &v, &weights));
+        let [dq, dk, dv] = [0, 1, 2].map(|p| host(part(packed_grad.clone(), p).into_data()));
+        let got = [host(out.into_data()), dq, dk, dv];
+        for (what, got, separate) in ["output", "dq", "dk", "dv"]
+            .iter()
+            .zip(&got)
+            .zip(&separate)
+            .map(|((w, g), s)| (w, g, s))
+        {
+            assert!(
+                got == separate,
+                "{dtype:?} causal {causal}: the packed {what} is not the separate call's                  (largest difference {:.3e})",
+                got.iter()
+                    .zip(separate)
+                    .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()))
+            );
+        }
+        let expected = if tensor_cores { 2 } else { 0 };
+        assert_eq!(
+            tc_calls, expected,
+            "{dtype:?}: the packed call's forward and backward on tensor cores"
+        );
+    }
+}
+
 /// A small multi-head attention model for the graphed comparison.
 #[derive(Module, Debug)]
 pub struct Attending {

@@ -294,6 +294,18 @@ pub mod testing {
         crate::cube::packed_attention_calls()
     }
 
+    /// The packed attention kernels (`MultiHeadAttention`'s self-attention path) on `qkv`
+    /// `[batch, len, 3 * heads, dim]`, the queries', keys' and values' heads in turn, as
+    /// `burn_graphed::nn::attention::attention` computes it without a mask (causal or not):
+    /// `[batch, len, heads, dim]`, with the backward into `qkv`'s layout; `None` where the
+    /// kernels do not take it (no cubecl backend, another dtype, a head dimension above 64).
+    pub fn attention_packed(
+        qkv: burn::tensor::Tensor<4>,
+        causal: bool,
+    ) -> Option<burn::tensor::Tensor<4>> {
+        crate::nn::attention::attention_packed(qkv, causal)
+    }
+
     /// While any such guard lives in the process, attention takes its tensor-core kernels
     /// wherever the dtype, head dimension and device allow, whatever its grid (without one, a
     /// grid with fewer cubes than the device has multiprocessors runs the CUDA-core kernels):

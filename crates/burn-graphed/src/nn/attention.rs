@@ -125,6 +125,26 @@ fn fused_packed(
         .map(Tensor::from_dispatch)
 }
 
+/// The packed kernels' attention of `qkv` (`[batch, len, 3 * heads, dim]`) as burn's
+/// `attention` computes it (no mask, scale `1 / sqrt(dim)`): `[batch, len, heads, dim]`, or
+/// `None` where the kernels do not take it (`burn_graphed::testing::attention_packed`).
+#[cfg(feature = "testing")]
+pub(crate) fn attention_packed(qkv: Tensor<4>, causal: bool) -> Option<Tensor<4>> {
+    let [_, len, heads, dim] = qkv.dims();
+    let taken = matches!(qkv.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && heads % 3 == 0
+        && len > 0
+        && cube::attention_supports_dim(&qkv.device(), dim);
+    let spec = AttentionSpec {
+        masked: false,
+        causal,
+        quiet: false,
+        scale: (1.0 / (dim as f64).sqrt()) as f32,
+        fill: f32::NEG_INFINITY,
+    };
+    taken.then(|| fused_packed(qkv, None, spec)).flatten()
+}
+
 /// `a`, `b` and `c` (one shape and dtype) side by side along their last dimension, one kernel
 /// forward and one backward; `None` where the engine has no kernels.
 fn join3<const D: usize>(a: Tensor<D>, b: Tensor<D>, c: Tensor<D>) -> Option<Tensor<D>> {
