@@ -445,9 +445,12 @@ pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, ten
             .expect("the packed kernels take these shapes");
         let grads = (out.clone() * weights.clone()).sum().backward();
         let packed_grad = packed.grad(&grads).expect("a gradient");
-        let tc_calls = burn_graphed::testing::attention_tensor_core_calls() - tc_before;
         // Separate: the same values cut out, heads first as burn's `attention` takes them.
         let part = |t: Tensor<4>, p: usize| t.narrow(2, p * heads, heads).swap_dims(1, 2);
+        let [dq, dk, dv] = [0, 1, 2].map(|p| host(part(packed_grad.clone(), p).into_data()));
+        let got = [host(out.into_data()), dq, dk, dv];
+        // Read after the values: burn-fusion launches the kernels when their results are read.
+        let tc_calls = burn_graphed::testing::attention_tensor_core_calls() - tc_before;
         let options = AttentionModuleOptions {
             is_causal: causal,
             ..Default::default()
@@ -455,8 +458,6 @@ pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, ten
         let call = |q, k, v| attention(q, k, v, None, None, options).swap_dims(1, 2);
         let [q, k, v] = [0, 1, 2].map(|p| part(qkv.clone(), p));
         let separate = run(&call, (&q, &k, &v, &weights));
-        let [dq, dk, dv] = [0, 1, 2].map(|p| host(part(packed_grad.clone(), p).into_data()));
-        let got = [host(out.into_data()), dq, dk, dv];
         for (what, got, separate) in ["output", "dq", "dk", "dv"]
             .iter()
             .zip(&got)
@@ -465,7 +466,8 @@ pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, ten
         {
             assert!(
                 got == separate,
-                "{dtype:?} causal {causal}: the packed {what} is not the separate call's                  (largest difference {:.3e})",
+                "{dtype:?} causal {causal}: the packed {what} is not the separate call's \
+                 (largest difference {:.3e})",
                 got.iter()
                     .zip(separate)
                     .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()))
