@@ -583,11 +583,15 @@ mod tests {
     }
 
     /// `run.sh tests --ledger LOG` runs nothing: the counts and the ledger are the log's, a
-    /// test cut off in it "no result" (and failed in the counts), a test it never started "not
-    /// run".
+    /// test cut off in it "no result" (and failed in the counts), a hand-run reproduction whose
+    /// watchdog printed `reproduced: WHAT` that line (counted apart, as skips are), a test it
+    /// never started "not run".
     #[test]
     fn run_sh_tests_ledger_writes_the_logs_results_only() {
-        let bundle = FakeBundle::new("ledger", &["a_test", "b_test", "c_test", "d_test"]);
+        let bundle = FakeBundle::new(
+            "ledger",
+            &["a_test", "b_test", "c_test", "d_test", "upstream_x"],
+        );
         let log = bundle.dir.join("cut.log");
         write(
             &log,
@@ -597,16 +601,29 @@ mod tests {
              test c_test ... \n\n[run.sh: 600s]\n",
         )
         .expect("log");
+        let reproduction = bundle.dir.join("upstream.log");
+        write(
+            &reproduction,
+            "[run.sh: bundle abc1234 on 2 x NVIDIA H200, 2026-11-29]\n\
+             test upstream_x ... \nreproduced: still waiting after 90 s\n",
+        )
+        .expect("log");
         let out = bundle.dir.join("out");
-        let (code, stdout) =
-            bundle.run(&["--ledger", log.to_str().expect("utf-8 path")], Some(&out));
+        let (code, stdout) = bundle.run(
+            &[
+                "--ledger",
+                log.to_str().expect("utf-8 path"),
+                reproduction.to_str().expect("utf-8 path"),
+            ],
+            Some(&out),
+        );
         assert!(!stdout.contains("ARGS:"), "nothing may run: {stdout}");
         assert!(
             stdout.contains("(2 tests without a result in them)"),
             "{stdout}"
         );
-        // A test cut off counts as failed beside the failed one.
-        assert!(stdout.contains("1 passed, 2 failed"), "{stdout}");
+        // A test cut off counts as failed beside the failed one; the reproduction apart.
+        assert!(stdout.contains("1 passed, 2 failed, 1 skipped"), "{stdout}");
         assert_eq!(code, Some(1), "{stdout}");
         let ledger = std::fs::read_to_string(out.join("gpu-ledger.md")).expect("ledger in $OUT");
         for row in [
@@ -614,6 +631,8 @@ mod tests {
             "| `b_test` | failed | abc1234 | NVIDIA H100 | 2026-11-28 |",
             "| `c_test` | no result | abc1234 | NVIDIA H100 | 2026-11-28 |",
             "| `d_test` | not run | - | - | - |",
+            "| `upstream_x` | reproduced: still waiting after 90 s | abc1234 | 2 x NVIDIA H200 | \
+             2026-11-29 |",
         ] {
             assert!(ledger.contains(row), "{row}\n{ledger}");
         }

@@ -222,12 +222,13 @@ case "$mode" in
            }')
       if [ ${#rest_logs[@]} -gt 0 ]; then
         # A test has a result when its line is "test NAME ... ok" (or FAILED, ignored), or a
-        # bare ok/FAILED line follows it (its own output came in between; one test at a time
-        # per log).
+        # bare ok/FAILED line, or a reproduction's `reproduced:` line, follows it (its own
+        # output came in between; one test at a time per log).
         done_file="$work/done"
         awk 'FNR == 1 { name = "" }
              /^test [^ ]+ \.\.\. / { name = $2; if ($0 ~ /^test [^ ]+ \.\.\. (ok|FAILED|ignored)$/) { print name; name = "" }; next }
-             /^(ok|FAILED)$/ && name != "" { print name; name = "" }' "${rest_logs[@]}" >"$done_file" ||
+             /^(ok|FAILED)$/ && name != "" { print name; name = "" }
+             /^reproduced: / && name != "" { print name; name = "" }' "${rest_logs[@]}" >"$done_file" ||
           { echo "run.sh: cannot read ${rest_logs[*]}"; exit 2; }
         mapfile -t names < <(printf '%s\n' "${names[@]}" | LC_ALL=C grep -vxF -f "$done_file")
       fi
@@ -337,8 +338,9 @@ case "$mode" in
     # "NAME<tab>RESULT<tab>COMMIT | DEVICE | DATE" (from the log's first line; "unknown" for a
     # log without it) into the file $1: RESULT is passed, failed, "ignored[: REASON]",
     # "skipped: REASON" (a test that printed `skipped: NAME: REASON`, tests/scenarios/skip.rs:
-    # it could not run its checks on this machine, and libtest counted it as passed), or "no
-    # result" (started, then cut off or crashed). A result is on the test's own line or on a
+    # it could not run its checks on this machine, and libtest counted it as passed),
+    # "reproduced: WHAT" (a hand-run reproduction of an upstream bug showed the bug; its
+    # watchdog ends the process), or "no result" (started, then cut off or crashed). A result is on the test's own line or on a
     # bare ok/FAILED line after its output. Prints the number of skip lines of tests that did
     # not fail, which libtest counted as passed.
     log_results() {
@@ -375,6 +377,10 @@ case "$mode" in
             else { pending = name; set(name, "no result") }
           } else if (pending != "" && (line == "ok" || line == "FAILED")) {
             set(pending, line == "ok" ? "passed" : "failed"); pending = ""
+          } else if (pending != "" && line ~ /^reproduced: /) {
+            # A hand-run reproduction of an upstream bug (tests/gpu.rs, UPSTREAM.md): its
+            # watchdog printed this and ended the process.
+            set(pending, line); pending = ""
           }
         }
         END {
@@ -400,7 +406,7 @@ case "$mode" in
     if [ "$only_ledger" -eq 1 ]; then
       # Counted test by test: a log cut off by a time limit has no summary line.
       read -r passed failed skipped < <(awk -F'\t' '$2 == "passed" { p++ }
-          $2 == "failed" || $2 == "no result" { f++ } $2 ~ /^(skipped|ignored)/ { s++ }
+          $2 == "failed" || $2 == "no result" { f++ } $2 ~ /^(skipped|ignored|reproduced)/ { s++ }
           END { print p + 0, f + 0, s + 0 }' "$results")
     fi
     if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
@@ -411,7 +417,7 @@ case "$mode" in
     echo "$summary"
     if [ "$skipped" -gt 0 ]; then
       echo "skipped tests (ignored, or unable to run their checks here):"
-      awk -F'\t' '$2 ~ /^(skipped|ignored)/ { gsub(/\\\|/, "|", $2); print "  " $1 ": " $2 }' "$results"
+      awk -F'\t' '$2 ~ /^(skipped|ignored|reproduced)/ { gsub(/\\\|/, "|", $2); print "  " $1 ": " $2 }' "$results"
     fi
     # The GPU ledger (tests/gpu-ledger.md): every test of the binary with its last result,
     # the bundle's commit, the device and the date. The rows of the tests this run ran are
@@ -455,8 +461,9 @@ case "$mode" in
             print "Written by `run.sh tests` (tests/README.md, \"GPU ledger\"): a run replaces the rows of"
             print "the tests it ran and keeps the others. Results: passed; failed; `skipped: REASON` (the"
             print "test could not run its checks on that machine: nothing was checked); `ignored: REASON`"
-            print "(`#[ignore]`: run by hand); no result (started, then cut off or crashed); not run (in no"
-            print "recorded run)."
+            print "(`#[ignore]`: run by hand); `reproduced: WHAT` (a hand-run reproduction of an upstream"
+            print "bug, UPSTREAM.md, showed it); no result (started, then cut off or crashed); not run (in"
+            print "no recorded run)."
             print ""
             totals = ""
             for (i = 1; i <= k; i++) totals = totals (i > 1 ? ", " : "") count[kinds[i]] " " kinds[i]

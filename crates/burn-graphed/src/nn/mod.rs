@@ -9,7 +9,7 @@
 //! | --- | --- | --- |
 //! | [`layer_norm`], [`LayerNorm`] | `f32`, `f16`, `bf16`; one kernel forward, three backward | other backends; mixed dtypes; an empty last dimension |
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
-//! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
+//! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory; self-attention's three projections as one product | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
 //! | [`TransformerEncoder`], [`PositionWiseFeedForward`] | its layer norms, attention and linear layers | as each op |
 //! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` without TF32; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
 //! | [`conv2d`], [`Conv2d`] | `f32`, `f16`, `bf16`, stride, padding, dilation, groups, kernels up to 64 taps: one kernel forward, three backward, on the `[batch, channels, height, width]` layout (direct convolution on CUDA cores) | other backends; mixed dtypes; larger kernels |
