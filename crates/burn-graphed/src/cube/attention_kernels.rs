@@ -196,6 +196,49 @@ fn fetch_rows<F: Float>(
     }
 }
 
+/// The keys and values of one block: `fetch_rows` of `k` and of `v` (rows `first..` of batch `b`, head
+/// `h`, rows past `k_len` as 0), laid out as `operands` says, into `k_next` and `v_next`.
+#[cube]
+fn fetch_keys_values<F: Float>(
+    k: &[F],
+    v: &[F],
+    k_next: &mut Array<f32>,
+    v_next: &mut Array<f32>,
+    b: usize,
+    h: usize,
+    first: usize,
+    k_len: usize,
+    operands: &Operands,
+    #[comptime] keys: usize,
+    #[comptime] dim: usize,
+) {
+    let stride = operands.stride as usize;
+    fetch_rows::<F>(
+        k,
+        k_next,
+        b,
+        h,
+        first,
+        k_len,
+        operands.k_at as usize,
+        stride,
+        keys,
+        dim,
+    );
+    fetch_rows::<F>(
+        v,
+        v_next,
+        b,
+        h,
+        first,
+        k_len,
+        operands.v_at as usize,
+        stride,
+        keys,
+        dim,
+    );
+}
+
 /// Stores a share `fetch_rows` loaded into `target`, rows `pitch` apart.
 #[cube]
 fn store_rows(
@@ -309,11 +352,7 @@ pub(super) fn forward_kernel<F: Float>(
     let k_len = k_len as usize;
     let heads = heads as usize;
     let stride = operands.stride as usize;
-    let (q_at, k_at, v_at) = (
-        operands.q_at as usize,
-        operands.k_at as usize,
-        operands.v_at as usize,
-    );
+    let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * ROWS;
@@ -332,8 +371,19 @@ pub(super) fn forward_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
     let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
-    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    fetch_keys_values::<F>(
+        k,
+        v,
+        &mut k_next,
+        &mut v_next,
+        b,
+        h,
+        0,
+        k_len,
+        &operands,
+        keys,
+        dim,
+    );
     load_rows::<F>(
         q, &mut qs, b, h, first, q_len, q_at, stride, ROWS, dim, pitch,
     );
@@ -357,27 +407,16 @@ pub(super) fn forward_kernel<F: Float>(
         sync_cube();
         // The next block's keys and values, in flight while this block is worked on.
         if block + 1 < blocks {
-            fetch_rows::<F>(
+            fetch_keys_values::<F>(
                 k,
-                &mut k_next,
-                b,
-                h,
-                base + keys,
-                k_len,
-                k_at,
-                stride,
-                keys,
-                dim,
-            );
-            fetch_rows::<F>(
                 v,
+                &mut k_next,
                 &mut v_next,
                 b,
                 h,
                 base + keys,
                 k_len,
-                v_at,
-                stride,
+                &operands,
                 keys,
                 dim,
             );
@@ -508,11 +547,7 @@ pub(super) fn query_grad_kernel<F: Float>(
     let k_len = k_len as usize;
     let heads = heads as usize;
     let stride = operands.stride as usize;
-    let (q_at, k_at, v_at) = (
-        operands.q_at as usize,
-        operands.k_at as usize,
-        operands.v_at as usize,
-    );
+    let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * ROWS;
@@ -532,8 +567,19 @@ pub(super) fn query_grad_kernel<F: Float>(
     let blocks = key_blocks(first, k_len, keys, causal);
     let mut k_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
     let mut v_next = Array::<f32>::new(comptime!((keys * dim + THREADS - 1) / THREADS));
-    fetch_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
-    fetch_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    fetch_keys_values::<F>(
+        k,
+        v,
+        &mut k_next,
+        &mut v_next,
+        b,
+        h,
+        0,
+        k_len,
+        &operands,
+        keys,
+        dim,
+    );
     load_rows::<F>(
         q, &mut qs, b, h, first, q_len, q_at, stride, ROWS, dim, pitch,
     );
@@ -578,27 +624,16 @@ pub(super) fn query_grad_kernel<F: Float>(
         sync_cube();
         // The next block's keys and values, in flight while this block is worked on.
         if block + 1 < blocks {
-            fetch_rows::<F>(
+            fetch_keys_values::<F>(
                 k,
-                &mut k_next,
-                b,
-                h,
-                base + keys,
-                k_len,
-                k_at,
-                stride,
-                keys,
-                dim,
-            );
-            fetch_rows::<F>(
                 v,
+                &mut k_next,
                 &mut v_next,
                 b,
                 h,
                 base + keys,
                 k_len,
-                v_at,
-                stride,
+                &operands,
                 keys,
                 dim,
             );

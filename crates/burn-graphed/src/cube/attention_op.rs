@@ -26,7 +26,8 @@
 //! The kernels and their work split are `attention_kernels.rs`'s.
 //!
 //! Over 600 lines: the two kernel families' launches (tensor-core and CUDA-core, forward and
-//! backward), the choice between them, the fusion operations and the autodiff node of one op.
+//! backward), the choice between them, the fusion operations and the autodiff nodes of one op
+//! in its two layouts (three tensors, or one packed), and the test that the layouts agree.
 
 // The ops take queries, keys, values, a mask and the spec's five choices: more arguments than
 // clippy's default, in the generated dispatch code too.

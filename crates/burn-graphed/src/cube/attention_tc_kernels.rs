@@ -135,6 +135,49 @@ fn load_rows<F: Float>(
     }
 }
 
+/// The keys and values of one block: `load_rows` of `k` and of `v` (rows `first..` of batch `b`, head
+/// `h`, rows past `k_len` as 0), laid out as `operands` says, into `k_next` and `v_next`.
+#[cube]
+fn load_keys_values<F: Float>(
+    k: &[F],
+    v: &[F],
+    k_next: &mut Array<F>,
+    v_next: &mut Array<F>,
+    b: usize,
+    h: usize,
+    first: usize,
+    k_len: usize,
+    operands: &Operands,
+    #[comptime] keys: usize,
+    #[comptime] dim: usize,
+) {
+    let stride = operands.stride as usize;
+    load_rows::<F>(
+        k,
+        k_next,
+        b,
+        h,
+        first,
+        k_len,
+        operands.k_at as usize,
+        stride,
+        keys,
+        dim,
+    );
+    load_rows::<F>(
+        v,
+        v_next,
+        b,
+        h,
+        first,
+        k_len,
+        operands.v_at as usize,
+        stride,
+        keys,
+        dim,
+    );
+}
+
 /// Stores a share `load_rows` loaded into `target`, rows `dim + PAD` apart.
 #[cube]
 fn store_rows<F: Float>(
@@ -370,11 +413,7 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let k_len = k_len as usize;
     let heads = heads as usize;
     let stride = operands.stride as usize;
-    let (q_at, k_at, v_at) = (
-        operands.q_at as usize,
-        operands.k_at as usize,
-        operands.v_at as usize,
-    );
+    let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * BLOCK;
@@ -399,8 +438,19 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
-    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    load_keys_values::<F>(
+        k,
+        v,
+        &mut k_next,
+        &mut v_next,
+        b,
+        h,
+        0,
+        k_len,
+        &operands,
+        keys,
+        dim,
+    );
     fetch_mask(
         mask,
         &strides,
@@ -438,8 +488,19 @@ pub(super) fn forward_tc_kernel<F: Float>(
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_rows::<F>(k, &mut k_next, b, h, next, k_len, k_at, stride, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, next, k_len, v_at, stride, keys, dim);
+            load_keys_values::<F>(
+                k,
+                v,
+                &mut k_next,
+                &mut v_next,
+                b,
+                h,
+                next,
+                k_len,
+                &operands,
+                keys,
+                dim,
+            );
             fetch_mask(
                 mask,
                 &strides,
@@ -579,11 +640,7 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let k_len = k_len as usize;
     let heads = heads as usize;
     let stride = operands.stride as usize;
-    let (q_at, k_at, v_at) = (
-        operands.q_at as usize,
-        operands.k_at as usize,
-        operands.v_at as usize,
-    );
+    let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * BLOCK;
@@ -609,8 +666,19 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_rows::<F>(k, &mut k_next, b, h, 0, k_len, k_at, stride, keys, dim);
-    load_rows::<F>(v, &mut v_next, b, h, 0, k_len, v_at, stride, keys, dim);
+    load_keys_values::<F>(
+        k,
+        v,
+        &mut k_next,
+        &mut v_next,
+        b,
+        h,
+        0,
+        k_len,
+        &operands,
+        keys,
+        dim,
+    );
     fetch_mask(
         mask,
         &strides,
@@ -668,8 +736,19 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_rows::<F>(k, &mut k_next, b, h, next, k_len, k_at, stride, keys, dim);
-            load_rows::<F>(v, &mut v_next, b, h, next, k_len, v_at, stride, keys, dim);
+            load_keys_values::<F>(
+                k,
+                v,
+                &mut k_next,
+                &mut v_next,
+                b,
+                h,
+                next,
+                k_len,
+                &operands,
+                keys,
+                dim,
+            );
             fetch_mask(
                 mask,
                 &strides,
