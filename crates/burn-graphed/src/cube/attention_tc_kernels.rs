@@ -421,8 +421,6 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let lane = UNIT_POS_X as usize;
     let r = plane * TILE + lane / 2;
     let half = lane % 2;
-    // Rows 8 to 15 of the plane's 16 (see the softmax below).
-    let shift = lane / TILE;
     let i = first + r;
     // Row pitches: operands, scores, weights, the output's accumulator.
     let op = comptime!(dim + PAD);
@@ -540,34 +538,27 @@ pub(super) fn forward_tc_kernel<F: Float>(
             );
         }
         sync_plane();
-        // The unit's scores stay in registers between the two passes. Its column pairs are
-        // taken from pair `shift` on: every row pitch is a multiple of four banks, so rows `r`
-        // and `r + 8` of a plane would otherwise meet in one bank at every step.
-        let mut scores = Array::<f32>::new(comptime!(keys / 2));
         let mut high = f32::min_value();
-        #[unroll]
         for c in 0..comptime!(keys / 2) {
-            let pair = (c + shift) % comptime!(keys / 2);
-            let j = 2 * pair + half;
+            let j = 2 * c + half;
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
             let mut s = ss[r * sp + j] * scale;
-            if valid && hides(bits, pair, i, kj, masked, causal) {
+            if valid && hides(bits, c, i, kj, masked, causal) {
                 s = fill;
             }
             if kj < k_len {
                 high = f32::max(high, s);
             }
-            scores[c] = s;
+            ss[r * sp + j] = s;
         }
         let new_max = f32::max(row_max, f32::max(high, plane_shuffle_xor(high, 1)));
         let mut part = 0.0f32;
-        #[unroll]
         for c in 0..comptime!(keys / 2) {
-            let j = 2 * ((c + shift) % comptime!(keys / 2)) + half;
+            let j = 2 * c + half;
             let mut p = 0.0f32;
             if base + j < k_len {
-                p = (scores[c] - new_max).exp();
+                p = (ss[r * sp + j] - new_max).exp();
             }
             ps[r * pp + j] = F::cast_from(p);
             part += p;
@@ -576,9 +567,8 @@ pub(super) fn forward_tc_kernel<F: Float>(
         let alpha = (row_max - new_max).exp();
         row_sum = row_sum * alpha + block_sum;
         row_max = new_max;
-        #[unroll]
         for c in 0..comptime!(dim / 2) {
-            os[r * ap + 2 * ((c + shift) % comptime!(dim / 2)) + half] *= alpha;
+            os[r * ap + 2 * c + half] *= alpha;
         }
         sync_plane();
         // The plane's output rows += its weights times the block's values.
