@@ -176,6 +176,71 @@ case "$mode" in
     bin="$(unpack test-gpu.xz)" || { echo "0 passed, 1 failed"; exit 1; }
     shift $(( $# > 0 ? 1 : 0 ))
     jobs="${BURN_GRAPHED_JOBS:-1}" from="" rest_logs=() chosen=0 only_ledger=0 ledger_asked=0
+    # Each test's result, from the logs (one test at a time per log), as
+    # "NAME<tab>RESULT<tab>COMMIT | DEVICE | DATE" (from the log's first line; "unknown" for a
+    # log without it) into the file $1: RESULT is passed, failed, "ignored[: REASON]",
+    # "skipped: REASON" (a test that printed `skipped: NAME: REASON`, tests/scenarios/skip.rs:
+    # it could not run its checks on this machine, and libtest counted it as passed),
+    # "reproduced: WHAT" (a hand-run reproduction of an upstream bug showed the bug; its
+    # watchdog ends the process), or "no result" (started, then cut off or crashed). A result is on the test's own line or on a
+    # bare ok/FAILED line after its output. Prints the number of skip lines of tests that did
+    # not fail, which libtest counted as passed.
+    log_results() {
+      local into="$1"; shift
+      : >"$into"
+      [ $# -gt 0 ] || { echo 0; return; }
+      awk -v results="$into" '
+        function set(name, result) {
+          if (!(name in result_of)) order[++n] = name
+          result_of[name] = result; run_at[name] = at
+        }
+        FNR == 1 {
+          pending = ""; at = "unknown | unknown device | unknown"
+          if ($0 ~ /^\[run\.sh: bundle [^ ]+ on .*, [0-9-]+\]$/) {
+            stamp = substr($0, 17, length($0) - 17); on = index(stamp, " on ")
+            where = substr(stamp, on + 4); comma = match(where, /, [0-9-]+$/)
+            at = substr(stamp, 1, on - 1) " | " substr(where, 1, comma - 1) " | " substr(where, comma + 2)
+          }
+        }
+        {
+          line = $0
+          if (match(line, /skipped: [A-Za-z0-9_:]+: /)) {
+            name = substr(line, RSTART + 9, RLENGTH - 11)
+            if (!(name in skip)) skips[++s] = name
+            skip[name] = substr(line, RSTART + RLENGTH); skip_at[name] = at
+            line = substr(line, 1, RSTART - 1)
+          }
+          if (line ~ /^test [^ ]+ \.\.\. /) {
+            split(line, field, " ")
+            name = field[2]; rest = substr(line, length(name) + 11); pending = ""
+            if (rest == "ok") set(name, "passed")
+            else if (rest == "FAILED") set(name, "failed")
+            else if (rest ~ /^ignored/) { sub(/^ignored(, )?/, "", rest); set(name, rest == "" ? "ignored" : "ignored: " rest) }
+            else { pending = name; set(name, "no result") }
+          } else if (pending != "" && (line == "ok" || line == "FAILED")) {
+            set(pending, line == "ok" ? "passed" : "failed"); pending = ""
+          } else if (pending != "" && line ~ /^reproduced: /) {
+            # A hand-run reproduction of an upstream bug (tests/gpu.rs, UPSTREAM.md): its
+            # watchdog printed this and ended the process.
+            set(pending, line); pending = ""
+          }
+        }
+        END {
+          for (i = 1; i <= s; i++) {
+            name = skips[i]
+            if (result_of[name] == "failed") continue
+            count++
+            if (!(name in result_of)) { order[++n] = name; run_at[name] = skip_at[name] }
+            result_of[name] = "skipped: " skip[name]
+          }
+          for (i = 1; i <= n; i++) {
+            result = result_of[order[i]]; gsub(/\|/, "\\|", result)
+            print order[i] "\t" result "\t" run_at[order[i]] > results
+          }
+          close(results)
+          print count + 0
+        }' "$@"
+    }
     while [ $# -gt 0 ]; do
       case "$1" in
         --jobs) jobs="${2:?run.sh tests --jobs needs a number}"; shift 2 ;;
@@ -221,15 +286,11 @@ case "$mode" in
              if (chosen && index($0, filter) && $0 >= from) print
            }')
       if [ ${#rest_logs[@]} -gt 0 ]; then
-        # A test has a result when its line is "test NAME ... ok" (or FAILED, ignored), or a
-        # bare ok/FAILED line, or a reproduction's `reproduced:` line, follows it (its own
-        # output came in between; one test at a time per log).
+        # A test has a result when `log_results` finds one for it (anything but "no result").
         done_file="$work/done"
-        awk 'FNR == 1 { name = "" }
-             /^test [^ ]+ \.\.\. / { name = $2; if ($0 ~ /^test [^ ]+ \.\.\. (ok|FAILED|ignored)$/) { print name; name = "" }; next }
-             /^(ok|FAILED)$/ && name != "" { print name; name = "" }
-             /^reproduced: / && name != "" { print name; name = "" }' "${rest_logs[@]}" >"$done_file" ||
+        log_results "$work/rest-results" "${rest_logs[@]}" >/dev/null ||
           { echo "run.sh: cannot read ${rest_logs[*]}"; exit 2; }
+        awk -F'\t' '$2 != "no result" { print $1 }' "$work/rest-results" >"$done_file"
         mapfile -t names < <(printf '%s\n' "${names[@]}" | LC_ALL=C grep -vxF -f "$done_file")
       fi
       if [ "$ledger_asked" -eq 1 ] || [ ${#names[@]} -eq 0 ] || [ -z "${names[0]}" ]; then
@@ -334,71 +395,6 @@ case "$mode" in
           if ($(i + 1) ~ /^ignored/) g += $i
         }
       } END { print p + 0, f + 0, g + 0 }' "${logs[@]}")
-    # Each test's result, from the logs (one test at a time per log), as
-    # "NAME<tab>RESULT<tab>COMMIT | DEVICE | DATE" (from the log's first line; "unknown" for a
-    # log without it) into the file $1: RESULT is passed, failed, "ignored[: REASON]",
-    # "skipped: REASON" (a test that printed `skipped: NAME: REASON`, tests/scenarios/skip.rs:
-    # it could not run its checks on this machine, and libtest counted it as passed),
-    # "reproduced: WHAT" (a hand-run reproduction of an upstream bug showed the bug; its
-    # watchdog ends the process), or "no result" (started, then cut off or crashed). A result is on the test's own line or on a
-    # bare ok/FAILED line after its output. Prints the number of skip lines of tests that did
-    # not fail, which libtest counted as passed.
-    log_results() {
-      local into="$1"; shift
-      : >"$into"
-      [ $# -gt 0 ] || { echo 0; return; }
-      awk -v results="$into" '
-        function set(name, result) {
-          if (!(name in result_of)) order[++n] = name
-          result_of[name] = result; run_at[name] = at
-        }
-        FNR == 1 {
-          pending = ""; at = "unknown | unknown device | unknown"
-          if ($0 ~ /^\[run\.sh: bundle [^ ]+ on .*, [0-9-]+\]$/) {
-            stamp = substr($0, 17, length($0) - 17); on = index(stamp, " on ")
-            where = substr(stamp, on + 4); comma = match(where, /, [0-9-]+$/)
-            at = substr(stamp, 1, on - 1) " | " substr(where, 1, comma - 1) " | " substr(where, comma + 2)
-          }
-        }
-        {
-          line = $0
-          if (match(line, /skipped: [A-Za-z0-9_:]+: /)) {
-            name = substr(line, RSTART + 9, RLENGTH - 11)
-            if (!(name in skip)) skips[++s] = name
-            skip[name] = substr(line, RSTART + RLENGTH); skip_at[name] = at
-            line = substr(line, 1, RSTART - 1)
-          }
-          if (line ~ /^test [^ ]+ \.\.\. /) {
-            split(line, field, " ")
-            name = field[2]; rest = substr(line, length(name) + 11); pending = ""
-            if (rest == "ok") set(name, "passed")
-            else if (rest == "FAILED") set(name, "failed")
-            else if (rest ~ /^ignored/) { sub(/^ignored(, )?/, "", rest); set(name, rest == "" ? "ignored" : "ignored: " rest) }
-            else { pending = name; set(name, "no result") }
-          } else if (pending != "" && (line == "ok" || line == "FAILED")) {
-            set(pending, line == "ok" ? "passed" : "failed"); pending = ""
-          } else if (pending != "" && line ~ /^reproduced: /) {
-            # A hand-run reproduction of an upstream bug (tests/gpu.rs, UPSTREAM.md): its
-            # watchdog printed this and ended the process.
-            set(pending, line); pending = ""
-          }
-        }
-        END {
-          for (i = 1; i <= s; i++) {
-            name = skips[i]
-            if (result_of[name] == "failed") continue
-            count++
-            if (!(name in result_of)) { order[++n] = name; run_at[name] = skip_at[name] }
-            result_of[name] = "skipped: " skip[name]
-          }
-          for (i = 1; i <= n; i++) {
-            result = result_of[order[i]]; gsub(/\|/, "\\|", result)
-            print order[i] "\t" result "\t" run_at[order[i]] > results
-          }
-          close(results)
-          print count + 0
-        }' "$@"
-    }
     results="$work/results"
     skipped_passes=$(log_results "$results" "${logs[@]}")
     passed=$(( passed > skipped_passes ? passed - skipped_passes : 0 ))

@@ -372,9 +372,10 @@ impl MultiHeadAttention {
                 scale: (1.0 / (self.d_k as f64).sqrt()) as f32,
                 fill: self.min_float as f32,
             };
-            let joined = match input.self_attention {
-                true => self.joined_projections(dtype),
-                false => None,
+            let joined = if input.self_attention {
+                self.joined_projections(dtype)
+            } else {
+                None
             };
             let context =
                 match joined {
