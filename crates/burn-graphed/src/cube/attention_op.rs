@@ -266,6 +266,32 @@ impl Call {
         OperandsLaunch::new(stride, q_at, k_at, v_at)
     }
 
+    /// The tensor-core kernels' staging width (`TensorBlocks::staging_width`) for the
+    /// operands `staged` (each laid out with this call's stride and offsets, or densely with
+    /// `heads * dim` elements a row): vectors as wide as every row and every buffer's start
+    /// allow.
+    fn staging_width(&self, blocks: &TensorBlocks, staged: &[&Dense]) -> usize {
+        let starts = staged.iter().map(|tensor| {
+            let tensor = tensor.tensor();
+            let bytes = tensor.handle.offset_start.unwrap_or(0) as usize;
+            let size = tensor.dtype.size();
+            // A start between elements cannot be vectorized at all.
+            if bytes.is_multiple_of(size) {
+                bytes / size
+            } else {
+                1
+            }
+        });
+        let aligned = self
+            .operands
+            .iter()
+            .map(|&n| n as usize)
+            .chain([self.heads * self.dim])
+            .chain(starts)
+            .fold(0, gcd);
+        blocks.staging_width(self.dim, aligned)
+    }
+
     /// One cube per block of `per_cube` rows of `len`, per head, per batch.
     fn grid(&self, len: usize, per_cube: usize) -> CubeCount {
         CubeCount::Static(
@@ -274,6 +300,11 @@ impl Call {
             self.batch as u32,
         )
     }
+}
+
+/// The greatest common divisor of `a` and `b` (`gcd(0, b) == b`).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube
@@ -456,7 +487,9 @@ fn launch_forward(
         // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `PLANES` planes
         // of `LANES` units (`tensor_cores` checked the device's planes are that size and
         // that it multiplies 16x16x16 tiles of `elem` into f32), `BLOCK` rows each, its
-        // shared arrays sized by `TensorBlocks::for_dim` within the device's limit.
+        // shared arrays sized by `TensorBlocks::for_dim` within the device's limit; its
+        // staging vectors of `staging_width` elements divide the rows, the offsets and the
+        // buffers' starts, so each is one aligned read of elements the scalar reads covered.
         unsafe {
             forward_tc_kernel::launch_unchecked(
                 &client,
@@ -476,6 +509,7 @@ fn launch_forward(
                 scale,
                 fill,
                 call.dim,
+                call.staging_width(&blocks, &[q, k, v]),
                 blocks.forward_keys,
                 masked,
                 causal,
@@ -552,9 +586,11 @@ fn launch_backward(
     );
     if let Some(blocks) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+        let width = call.staging_width(&blocks, &[q, k, v, dout]);
         // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
         // of `LANES` units, `BLOCK` rows or keys each; the device checked by
-        // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`).
+        // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`, the staging
+        // vectors as in the forward, `width` computed over every operand they read).
         unsafe {
             query_grad_tc_kernel::launch_unchecked(
                 &client,
@@ -577,6 +613,7 @@ fn launch_backward(
                 scale,
                 fill,
                 call.dim,
+                width,
                 blocks.grad_keys,
                 masked,
                 causal,
@@ -603,6 +640,7 @@ fn launch_backward(
                 scale,
                 fill,
                 call.dim,
+                width,
                 blocks.rows,
                 masked,
                 causal,

@@ -56,6 +56,9 @@ const ALIGN: usize = 32;
 /// start in the same banks and the units of a plane, one row pair each, read one bank at once.
 const PAD: usize = 8;
 const PAD32: usize = 4;
+/// Elements of the widest staging load and store: 16 bytes of the 2-byte dtype, one
+/// instruction each way where a scalar copy takes eight.
+const VECTOR: usize = 8;
 
 /// The block sizes of the three kernels for a head dimension: keys streamed per step of the
 /// forward and of the dQ kernel, query rows per step of the dK/dV kernel. Powers of two from
@@ -102,18 +105,36 @@ impl TensorBlocks {
             rows: fit(&key)?,
         })
     }
+
+    /// The elements one staging load and store moves, for head dimension `dim` and operands
+    /// whose rows and buffers start at multiples of `aligned` elements: the widest of
+    /// [`VECTOR`], 4, 2 and 1 that divides `aligned` and every unit's share of every block
+    /// (`n * dim / UNITS` elements for the blocks `n` of the three kernels), so that a vector
+    /// lies whole in one row, aligned to its size, and every unit moves as many.
+    pub(super) fn staging_width(&self, dim: usize, aligned: usize) -> usize {
+        let blocks = [BLOCK, self.forward_keys, self.grad_keys, self.rows];
+        [VECTOR, 4, 2]
+            .into_iter()
+            .find(|&w| {
+                aligned.is_multiple_of(w)
+                    && dim.is_multiple_of(w)
+                    && blocks.iter().all(|n| (n * dim).is_multiple_of(UNITS * w))
+            })
+            .unwrap_or(1)
+    }
 }
 
-/// Loads this unit's share (`count * dim / UNITS` elements; `count` is a multiple of [`TILE`],
-/// `dim` of 16, so every unit has as many) of `count` rows of `source` (rows `first..` of batch
-/// `b`, head `h`, laid out as [`Operands`] says with `at` and `stride`; rows past `len` as 0)
-/// into `values`, every load issued
-/// before any is used: the unrolled loop keeps them in flight together, and a caller that
-/// stores them later (`store_rows`) overlaps their latency with its work in between.
+/// Loads this unit's share (`count * dim / UNITS` elements, as vectors of `W` elements: every
+/// unit has as many, `TensorBlocks::staging_width` chose `W` so) of `count` rows of `source`
+/// (rows `first..` of batch `b`, head `h`, laid out as [`Operands`] says with `at` and `stride`;
+/// rows past `len` as 0) into `values`, every load issued before any is used: the unrolled loop
+/// keeps them in flight together, and a caller that stores them later (`store_rows`) overlaps
+/// their latency with its work in between. A vector never crosses a row: `W` divides `dim`,
+/// `at`, `stride` and the buffer's start.
 #[cube]
-fn load_rows<F: Float>(
+fn load_rows<F: Float, W: Size>(
     source: &[F],
-    values: &mut Array<F>,
+    values: &mut Array<Vector<F, W>>,
     b: usize,
     h: usize,
     first: usize,
@@ -123,13 +144,15 @@ fn load_rows<F: Float>(
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
+    let width = W::value().comptime();
+    let lines = source.as_vectorized().with_vector_size::<W>();
     #[unroll]
-    for n in 0..comptime!(count * dim / UNITS) {
-        let idx = UNIT_POS as usize + n * UNITS;
+    for n in 0..comptime!(count * dim / (UNITS * width)) {
+        let idx = (UNIT_POS as usize + n * UNITS) * width;
         let row = first + idx / dim;
-        let mut value = F::cast_from(0.0f32);
+        let mut value = Vector::<F, W>::zeroed();
         if row < len {
-            value = source[at + (b * len + row) * stride + h * dim + idx % dim];
+            value = lines[(at + (b * len + row) * stride + h * dim + idx % dim) / width];
         }
         values[n] = value;
     }
@@ -138,11 +161,11 @@ fn load_rows<F: Float>(
 /// The keys and values of one block: `load_rows` of `k` and of `v` (rows `first..` of batch `b`, head
 /// `h`, rows past `k_len` as 0), laid out as `operands` says, into `k_next` and `v_next`.
 #[cube]
-fn load_keys_values<F: Float>(
+fn load_keys_values<F: Float, W: Size>(
     k: &[F],
     v: &[F],
-    k_next: &mut Array<F>,
-    v_next: &mut Array<F>,
+    k_next: &mut Array<Vector<F, W>>,
+    v_next: &mut Array<Vector<F, W>>,
     b: usize,
     h: usize,
     first: usize,
@@ -152,7 +175,7 @@ fn load_keys_values<F: Float>(
     #[comptime] dim: usize,
 ) {
     let stride = operands.stride as usize;
-    load_rows::<F>(
+    load_rows::<F, W>(
         k,
         k_next,
         b,
@@ -164,7 +187,7 @@ fn load_keys_values<F: Float>(
         keys,
         dim,
     );
-    load_rows::<F>(
+    load_rows::<F, W>(
         v,
         v_next,
         b,
@@ -178,24 +201,27 @@ fn load_keys_values<F: Float>(
     );
 }
 
-/// Stores a share `load_rows` loaded into `target`, rows `dim + PAD` apart.
+/// Stores a share `load_rows` loaded into `target`, rows `dim + PAD` apart (`W` divides both,
+/// and the shared arrays are [`ALIGN`]ed: every vector lands whole and aligned).
 #[cube]
-fn store_rows<F: Float>(
-    values: &Array<F>,
+fn store_rows<F: Float, W: Size>(
+    values: &Array<Vector<F, W>>,
     target: &mut Shared<[F]>,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
+    let width = W::value().comptime();
+    let lines = target.as_vectorized_mut().with_vector_size_mut::<W>();
     #[unroll]
-    for n in 0..comptime!(count * dim / UNITS) {
-        let idx = UNIT_POS as usize + n * UNITS;
-        target[(idx / dim) * comptime!(dim + PAD) + idx % dim] = values[n];
+    for n in 0..comptime!(count * dim / (UNITS * width)) {
+        let idx = (UNIT_POS as usize + n * UNITS) * width;
+        lines[((idx / dim) * comptime!(dim + PAD) + idx % dim) / width] = values[n];
     }
 }
 
 /// Stages `count` rows of `source` in `target` at once (`load_rows` then `store_rows`).
 #[cube]
-fn stage_rows<F: Float>(
+fn stage_rows<F: Float, W: Size>(
     source: &[F],
     target: &mut Shared<[F]>,
     b: usize,
@@ -207,8 +233,9 @@ fn stage_rows<F: Float>(
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
-    let mut values = Array::<F>::new(comptime!(count * dim / UNITS));
-    load_rows::<F>(
+    let width = W::value().comptime();
+    let mut values = Array::<Vector<F, W>>::new(comptime!(count * dim / (UNITS * width)));
+    load_rows::<F, W>(
         source,
         &mut values,
         b,
@@ -220,7 +247,7 @@ fn stage_rows<F: Float>(
         count,
         dim,
     );
-    store_rows::<F>(&values, target, count, dim);
+    store_rows::<F, W>(&values, target, count, dim);
 }
 
 /// One 16x16 `f32` tile of a plane's product `A B` into `out` at `out_at` (rows `out_stride`
@@ -403,12 +430,15 @@ pub(super) fn forward_tc_kernel<F: Float>(
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
+    #[comptime] width: usize,
     #[comptime] keys: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
     #[comptime] quiet: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    // The staged operands move `width` elements a load and a store.
+    let size!(W) = width;
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
@@ -435,10 +465,10 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     // The first block's keys and values are in flight while the queries are staged.
     let blocks = key_blocks(first, k_len, keys, causal);
-    let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
-    let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut k_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
+    let mut v_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_keys_values::<F>(
+    load_keys_values::<F, W>(
         k,
         v,
         &mut k_next,
@@ -466,7 +496,7 @@ pub(super) fn forward_tc_kernel<F: Float>(
         true,
         masked,
     );
-    stage_rows::<F>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         os[r * ap + 2 * c + half] = 0.0f32;
     }
@@ -480,15 +510,15 @@ pub(super) fn forward_tc_kernel<F: Float>(
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        store_rows::<F>(&k_next, &mut ks, keys, dim);
-        store_rows::<F>(&v_next, &mut vs, keys, dim);
+        store_rows::<F, W>(&k_next, &mut ks, keys, dim);
+        store_rows::<F, W>(&v_next, &mut vs, keys, dim);
         let bits = mask_bits(&mask_next, keys, masked);
         sync_cube();
         // The next block's keys, values and mask entries, in flight while this block is worked
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_keys_values::<F>(
+            load_keys_values::<F, W>(
                 k,
                 v,
                 &mut k_next,
@@ -631,11 +661,14 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
+    #[comptime] width: usize,
     #[comptime] keys: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    // The staged operands move `width` elements a load and a store.
+    let size!(W) = width;
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
@@ -663,10 +696,10 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     // The first block's keys and values are in flight while the rows are staged.
     let blocks = key_blocks(first, k_len, keys, causal);
-    let mut k_next = Array::<F>::new(comptime!(keys * dim / UNITS));
-    let mut v_next = Array::<F>::new(comptime!(keys * dim / UNITS));
+    let mut k_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
+    let mut v_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_keys_values::<F>(
+    load_keys_values::<F, W>(
         k,
         v,
         &mut k_next,
@@ -694,8 +727,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         true,
         masked,
     );
-    stage_rows::<F>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
-    stage_rows::<F>(
+    stage_rows::<F, W>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(
         dout,
         &mut dos,
         b,
@@ -728,15 +761,15 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        store_rows::<F>(&k_next, &mut ks, keys, dim);
-        store_rows::<F>(&v_next, &mut vs, keys, dim);
+        store_rows::<F, W>(&k_next, &mut ks, keys, dim);
+        store_rows::<F, W>(&v_next, &mut vs, keys, dim);
         let bits = mask_bits(&mask_next, keys, masked);
         sync_cube();
         // The next block's keys, values and mask entries, in flight while this block is worked
         // on.
         if block + 1 < blocks {
             let next = base + keys;
-            load_keys_values::<F>(
+            load_keys_values::<F, W>(
                 k,
                 v,
                 &mut k_next,
@@ -868,11 +901,14 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     scale: f32,
     fill: f32,
     #[comptime] dim: usize,
+    #[comptime] width: usize,
     #[comptime] rows: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    // The staged operands move `width` elements a load and a store.
+    let size!(W) = width;
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
@@ -919,11 +955,11 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let blocks = (q_len + rows - 1) / rows;
     // The first block's rows (queries, output gradients, their `lse` and `delta`; a unit per
     // row, `rows` <= UNITS) are in flight while the keys and values are staged.
-    let mut q_next = Array::<F>::new(comptime!(rows * dim / UNITS));
-    let mut do_next = Array::<F>::new(comptime!(rows * dim / UNITS));
+    let mut q_next = Array::<Vector<F, W>>::new(comptime!(rows * dim / (UNITS * width)));
+    let mut do_next = Array::<Vector<F, W>>::new(comptime!(rows * dim / (UNITS * width)));
     let mut mask_next = Array::<i32>::new(comptime!(rows / 2));
     let first_row = start * rows;
-    load_rows::<F>(
+    load_rows::<F, W>(
         q,
         &mut q_next,
         b,
@@ -935,7 +971,7 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         rows,
         dim,
     );
-    load_rows::<F>(
+    load_rows::<F, W>(
         dout,
         &mut do_next,
         b,
@@ -964,8 +1000,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     );
     let mut lse_next = row_value(lse, b, h, first_row, q_len, heads);
     let mut delta_next = row_value(delta, b, h, first_row, q_len, heads);
-    stage_rows::<F>(k, &mut ks, b, h, first, k_len, k_at, stride, BLOCK, dim);
-    stage_rows::<F>(v, &mut vs, b, h, first, k_len, v_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(k, &mut ks, b, h, first, k_len, k_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(v, &mut vs, b, h, first, k_len, v_at, stride, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
         dk_acc[j * ap + 2 * c + half] = 0.0f32;
         dv_acc[j * ap + 2 * c + half] = 0.0f32;
@@ -973,8 +1009,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     for block in start..blocks {
         let base = block * rows;
         sync_cube();
-        store_rows::<F>(&q_next, &mut qs, rows, dim);
-        store_rows::<F>(&do_next, &mut dos, rows, dim);
+        store_rows::<F, W>(&q_next, &mut qs, rows, dim);
+        store_rows::<F, W>(&do_next, &mut dos, rows, dim);
         if unit < rows {
             lses[unit] = lse_next;
             deltas[unit] = delta_next;
@@ -984,8 +1020,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         // The next block's rows and mask entries, in flight while this block is worked on.
         if block + 1 < blocks {
             let next = base + rows;
-            load_rows::<F>(q, &mut q_next, b, h, next, q_len, q_at, stride, rows, dim);
-            load_rows::<F>(
+            load_rows::<F, W>(q, &mut q_next, b, h, next, q_len, q_at, stride, rows, dim);
+            load_rows::<F, W>(
                 dout,
                 &mut do_next,
                 b,
@@ -1142,5 +1178,35 @@ mod tests {
         assert_eq!(TensorBlocks::for_dim(8, cuda), None);
         assert_eq!(TensorBlocks::for_dim(0, cuda), None);
         assert_eq!(TensorBlocks::for_dim(80, cuda), None);
+    }
+
+    #[test]
+    fn staging_width_keeps_vectors_whole_and_shares_even() {
+        let cuda = 48 * 1024;
+        let blocks = |dim| TensorBlocks::for_dim(dim, cuda).unwrap();
+        // The bench's heads (32) on aligned operands: 16-byte vectors.
+        assert_eq!(blocks(32).staging_width(32, 768), 8);
+        assert_eq!(blocks(64).staging_width(64, 256), 8);
+        // An operand 4 elements off a 16-byte boundary: 8-byte vectors.
+        assert_eq!(blocks(32).staging_width(32, 4), 4);
+        // Odd alignment: one element at a time.
+        assert_eq!(blocks(32).staging_width(32, 3), 1);
+        // Head dimension 16 with 16-key blocks (a small shared memory): a 16x16 block is 256
+        // elements, 4 a unit, so 8-element vectors would leave units without a share.
+        let small = TensorBlocks {
+            forward_keys: 16,
+            grad_keys: 16,
+            rows: 16,
+        };
+        assert_eq!(small.staging_width(16, 64), 4);
+        for dim in [16, 32, 48, 64] {
+            let Some(b) = TensorBlocks::for_dim(dim, cuda) else {
+                continue;
+            };
+            let w = b.staging_width(dim, 8);
+            for n in [BLOCK, b.forward_keys, b.grad_keys, b.rows] {
+                assert_eq!((n * dim) % (UNITS * w), 0, "dim {dim} block {n} width {w}");
+            }
+        }
     }
 }
