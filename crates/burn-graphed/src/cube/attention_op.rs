@@ -52,7 +52,8 @@ use super::attention_kernels::{
     key_grad_kernel, query_grad_kernel,
 };
 use super::attention_tc_kernels::{
-    BLOCK, LANES, PLANES, TensorBlocks, forward_tc_kernel, key_grad_tc_kernel, query_grad_tc_kernel,
+    BLOCK, LANES, PLANES, SPLIT, TILE, TensorBlocks, forward_tc_kernel, key_grad_tc_kernel,
+    query_grad_tc_kernel, staging_width,
 };
 use super::buffers::FusedTensor;
 use super::dense::Dense;
@@ -266,11 +267,11 @@ impl Call {
         OperandsLaunch::new(stride, q_at, k_at, v_at)
     }
 
-    /// The tensor-core kernels' staging width (`TensorBlocks::staging_width`) for the
+    /// The tensor-core kernels' staging width (`staging_width`) for the
     /// operands `staged` (each laid out with this call's stride and offsets, or densely with
     /// `heads * dim` elements a row): vectors as wide as every row and every buffer's start
     /// allow.
-    fn staging_width(&self, blocks: &TensorBlocks, staged: &[&Dense]) -> usize {
+    fn staging_width(&self, staged: &[&Dense]) -> usize {
         let starts = staged.iter().map(|tensor| {
             let tensor = tensor.tensor();
             let bytes = tensor.handle.offset_start.unwrap_or(0) as usize;
@@ -289,7 +290,7 @@ impl Call {
             .chain([self.heads * self.dim])
             .chain(starts)
             .fold(0, gcd);
-        blocks.staging_width(self.dim, aligned)
+        staging_width(self.dim, aligned)
     }
 
     /// One cube per block of `per_cube` rows of `len`, per head, per batch.
@@ -484,17 +485,17 @@ fn launch_forward(
     );
     if let Some(blocks) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `PLANES` planes
+        // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `SPLIT` planes
         // of `LANES` units (`tensor_cores` checked the device's planes are that size and
-        // that it multiplies 16x16x16 tiles of `elem` into f32), `BLOCK` rows each, its
+        // that it multiplies 16x16x16 tiles of `elem` into f32), `TILE` rows each, its
         // shared arrays sized by `TensorBlocks::for_dim` within the device's limit; its
         // staging vectors of `staging_width` elements divide the rows, the offsets and the
         // buffers' starts, so each is one aligned read of elements the scalar reads covered.
         unsafe {
             forward_tc_kernel::launch_unchecked(
                 &client,
-                call.grid(call.q_len, BLOCK),
-                CubeDim::new_2d(LANES as u32, PLANES as u32),
+                call.grid(call.q_len, TILE),
+                CubeDim::new_2d(LANES as u32, SPLIT as u32),
                 q.arg(),
                 k.arg(),
                 v.arg(),
@@ -509,7 +510,7 @@ fn launch_forward(
                 scale,
                 fill,
                 call.dim,
-                call.staging_width(&blocks, &[q, k, v]),
+                call.staging_width(&[q, k, v]),
                 blocks.forward_keys,
                 masked,
                 causal,
@@ -586,7 +587,7 @@ fn launch_backward(
     );
     if let Some(blocks) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
-        let width = call.staging_width(&blocks, &[q, k, v, dout]);
+        let width = call.staging_width(&[q, k, v, dout]);
         // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
         // of `LANES` units, `BLOCK` rows or keys each; the device checked by
         // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`, the staging

@@ -4,8 +4,10 @@
 //! `f32` (CUDA). Launched by `attention_op.rs`, which states the arithmetic; the cases these
 //! kernels do not take (`f32`, a head dimension not a multiple of 16) run the others.
 //!
-//! Work split: a cube of [`PLANES`] planes; a plane takes 16 query rows (forward, dQ) or 16 keys
-//! (dK and dV). Operands are staged in shared memory in the dtype; a plane's products land in
+//! Work split: the forward's cube takes 16 query rows with [`SPLIT`] planes, each over its own
+//! share of the keys, combined at the end; a dQ or dK/dV cube has [`PLANES`] planes, and a plane
+//! takes 16 query rows (dQ) or 16 keys (dK and dV). Operands are staged in shared memory in the
+//! dtype, in vectors of up to 16 bytes ([`staging_width`]); a plane's products land in
 //! its own `f32` tiles in shared memory, where the two units of a row take the row's softmax or
 //! gradient arithmetic in `f32`, its even and its odd columns, and combine through a plane
 //! shuffle. Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
@@ -39,12 +41,17 @@ use super::attention_kernels::{
 pub(super) const LANES: usize = 32;
 /// Planes of a cube.
 pub(super) const PLANES: usize = 2;
-/// The edge of a tensor-core tile.
-const TILE: usize = 16;
+/// The edge of a tensor-core tile; query rows of a forward cube.
+pub(super) const TILE: usize = 16;
 /// Query rows of a forward or dQ cube, keys of a dK/dV cube.
 pub(super) const BLOCK: usize = PLANES * TILE;
-/// Units of a cube.
+/// Units of a dQ or dK/dV cube.
 const UNITS: usize = PLANES * LANES;
+/// Planes of a forward cube: they share its 16 query rows, each taking every `SPLIT`th block
+/// of keys, and combine their rows' partial softmaxes at the end.
+pub(super) const SPLIT: usize = 4;
+/// Units of a forward cube.
+const FORWARD_UNITS: usize = SPLIT * LANES;
 /// The largest head dimension taken.
 const MAX_DIM: usize = 64;
 /// The most shared memory a cube asks for (bytes), 1 KiB below CUDA's static limit of 48 KiB.
@@ -86,8 +93,11 @@ impl TensorBlocks {
         let (op, acc) = (dim + PAD, (dim + PAD32) * 4);
         let scores = |n: usize| (n + PAD32) * 4;
         let weights = |n: usize| (n + PAD) * 2;
+        // The forward: a tile of queries, and per plane a block of keys and values, its
+        // scores, weights, output accumulator and its rows' two statistics.
         let forward = |keys: usize| {
-            2 * (BLOCK + 2 * keys) * op + BLOCK * (scores(keys) + weights(keys) + acc)
+            2 * (TILE + SPLIT * 2 * keys) * op
+                + SPLIT * TILE * (scores(keys) + weights(keys) + acc + 8)
         };
         let query = |keys: usize| {
             2 * (2 * BLOCK + 2 * keys) * op + BLOCK * (2 * scores(keys) + weights(keys) + acc)
@@ -105,32 +115,31 @@ impl TensorBlocks {
             rows: fit(&key)?,
         })
     }
-
-    /// The elements one staging load and store moves, for head dimension `dim` and operands
-    /// whose rows and buffers start at multiples of `aligned` elements: the widest of
-    /// [`VECTOR`], 4, 2 and 1 that divides `aligned` and every unit's share of every block
-    /// (`n * dim / UNITS` elements for the blocks `n` of the three kernels), so that a vector
-    /// lies whole in one row, aligned to its size, and every unit moves as many.
-    pub(super) fn staging_width(&self, dim: usize, aligned: usize) -> usize {
-        let blocks = [BLOCK, self.forward_keys, self.grad_keys, self.rows];
-        [VECTOR, 4, 2]
-            .into_iter()
-            .find(|&w| {
-                aligned.is_multiple_of(w)
-                    && dim.is_multiple_of(w)
-                    && blocks.iter().all(|n| (n * dim).is_multiple_of(UNITS * w))
-            })
-            .unwrap_or(1)
-    }
 }
 
-/// Loads this unit's share (`count * dim / UNITS` elements, as vectors of `W` elements: every
-/// unit has as many, `TensorBlocks::staging_width` chose `W` so) of `count` rows of `source`
-/// (rows `first..` of batch `b`, head `h`, laid out as [`Operands`] says with `at` and `stride`;
-/// rows past `len` as 0) into `values`, every load issued before any is used: the unrolled loop
-/// keeps them in flight together, and a caller that stores them later (`store_rows`) overlaps
-/// their latency with its work in between. A vector never crosses a row: `W` divides `dim`,
-/// `at`, `stride` and the buffer's start.
+/// The elements one staging load and store moves, for head dimension `dim` and operands whose
+/// rows and buffers start at multiples of `aligned` elements: the widest of [`VECTOR`], 4, 2
+/// and 1 that divides both, so that a vector lies whole in one row, aligned to its size.
+pub(super) fn staging_width(dim: usize, aligned: usize) -> usize {
+    [VECTOR, 4, 2]
+        .into_iter()
+        .find(|&w| aligned.is_multiple_of(w) && dim.is_multiple_of(w))
+        .unwrap_or(1)
+}
+
+/// Vectors of `width` elements a unit stages of `count` rows of `dim` among `units` units:
+/// rounded up, so that the last round leaves some units without one where `units` does not
+/// divide the rows' vectors.
+fn share(count: usize, dim: usize, width: usize, units: usize) -> usize {
+    (count * dim / width).div_ceil(units)
+}
+
+/// Loads unit `unit`'s share (of `units` units, [`share`] vectors of `W` elements) of `count`
+/// rows of `source` (rows `first..` of batch `b`, head `h`, laid out as [`Operands`] says with
+/// `at` and `stride`; rows past `len` as 0) into `values`, every load issued before any is
+/// used: the unrolled loop keeps them in flight together, and a caller that stores them later
+/// (`store_rows`) overlaps their latency with its work in between. A vector never crosses a
+/// row: `W` divides `dim`, `at`, `stride` and the buffer's start ([`staging_width`]).
 #[cube]
 fn load_rows<F: Float, W: Size>(
     source: &[F],
@@ -141,17 +150,25 @@ fn load_rows<F: Float, W: Size>(
     len: usize,
     at: usize,
     stride: usize,
+    unit: usize,
+    #[comptime] units: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     let width = W::value().comptime();
+    let vectors = comptime!(count * dim / width);
     let lines = source.as_vectorized().with_vector_size::<W>();
     #[unroll]
-    for n in 0..comptime!(count * dim / (UNITS * width)) {
-        let idx = (UNIT_POS as usize + n * UNITS) * width;
+    for n in 0..comptime!(share(count, dim, width, units)) {
+        let vector = unit + n * units;
+        let idx = vector * width;
         let row = first + idx / dim;
+        let mut inside = row < len;
+        if comptime!(!vectors.is_multiple_of(units)) {
+            inside = inside && vector < vectors;
+        }
         let mut value = Vector::<F, W>::zeroed();
-        if row < len {
+        if inside {
             value = lines[(at + (b * len + row) * stride + h * dim + idx % dim) / width];
         }
         values[n] = value;
@@ -171,6 +188,8 @@ fn load_keys_values<F: Float, W: Size>(
     first: usize,
     k_len: usize,
     operands: &Operands,
+    unit: usize,
+    #[comptime] units: usize,
     #[comptime] keys: usize,
     #[comptime] dim: usize,
 ) {
@@ -184,6 +203,8 @@ fn load_keys_values<F: Float, W: Size>(
         k_len,
         operands.k_at as usize,
         stride,
+        unit,
+        units,
         keys,
         dim,
     );
@@ -196,30 +217,46 @@ fn load_keys_values<F: Float, W: Size>(
         k_len,
         operands.v_at as usize,
         stride,
+        unit,
+        units,
         keys,
         dim,
     );
 }
 
-/// Stores a share `load_rows` loaded into `target`, rows `dim + PAD` apart (`W` divides both,
-/// and the shared arrays are [`ALIGN`]ed: every vector lands whole and aligned).
+/// Stores a share `load_rows` loaded (unit `unit` of `units`) into `target` from element `to`
+/// on, rows `dim + PAD` apart (`W` divides both and `to`, and the shared arrays are
+/// [`ALIGN`]ed: every vector lands whole and aligned).
 #[cube]
 fn store_rows<F: Float, W: Size>(
     values: &Array<Vector<F, W>>,
     target: &mut Shared<[F]>,
+    to: usize,
+    unit: usize,
+    #[comptime] units: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     let width = W::value().comptime();
+    let vectors = comptime!(count * dim / width);
     let lines = target.as_vectorized_mut().with_vector_size_mut::<W>();
     #[unroll]
-    for n in 0..comptime!(count * dim / (UNITS * width)) {
-        let idx = (UNIT_POS as usize + n * UNITS) * width;
-        lines[((idx / dim) * comptime!(dim + PAD) + idx % dim) / width] = values[n];
+    for n in 0..comptime!(share(count, dim, width, units)) {
+        let vector = unit + n * units;
+        let idx = vector * width;
+        let at = (to + (idx / dim) * comptime!(dim + PAD) + idx % dim) / width;
+        let mut inside = true;
+        if comptime!(!vectors.is_multiple_of(units)) {
+            inside = vector < vectors;
+        }
+        if inside {
+            lines[at] = values[n];
+        }
     }
 }
 
-/// Stages `count` rows of `source` in `target` at once (`load_rows` then `store_rows`).
+/// Stages `count` rows of `source` in `target` at once (`load_rows` then `store_rows`), the
+/// whole cube's units taking part.
 #[cube]
 fn stage_rows<F: Float, W: Size>(
     source: &[F],
@@ -230,11 +267,13 @@ fn stage_rows<F: Float, W: Size>(
     len: usize,
     at: usize,
     stride: usize,
+    #[comptime] units: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
 ) {
     let width = W::value().comptime();
-    let mut values = Array::<Vector<F, W>>::new(comptime!(count * dim / (UNITS * width)));
+    let unit = UNIT_POS as usize;
+    let mut values = Array::<Vector<F, W>>::new(comptime!(share(count, dim, width, units)));
     load_rows::<F, W>(
         source,
         &mut values,
@@ -244,10 +283,12 @@ fn stage_rows<F: Float, W: Size>(
         len,
         at,
         stride,
+        unit,
+        units,
         count,
         dim,
     );
-    store_rows::<F, W>(&values, target, count, dim);
+    store_rows::<F, W>(&values, target, 0, unit, units, count, dim);
 }
 
 /// One 16x16 `f32` tile of a plane's product `A B` into `out` at `out_at` (rows `out_stride`
@@ -393,27 +434,32 @@ fn hides(
     hide
 }
 
-/// Key blocks of `keys` a query block `first..first + BLOCK` reads: every block of `k_len`
+/// Key blocks of `keys` a query block `first..first + rows` reads: every block of `k_len`
 /// keys, or with `causal` those up to its last row.
 #[cube]
 fn key_blocks(
     first: usize,
     k_len: usize,
+    #[comptime] rows: usize,
     #[comptime] keys: usize,
     #[comptime] causal: bool,
 ) -> usize {
     let mut last = k_len;
     if causal {
-        if first + BLOCK < k_len {
-            last = first + BLOCK;
+        if first + rows < k_len {
+            last = first + rows;
         }
     }
     (last + keys - 1) / keys
 }
 
-/// Forward: rows `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`: `out` and
-/// `lse`, as `attention_kernels::forward_kernel`. The unit pair of a row takes its even and its
-/// odd columns.
+/// Forward: rows `CUBE_POS_X * TILE..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`: `out` and
+/// `lse`, as `attention_kernels::forward_kernel`. Plane `p` of the [`SPLIT`] takes the key
+/// blocks `p, p + SPLIT, ..`: its own running softmax over them (the unit pair of a row takes
+/// its even and its odd columns) into its own output accumulator; at the end the cube combines
+/// the planes' rows (`exp(m_p - m)` each, `m` the largest of their maxima). A plane's chain of
+/// dependent work is a `SPLIT`th of a whole row's, and a cube of 16 rows leaves four times the
+/// planes of 32-row cubes on the device to hide each other's latency.
 #[cube(launch_unchecked)]
 pub(super) fn forward_tc_kernel<F: Float>(
     q: &[F],
@@ -446,10 +492,10 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
-    let first = CUBE_POS_X as usize * BLOCK;
+    let first = CUBE_POS_X as usize * TILE;
     let plane = UNIT_POS_Y as usize;
     let lane = UNIT_POS_X as usize;
-    let r = plane * TILE + lane / 2;
+    let r = lane / 2;
     let half = lane % 2;
     let i = first + r;
     // Row pitches: operands, scores, weights, the output's accumulator.
@@ -457,67 +503,98 @@ pub(super) fn forward_tc_kernel<F: Float>(
     let sp = comptime!(keys + PAD32);
     let pp = comptime!(keys + PAD);
     let ap = comptime!(dim + PAD32);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
-    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
-    let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
-    let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
-    // The first block's keys and values are in flight while the queries are staged.
-    let blocks = key_blocks(first, k_len, keys, causal);
-    let mut k_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
-    let mut v_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    let mut ss =
+        Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
+    let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD)), ALIGN);
+    let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (dim + PAD32)), ALIGN);
+    let mut stats = Shared::<[f32]>::new_slice(comptime!(SPLIT * TILE * 2));
+    // This plane's regions of the shared arrays.
+    let kv_at = plane * keys * op;
+    let s_at = plane * TILE * sp;
+    let p_at = plane * TILE * pp;
+    let o_at = plane * TILE * ap;
+    let blocks = key_blocks(first, k_len, TILE, keys, causal);
+    let mut steps = 0usize;
+    if plane < blocks {
+        steps = (blocks - plane + SPLIT - 1) / SPLIT;
+    }
+    // The plane's first block's keys and values are in flight while the queries are staged.
+    let mut k_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
+    let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_keys_values::<F, W>(
-        k,
-        v,
-        &mut k_next,
-        &mut v_next,
+    if steps > 0 {
+        load_keys_values::<F, W>(
+            k,
+            v,
+            &mut k_next,
+            &mut v_next,
+            b,
+            h,
+            plane * keys,
+            k_len,
+            &operands,
+            lane,
+            LANES,
+            keys,
+            dim,
+        );
+        fetch_mask(
+            mask,
+            &strides,
+            &mut mask_next,
+            b,
+            h,
+            i,
+            plane * keys,
+            half,
+            q_len,
+            k_len,
+            keys,
+            true,
+            masked,
+        );
+    }
+    stage_rows::<F, W>(
+        q,
+        &mut qs,
         b,
         h,
-        0,
-        k_len,
-        &operands,
-        keys,
+        first,
+        q_len,
+        q_at,
+        stride,
+        FORWARD_UNITS,
+        TILE,
         dim,
     );
-    fetch_mask(
-        mask,
-        &strides,
-        &mut mask_next,
-        b,
-        h,
-        i,
-        0,
-        half,
-        q_len,
-        k_len,
-        keys,
-        true,
-        masked,
-    );
-    stage_rows::<F, W>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
     for c in 0..comptime!(dim / 2) {
-        os[r * ap + 2 * c + half] = 0.0f32;
+        os[o_at + r * ap + 2 * c + half] = 0.0f32;
     }
-    // The quiet softmax's virtual score 0: running maximum 0, running sum exp(0 - 0).
+    // The quiet softmax's virtual score 0, counted once (plane 0): running maximum 0, running
+    // sum exp(0 - 0).
     let mut row_max = f32::min_value();
     let mut row_sum = 0.0f32;
     if quiet {
-        row_max = 0.0f32;
-        row_sum = 1.0f32;
+        if plane == 0 {
+            row_max = 0.0f32;
+            row_sum = 1.0f32;
+        }
     }
-    for block in 0..blocks {
+    sync_cube();
+    for step in 0..steps {
+        let block = plane + step * SPLIT;
         let base = block * keys;
-        sync_cube();
-        store_rows::<F, W>(&k_next, &mut ks, keys, dim);
-        store_rows::<F, W>(&v_next, &mut vs, keys, dim);
+        store_rows::<F, W>(&k_next, &mut ks, kv_at, lane, LANES, keys, dim);
+        store_rows::<F, W>(&v_next, &mut vs, kv_at, lane, LANES, keys, dim);
         let bits = mask_bits(&mask_next, keys, masked);
-        sync_cube();
-        // The next block's keys, values and mask entries, in flight while this block is worked
-        // on.
-        if block + 1 < blocks {
-            let next = base + keys;
+        sync_plane();
+        // The plane's next block's keys, values and mask entries, in flight while this block
+        // is worked on.
+        if step + 1 < steps {
+            let next = base + SPLIT * keys;
             load_keys_values::<F, W>(
                 k,
                 v,
@@ -528,6 +605,8 @@ pub(super) fn forward_tc_kernel<F: Float>(
                 next,
                 k_len,
                 &operands,
+                lane,
+                LANES,
                 keys,
                 dim,
             );
@@ -547,20 +626,20 @@ pub(super) fn forward_tc_kernel<F: Float>(
                 masked,
             );
         }
-        // The plane's scores: its 16 rows of q times the block's keys.
+        // The plane's scores: the 16 rows of q times its block's keys.
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
             product_tile::<F>(
                 &qs,
-                plane * TILE * op,
+                0,
                 op,
                 TILE,
                 &ks,
-                n * TILE * op,
+                kv_at + n * TILE * op,
                 op,
                 TILE,
                 &mut ss,
-                plane * TILE * sp + n * TILE,
+                s_at + n * TILE,
                 sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
@@ -573,14 +652,14 @@ pub(super) fn forward_tc_kernel<F: Float>(
             let j = 2 * c + half;
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
-            let mut s = ss[r * sp + j] * scale;
+            let mut s = ss[s_at + r * sp + j] * scale;
             if valid && hides(bits, c, i, kj, masked, causal) {
                 s = fill;
             }
             if kj < k_len {
                 high = f32::max(high, s);
             }
-            ss[r * sp + j] = s;
+            ss[s_at + r * sp + j] = s;
         }
         let new_max = f32::max(row_max, f32::max(high, plane_shuffle_xor(high, 1)));
         let mut part = 0.0f32;
@@ -588,9 +667,9 @@ pub(super) fn forward_tc_kernel<F: Float>(
             let j = 2 * c + half;
             let mut p = 0.0f32;
             if base + j < k_len {
-                p = (ss[r * sp + j] - new_max).exp();
+                p = (ss[s_at + r * sp + j] - new_max).exp();
             }
-            ps[r * pp + j] = F::cast_from(p);
+            ps[p_at + r * pp + j] = F::cast_from(p);
             part += p;
         }
         let block_sum = part + plane_shuffle_xor(part, 1);
@@ -598,23 +677,23 @@ pub(super) fn forward_tc_kernel<F: Float>(
         row_sum = row_sum * alpha + block_sum;
         row_max = new_max;
         for c in 0..comptime!(dim / 2) {
-            os[r * ap + 2 * c + half] *= alpha;
+            os[o_at + r * ap + 2 * c + half] *= alpha;
         }
         sync_plane();
-        // The plane's output rows += its weights times the block's values.
+        // The plane's output rows += its weights times its block's values.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
             product_tile::<F>(
                 &ps,
-                plane * TILE * pp,
+                p_at,
                 pp,
                 TILE,
                 &vs,
-                n * TILE,
+                kv_at + n * TILE,
                 op,
                 TILE * op,
                 &mut os,
-                plane * TILE * ap + n * TILE,
+                o_at + n * TILE,
                 ap,
                 comptime!(keys / TILE),
                 MatrixLayout::RowMajor,
@@ -623,19 +702,50 @@ pub(super) fn forward_tc_kernel<F: Float>(
         }
         sync_plane();
     }
-    if i < q_len {
+    if half == 0 {
+        stats[(plane * TILE + r) * 2] = row_max;
+        stats[(plane * TILE + r) * 2 + 1] = row_sum;
+    }
+    sync_cube();
+    // The combine: the cube's units in eights, one eight a row, each unit `dim / 8` of its
+    // columns. The planes' parts of a row, scaled to the largest of their maxima, summed.
+    let unit = UNIT_POS as usize;
+    let row = unit / comptime!(FORWARD_UNITS / TILE);
+    let part = unit % comptime!(FORWARD_UNITS / TILE);
+    let ci = first + row;
+    let mut m = f32::min_value();
+    #[unroll]
+    for p in 0..SPLIT {
+        m = f32::max(m, stats[(p * TILE + row) * 2]);
+    }
+    let mut weights = Array::<f32>::new(SPLIT);
+    let mut total = 0.0f32;
+    #[unroll]
+    for p in 0..SPLIT {
+        let w = (stats[(p * TILE + row) * 2] - m).exp();
+        weights[p] = w;
+        total += stats[(p * TILE + row) * 2 + 1] * w;
+    }
+    if ci < q_len {
         // Every key hidden by -inf: no weight anywhere, the row is 0 (as burn's attention).
         let mut inv = 0.0f32;
-        if row_sum > 0.0f32 {
-            inv = 1.0f32 / row_sum;
+        if total > 0.0f32 {
+            inv = 1.0f32 / total;
         }
-        let at = ((b * q_len + i) * heads + h) * dim;
-        for c in 0..comptime!(dim / 2) {
-            let d = 2 * c + half;
-            out[at + d] = F::cast_from(os[r * ap + d] * inv);
+        let at = ((b * q_len + ci) * heads + h) * dim;
+        let columns = comptime!(dim / (FORWARD_UNITS / TILE));
+        #[unroll]
+        for c in 0..columns {
+            let d = part * columns + c;
+            let mut o = 0.0f32;
+            #[unroll]
+            for p in 0..SPLIT {
+                o += os[(p * TILE + row) * ap + d] * weights[p];
+            }
+            out[at + d] = F::cast_from(o * inv);
         }
-        if half == 0 {
-            lse[(b * q_len + i) * heads + h] = row_max + row_sum.ln();
+        if part == 0 {
+            lse[(b * q_len + ci) * heads + h] = m + total.ln();
         }
     }
 }
@@ -695,9 +805,9 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
     let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
     // The first block's keys and values are in flight while the rows are staged.
-    let blocks = key_blocks(first, k_len, keys, causal);
-    let mut k_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
-    let mut v_next = Array::<Vector<F, W>>::new(comptime!(keys * dim / (UNITS * width)));
+    let blocks = key_blocks(first, k_len, BLOCK, keys, causal);
+    let mut k_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, UNITS)));
+    let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, UNITS)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
     load_keys_values::<F, W>(
         k,
@@ -709,6 +819,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         0,
         k_len,
         &operands,
+        UNIT_POS as usize,
+        UNITS,
         keys,
         dim,
     );
@@ -727,7 +839,9 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         true,
         masked,
     );
-    stage_rows::<F, W>(q, &mut qs, b, h, first, q_len, q_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(
+        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, BLOCK, dim,
+    );
     stage_rows::<F, W>(
         dout,
         &mut dos,
@@ -737,6 +851,7 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
         q_len,
         0,
         heads * dim,
+        UNITS,
         BLOCK,
         dim,
     );
@@ -761,8 +876,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
     for block in 0..blocks {
         let base = block * keys;
         sync_cube();
-        store_rows::<F, W>(&k_next, &mut ks, keys, dim);
-        store_rows::<F, W>(&v_next, &mut vs, keys, dim);
+        store_rows::<F, W>(&k_next, &mut ks, 0, UNIT_POS as usize, UNITS, keys, dim);
+        store_rows::<F, W>(&v_next, &mut vs, 0, UNIT_POS as usize, UNITS, keys, dim);
         let bits = mask_bits(&mask_next, keys, masked);
         sync_cube();
         // The next block's keys, values and mask entries, in flight while this block is worked
@@ -779,6 +894,8 @@ pub(super) fn query_grad_tc_kernel<F: Float>(
                 next,
                 k_len,
                 &operands,
+                UNIT_POS as usize,
+                UNITS,
                 keys,
                 dim,
             );
@@ -955,8 +1072,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     let blocks = (q_len + rows - 1) / rows;
     // The first block's rows (queries, output gradients, their `lse` and `delta`; a unit per
     // row, `rows` <= UNITS) are in flight while the keys and values are staged.
-    let mut q_next = Array::<Vector<F, W>>::new(comptime!(rows * dim / (UNITS * width)));
-    let mut do_next = Array::<Vector<F, W>>::new(comptime!(rows * dim / (UNITS * width)));
+    let mut q_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, UNITS)));
+    let mut do_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, UNITS)));
     let mut mask_next = Array::<i32>::new(comptime!(rows / 2));
     let first_row = start * rows;
     load_rows::<F, W>(
@@ -968,6 +1085,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         q_len,
         q_at,
         stride,
+        unit,
+        UNITS,
         rows,
         dim,
     );
@@ -980,6 +1099,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         q_len,
         0,
         heads * dim,
+        unit,
+        UNITS,
         rows,
         dim,
     );
@@ -1000,8 +1121,12 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     );
     let mut lse_next = row_value(lse, b, h, first_row, q_len, heads);
     let mut delta_next = row_value(delta, b, h, first_row, q_len, heads);
-    stage_rows::<F, W>(k, &mut ks, b, h, first, k_len, k_at, stride, BLOCK, dim);
-    stage_rows::<F, W>(v, &mut vs, b, h, first, k_len, v_at, stride, BLOCK, dim);
+    stage_rows::<F, W>(
+        k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, BLOCK, dim,
+    );
+    stage_rows::<F, W>(
+        v, &mut vs, b, h, first, k_len, v_at, stride, UNITS, BLOCK, dim,
+    );
     for c in 0..comptime!(dim / 2) {
         dk_acc[j * ap + 2 * c + half] = 0.0f32;
         dv_acc[j * ap + 2 * c + half] = 0.0f32;
@@ -1009,8 +1134,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
     for block in start..blocks {
         let base = block * rows;
         sync_cube();
-        store_rows::<F, W>(&q_next, &mut qs, rows, dim);
-        store_rows::<F, W>(&do_next, &mut dos, rows, dim);
+        store_rows::<F, W>(&q_next, &mut qs, 0, unit, UNITS, rows, dim);
+        store_rows::<F, W>(&do_next, &mut dos, 0, unit, UNITS, rows, dim);
         if unit < rows {
             lses[unit] = lse_next;
             deltas[unit] = delta_next;
@@ -1020,7 +1145,20 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
         // The next block's rows and mask entries, in flight while this block is worked on.
         if block + 1 < blocks {
             let next = base + rows;
-            load_rows::<F, W>(q, &mut q_next, b, h, next, q_len, q_at, stride, rows, dim);
+            load_rows::<F, W>(
+                q,
+                &mut q_next,
+                b,
+                h,
+                next,
+                q_len,
+                q_at,
+                stride,
+                unit,
+                UNITS,
+                rows,
+                dim,
+            );
             load_rows::<F, W>(
                 dout,
                 &mut do_next,
@@ -1030,6 +1168,8 @@ pub(super) fn key_grad_tc_kernel<F: Float>(
                 q_len,
                 0,
                 heads * dim,
+                unit,
+                UNITS,
                 rows,
                 dim,
             );
@@ -1161,7 +1301,7 @@ mod tests {
         assert_eq!(
             TensorBlocks::for_dim(32, cuda),
             Some(TensorBlocks {
-                forward_keys: 64,
+                forward_keys: 32,
                 grad_keys: 64,
                 rows: 32
             })
@@ -1169,7 +1309,7 @@ mod tests {
         assert_eq!(
             TensorBlocks::for_dim(64, cuda),
             Some(TensorBlocks {
-                forward_keys: 64,
+                forward_keys: 16,
                 grad_keys: 32,
                 rows: 16
             })
@@ -1181,32 +1321,28 @@ mod tests {
     }
 
     #[test]
-    fn staging_width_keeps_vectors_whole_and_shares_even() {
-        let cuda = 48 * 1024;
-        let blocks = |dim| TensorBlocks::for_dim(dim, cuda).unwrap();
+    fn staging_width_keeps_vectors_whole_and_aligned() {
         // The bench's heads (32) on aligned operands: 16-byte vectors.
-        assert_eq!(blocks(32).staging_width(32, 768), 8);
-        assert_eq!(blocks(64).staging_width(64, 256), 8);
+        assert_eq!(staging_width(32, 768), 8);
+        assert_eq!(staging_width(64, 0), 8);
         // An operand 4 elements off a 16-byte boundary: 8-byte vectors.
-        assert_eq!(blocks(32).staging_width(32, 4), 4);
+        assert_eq!(staging_width(32, 4), 4);
         // Odd alignment: one element at a time.
-        assert_eq!(blocks(32).staging_width(32, 3), 1);
-        // Head dimension 16 with 16-key blocks (a small shared memory): a 16x16 block is 256
-        // elements, 4 a unit, so 8-element vectors would leave units without a share.
-        let small = TensorBlocks {
-            forward_keys: 16,
-            grad_keys: 16,
-            rows: 16,
-        };
-        assert_eq!(small.staging_width(16, 64), 4);
-        for dim in [16, 32, 48, 64] {
-            let Some(b) = TensorBlocks::for_dim(dim, cuda) else {
-                continue;
-            };
-            let w = b.staging_width(dim, 8);
-            for n in [BLOCK, b.forward_keys, b.grad_keys, b.rows] {
-                assert_eq!((n * dim) % (UNITS * w), 0, "dim {dim} block {n} width {w}");
-            }
+        assert_eq!(staging_width(32, 3), 1);
+        assert_eq!(staging_width(32, 6), 2);
+    }
+
+    #[test]
+    fn shares_cover_every_vector_once() {
+        // 16 rows of 32 in 8-element vectors among a forward cube's 128 units: 64 vectors,
+        // one round, half the units idle; among a plane's 32: two rounds each.
+        assert_eq!(share(TILE, 32, 8, FORWARD_UNITS), 1);
+        assert_eq!(share(32, 32, 8, LANES), 4);
+        assert_eq!(share(16, 48, 8, UNITS), 2);
+        for (count, dim, width, units) in [(16, 48, 8, 64), (16, 16, 8, 128), (64, 32, 1, 64)] {
+            let rounds = share(count, dim, width, units);
+            let vectors = count * dim / width;
+            assert!(rounds * units >= vectors && (rounds - 1) * units < vectors);
         }
     }
 }
