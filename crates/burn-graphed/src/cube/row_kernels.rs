@@ -44,11 +44,57 @@ pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
     cube_reduce(value, threads, true)
 }
 
-/// Every unit's `value` combined over the cube by a tree of `threads` (a power of two) units,
-/// in a fixed order: by `max` with `largest`, else by `+`. The result is read from a shared
-/// array of this call's own, so a next call needs no barrier before it writes.
+/// Every unit's `value` combined over the cube of `threads` (a power of two) units in a fixed
+/// order: by `max` with `largest`, else by `+`. Where the device's planes are exactly
+/// [`PLANE`] units with plane operations (CUDA), each plane combines its units by shuffles and
+/// every unit then combines the planes' results in plane order: one barrier. Elsewhere (wgpu,
+/// whose planes may be narrower) a tree over a shared array: one barrier per level. Either way
+/// the order is fixed for a device, so a replay computes what the eager call computed, bit for
+/// bit. The result is read from a shared array of this call's own, so a next call needs no
+/// barrier before it writes.
 #[cube]
 fn cube_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
+    let properties = comptime::device_properties();
+    let planes = comptime!(by_planes(&properties, threads));
+    if planes {
+        plane_reduce(value, threads, largest)
+    } else {
+        tree_reduce(value, threads, largest)
+    }
+}
+
+/// [`cube_reduce`] by planes: shuffles within each plane, then the planes' results in order.
+// `%` inside a kernel: `is_multiple_of` is not a kernel operation.
+#[allow(clippy::manual_is_multiple_of)]
+#[cube]
+fn plane_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
+    let part = if largest {
+        plane_max(value)
+    } else {
+        plane_sum(value)
+    };
+    let count = comptime!(threads / PLANE);
+    let mut shared = Shared::<[f32]>::new_slice(count);
+    let unit = UNIT_POS as usize;
+    if unit % PLANE == 0 {
+        shared[unit / PLANE] = part;
+    }
+    sync_cube();
+    let mut result = shared[0];
+    #[unroll]
+    for p in 1..count {
+        if largest {
+            result = f32::max(result, shared[p]);
+        } else {
+            result += shared[p];
+        }
+    }
+    result
+}
+
+/// [`cube_reduce`] by a tree over a shared array.
+#[cube]
+fn tree_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(threads);
     let unit = UNIT_POS as usize;
     shared[unit] = value;
@@ -67,6 +113,23 @@ fn cube_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool
         sync_cube();
     }
     shared[0]
+}
+
+/// Units of a plane where [`cube_reduce`] combines by planes.
+const PLANE: usize = 32;
+
+/// Whether [`cube_reduce`] over `threads` units combines by planes on a device with
+/// `properties`: planes of exactly [`PLANE`] units (so that a plane's shuffles cover the same
+/// units on every launch), plane operations, and at least one whole plane.
+fn by_planes(properties: &cubecl::ir::DeviceProperties, threads: usize) -> bool {
+    let hardware = &properties.hardware;
+    properties
+        .features
+        .plane
+        .contains(cubecl::ir::features::Plane::Ops)
+        && hardware.plane_size_min == PLANE as u32
+        && hardware.plane_size_max == PLANE as u32
+        && threads.is_multiple_of(PLANE)
 }
 
 /// The row this cube normalizes (cubes past the last row have none).
