@@ -309,10 +309,11 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube
-/// per streaming multiprocessor. A tensor-core cube takes 32 query rows (or keys) with 64
-/// units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of 128 at
-/// batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and finish
-/// first (docs/decisions.md, "Attention on tensor cores"). A device that does not say how
+/// per streaming multiprocessor. A dQ or dK/dV tensor-core cube takes 32 query rows (or keys)
+/// with 64 units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of
+/// 128 at batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and
+/// finish first (docs/decisions.md, "Attention on tensor cores"). The count is of those
+/// 32-row cubes for the forward too (its cubes take 16 rows since, untimed at batch 1). A device that does not say how
 /// many multiprocessors it has takes the tensor cores on any grid; so does a test holding
 /// `attention_tensor_cores_always` when the call's kernels launch.
 fn fills_device(q: &CubeTensor, cubes: usize) -> bool {

@@ -43,7 +43,7 @@ pub(super) const LANES: usize = 32;
 pub(super) const PLANES: usize = 2;
 /// The edge of a tensor-core tile; query rows of a forward cube.
 pub(super) const TILE: usize = 16;
-/// Query rows of a forward or dQ cube, keys of a dK/dV cube.
+/// Query rows of a dQ cube, keys of a dK/dV cube; the unit of `fills_device`'s count.
 pub(super) const BLOCK: usize = PLANES * TILE;
 /// Units of a dQ or dK/dV cube.
 const UNITS: usize = PLANES * LANES;

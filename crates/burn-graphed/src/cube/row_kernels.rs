@@ -46,9 +46,11 @@ pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
 
 /// Every unit's `value` combined over the cube of `threads` (a power of two) units in a fixed
 /// order: by `max` with `largest`, else by `+`. Where the device's planes are exactly
-/// [`PLANE`] units with plane operations (CUDA), each plane combines its units by shuffles and
-/// every unit then combines the planes' results in plane order: one barrier. Elsewhere (wgpu,
-/// whose planes may be narrower) a tree over a shared array: one barrier per level. Either way
+/// [`PLANE`] units with plane operations (CUDA; wgpu on such a GPU), each plane combines its
+/// units by shuffles and every unit then combines the planes' results in plane order (the
+/// planes and lanes as the device numbers them, `PLANE_POS` and `UNIT_POS_PLANE`): one barrier.
+/// Elsewhere (lavapipe's planes are narrower) a tree over a shared array: one barrier per
+/// level. Either way
 /// the order is fixed for a device, so a replay computes what the eager call computed, bit for
 /// bit. The result is read from a shared array of this call's own, so a next call needs no
 /// barrier before it writes.
@@ -64,8 +66,6 @@ fn cube_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool
 }
 
 /// [`cube_reduce`] by planes: shuffles within each plane, then the planes' results in order.
-// `%` inside a kernel: `is_multiple_of` is not a kernel operation.
-#[allow(clippy::manual_is_multiple_of)]
 #[cube]
 fn plane_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
     let part = if largest {
@@ -75,9 +75,8 @@ fn plane_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: boo
     };
     let count = comptime!(threads / PLANE);
     let mut shared = Shared::<[f32]>::new_slice(count);
-    let unit = UNIT_POS as usize;
-    if unit % PLANE == 0 {
-        shared[unit / PLANE] = part;
+    if UNIT_POS_PLANE == 0 {
+        shared[PLANE_POS as usize] = part;
     }
     sync_cube();
     let mut result = shared[0];
