@@ -267,10 +267,9 @@ impl Call {
         OperandsLaunch::new(stride, q_at, k_at, v_at)
     }
 
-    /// The tensor-core kernels' staging width (`staging_width`) for the
-    /// operands `staged` (each laid out with this call's stride and offsets, or densely with
-    /// `heads * dim` elements a row): vectors as wide as every row and every buffer's start
-    /// allow.
+    /// The tensor-core kernels' staging width (`staging_width`) for the operands `staged`
+    /// (each laid out with this call's stride and offsets, or densely with `heads * dim`
+    /// elements a row): vectors as wide as every row and every buffer's start allow.
     fn staging_width(&self, staged: &[&Dense]) -> usize {
         let starts = staged.iter().map(|tensor| {
             let tensor = tensor.tensor();
@@ -312,10 +311,11 @@ fn gcd(a: usize, b: usize) -> usize {
 /// per streaming multiprocessor. A dQ or dK/dV tensor-core cube takes 32 query rows (or keys)
 /// with 64 units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of
 /// 128 at batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and
-/// finish first (docs/decisions.md, "Attention on tensor cores"). The count is of those
-/// 32-row cubes for the forward too (its cubes take 16 rows since, untimed at batch 1). A device that does not say how
-/// many multiprocessors it has takes the tensor cores on any grid; so does a test holding
-/// `attention_tensor_cores_always` when the call's kernels launch.
+/// finish first (docs/decisions.md, "Attention on tensor cores"). The forward's cubes now take
+/// 16 rows, but the count is still of 32-row cubes: the forward's choice at batch 1 has not
+/// been timed since. A device that does not say how many multiprocessors it has takes the
+/// tensor cores on any grid; so does a test holding `attention_tensor_cores_always` when the
+/// call's kernels launch.
 fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
     if TENSOR_CORES_ALWAYS.load(Ordering::Relaxed) > 0 {
         return true;

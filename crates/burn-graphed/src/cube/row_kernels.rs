@@ -50,10 +50,9 @@ pub(super) fn cube_max(value: f32, #[comptime] threads: usize) -> f32 {
 /// units by shuffles and every unit then combines the planes' results in plane order (the
 /// planes and lanes as the device numbers them, `PLANE_POS` and `UNIT_POS_PLANE`): one barrier.
 /// Elsewhere (lavapipe's planes are narrower) a tree over a shared array: one barrier per
-/// level. Either way
-/// the order is fixed for a device, so a replay computes what the eager call computed, bit for
-/// bit. The result is read from a shared array of this call's own, so a next call needs no
-/// barrier before it writes.
+/// level. Either way the order is fixed for a device, so a replay computes what the eager call
+/// computed, bit for bit. The result is read from a shared array of this call's own, so a next
+/// call needs no barrier before it writes.
 #[cube]
 fn cube_reduce(value: f32, #[comptime] threads: usize, #[comptime] largest: bool) -> f32 {
     let properties = comptime::device_properties();
