@@ -118,6 +118,11 @@ def load(paths):
                     # PyTorch with TF32 matrix products (`--tf32`): its own mode beside the
                     # plain-f32 row of the same run.
                     row["mode"] += "_tf32"
+                if row.get("fastpath") is False:
+                    # PyTorch with nn.TransformerEncoderLayer's inference fast path off
+                    # (BURN_GRAPHED_TORCH_FASTPATH=off: the exact GELU, as the model defines
+                    # it): its own mode beside the default row.
+                    row["mode"] += "_no_fastpath"
                 if "error" in row or "median_us" not in row:
                     failed.append(row)
                     continue
@@ -692,12 +697,16 @@ def inference_table(rows):
 def inference_fused_table(rows):
     # The graphed forward of the models with burn_graphed::nn's fused layers (`--models
     # mlp_fused,...`, modes suffixed `_fused_layers`) beside the same model with burn-nn's layers
-    # and PyTorch's captured forward (in f32 also with TF32), at each batch size.
+    # and PyTorch's captured forward (in f32 also with TF32), at each batch size; where the
+    # file has them, PyTorch's rows with the transformer layers' inference fast path off (the
+    # exact GELU the model defines, where the fast path computes the tanh approximation).
     by = group(rows)
     out = header(
         "| model | dtype | batch | burn graphed, burn-nn layers | burn graphed, fused layers "
         "| fused floor | fused checks | torch graphed | torch graphed, TF32 "
-        "| fused / burn-nn layers | fused / torch graphed | fused / torch graphed, TF32 |"
+        "| torch graphed, fast path off "
+        "| fused / burn-nn layers | fused / torch graphed | fused / torch graphed, TF32 "
+        "| fused / torch graphed, fast path off |"
     )
     for (model, dtype), r in by.items():
         us, cell = medians(r), cells(r)
@@ -706,14 +715,17 @@ def inference_fused_table(rows):
             if ("burn", fused) not in r:
                 continue
             bf, tf32 = us("burn", fused), dtype == "f32"
+            exact_gelu = ("torch", graphed + "_no_fastpath") in r
             out.append(
                 f"| {model} | {dtype} | {batch} | {cell('burn', graphed)} | {cell('burn', fused)} "
                 f"| {cell('burn', fused_floor) if fused_floor else '-'} "
                 f"| {'; '.join(check_cell(r.get(('burn', m))) for m in (fused, fused_floor) if m)} "
                 f"| {cell('torch', graphed)} "
                 f"| {cell('torch', graphed + '_tf32') if tf32 else '-'} "
+                f"| {cell('torch', graphed + '_no_fastpath') if exact_gelu else '-'} "
                 f"| {num(bf / us('burn', graphed), '.2f')} | {num(bf / us('torch', graphed), '.2f')} "
-                f"| {num(tf32_us(r, fused) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} |"
+                f"| {num(tf32_us(r, fused) / us('torch', graphed + '_tf32'), '.2f') if tf32 else '-'} "
+                f"| {num(bf / us('torch', graphed + '_no_fastpath'), '.2f') if exact_gelu else '-'} |"
             )
     return "\n".join(out) + "\n"
 

@@ -597,7 +597,8 @@ def run(key, mode, dtype, steps, reps):
         "dtype": "bf16" if dtype == torch.bfloat16 else "f32", "mode": mode,
         "median_us": round(median, 1), "p10_us": round(p10, 1), "p90_us": round(p90, 1),
         "reserved_mib": round(reserved, 1),
-        "peak_allocated_mib": round(peak_allocated, 1), "tf32": TF32, **extra}), flush=True)
+        "peak_allocated_mib": round(peak_allocated, 1), "tf32": TF32,
+        **({} if FASTPATH else {"fastpath": False}), **extra}), flush=True)
     del step
 
 
@@ -607,6 +608,16 @@ def run(key, mode, dtype, steps, reps):
 # H100, so the Burn side's f32 rows run TF32 matmuls: `--tf32` is the like-for-like PyTorch
 # row, the default (off) PyTorch's own default for matmuls.
 TF32 = False
+
+
+# Whether nn.TransformerEncoderLayer may take PyTorch's native fast path in inference
+# (`torch.backends.mha.set_fastpath_enabled`; BURN_GRAPHED_TORCH_FASTPATH=off turns it off,
+# and the rows then record "fastpath": false). The fast path applies the feed-forward's GELU in
+# cuBLASLt's epilogue (`torch._addmm_activation`), which computes the tanh approximation where
+# the layer's `activation="gelu"` (and its training path, and Burn's `gelu`) is the exact,
+# erf-based GELU: with it off, PyTorch's forward computes what the model defines.
+FASTPATH = os.environ.get("BURN_GRAPHED_TORCH_FASTPATH", "on") != "off"
+torch.backends.mha.set_fastpath_enabled(FASTPATH)
 
 
 def set_math(tf32):

@@ -1143,6 +1143,11 @@ per_dtype! {
     cross_entropy_matches_exact_f32 => scenarios::fused_loss::cross_entropy_matches_exact, F32;
     cross_entropy_matches_exact_f16 => scenarios::fused_loss::cross_entropy_matches_exact, F16;
     cross_entropy_matches_exact_bf16 => scenarios::fused_loss::cross_entropy_matches_exact, BF16;
+    /// The linear layer with a residual (`Linear::forward_add`: the small kernel and cuBLASLt's
+    /// `C`) against the exact values and burn's composition, output and gradients.
+    linear_add_matches_exact_f32 => scenarios::fused_linear::linear_add_matches_exact, F32;
+    linear_add_matches_exact_f16 => scenarios::fused_linear::linear_add_matches_exact, F16;
+    linear_add_matches_exact_bf16 => scenarios::fused_linear::linear_add_matches_exact, BF16;
 }
 
 /// The fused layer norm inside a graphed call equals its eager call, bit for bit.

@@ -234,6 +234,170 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
     }
 }
 
+/// `Linear::forward_add` (`x W + b + r`, the residual added before the output's one rounding:
+/// in the small kernel on at most 8 rows, as cuBLASLt's `C` on more rows on CUDA, burn's
+/// `forward(x) + r` elsewhere) against the exact values, output and every gradient; the
+/// residual's gradient is the output gradient itself, bit for bit.
+///
+/// Tolerance, derived as for [`linear_matches_exact`]: the fused layer and burn's composition
+/// compute the same sums in another order in `f32` (the fused layer rounds once, burn's twice:
+/// after the product and after the addition), so the fused error must be at most twice burn's
+/// composition's plus one rounding of the dtype. The residual is drawn at the output's
+/// magnitude, so that the negative control, the output without the residual (a residual never
+/// added), is off by about the whole magnitude: it must exceed the bound tenfold.
+pub fn linear_add_matches_exact(device: &Device, dtype: FloatDType) {
+    let device = device.clone().autodiff();
+    if !device.supports_dtype(DType::from(dtype)) {
+        skip(&format!("{device:?} has no {dtype:?}"));
+        return;
+    }
+    // (leading dims, d_in, d_out, bias): the small kernel (1, 3 and 8 rows, rank 2 and 3) and
+    // 64 rows (cuBLASLt on CUDA), shapes of `linear_matches_exact`'s cases.
+    let cases: [(&[usize], usize, usize, bool); 4] = [
+        (&[1], 256, 256, true),
+        (&[3], 7, 5, false),
+        (&[2, 4], 64, 40, true),
+        (&[64], 256, 256, true),
+    ];
+    let vendor = burn_graphed::testing::vendor_matmul_available(&device);
+    for (seed, (lead, d_in, d_out, with_bias)) in cases.into_iter().enumerate() {
+        let seed = 500 + seed as u64 * 10;
+        let rows: usize = lead.iter().product();
+        // Rank 3 throughout: `[1, rows, width]` for one leading dimension.
+        let lead3 = if lead.len() == 1 {
+            [1, rows]
+        } else {
+            [lead[0], lead[1]]
+        };
+        let made = |values: Vec<f32>| {
+            let count = values.len();
+            Tensor::<1>::from_data(TensorData::new(values, [count]), &device).cast(dtype)
+        };
+        let three = |t: Tensor<1>, width: usize| t.reshape([lead3[0], lead3[1], width]);
+        let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
+            .with_bias(with_bias)
+            .init(&device);
+        burn_linear.weight =
+            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
+        if with_bias {
+            burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
+        }
+        let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
+        let x = made(values(rows * d_in, seed + 2));
+        let dy = made(values(rows * d_out, seed + 3));
+        let x_host = host(x.clone().into_data());
+        let w_host = host(burn_linear.weight.val().into_data());
+        let b_host = burn_linear.bias.as_ref().map(|b| host(b.val().into_data()));
+        let dy_host = host(dy.clone().into_data());
+        let [y, dx, dw, db] = exact(
+            &x_host,
+            &w_host,
+            b_host.as_deref(),
+            &dy_host,
+            rows,
+            d_in,
+            d_out,
+        );
+        let magnitude = y.iter().fold(0.0f64, |m, v| m.max(v.abs())) as f32;
+        let r_values: Vec<f32> = values(rows * d_out, seed + 4)
+            .into_iter()
+            .map(|v| v * magnitude)
+            .collect();
+        let residual = made(r_values);
+        let r_host = host(residual.clone().into_data());
+        let with_residual: Vec<f64> = y.iter().zip(&r_host).map(|(y, r)| y + r).collect();
+
+        // Output and gradients (input, weight, bias, residual) through `sum(y * dy)`.
+        let run = |forward: &dyn Fn(Tensor<3>, Tensor<3>) -> Tensor<3>,
+                   weight: &Param<Tensor<2>>,
+                   bias: Option<&Param<Tensor<1>>>| {
+            let x = three(x.clone(), d_in).require_grad();
+            let r = three(residual.clone(), d_out).require_grad();
+            let y = forward(x.clone(), r.clone());
+            let grads = (y.clone() * three(dy.clone(), d_out)).sum().backward();
+            let grad = |t: Option<Tensor<2>>| t.map_or_else(Vec::new, |t| host(t.into_data()));
+            [
+                host(y.into_data()),
+                host(x.grad(&grads).expect("the input's gradient").into_data()),
+                grad(weight.val().grad(&grads)),
+                grad(
+                    bias.and_then(|b| b.val().grad(&grads))
+                        .map(|b| b.unsqueeze()),
+                ),
+                host(r.grad(&grads).expect("the residual's gradient").into_data()),
+            ]
+        };
+        let (before, products_before) = (
+            burn_graphed::testing::fused_ops(),
+            burn_graphed::testing::vendor_matmuls(),
+        );
+        let ours = run(
+            &|x, r| fused.forward_add(x, r),
+            &fused.weight,
+            fused.bias.as_ref(),
+        );
+        let ran_fused = burn_graphed::testing::fused_ops() > before;
+        let products = burn_graphed::testing::vendor_matmuls() - products_before;
+        let theirs = run(
+            &|x, r| burn_linear.forward(x) + r,
+            &burn_linear.weight,
+            burn_linear.bias.as_ref(),
+        );
+        let label =
+            format!("linear + residual {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias}");
+        let u = unit_roundoff(dtype);
+        let truth = [with_residual.clone(), dx, dw, db];
+        for (k, what) in [
+            "output",
+            "input gradient",
+            "weight gradient",
+            "bias gradient",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if k == 3 && !with_bias {
+                continue;
+            }
+            let (fused_error, burn_error) =
+                (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
+            let bound = 2.0 * burn_error + u;
+            println!(
+                "{label} {what}: fused error {fused_error:.3e}, burn's {burn_error:.3e}, bound {bound:.3e}"
+            );
+            assert!(
+                fused_error <= bound,
+                "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn's {burn_error:.3e})"
+            );
+            if k == 0 {
+                let control = error(&y, &with_residual);
+                assert!(
+                    control > 10.0 * bound,
+                    "control {label}: the output without its residual is off {control:.3e}, not 10x the bound {bound:.3e}"
+                );
+            }
+        }
+        assert_eq!(
+            ours[4], dy_host,
+            "{label}: the residual's gradient is not the output gradient"
+        );
+        if supports_graphs(&device) && (rows <= 8 || vendor) {
+            assert!(ran_fused, "{label}: the fused layer did not run");
+            if vendor && rows > 8 {
+                assert!(
+                    products >= 3,
+                    "{label}: {products} products through cuBLASLt, expected 3 at least"
+                );
+            }
+        } else {
+            assert_eq!(
+                ours, theirs,
+                "{label}: off the fused path, not burn's composition"
+            );
+        }
+    }
+}
+
 /// A graphed call of two fused linear layers on one row (the small kernel) and on 48 rows
 /// (cuBLASLt on CUDA) equals its eager call, bit for bit, output and weight gradients, over
 /// several calls.

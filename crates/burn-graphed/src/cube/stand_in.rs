@@ -384,9 +384,9 @@ pub(crate) fn attention_supports_dim(_device: &burn::tensor::Device, _dim: usize
 
 /// Without cubecl nothing is fused: the tensors go back for burn's composition.
 pub(crate) fn linear(
-    inputs: super::values::OpInputs,
+    inputs: super::values::LinearInputs,
     _vendor: bool,
-) -> Result<burn::backend::DispatchTensor, Box<super::values::OpInputs>> {
+) -> Result<burn::backend::DispatchTensor, Box<super::values::LinearInputs>> {
     Err(Box::new(inputs))
 }
 

@@ -92,6 +92,10 @@ pub(crate) type OpInputs = (
     Option<burn::backend::DispatchTensor>,
 );
 
+/// The tensors of a fused linear layer: the input, the weight and the bias, then the residual
+/// added to its output (`[rows, d_out]`).
+pub(crate) type LinearInputs = (OpInputs, Option<burn::backend::DispatchTensor>);
+
 /// What a fused 2-D convolution computes besides its tensors: burn's `ConvOptions<2>` and
 /// whether a bias is added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

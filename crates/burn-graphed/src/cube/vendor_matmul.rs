@@ -12,7 +12,8 @@
 //!
 //! Arithmetic: `f32` products in `f32` (`CUBLAS_COMPUTE_32F`: no TF32, as PyTorch's default),
 //! `f16` and `bf16` products with `f32` accumulation and one rounding at the store, the bias
-//! added in the epilogue before that rounding.
+//! added in the epilogue and a residual read as the product's `C` (`beta = 1`), both before
+//! that rounding.
 //!
 //! Each stream gets a cuBLASLt handle and a workspace at its first product; the first product is
 //! always eager (every capture of this library follows eager warm-ups), because allocating
@@ -67,26 +68,28 @@ pub(crate) fn available(device: &Device) -> bool {
     }
 }
 
-/// `op(a) op(b) (+ bias)` into a new dense `[m, n]` tensor, `op` transposing where `ta` / `tb`
-/// say; `a`, `b` and `bias` (`[n]`) of one dtype (`f32`, `f16`, `bf16`), in any 2-D layout
-/// (row-major with padded rows, or a transposed view, is read in place; other layouts are
-/// copied first).
+/// `op(a) op(b) (+ bias) (+ residual)` into a new dense `[m, n]` tensor, `op` transposing where
+/// `ta` / `tb` say; `a`, `b`, `bias` (`[n]`) and `residual` (`[m, n]`) of one dtype (`f32`,
+/// `f16`, `bf16`), `a` and `b` in any 2-D layout (row-major with padded rows, or a transposed
+/// view, is read in place; other layouts are copied first), the bias and the residual made
+/// dense first where they are not.
 pub(super) fn gemm(
     a: &CubeTensor,
     b: &CubeTensor,
     bias: Option<&CubeTensor>,
+    residual: Option<&CubeTensor>,
     ta: bool,
     tb: bool,
 ) -> Result<CubeTensor, VendorError> {
     #[cfg(feature = "cuda")]
     {
-        let out = lt::gemm(a, b, bias, ta, tb)?;
+        let out = lt::gemm(a, b, bias, residual, ta, tb)?;
         GEMMS.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (a, b, bias, ta, tb);
+        let _ = (a, b, bias, residual, ta, tb);
         Err(VendorError::Unsupported("built without CUDA".into()))
     }
 }
@@ -145,7 +148,8 @@ mod lt {
         ops: (i32, i32),
         dims: (u64, u64, u64),
         lds: (i64, i64),
-        align: (u32, u32, u32),
+        /// The alignments of cuBLASLt's A, B, D and C (C's is 0 without a residual).
+        align: (u32, u32, u32, u32),
         bias: bool,
     }
 
@@ -209,6 +213,7 @@ mod lt {
         a: &CubeTensor,
         b: &CubeTensor,
         bias: Option<&CubeTensor>,
+        residual: Option<&CubeTensor>,
         ta: bool,
         tb: bool,
     ) -> Result<CubeTensor, VendorError> {
@@ -216,7 +221,10 @@ mod lt {
         let Some(cuda_type) = data_type(dtype) else {
             return Err(VendorError::Unsupported(format!("dtype {dtype:?}")));
         };
-        if b.dtype != dtype || bias.is_some_and(|bias| bias.dtype != dtype) {
+        if b.dtype != dtype
+            || bias.is_some_and(|bias| bias.dtype != dtype)
+            || residual.is_some_and(|residual| residual.dtype != dtype)
+        {
             return Err(VendorError::Unsupported("mixed dtypes".into()));
         }
         if a.meta.shape().num_dims() != 2 || b.meta.shape().num_dims() != 2 {
@@ -236,11 +244,20 @@ mod lt {
         if bias.is_some_and(|bias| bias.meta.shape().dims::<1>() != [n]) {
             return Err(VendorError::Unsupported("a bias of another length".into()));
         }
+        if residual.is_some_and(|residual| {
+            residual.meta.shape().num_dims() != 2 || residual.meta.shape().dims::<2>() != [m, n]
+        }) {
+            return Err(VendorError::Unsupported(
+                "a residual of another shape".into(),
+            ));
+        }
         // cuBLASLt computes column-major `D = op(A) op(B)`; the row-major `C = op(a) op(b)` is
         // the column-major `Cᵀ = op(b)ᵀ op(a)ᵀ`: cuBLASLt's A is `b`, its B is `a`.
         let lhs = operand(b, tb);
         let rhs = operand(a, ta);
         let bias = bias.map(|bias| Dense::of(bias).into_tensor());
+        // Read as `C`, laid out as the output (dense row-major `[m, n]`).
+        let residual = residual.map(|residual| Dense::of(residual).into_tensor());
         let out = Dense::new_empty(
             a.client.clone(),
             a.device.clone(),
@@ -260,6 +277,7 @@ mod lt {
         let lhs_res = resource(&lhs.tensor)?;
         let rhs_res = resource(&rhs.tensor)?;
         let bias_res = bias.as_ref().map(resource).transpose()?;
+        let residual_res = residual.as_ref().map(resource).transpose()?;
         let stream: CUstream = out_res.resource().stream;
         if stream.is_null() {
             return Err(VendorError::Server("the buffer names no stream".into()));
@@ -270,6 +288,7 @@ mod lt {
             rhs_res.resource().ptr,
         );
         let bias_ptr = bias_res.as_ref().map(|r| r.resource().ptr);
+        let c_ptr = residual_res.as_ref().map(|r| r.resource().ptr);
 
         // SAFETY: `stream` is a live stream of cubecl's server (its pool holds `out`, which we
         // hold); `cuStreamGetCtx` writes its context, which we make current on this thread
@@ -307,7 +326,12 @@ mod lt {
             ops: (op(lhs.transpose), op(rhs.transpose)),
             dims: (n as u64, m as u64, k as u64),
             lds: (lhs.ld, rhs.ld),
-            align: (alignment(a_ptr), alignment(b_ptr), alignment(d_ptr)),
+            align: (
+                alignment(a_ptr),
+                alignment(b_ptr),
+                alignment(d_ptr),
+                c_ptr.map_or(0, alignment),
+            ),
             bias: bias_ptr.is_some(),
         };
         let descriptors = Descriptors::new(&key, &lhs, &rhs, cuda_type, bias_ptr)?;
@@ -319,12 +343,17 @@ mod lt {
                 algo
             }
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // With a residual, `D = A B + 1 * C` (C the residual, D's layout); without, `beta = 0`
+        // and C is D, never read.
+        let (alpha, beta) = (1.0f32, if c_ptr.is_some() { 1.0f32 } else { 0.0 });
+        let c_ptr = c_ptr.unwrap_or(d_ptr);
         // SAFETY: the descriptors describe the buffers behind the addresses (shapes and leading
         // dimensions from their metadata, which the resources we hold keep in place until the
         // call has enqueued); `out` is a new allocation of `m * n` elements that nothing else
-        // reads or writes before this product; the workspace is this stream's, used by one
-        // product at a time in stream order; alpha and beta are read on the host at the call.
+        // reads or writes before this product; the residual (C) is a dense `[m, n]` buffer of
+        // the dtype (checked above), D's layout, and not `out`; the workspace is this stream's,
+        // used by one product at a time in stream order; alpha and beta are read on the host at
+        // the call.
         unsafe {
             lt::matmul(
                 state.handle,
@@ -335,7 +364,7 @@ mod lt {
                 descriptors.a,
                 b_ptr as *const c_void,
                 descriptors.b,
-                d_ptr as *const c_void,
+                c_ptr as *const c_void,
                 descriptors.d,
                 d_ptr as *mut c_void,
                 descriptors.d,
@@ -346,7 +375,7 @@ mod lt {
             )
             .map_err(|e| library("cublasLtMatmul", e))?;
         }
-        drop((lhs_res, rhs_res, bias_res, out_res));
+        drop((lhs_res, rhs_res, bias_res, residual_res, out_res));
         Ok(out)
     }
 
@@ -429,6 +458,12 @@ mod lt {
             let pref = lt::create_matmul_pref().map_err(|e| library("preference", e))?;
             use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
             let workspace = WORKSPACE_BYTES as u64;
+            // Without a residual C is D.
+            let c_align = if key.align.3 == 0 {
+                key.align.2
+            } else {
+                key.align.3
+            };
             let prefs = [
                 (
                     Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -447,7 +482,7 @@ mod lt {
                 ),
                 (
                     Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    (&key.align.2 as *const u32).cast(),
+                    (&c_align as *const u32).cast(),
                     4,
                 ),
                 (

@@ -333,6 +333,21 @@ impl MultiHeadAttention {
     /// As burn-nn's, when the inputs' last dimension is not `d_model` or their batch sizes or
     /// key and value lengths differ.
     pub fn forward(&self, input: MhaInput) -> MhaOutput {
+        self.forward_inner(input, None)
+    }
+
+    /// `residual + self.forward(input).context`, the residual added in the output
+    /// projection ([`Linear::forward_add`]: before its one rounding where it runs fused): a
+    /// transformer block's `x + attention(x)` in one launch less.
+    ///
+    /// # Panics
+    ///
+    /// As [`forward`](Self::forward), and when the residual's shape is not the query's.
+    pub fn forward_add(&self, input: MhaInput, residual: Tensor<3>) -> MhaOutput {
+        self.forward_inner(input, Some(residual))
+    }
+
+    fn forward_inner(&self, input: MhaInput, residual: Option<Tensor<3>>) -> MhaOutput {
         let [batch, q_len, d_model] = input.query.dims();
         let [key_batch, k_len, _] = input.key.dims();
         assert!(
@@ -400,12 +415,18 @@ impl MultiHeadAttention {
             // they run.
             if let Some(context) = context {
                 let context = context.reshape([batch, q_len, d_model]);
-                return MhaOutput {
-                    context: self.output.forward(context),
+                let context = match residual {
+                    Some(residual) => self.output.forward_add(context, residual),
+                    None => self.output.forward(context),
                 };
+                return MhaOutput { context };
             }
         }
         let context = self.to_burn().forward(input.into_burn()).context;
+        let context = match residual {
+            Some(residual) => residual + context,
+            None => context,
+        };
         MhaOutput { context }
     }
 

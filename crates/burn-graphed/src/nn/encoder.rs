@@ -224,18 +224,27 @@ impl TransformerEncoderLayer {
         if let Some(mask_attn) = mask_attn {
             attention_input = attention_input.mask_attn(mask_attn);
         }
-        let residual = self
-            .dropout
-            .forward(self.mha.forward(attention_input).context);
-        let mut x = x + residual;
+        // Where the dropout passes its input through, each residual addition is the last
+        // product's epilogue (`forward_add`): one launch less each.
+        let mut x = if dropout_acts(&self.dropout, &x) {
+            x.clone()
+                + self
+                    .dropout
+                    .forward(self.mha.forward(attention_input).context)
+        } else {
+            self.mha.forward_add(attention_input, x.clone()).context
+        };
         let residual = if self.norm_first {
             self.norm_1.forward(x.clone())
         } else {
             x = self.norm_1.forward(x);
             x.clone()
         };
-        let residual = self.dropout.forward(self.pwff.forward(residual));
-        let mut x = x + residual;
+        let mut x = if dropout_acts(&self.dropout, &x) {
+            x.clone() + self.dropout.forward(self.pwff.forward(residual))
+        } else {
+            self.pwff.forward_add(residual, x)
+        };
         if !self.norm_first {
             x = self.norm_2.forward(x);
         }
@@ -262,11 +271,31 @@ pub struct PositionWiseFeedForward {
 impl PositionWiseFeedForward {
     /// burn-nn's forward.
     pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        self.linear_outer.forward(self.hidden(input))
+    }
+
+    /// `residual + self.forward(input)`, the residual added in the outer projection
+    /// ([`Linear::forward_add`]).
+    ///
+    /// # Panics
+    ///
+    /// As [`forward`](Self::forward), and when the residual's shape is not the output's.
+    pub fn forward_add<const D: usize>(&self, input: Tensor<D>, residual: Tensor<D>) -> Tensor<D> {
+        self.linear_outer.forward_add(self.hidden(input), residual)
+    }
+
+    /// The inner projection, the activation and the dropout.
+    fn hidden<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
         let x = self.linear_inner.forward(input);
         let x = self.activation.forward(x);
-        let x = self.dropout.forward(x);
-        self.linear_outer.forward(x)
+        self.dropout.forward(x)
     }
+}
+
+/// Whether `dropout` changes `x` (burn's `Dropout::forward` returns its input as it is
+/// otherwise).
+fn dropout_acts<const D: usize>(dropout: &Dropout, x: &Tensor<D>) -> bool {
+    dropout.prob > 0.0 && dropout.training.is_enabled() && x.device().is_autodiff()
 }
 
 impl From<burn::nn::transformer::PositionWiseFeedForward> for PositionWiseFeedForward {

@@ -51,6 +51,24 @@ impl Linear {
     pub fn forward<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
         linear(input, self.weight.val(), self.bias.as_ref().map(Param::val))
     }
+
+    /// `residual + self.forward(input)`, the residual added before the output's one rounding
+    /// where the layer runs fused (in cuBLASLt's epilogue, or the small kernel's), so one
+    /// launch where burn runs two: a transformer block's `x + proj(h)`. Elsewhere burn's
+    /// `forward(input) + residual`. The residual's gradient is the output's.
+    ///
+    /// # Panics
+    ///
+    /// When the input's last dimension is not `d_input`, or the residual's shape is not the
+    /// output's (`[..., d_output]`).
+    pub fn forward_add<const D: usize>(&self, input: Tensor<D>, residual: Tensor<D>) -> Tensor<D> {
+        linear_add(
+            input,
+            self.weight.val(),
+            self.bias.as_ref().map(Param::val),
+            Some(residual),
+        )
+    }
 }
 
 /// `input` (`[..., d_input]`) times `weight` (`[d_input, d_output]`), plus `bias`
@@ -65,12 +83,37 @@ pub(crate) fn linear<const D: usize>(
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
 ) -> Tensor<D> {
+    linear_add(input, weight, bias, None)
+}
+
+/// [`linear`] plus `residual` (the output's shape), added before the one rounding where the
+/// layer runs fused; burn's composition (`linear(..) + residual`) elsewhere.
+///
+/// # Panics
+///
+/// When the input's last dimension is not `d_input` or the residual's shape is not the
+/// output's.
+pub(crate) fn linear_add<const D: usize>(
+    input: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    residual: Option<Tensor<D>>,
+) -> Tensor<D> {
     let [d_input, d_output] = weight.dims();
     let dims = input.dims();
     assert!(
         D > 0 && dims[D - 1] == d_input,
         "Linear: the input's last dimension must be {d_input}, got shape {dims:?}"
     );
+    let mut out_dims = dims;
+    out_dims[D - 1] = d_output;
+    if let Some(residual) = &residual {
+        assert!(
+            residual.dims() == out_dims,
+            "Linear: the residual must have the output's shape {out_dims:?}, got {:?}",
+            residual.dims()
+        );
+    }
     let rows = dims[..D - 1].iter().product::<usize>();
     let dtype = input.dtype();
     let device = input.device();
@@ -84,27 +127,37 @@ pub(crate) fn linear<const D: usize>(
         && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
         && weight.dtype() == dtype
         && bias.as_ref().is_none_or(|b| b.dtype() == dtype)
+        && residual.as_ref().is_none_or(|r| r.dtype() == dtype)
         && cube::supports_graphs(&device);
+    // burn's composition: the product (and bias), then the residual.
+    let composed = |input: Tensor<D>, weight, bias, residual: Option<Tensor<D>>| {
+        let out = burn::tensor::module::linear(input, weight, bias);
+        match residual {
+            Some(residual) => out + residual,
+            None => out,
+        }
+    };
     if !fused {
-        return burn::tensor::module::linear(input, weight, bias);
+        return composed(input, weight, bias, residual);
     }
-    let mut out_dims = dims;
-    out_dims[D - 1] = d_output;
     let inputs = (
-        input.reshape([rows, d_input]).into_dispatch(),
-        weight.into_dispatch(),
-        bias.map(Tensor::into_dispatch),
+        (
+            input.reshape([rows, d_input]).into_dispatch(),
+            weight.into_dispatch(),
+            bias.map(Tensor::into_dispatch),
+        ),
+        residual.map(|r| r.reshape([rows, d_output]).into_dispatch()),
     );
     match cube::linear(inputs, vendor) {
         Ok(out) => Tensor::<2>::from_dispatch(out).reshape(out_dims),
         Err(inputs) => {
-            let (x, weight, bias) = *inputs;
-            burn::tensor::module::linear(
-                Tensor::<2>::from_dispatch(x),
+            let ((x, weight, bias), residual) = *inputs;
+            composed(
+                Tensor::<2>::from_dispatch(x).reshape(dims),
                 Tensor::from_dispatch(weight),
                 bias.map(Tensor::from_dispatch),
+                residual.map(|r| Tensor::<2>::from_dispatch(r).reshape(out_dims)),
             )
-            .reshape(out_dims)
         }
     }
 }
