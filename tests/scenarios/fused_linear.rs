@@ -53,6 +53,46 @@ fn exact(
     [y, dx, dw, db]
 }
 
+/// Asserts that each of `ours`' output and gradients (output, input, weight, and with a bias
+/// the bias's) is within twice burn's error plus one rounding `u` of the exact `truth`, printing
+/// each; returns the output's bound.
+fn within_bound(
+    label: &str,
+    ours: &[Vec<f64>],
+    theirs: &[Vec<f64>],
+    truth: &[Vec<f64>],
+    with_bias: bool,
+    u: f64,
+) -> f64 {
+    let mut output_bound = 0.0;
+    for (k, what) in [
+        "output",
+        "input gradient",
+        "weight gradient",
+        "bias gradient",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if k == 3 && !with_bias {
+            continue;
+        }
+        let (fused_error, burn_error) = (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
+        let bound = 2.0 * burn_error + u;
+        println!(
+            "{label} {what}: fused error {fused_error:.3e}, burn's {burn_error:.3e}, bound {bound:.3e}"
+        );
+        assert!(
+            fused_error <= bound,
+            "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn's {burn_error:.3e})"
+        );
+        if k == 0 {
+            output_bound = bound;
+        }
+    }
+    output_bound
+}
+
 /// The cases of one dtype; a device without the dtype skips them, and says so.
 pub fn linear_matches_exact(device: &Device, dtype: FloatDType) {
     linear_matches_exact_in(device, dtype, 0..9);
@@ -176,29 +216,7 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
             "linear {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias} transposed {transposed}"
         );
         let u = unit_roundoff(dtype);
-        for (k, what) in [
-            "output",
-            "input gradient",
-            "weight gradient",
-            "bias gradient",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if k == 3 && !with_bias {
-                continue;
-            }
-            let (fused_error, burn_error) =
-                (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
-            let bound = 2.0 * burn_error + u;
-            println!(
-                "{label} {what}: fused error {fused_error:.3e}, burn-nn's {burn_error:.3e}, bound {bound:.3e}"
-            );
-            assert!(
-                fused_error <= bound,
-                "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn-nn's {burn_error:.3e})"
-            );
-        }
+        within_bound(&label, &ours, &theirs, &truth, with_bias, u);
         if rows > 1 {
             let shifted: Vec<f64> = truth[0][d_out..]
                 .iter()
@@ -347,36 +365,12 @@ pub fn linear_add_matches_exact(device: &Device, dtype: FloatDType) {
             format!("linear + residual {dtype:?} {lead:?}x{d_in} -> {d_out} bias {with_bias}");
         let u = unit_roundoff(dtype);
         let truth = [with_residual.clone(), dx, dw, db];
-        for (k, what) in [
-            "output",
-            "input gradient",
-            "weight gradient",
-            "bias gradient",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if k == 3 && !with_bias {
-                continue;
-            }
-            let (fused_error, burn_error) =
-                (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
-            let bound = 2.0 * burn_error + u;
-            println!(
-                "{label} {what}: fused error {fused_error:.3e}, burn's {burn_error:.3e}, bound {bound:.3e}"
-            );
-            assert!(
-                fused_error <= bound,
-                "{label} {what}: fused error {fused_error:.3e} above {bound:.3e} (burn's {burn_error:.3e})"
-            );
-            if k == 0 {
-                let control = error(&y, &with_residual);
-                assert!(
-                    control > 10.0 * bound,
-                    "control {label}: the output without its residual is off {control:.3e}, not 10x the bound {bound:.3e}"
-                );
-            }
-        }
+        let bound = within_bound(&label, &ours, &theirs, &truth, with_bias, u);
+        let control = error(&y, &with_residual);
+        assert!(
+            control > 10.0 * bound,
+            "control {label}: the output without its residual is off {control:.3e}, not 10x the bound {bound:.3e}"
+        );
         assert_eq!(
             ours[4], dy_host,
             "{label}: the residual's gradient is not the output gradient"

@@ -15,74 +15,147 @@ const TEST_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1", "xz-utils"
 /// Debian packages the demo needs without an NVIDIA GPU.
 const DEMO_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1"];
 
+mod split;
+
 /// `cargo xtask test [ARGS...]`: installs what the suite needs, then runs the README's test
 /// command, `cargo test --workspace --locked [ARGS...]`, passing its output through, and ends
-/// with the skipped tests and a last line `N passed, N failed, N skipped` ([`Tally`]).
+/// with the skipped tests and a last line `N passed, N failed, N skipped` ([`Tally`]). Without
+/// arguments it builds first and runs half of the CPU suite's wgpu tests in a second process of
+/// the suite's binary meanwhile (`split.rs`: one wgpu device compiles one kernel at a time);
+/// their lines carry the prefix `[wgpu 2/2] `.
 pub fn test(args: &[String], root: &Path) -> Result<(), String> {
     ensure_packages(TEST_PACKAGES)?;
+    let split = if args.is_empty() {
+        split::plan(cargo(), root)
+    } else {
+        None
+    };
     let mut command = cargo();
-    command
-        .args(["test", "--workspace", "--locked"])
-        .args(args)
-        .current_dir(root)
-        .stdout(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("running the test suite: {e}"))?;
-    let mut tally = Tally::default();
-    // A line of progress whenever the suite has printed nothing for a minute: a test binary
+    command.args(["test", "--workspace", "--locked"]).args(args);
+    if let Some(split) = &split {
+        command.args(["--", "--exact"]);
+        for name in &split.tests {
+            command.args(["--skip", name]);
+        }
+    }
+    command.current_dir(root).stdout(Stdio::piped());
+    let mut children = vec![(
+        "",
+        command
+            .spawn()
+            .map_err(|e| format!("running the test suite: {e}"))?,
+    )];
+    if let Some(split) = &split {
+        println!(
+            "xtask: {} wgpu tests of {} in a second process ({})",
+            split.tests.len(),
+            split::SUITE,
+            split.binary.display()
+        );
+        let mut second = Command::new(&split.binary);
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            second.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+        }
+        second
+            .arg("--exact")
+            .args(&split.tests)
+            .current_dir(root)
+            .stdout(Stdio::piped());
+        let child = second
+            .spawn()
+            .map_err(|e| format!("running {}: {e}", split.binary.display()))?;
+        children.push(("[wgpu 2/2] ", child));
+    }
+    let state = Arc::new(Mutex::new((
+        Tally::default(),
+        children.iter().map(|_| Progress::new()).collect::<Vec<_>>(),
+        false,
+    )));
+    // A line of progress whenever a process has printed nothing for a minute: a test binary
     // of long tests (the CPU suite on software Vulkan) otherwise reads as a hang.
-    let progress = Arc::new(Mutex::new(Progress::new()));
+    let labels: Vec<&'static str> = children.iter().map(|(label, _)| *label).collect();
     let heartbeat = {
-        let progress = Arc::clone(&progress);
+        let state = Arc::clone(&state);
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(Duration::from_secs(5));
-                let mut progress = progress.lock().unwrap_or_else(|e| e.into_inner());
-                if progress.finished {
+                let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+                if state.2 {
                     return;
                 }
-                if let Some(line) = progress.beat(Instant::now()) {
-                    println!("{line}");
+                let now = Instant::now();
+                for (progress, label) in state.1.iter_mut().zip(&labels) {
+                    if let Some(line) = progress.beat(now) {
+                        println!("{label}{line}");
+                    }
                 }
             }
         })
     };
-    if let Some(stdout) = child.stdout.take() {
-        let mut reader = BufReader::new(stdout);
-        let mut bytes = Vec::new();
-        while reader
-            .read_until(b'\n', &mut bytes)
-            .map_err(|e| e.to_string())?
-            > 0
-        {
-            let line = String::from_utf8_lossy(&bytes);
-            let line = line.trim_end_matches(['\n', '\r']);
-            println!("{line}");
-            tally.read(line);
-            progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .read(line, Instant::now());
-            bytes.clear();
+    let mut readers = Vec::new();
+    let mut waiting = Vec::new();
+    for (index, (label, mut child)) in children.into_iter().enumerate() {
+        let stdout = child.stdout.take();
+        let state = Arc::clone(&state);
+        readers.push(std::thread::spawn(move || -> Result<(), String> {
+            let Some(stdout) = stdout else { return Ok(()) };
+            let mut reader = BufReader::new(stdout);
+            let mut bytes = Vec::new();
+            while reader
+                .read_until(b'\n', &mut bytes)
+                .map_err(|e| e.to_string())?
+                > 0
+            {
+                let line = String::from_utf8_lossy(&bytes);
+                let line = line.trim_end_matches(['\n', '\r']);
+                let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+                println!("{label}{line}");
+                state.0.read(line);
+                state.1[index].read(line, Instant::now());
+                bytes.clear();
+            }
+            Ok(())
+        }));
+        waiting.push(child);
+    }
+    let mut failures = Vec::new();
+    for mut child in waiting {
+        let status = child
+            .wait()
+            .map_err(|e| format!("running the test suite: {e}"))?;
+        if !status.success() {
+            failures.push(status);
         }
     }
-    let status = child
-        .wait()
-        .map_err(|e| format!("running the test suite: {e}"))?;
-    progress.lock().unwrap_or_else(|e| e.into_inner()).finished = true;
+    for reader in readers {
+        reader
+            .join()
+            .map_err(|_| "reading the test output panicked".to_string())??;
+    }
+    let mut tally = {
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        state.2 = true;
+        std::mem::take(&mut state.0)
+    };
     let _ = heartbeat.join();
-    let mut tally = tally.finish();
-    if !status.success() && tally.failed == 0 {
+    if let Some(status) = failures.first()
+        && tally.failed == 0
+    {
         // A build error, or a test binary that died before libtest could report.
         println!("xtask: cargo test failed before a test reported a failure ({status})");
         tally.failed = 1;
     }
+    let tally = tally.finish();
     print!("{}", tally.report());
-    if status.success() && tally.failed == 0 {
+    if failures.is_empty() && tally.failed == 0 {
         Ok(())
     } else {
-        Err(format!("the test suite failed ({status})"))
+        Err(format!(
+            "the test suite failed ({})",
+            failures
+                .first()
+                .map_or_else(|| "a test failed".to_string(), ToString::to_string)
+        ))
     }
 }
 
@@ -99,7 +172,6 @@ struct Progress {
     binaries: usize,
     total: usize,
     done: usize,
-    finished: bool,
 }
 
 /// How long the suite may stay silent before a progress line, and between two of them.
@@ -115,7 +187,6 @@ impl Progress {
             binaries: 0,
             total: 0,
             done: 0,
-            finished: false,
         }
     }
 
