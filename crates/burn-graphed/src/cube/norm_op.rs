@@ -31,6 +31,7 @@ use cubecl::prelude::*;
 use super::adam_op::checked_elem;
 use super::buffers::FusedTensor;
 use super::dense::Dense;
+use super::norm_plane_kernel;
 use super::row_kernels::{
     MAX_THREADS, count_forward, cube_sum, row_grid, row_of_cube, threads_for,
 };
@@ -358,6 +359,43 @@ impl LayerNormKernels for CubeBackend {
         let (input, gamma, beta) = (Dense::of(&input), Dense::of(&gamma), Dense::of(&beta));
         let stats = || layout.new_buffer(Some(Shape::new([rows])), DType::F32);
         let (mean, rstd) = (stats(), stats());
+        let vector = norm_plane_kernel::vector_width(
+            &client.properties(),
+            width,
+            input.tensor().dtype.size(),
+            &[&input, &gamma, &beta, &output],
+        );
+        if let Some(vector) = vector {
+            // SAFETY: as below; plane `p` of cube `c` reads and writes row `c * ROWS + p` only,
+            // when below `rows` (mean's length), in vectors of `vector` elements that divide
+            // `width` and every buffer's start (`vector_width`), so a vector lies whole in one
+            // row of input and output and in gamma and beta (`width` long, checked by the
+            // caller); the cube is `LANES x ROWS` units, lane `l` taking vectors `k * LANES + l`
+            // for `k` below `width / (LANES * vector)`.
+            unsafe {
+                norm_plane_kernel::forward_plane_kernel::launch_unchecked(
+                    client,
+                    row_grid(rows.div_ceil(norm_plane_kernel::ROWS)),
+                    CubeDim::new_2d(
+                        norm_plane_kernel::LANES as u32,
+                        norm_plane_kernel::ROWS as u32,
+                    ),
+                    input.arg(),
+                    gamma.arg(),
+                    beta.arg(),
+                    output.arg(),
+                    mean.arg(),
+                    rstd.arg(),
+                    epsilon,
+                    width,
+                    vector,
+                    has_beta,
+                    centered,
+                    elem,
+                );
+            }
+            return (output.into_tensor(), mean.into_tensor(), rstd.into_tensor());
+        }
         let threads = threads_for(width);
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, gamma and beta
         // (one dtype, checked by the caller) and of the output (made with it); mean and rstd

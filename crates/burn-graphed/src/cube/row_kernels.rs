@@ -119,7 +119,7 @@ const PLANE: usize = 32;
 /// Whether [`cube_reduce`] over `threads` units combines by planes on a device with
 /// `properties`: planes of exactly [`PLANE`] units (so that a plane's shuffles cover the same
 /// units on every launch), plane operations, and at least one whole plane.
-fn by_planes(properties: &cubecl::ir::DeviceProperties, threads: usize) -> bool {
+pub(super) fn by_planes(properties: &cubecl::ir::DeviceProperties, threads: usize) -> bool {
     let hardware = &properties.hardware;
     properties
         .features
