@@ -366,20 +366,23 @@ impl LayerNormKernels for CubeBackend {
             &[&input, &gamma, &beta, &output],
         );
         if let Some(vector) = vector {
-            // SAFETY: as below; plane `p` of cube `c` reads and writes row `c * ROWS + p` only,
+            let processors = client
+                .properties()
+                .hardware
+                .num_streaming_multiprocessors
+                .unwrap_or(0) as usize;
+            let per_cube = norm_plane_kernel::rows_per_cube(rows, processors);
+            // SAFETY: as below; plane `p` of cube `c` reads and writes row `c * per_cube + p` only,
             // when below `rows` (mean's length), in vectors of `vector` elements that divide
             // `width` and every buffer's start (`vector_width`), so a vector lies whole in one
             // row of input and output and in gamma and beta (`width` long, checked by the
-            // caller); the cube is `LANES x ROWS` units, lane `l` taking vectors `k * LANES + l`
+            // caller); the cube is `LANES x per_cube` units, lane `l` taking vectors `k * LANES + l`
             // for `k` below `width / (LANES * vector)`.
             unsafe {
                 norm_plane_kernel::forward_plane_kernel::launch_unchecked(
                     client,
-                    row_grid(rows.div_ceil(norm_plane_kernel::ROWS)),
-                    CubeDim::new_2d(
-                        norm_plane_kernel::LANES as u32,
-                        norm_plane_kernel::ROWS as u32,
-                    ),
+                    row_grid(rows.div_ceil(per_cube)),
+                    CubeDim::new_2d(norm_plane_kernel::LANES as u32, per_cube as u32),
                     input.arg(),
                     gamma.arg(),
                     beta.arg(),
@@ -389,6 +392,7 @@ impl LayerNormKernels for CubeBackend {
                     epsilon,
                     width,
                     vector,
+                    per_cube,
                     has_beta,
                     centered,
                     elem,

@@ -15,8 +15,8 @@ use cubecl::prelude::*;
 use super::dense::Dense;
 use super::row_kernels::by_planes;
 
-/// Rows of a cube: one per plane.
-pub(super) const ROWS: usize = 8;
+/// The most rows of a cube: one per plane.
+const MAX_ROWS: usize = 8;
 /// Units of a plane.
 pub(super) const LANES: usize = 32;
 /// The most vectors a lane holds: rows of up to `LANES * MAX_VECTORS` vectors.
@@ -33,7 +33,7 @@ pub(super) fn vector_width(
     size: usize,
     tensors: &[&Dense],
 ) -> Option<usize> {
-    if !by_planes(properties, ROWS * LANES) || size == 0 {
+    if !by_planes(properties, LANES) || size == 0 {
         return None;
     }
     let aligned = tensors
@@ -65,11 +65,22 @@ fn widest(width: usize, size: usize, aligned: usize) -> Option<usize> {
         })
 }
 
+/// Rows (planes) of a cube for `rows` rows on a device of `processors` multiprocessors (0 where
+/// unknown): the most, up to [`MAX_ROWS`], that still give every multiprocessor a cube, so that a
+/// small call (a sequence at batch 1) spreads over the device rather than over a few
+/// multiprocessors.
+pub(super) fn rows_per_cube(rows: usize, processors: usize) -> usize {
+    [MAX_ROWS, 4, 2]
+        .into_iter()
+        .find(|&per_cube| rows.div_ceil(per_cube) >= processors)
+        .unwrap_or(1)
+}
+
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// Forward: row `r` (plane `UNIT_POS_Y` of cube `r / ROWS`) of `input` normalized into `output`,
+/// Forward: row `r` (plane `UNIT_POS_Y` of cube `r / per_cube`) of `input` normalized into `output`,
 /// its mean and `rstd` into `mean[r]` and `rstd[r]`; with `centered` false (RMS norm) the mean
 /// is 0 and not subtracted. `beta` is read only with `has_beta`. Lane `l` holds vectors
 /// `k * LANES + l` of the row (`vector` elements each).
@@ -85,12 +96,13 @@ pub(super) fn forward_plane_kernel<F: Float>(
     epsilon: f32,
     #[comptime] width: usize,
     #[comptime] vector: usize,
+    #[comptime] per_cube: usize,
     #[comptime] has_beta: bool,
     #[comptime] centered: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let size!(W) = vector;
-    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * ROWS + UNIT_POS_Y as usize;
+    let row = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize * per_cube + UNIT_POS_Y as usize;
     // Uniform over the plane: its lanes share the row, so its plane sums are met by all of
     // them or none.
     if row < mean.len() {
@@ -175,6 +187,17 @@ mod tests {
         assert_eq!(widest(2048, 2, 2048), Some(8));
         assert_eq!(widest(4096, 2, 4096), None);
         assert_eq!(gcd(256, 40), 8);
+    }
+
+    #[test]
+    fn small_calls_spread_over_the_device() {
+        // The bench transformer's 1024 rows on 132 multiprocessors: 4 a cube (256 cubes).
+        assert_eq!(rows_per_cube(1024, 132), 4);
+        // A sequence of 128 at batch 1: a cube per row.
+        assert_eq!(rows_per_cube(128, 132), 1);
+        assert_eq!(rows_per_cube(1 << 20, 132), 8);
+        // A device that does not say: the most.
+        assert_eq!(rows_per_cube(5, 0), 8);
         assert_eq!(gcd(0, 12), 12);
     }
 }
