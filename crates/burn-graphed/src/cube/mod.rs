@@ -56,6 +56,7 @@ mod linear_op;
 mod node;
 #[cfg(feature = "cube")]
 mod norm_op;
+#[cfg(feature = "cube")]
 mod norm_plane_kernel;
 #[cfg(feature = "cube")]
 mod pack_op;

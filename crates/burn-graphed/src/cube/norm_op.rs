@@ -360,18 +360,18 @@ impl LayerNormKernels for CubeBackend {
         let stats = || layout.new_buffer(Some(Shape::new([rows])), DType::F32);
         let (mean, rstd) = (stats(), stats());
         let vector = norm_plane_kernel::vector_width(
-            &client.properties(),
+            client.properties(),
             width,
             input.tensor().dtype.size(),
             &[&input, &gamma, &beta, &output],
         );
-        if let Some(vector) = vector {
-            let processors = client
-                .properties()
-                .hardware
-                .num_streaming_multiprocessors
-                .unwrap_or(0) as usize;
-            let per_cube = norm_plane_kernel::rows_per_cube(rows, processors);
+        let processors = client
+            .properties()
+            .hardware
+            .num_streaming_multiprocessors
+            .unwrap_or(0) as usize;
+        let per_cube = norm_plane_kernel::rows_per_cube(rows, processors);
+        if let (Some(vector), Some(per_cube)) = (vector, per_cube) {
             // SAFETY: as below; plane `p` of cube `c` reads and writes row `c * per_cube + p` only,
             // when below `rows` (mean's length), in vectors of `vector` elements that divide
             // `width` and every buffer's start (`vector_width`), so a vector lies whole in one
