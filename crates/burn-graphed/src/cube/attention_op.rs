@@ -271,24 +271,8 @@ impl Call {
     /// (each laid out with this call's stride and offsets, or densely with `heads * dim`
     /// elements a row): vectors as wide as every row and every buffer's start allow.
     fn staging_width(&self, staged: &[&Dense]) -> usize {
-        let starts = staged.iter().map(|tensor| {
-            let tensor = tensor.tensor();
-            let bytes = tensor.handle.offset_start.unwrap_or(0) as usize;
-            let size = tensor.dtype.size();
-            // A start between elements cannot be vectorized at all.
-            if bytes.is_multiple_of(size) {
-                bytes / size
-            } else {
-                1
-            }
-        });
-        let aligned = self
-            .operands
-            .iter()
-            .map(|&n| n as usize)
-            .chain([self.heads * self.dim])
-            .chain(starts)
-            .fold(0, gcd);
+        let counts = self.operands.iter().map(|&n| n as usize);
+        let aligned = Dense::common_alignment(staged, counts.chain([self.heads * self.dim]));
         staging_width(self.dim, aligned)
     }
 
@@ -300,11 +284,6 @@ impl Call {
             self.batch as u32,
         )
     }
-}
-
-/// The greatest common divisor of `a` and `b` (`gcd(0, b) == b`).
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube

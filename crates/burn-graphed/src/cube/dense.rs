@@ -77,6 +77,26 @@ impl Dense {
         self.0.meta.shape().iter().product()
     }
 
+    /// The largest number of elements that divides every one of `counts` and the start of
+    /// each of `buffers` (in elements of its dtype; a start between elements divides by 1):
+    /// the widest vector whose loads stay aligned and whole in every row. 0 with nothing given.
+    pub(crate) fn common_alignment(
+        buffers: &[&Dense],
+        counts: impl IntoIterator<Item = usize>,
+    ) -> usize {
+        let starts = buffers.iter().map(|dense| {
+            let tensor = dense.tensor();
+            let bytes = tensor.handle.offset_start.unwrap_or(0) as usize;
+            let size = tensor.dtype.size();
+            if bytes.is_multiple_of(size) {
+                bytes / size
+            } else {
+                1
+            }
+        });
+        counts.into_iter().chain(starts).fold(0, gcd)
+    }
+
     /// The tensor.
     pub(crate) fn tensor(&self) -> &CubeTensor {
         &self.0
@@ -377,4 +397,9 @@ mod tests {
         assert_eq!(elements(&destination), values(1.0));
         assert!(padding_untouched(&destination));
     }
+}
+
+/// The greatest common divisor of `a` and `b` (`gcd(0, b) == b`).
+pub(crate) fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }

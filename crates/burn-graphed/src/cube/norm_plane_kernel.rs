@@ -36,19 +36,7 @@ pub(super) fn vector_width(
     if !by_planes(properties, LANES) || size == 0 {
         return None;
     }
-    let aligned = tensors
-        .iter()
-        .map(|dense| {
-            let bytes = dense.tensor().handle.offset_start.unwrap_or(0) as usize;
-            // A start between elements cannot be vectorized at all.
-            if bytes.is_multiple_of(size) {
-                bytes / size
-            } else {
-                1
-            }
-        })
-        .fold(width, gcd);
-    widest(width, size, aligned)
+    widest(width, size, Dense::common_alignment(tensors, [width]))
 }
 
 /// The widest vector of 16 bytes, 8, 4 or one element (of `size` bytes) that divides
@@ -74,10 +62,6 @@ pub(super) fn rows_per_cube(rows: usize, processors: usize) -> Option<usize> {
     [MAX_ROWS, 4]
         .into_iter()
         .find(|&per_cube| rows.div_ceil(per_cube) >= processors)
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Forward: row `r` (plane `UNIT_POS_Y` of cube `r / per_cube`) of `input` normalized into `output`,
@@ -171,6 +155,7 @@ pub(super) fn forward_plane_kernel<F: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cube::dense::gcd;
 
     #[test]
     fn vectors_fit_the_row_and_the_alignment() {
