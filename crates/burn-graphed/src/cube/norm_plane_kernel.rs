@@ -155,7 +155,7 @@ pub(super) fn forward_plane_kernel<F: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cube::dense::gcd;
+    use super::super::dense::gcd;
 
     #[test]
     fn vectors_fit_the_row_and_the_alignment() {
