@@ -17,6 +17,13 @@ const DEMO_PACKAGES: &[&str] = &["mesa-vulkan-drivers", "libvulkan1"];
 
 mod split;
 
+/// `cargo xtask suite-costs`: measures what each test of the CPU suite costs, for the split of
+/// `cargo xtask test` (`split.rs`), and writes it to [`split::COSTS`].
+pub fn suite_costs(root: &Path) -> Result<(), String> {
+    ensure_packages(TEST_PACKAGES)?;
+    split::measure(cargo, root)
+}
+
 /// `cargo xtask test [ARGS...]`: installs what the suite needs, then runs the README's test
 /// command, `cargo test --workspace --locked [ARGS...]`, passing its output through, and ends
 /// with the skipped tests and a last line `N passed, N failed, N skipped` ([`Tally`]). Without
@@ -53,9 +60,7 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
             split.binary.display()
         );
         let mut second = Command::new(&split.binary);
-        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-            second.env("XDG_RUNTIME_DIR", std::env::temp_dir());
-        }
+        split::with_runtime_dir(&mut second);
         second
             .arg("--exact")
             .args(&split.tests)
@@ -360,10 +365,7 @@ pub fn demo(args: &[String], root: &Path) -> Result<(), String> {
 
 fn cargo() -> Command {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // lavapipe warns on every device creation without a runtime directory.
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        command.env("XDG_RUNTIME_DIR", std::env::temp_dir());
-    }
+    split::with_runtime_dir(&mut command);
     command
 }
 

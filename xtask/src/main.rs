@@ -4,6 +4,8 @@
 //!   (`local.rs`); what `.ci/run` runs.
 //! - `demo [ARGS...]`: the demo, on CUDA where an NVIDIA GPU answers, otherwise on wgpu's
 //!   software graphs.
+//! - `suite-costs`: measure each CPU-suite test's time for `test`'s split into two processes
+//!   (`xtask/suite-costs.txt`).
 //! - `gpu-test [--run] [--long] [--filter F] [--jobs N]`: build the CUDA test suite (one
 //!   release test binary), the demo and the train-step benchmark, and bundle them, compressed,
 //!   with a runner script, the PyTorch reference script and a manifest into
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => local::test(&args[1..], &root()),
         Some("demo") => local::demo(&args[1..], &root()),
+        Some("suite-costs") => local::suite_costs(&root()),
         Some("gpu-test") => gpu_test(&args[1..], "tests"),
         Some("bench") => gpu_test(&args[1..], "bench"),
         Some("bundle-dir") => {
@@ -43,7 +46,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask test [CARGO TEST ARGS...]\n       cargo xtask demo [WIDTH DEPTH BATCH STEPS]\n       cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
+            "usage: cargo xtask test [CARGO TEST ARGS...]\n       cargo xtask demo [WIDTH DEPTH BATCH STEPS]\n       cargo xtask suite-costs\n       cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
         )),
     };
     match result {

@@ -1,15 +1,28 @@
 //! The CPU suite in two processes. Its wgpu tests spend their time compiling kernels on
 //! lavapipe, and a process has one wgpu device whose server thread compiles every kernel of every
 //! test in turn: with libtest's two threads on two cores the suite kept one core busy (a CPU
-//! time of 106% of the wall time). `cargo xtask test` therefore builds first, then runs half of
-//! the suite's wgpu tests in a second process of the suite's binary while `cargo test` runs
-//! everything else, the first half included; each process compiles the kernels its tests meet.
+//! time of 106% of the wall time). `cargo xtask test` therefore builds first, then runs a share
+//! of the suite's wgpu tests in a second process of the suite's binary while `cargo test` runs
+//! everything else; each process compiles the kernels its tests meet. The share is chosen by
+//! the tests' measured costs ([`COSTS`], written by `cargo xtask suite-costs`), so that both
+//! processes end at about the same time.
 
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 /// The source of the suite whose wgpu tests are split.
 pub(super) const SUITE: &str = "tests/cpu.rs";
+
+/// The measured costs the split reads: a line per test of [`SUITE`], `SECONDS NAME`, and one
+/// for everything else `cargo test` runs ([`REST`]); `#` starts a comment.
+pub(super) const COSTS: &str = "xtask/suite-costs.txt";
+
+/// The name of the line of [`COSTS`] that holds the wall time of everything `cargo test` runs
+/// besides the suite's tests: the other test binaries and the doctests.
+const REST: &str = "(the other test binaries and the doctests)";
 
 /// What the second process runs: the suite's binary and the tests it takes (exact names), which
 /// `cargo test` skips.
@@ -21,8 +34,86 @@ pub(super) struct Split {
 
 /// Builds every test binary (`cargo test --workspace --locked --no-run`, its progress passed
 /// through) and plans the split: `None` where the build fails (the single `cargo test` then
-/// reports it) or the suite has fewer than two wgpu tests.
-pub(super) fn plan(mut cargo: Command, root: &Path) -> Option<Split> {
+/// reports it) or the suite has fewer than two families of wgpu tests.
+pub(super) fn plan(cargo: Command, root: &Path) -> Option<Split> {
+    let binary = build(cargo, root)?;
+    let names = list(&binary, root)?;
+    let costs = std::fs::read_to_string(root.join(COSTS))
+        .map(|text| Costs::parse(&text))
+        .unwrap_or_default();
+    let tests = second_share(&names, &costs);
+    (!tests.is_empty()).then_some(Split { binary, tests })
+}
+
+/// `cargo xtask suite-costs`: builds, runs the suite's binary alone with libtest's report of
+/// each test's time (its lines passed through), then everything else `cargo test` runs with
+/// the suite's tests skipped, timed as a whole, and writes [`COSTS`]. `cargo` makes a fresh
+/// `cargo` command.
+///
+/// # Errors
+///
+/// The build, a test or the file's writing failed (nothing is written then).
+pub(super) fn measure(cargo: impl Fn() -> Command, root: &Path) -> Result<(), String> {
+    let binary = build(cargo(), root).ok_or("the test build failed")?;
+    let names = list(&binary, root).ok_or("the suite's binary did not list its tests")?;
+    let mut suite = Command::new(&binary);
+    with_runtime_dir(&mut suite);
+    // libtest's `--report-time` is unstable: the binary accepts it when told it may.
+    let mut child = suite
+        .env("RUSTC_BOOTSTRAP", "1")
+        .args(["-Zunstable-options", "--report-time"])
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {}: {e}", binary.display()))?;
+    let mut costs = Costs::default();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            println!("{line}");
+            if let Some((name, seconds)) = reported_time(&line) {
+                costs.tests.insert(name, seconds);
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("the suite failed ({status}): no costs written"));
+    }
+    let start = Instant::now();
+    let mut rest = cargo();
+    rest.args(["test", "--workspace", "--locked", "--", "--exact"]);
+    for name in &names {
+        rest.args(["--skip", name]);
+    }
+    let status = rest
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("running cargo test: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo test failed ({status}): no costs written"));
+    }
+    costs.rest = start.elapsed().as_secs_f64();
+    let path = root.join(COSTS);
+    std::fs::write(&path, costs.render()).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "xtask: {} tests' costs and the rest's ({:.0} s) written to {COSTS}",
+        costs.tests.len(),
+        costs.rest
+    );
+    Ok(())
+}
+
+/// Sets `XDG_RUNTIME_DIR` for a process that runs tests where it is unset (lavapipe warns on
+/// every device creation without a runtime directory).
+pub(super) fn with_runtime_dir(command: &mut Command) {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        command.env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+}
+
+/// Builds every test binary and returns the suite's executable.
+fn build(mut cargo: Command, root: &Path) -> Option<PathBuf> {
     let built = cargo
         .args([
             "test",
@@ -38,22 +129,83 @@ pub(super) fn plan(mut cargo: Command, root: &Path) -> Option<Split> {
     if !built.status.success() {
         return None;
     }
-    let binary = suite_binary(&String::from_utf8_lossy(&built.stdout), root)?;
-    let listed = Command::new(&binary)
+    suite_binary(&String::from_utf8_lossy(&built.stdout), root)
+}
+
+/// The names of the suite's tests (`--list`).
+fn list(binary: &Path, root: &Path) -> Option<Vec<String>> {
+    let listed = Command::new(binary)
         .args(["--list", "--format", "terse"])
         .current_dir(root)
         .output()
         .ok()?;
-    if !listed.status.success() {
-        return None;
+    listed.status.success().then(|| {
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|line| line.strip_suffix(": test"))
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+/// `(name, seconds)` of a libtest line with `--report-time`: `test NAME ... ok <1.234s>`.
+fn reported_time(line: &str) -> Option<(String, f64)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, outcome) = rest.split_once(" ... ")?;
+    let seconds = outcome
+        .strip_prefix("ok <")?
+        .strip_suffix("s>")?
+        .parse()
+        .ok()?;
+    Some((name.to_string(), seconds))
+}
+
+/// The seconds each test of the suite took, and everything else (see [`COSTS`]).
+#[derive(Debug, Default, PartialEq)]
+struct Costs {
+    tests: HashMap<String, f64>,
+    rest: f64,
+}
+
+impl Costs {
+    fn parse(text: &str) -> Self {
+        let mut costs = Self::default();
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('#') {
+                continue;
+            }
+            let Some((seconds, name)) = line.split_once(' ') else {
+                continue;
+            };
+            let Ok(seconds) = seconds.parse::<f64>() else {
+                continue;
+            };
+            if name == REST {
+                costs.rest = seconds;
+            } else {
+                costs.tests.insert(name.to_string(), seconds);
+            }
+        }
+        costs
     }
-    let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
-        .lines()
-        .filter_map(|line| line.strip_suffix(": test"))
-        .map(str::to_string)
-        .collect();
-    let tests = second_half(&names);
-    (!tests.is_empty()).then_some(Split { binary, tests })
+
+    /// The file: a header, the rest, then the tests from the costliest.
+    fn render(&self) -> String {
+        let mut tests: Vec<(&String, &f64)> = self.tests.iter().collect();
+        tests.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+        let mut text = format!(
+            "# Seconds each test of {SUITE} took (its binary alone, libtest's threads), and the\n\
+             # wall time of everything else `cargo test` runs: written by `cargo xtask suite-costs`.\n\
+             # `cargo xtask test` splits the suite's wgpu tests between two processes by them;\n\
+             # a test missing here counts as the median. Regenerate after adding slow tests.\n\
+             {:.1} {REST}\n",
+            self.rest
+        );
+        for (name, seconds) in tests {
+            text.push_str(&format!("{seconds:.1} {name}\n"));
+        }
+        text
+    }
 }
 
 /// The executable of [`SUITE`] in cargo's JSON messages (one object a line: the artifact whose
@@ -73,33 +225,57 @@ fn suite_binary(messages: &str, root: &Path) -> Option<PathBuf> {
         })
 }
 
-/// The second process's share of the wgpu tests: the tests of every second family, a family
-/// being a wgpu test's name up to its last `_` (`wgpu_suite::linear_matches_exact_f32` and
-/// `_f16` are one family), so that tests meeting the same kernels stay in one process. At least
-/// two families, or nothing.
-fn second_half(names: &[String]) -> Vec<String> {
-    let wgpu: Vec<&String> = names
+/// The second process's share of the wgpu tests, by whole families (a family being a wgpu
+/// test's name up to its last `_`: `wgpu_suite::linear_matches_exact_f32` and `_f16` are one),
+/// so that tests meeting the same kernels stay in one process. The first process starts with
+/// everything else: the suite's other tests, and the rest counted twice (it occupies libtest's
+/// two threads for its wall time). The families, costliest first, each go to the process with
+/// less so far. A test `costs` lacks counts as the median of those it has (1 s without any).
+/// At least two families, or nothing.
+fn second_share(names: &[String], costs: &Costs) -> Vec<String> {
+    let mut known: Vec<f64> = names
         .iter()
-        .filter(|name| name.starts_with("wgpu"))
+        .filter_map(|name| costs.tests.get(name).copied())
         .collect();
+    known.sort_by(f64::total_cmp);
+    let typical = known.get(known.len() / 2).copied().unwrap_or(1.0);
+    let cost = |name: &str| costs.tests.get(name).copied().unwrap_or(typical);
     let family = |name: &str| {
         name.rsplit_once('_')
             .map_or(name, |(stem, _)| stem)
             .to_string()
     };
-    let mut families: Vec<String> = Vec::new();
-    for name in &wgpu {
-        let name = family(name);
-        if !families.contains(&name) {
-            families.push(name);
+    let mut families: Vec<(String, f64)> = Vec::new();
+    let mut first = 2.0 * costs.rest;
+    for name in names {
+        if !name.starts_with("wgpu") {
+            first += cost(name);
+            continue;
+        }
+        let stem = family(name);
+        match families.iter_mut().find(|(f, _)| *f == stem) {
+            Some((_, total)) => *total += cost(name),
+            None => families.push((stem, cost(name))),
         }
     }
     if families.len() < 2 {
         return Vec::new();
     }
-    let second: Vec<&String> = families.iter().skip(1).step_by(2).collect();
-    wgpu.into_iter()
-        .filter(|name| second.contains(&&family(name)))
+    // Stable: equal costs keep the suite's order.
+    families.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut second = 0.0;
+    let mut taken: Vec<String> = Vec::new();
+    for (stem, total) in families {
+        if second < first {
+            second += total;
+            taken.push(stem);
+        } else {
+            first += total;
+        }
+    }
+    names
+        .iter()
+        .filter(|name| name.starts_with("wgpu") && taken.contains(&family(name)))
         .cloned()
         .collect()
 }
@@ -145,9 +321,8 @@ mod tests {
         assert_eq!(suite_binary("", root), None);
     }
 
-    #[test]
-    fn every_second_family_of_wgpu_tests_goes_to_the_second_process() {
-        let names: Vec<String> = [
+    fn names() -> Vec<String> {
+        [
             "flex_suite::linear_matches_exact_f32",
             "input_on_another_device_is_refused",
             "wgpu_suite::attention_matches_exact_f16",
@@ -158,17 +333,69 @@ mod tests {
             "wgpu_records_graphs",
         ]
         .map(String::from)
-        .to_vec();
-        // Families in order: attention_matches_exact, backward_twice_matches,
-        // linear_matches_exact, wgpu_records; the second and the fourth go.
+        .to_vec()
+    }
+
+    #[test]
+    fn the_families_are_shared_by_cost() {
+        let costs = Costs::parse(
+            "# a comment\n\
+             10.0 (the other test binaries and the doctests)\n\
+             30.0 flex_suite::linear_matches_exact_f32\n\
+             200.0 wgpu_suite::attention_matches_exact_f16\n\
+             150.0 wgpu_suite::attention_matches_exact_f32\n\
+             40.0 wgpu_suite::backward_twice_matches_eager\n\
+             90.0 wgpu_suite::linear_matches_exact_f16\n\
+             110.0 wgpu_suite::linear_matches_exact_f32\n\
+             5.0 wgpu_records_graphs\n\
+             not a line\n",
+        );
+        assert_eq!(costs.rest, 10.0);
+        assert_eq!(costs.tests.len(), 7);
+        // The first process starts at 2 x 10 + 30 + the median (90) for the test the file
+        // lacks = 140. Attention (350) goes second; linear (200) first (340); backward (40)
+        // first (380) as the second has 350; records (5) second (355).
         assert_eq!(
-            second_half(&names),
+            second_share(&names(), &costs),
             [
+                "wgpu_suite::attention_matches_exact_f16",
+                "wgpu_suite::attention_matches_exact_f32",
+                "wgpu_records_graphs"
+            ]
+        );
+        // The file the measurement writes reads back the same.
+        assert_eq!(Costs::parse(&costs.render()), costs);
+    }
+
+    #[test]
+    fn without_costs_the_families_alternate_by_count() {
+        // Every test 1 s: the first process starts at 2 (its two tests). Attention (2) goes
+        // second; linear (2) first, the second having as much (4); backward (1) and records
+        // (1) second (3, then 4).
+        let shared = second_share(&names(), &Costs::default());
+        assert_eq!(
+            shared,
+            [
+                "wgpu_suite::attention_matches_exact_f16",
+                "wgpu_suite::attention_matches_exact_f32",
                 "wgpu_suite::backward_twice_matches_eager",
                 "wgpu_records_graphs"
             ]
         );
-        assert!(second_half(&names[..3]).is_empty(), "one family only");
+        assert!(
+            second_share(&names()[..4], &Costs::default()).is_empty(),
+            "one family only"
+        );
+    }
+
+    #[test]
+    fn libtests_reported_times_are_read() {
+        assert_eq!(
+            reported_time("test wgpu_suite::a_b ... ok <12.345s>"),
+            Some(("wgpu_suite::a_b".to_string(), 12.345))
+        );
+        assert_eq!(reported_time("test wgpu_suite::a_b ... ok"), None);
+        assert_eq!(reported_time("test x ... FAILED <1.0s>"), None);
     }
 
     #[test]
