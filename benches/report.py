@@ -1,7 +1,7 @@
 """(Over 600 lines: it reads every results file since the first session, so it keeps the tables
 those rows fill; the docs generate theirs from it.)
 
-Turns the JSON lines of `run.sh bench` (benches/train_step.rs and benches/torch_reference.py)
+Turns the JSON lines of `run.sh bench` (benches/train_step/ and benches/torch_reference.py)
 into BENCHMARKS.md's tables and a PNG plot.
 
 Tables, in order (one whose modes no row has is left out):
@@ -31,7 +31,7 @@ first trained step, setup and capture included. Single rows enter no other table
 "Goal": per model and dtype, the best graphed Burn (static hand-outs with MultiTensorAdam, else
 the fastest graphed mode) against graphed PyTorch with fused Adam (else its default Adam), each
 framework's graphed/eager speedup, the memory that graphed runs reserve beyond eager ones, and
-the value check of that Burn row (`check_passed`, see train_step.rs; with the number of
+the value check of that Burn row (`check_passed`, see benches/train_step/checks.rs; with the number of
 autotune keys cubecl decided unmeasured, `autotune_unmeasured`, of that row and of Burn's eager
 row, if any: their kernels are cubecl's first candidates, not measured winners, so their times
 are not what autotuning would give).

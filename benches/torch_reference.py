@@ -1,5 +1,5 @@
 """PyTorch side of the train-step benchmark: the same models, math, dtype, optimizer (Adam),
-input rotation and timing method as benches/train_step.rs, eager, with
+input rotation and timing method as benches/train_step/, eager, with
 torch.cuda.make_graphed_callables, and as one captured graph of the whole step; also the
 models' forward alone (inference), eager and as one captured graph. Prints one JSON line per
 row (same fields as the Rust side).
@@ -130,7 +130,7 @@ def cnn():
 
 
 class Lm(nn.Module):
-    """The `lm` model (benches/train_step.rs's `Lm`): token and learned position embeddings,
+    """The `lm` model (benches/train_step/models.rs's `Lm`): token and learned position embeddings,
     pre-norm transformer blocks under a causal mask, a final norm and an output head."""
 
     VOCAB, LENGTH, BATCH = 512, 128, 8

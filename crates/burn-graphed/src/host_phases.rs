@@ -19,22 +19,28 @@ pub enum HostPhase {
     Copy,
     /// Fusion's queue drained onto cubecl's device thread.
     Drain,
-    /// cubecl's check of the buffers written since the last replay, and the replay's enqueue:
-    /// one task on the device thread (with nothing to check, fusion's drain and the replay).
+    /// The wait for the replay's task on cubecl's device thread, less the task itself
+    /// ([`DeviceTask`](Self::DeviceTask)): queueing it, waking that thread, and waking the
+    /// caller with the answer (with nothing copied or checked, fusion's drain and the replay
+    /// whole).
     Replay,
+    /// The replay's task on cubecl's device thread, timed inside it: the copies' launches, the
+    /// check of the buffers written since the last replay, and the replay's enqueue.
+    DeviceTask,
     /// The outputs handed out to the caller.
     HandOut,
 }
 
 impl HostPhase {
     /// Every phase, in order (the order of declaration: a phase's discriminant is its slot).
-    pub const ALL: [HostPhase; 7] = [
+    pub const ALL: [HostPhase; 8] = [
         HostPhase::Plan,
         HostPhase::Lookup,
         HostPhase::Admit,
         HostPhase::Copy,
         HostPhase::Drain,
         HostPhase::Replay,
+        HostPhase::DeviceTask,
         HostPhase::HandOut,
     ];
 }
@@ -96,6 +102,22 @@ pub(crate) fn lap(phase: HostPhase) {
     });
 }
 
+/// As [`lap`] for `phase`, of which `part` (at most all of it) was spent in `part_phase`: a
+/// wait around work timed where it ran (another thread).
+pub(crate) fn lap_with_part(phase: HostPhase, part_phase: HostPhase, part: Duration) {
+    RECORD.with(|record| {
+        if let Some(record) = record.borrow_mut().as_mut()
+            && let Some(since) = record.since
+        {
+            let now = Instant::now();
+            let part = part.min(now - since);
+            record.times[part_phase as usize] += part;
+            record.times[phase as usize] += now - since - part;
+            record.since = Some(now);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +152,26 @@ mod tests {
         assert!(time(HostPhase::Replay) >= Some(Duration::from_millis(6)));
         assert_eq!(time(HostPhase::Copy), Some(Duration::ZERO));
         assert!(time(HostPhase::HandOut) < time(HostPhase::Replay));
+        // A part timed elsewhere moves from the phase to its own, never more than the lap.
+        let replay = time(HostPhase::Replay).expect("on");
+        start();
+        std::thread::sleep(Duration::from_millis(2));
+        lap_with_part(
+            HostPhase::Replay,
+            HostPhase::DeviceTask,
+            Duration::from_millis(1),
+        );
+        start();
+        lap_with_part(
+            HostPhase::Replay,
+            HostPhase::DeviceTask,
+            Duration::from_secs(9),
+        );
+        let (_, times) = phase_times().expect("on");
+        let time = |phase| times.iter().find(|(p, _)| *p == phase).map(|(_, t)| *t);
+        let task = time(HostPhase::DeviceTask).expect("on");
+        assert!(task >= Duration::from_millis(1) && task < Duration::from_secs(1));
+        assert!(time(HostPhase::Replay) >= Some(replay + Duration::from_millis(1)));
         time_phases(false);
         assert_eq!(phase_times(), None);
     }

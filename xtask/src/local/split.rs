@@ -148,15 +148,20 @@ fn list(binary: &Path, root: &Path) -> Option<Vec<String>> {
     })
 }
 
-/// `(name, seconds)` of a libtest line with `--report-time`: `test NAME ... ok <1.234s>`.
+/// `(name, seconds)` of a libtest line with `--report-time`: `test NAME ... ok <1.234s>`, or 0
+/// for an ignored test (`test NAME ... ignored[, REASON]`), which neither process runs.
 fn reported_time(line: &str) -> Option<(String, f64)> {
     let rest = line.strip_prefix("test ")?;
     let (name, outcome) = rest.split_once(" ... ")?;
-    let seconds = outcome
-        .strip_prefix("ok <")?
-        .strip_suffix("s>")?
-        .parse()
-        .ok()?;
+    let seconds = if outcome.starts_with("ignored") {
+        0.0
+    } else {
+        outcome
+            .strip_prefix("ok <")?
+            .strip_suffix("s>")?
+            .parse()
+            .ok()?
+    };
     Some((name.to_string(), seconds))
 }
 
@@ -395,6 +400,10 @@ mod tests {
             Some(("wgpu_suite::a_b".to_string(), 12.345))
         );
         assert_eq!(reported_time("test wgpu_suite::a_b ... ok"), None);
+        assert_eq!(
+            reported_time("test flex_suite::c ... ignored, Flex cannot capture"),
+            Some(("flex_suite::c".to_string(), 0.0))
+        );
         assert_eq!(reported_time("test x ... FAILED <1.0s>"), None);
     }
 

@@ -154,8 +154,8 @@ pub(super) fn forward_plane_kernel<F: Float>(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::dense::gcd;
+    use super::*;
 
     #[test]
     fn vectors_fit_the_row_and_the_alignment() {

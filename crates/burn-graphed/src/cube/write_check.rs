@@ -17,6 +17,8 @@
 //! without read/write attributes as written, so an input's mark could be cleared before it is
 //! asked. The designs rejected for cost, with their measurements: docs/decisions.md.
 
+use std::time::Instant;
+
 use burn::backend::Backend;
 use burn_cubecl::CubeBackend;
 
@@ -93,24 +95,28 @@ pub(crate) unsafe fn replay_after_check(
             return replayed;
         }
     };
-    let replayed = client
+    let (replayed, task) = client
         .exclusive(|| {
-            for copy in copies {
-                copy.launch();
-            }
-            if !asked.is_empty() {
-                note_answers(asked);
-            }
-            if let Some(error) = refusal() {
-                return Err(error);
-            }
-            // SAFETY: forwarded from this function's contract; the caller's fusion stream was
-            // drained and the copies launched above on its stream, ahead of the replay.
-            unsafe { CubeBackend::graph_replay(device, graph) }
-                .map_err(|error| replay_error(error.to_string()))
+            let began = Instant::now();
+            let task = || {
+                for copy in copies {
+                    copy.launch();
+                }
+                if !asked.is_empty() {
+                    note_answers(asked);
+                }
+                if let Some(error) = refusal() {
+                    return Err(error);
+                }
+                // SAFETY: forwarded from this function's contract; the caller's fusion stream
+                // was drained and the copies launched above on its stream, ahead of the replay.
+                unsafe { CubeBackend::graph_replay(device, graph) }
+                    .map_err(|error| replay_error(error.to_string()))
+            };
+            (task(), began.elapsed())
         })
         .map_err(|error| replay_error(error.to_string()))?;
-    host_phases::lap(HostPhase::Replay);
+    host_phases::lap_with_part(HostPhase::Replay, HostPhase::DeviceTask, task);
     replayed
 }
 
