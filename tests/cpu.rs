@@ -318,14 +318,19 @@ fn data_parallel_replica_moves_every_parameter() {
 /// runs burn's optimizer (Flex), the running statistics follow eager training.
 #[test]
 fn flex_batch_norm_whole_step_matches_eager() {
-    scenarios::batch_norm::batch_norm_whole_step_matches_eager(&Device::flex(), 6);
+    scenarios::batch_norm::batch_norm_whole_step_matches_eager(&Device::flex(), 6, 1);
 }
 
-/// The same with whole-step graphs: the trained parameters and losses equal eager training to
-/// the bit, but the running mean and variance stay at their start (ROBUSTNESS.md, "burn's
-/// `BatchNorm` in a whole step"). Run with `--ignored` to see it.
+/// The same with whole-step graphs: losses, trained parameters and running statistics equal
+/// eager training's to the bit, the graph keeping the statistics its forward computes.
 #[test]
-#[ignore = "GraphedStep does not update BatchNorm's running statistics yet (ROBUSTNESS.md)"]
 fn wgpu_batch_norm_whole_step_matches_eager() {
-    scenarios::batch_norm::batch_norm_whole_step_matches_eager(&wgpu(), 6);
+    scenarios::batch_norm::batch_norm_whole_step_matches_eager(&wgpu(), 6, 1);
+}
+
+/// The same over two micro-batches a step: each forward updates the statistics in turn, as
+/// eager accumulation does.
+#[test]
+fn wgpu_batch_norm_accumulated_step_matches_eager() {
+    scenarios::batch_norm::batch_norm_whole_step_matches_eager(&wgpu(), 4, 2);
 }

@@ -1093,12 +1093,17 @@ mod robustness {
         scenarios::batch_norm::batch_norm_is_refused(&cuda());
     }
 
-    /// Fails on wgpu at the running statistics (ROBUSTNESS.md); run by hand on CUDA:
-    /// `run.sh tests --ignored batch_norm_whole_step`.
+    /// burn's `BatchNorm` in a whole step (with `allow_non_trainable_params`): losses, trained
+    /// parameters and running statistics against eager training.
     #[test]
-    #[ignore = "GraphedStep does not update BatchNorm's running statistics yet (ROBUSTNESS.md)"]
     fn batch_norm_whole_step_matches_eager() {
-        scenarios::batch_norm::batch_norm_whole_step_matches_eager(&cuda(), 10);
+        scenarios::batch_norm::batch_norm_whole_step_matches_eager(&cuda(), 10, 1);
+    }
+
+    /// The same over two micro-batches a step.
+    #[test]
+    fn batch_norm_accumulated_step_matches_eager() {
+        scenarios::batch_norm::batch_norm_whole_step_matches_eager(&cuda(), 6, 2);
     }
 }
 

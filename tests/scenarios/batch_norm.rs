@@ -4,7 +4,7 @@
 
 use burn::module::Module;
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, Relu};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn_graphed::{EagerReason, Graphed, GraphedConfig, GraphedError, GraphedStep};
@@ -119,20 +119,19 @@ fn whole_step_tolerance(device: &Device) -> Tolerance {
 }
 
 /// A `GraphedStep` (burn's Adam) over a model with burn's `BatchNorm` in training mode,
-/// against eager training with burn's Adam, `steps` steps on the same batches: after every
-/// step the loss, every trained parameter, the running mean and the running variance agree
-/// ([`whole_step_tolerance`]). Negative control: the eager model's statistics against their
-/// start (the values a step that never updated them would show) fail the same comparison at
-/// every step.
+/// against eager training with burn's Adam, `steps` steps on the same batches, each of `micro`
+/// micro-batches (with more than one, `GraphedStep::accumulating` against burn's
+/// `GradientsAccumulator`: each forward updates the statistics in turn, the gradients are
+/// summed before one update): after every step the losses, every trained parameter, the
+/// running mean and the running variance agree ([`whole_step_tolerance`]). Negative control:
+/// the eager model's statistics against their start (the values a step that never updated
+/// them would show) fail the same comparison at every step.
 ///
 /// The step is built with `allow_non_trainable_params` (without it, the step is refused:
-/// [`batch_norm_is_refused`]). On wgpu this fails at the running statistics (the
-/// CPU suite runs it with `--ignored` only: it is the acceptance test of real support): the
-/// whole-step graph reads the running statistics burn's `RunningState` held when it was
-/// recorded and writes their update into a buffer of its own, never into the step's parameter
-/// buffers, so `GraphedStep::module` shows them at their start while the trained parameters
-/// equal eager's to the bit (ROBUSTNESS.md).
-pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
+/// [`batch_norm_is_refused`]). The whole-step graph keeps the statistics its forwards compute:
+/// it copies them into their buffers after the backward, so `GraphedStep::module` shows them
+/// as eager training's module does (ROBUSTNESS.md).
+pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize, micro: usize) {
     let device = device.clone().autodiff();
     let eager_start = NormNet::new(&device);
     let twin = eager_start.twin(&device);
@@ -140,24 +139,44 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
     let tolerance = whole_step_tolerance(&device);
     let mut eager = eager_start;
     let mut optimizer = adam_config().init();
-    let mut step = GraphedStep::new(
-        twin,
-        norm_mse,
-        &adam_config(),
-        norm_batch(&device, 0),
-        &GraphedConfig::new().with_allow_non_trainable_params(true),
-    )
+    let batches = |index: usize| -> Vec<(Tensor<2>, Tensor<2>)> {
+        (0..micro)
+            .map(|part| norm_batch(&device, index * micro + part))
+            .collect()
+    };
+    let config = GraphedConfig::new().with_allow_non_trainable_params(true);
+    let mut step = if micro == 1 {
+        GraphedStep::new(
+            twin,
+            norm_mse,
+            &adam_config(),
+            norm_batch(&device, 0),
+            &config,
+        )
+    } else {
+        GraphedStep::accumulating(twin, norm_mse, &adam_config(), batches(0), &config)
+    }
     .expect("capture");
     let lr = 1e-2;
     let mut failures = Vec::new();
     let stats_names = ["running mean", "running variance"];
     for index in 0..steps {
-        let batch = norm_batch(&device, index);
-        let eager_loss = norm_mse(&eager, batch.clone());
-        let eager_loss_data = host_data(eager_loss.clone().inner()).expect("eager loss");
-        let grads = GradientsParams::from_grads(eager_loss.backward(), &eager);
-        eager = optimizer.step(lr, eager, grads);
-        let graphed_loss = host_data(step.run(batch, lr).expect("step")).expect("graphed loss");
+        let parts = batches(index);
+        let mut accumulator = GradientsAccumulator::new();
+        let mut eager_losses = Vec::new();
+        for part in parts.clone() {
+            let loss = norm_mse(&eager, part);
+            eager_losses.push(loss.clone().inner());
+            accumulator.accumulate(&eager, GradientsParams::from_grads(loss.backward(), &eager));
+        }
+        eager = optimizer.step(lr, eager, accumulator.grads());
+        let eager_loss_data = host_data(Tensor::cat(eager_losses, 0)).expect("eager losses");
+        let graphed_loss = if micro == 1 {
+            step.run(parts.into_iter().next().expect("one batch"), lr)
+        } else {
+            step.run_accumulated(parts, lr)
+        };
+        let graphed_loss = host_data(graphed_loss.expect("step")).expect("graphed loss");
         let graphed = step.module();
         let mut compare = |what: String, e: &TensorData, g: &TensorData| {
             let comparison = TensorComparison::new(what, e, g, tolerance);
@@ -206,10 +225,10 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-/// `Graphed` and `GraphedStep` refuse the same model before anything runs: the running
-/// statistics do not require grad while the model trains, and a replayed graph would leave
-/// them at their start (the wgpu run of [`batch_norm_whole_step_matches_eager`] shows it for
-/// the whole step). Both name the running mean: `NonTrainableState`, parameter 4 in visiting
+/// `Graphed` and `GraphedStep` refuse the same model before anything runs, unless
+/// `allow_non_trainable_params` says otherwise: the running statistics do not require grad
+/// while the model trains (a callable's graphs would leave them at their start; a whole step
+/// keeps them: [`batch_norm_whole_step_matches_eager`]). Both name the running mean: `NonTrainableState`, parameter 4 in visiting
 /// order, after the first layer's weight and bias and the norm's weight and bias. On every
 /// backend alike (the check needs no graphs), so that a model that builds on Flex builds on
 /// CUDA.

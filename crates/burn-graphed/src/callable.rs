@@ -48,13 +48,18 @@ pub(crate) type Runner<'a> = Box<dyn Fn(Vec<FlatTensor>) -> Option<Vec<FlatTenso
 /// A whole step's loss function with its types erased: runs the model, with its float
 /// parameters replaced by the given tensors (visiting order), on flattened inputs; `None` when
 /// they do not fit its input type.
-pub(crate) type StepRunner<'a> = Box<
-    dyn Fn(
-            &[burn::backend::DispatchTensor],
-            Vec<FlatTensor>,
-        ) -> Option<burn::backend::DispatchTensor>
-        + 'a,
->;
+pub(crate) type StepRunner<'a> =
+    Box<dyn Fn(&[burn::backend::DispatchTensor], Vec<FlatTensor>) -> Option<StepRun> + 'a>;
+
+/// What a [`StepRunner`] returns.
+#[cfg_attr(not(feature = "cube"), allow(dead_code))] // read by the engine, with `cube`
+pub(crate) struct StepRun {
+    /// The loss.
+    pub loss: burn::backend::DispatchTensor,
+    /// The model's float parameters after the call, in visiting order: where the forward
+    /// updates float state (burn's `BatchNorm` its running statistics), the new values.
+    pub params_after: Vec<burn::backend::DispatchTensor>,
+}
 
 /// A callable with its types erased, as the capture sees it.
 pub(crate) struct Member<'a> {

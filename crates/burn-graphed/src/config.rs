@@ -82,8 +82,10 @@ pub struct GraphedConfig {
     /// absent), as PyTorch's `allow_unused_input`.
     #[config(default = false)]
     pub allow_unused_input: bool,
-    /// Accept float parameters that do not require grad while training; they are treated as
-    /// constants that the caller may replace between steps, never as state the forward updates.
+    /// Accept float parameters that do not require grad while training. A callable's graphs
+    /// treat them as constants that the caller may replace between steps, never as state the
+    /// forward updates; a whole step ([`GraphedStep`](crate::GraphedStep)) also keeps the values
+    /// its forward writes into them, as burn's `BatchNorm` updates its running statistics.
     #[config(default = false)]
     pub allow_non_trainable_params: bool,
     /// After capturing each forward graph, replay it on new input values (the sample's,

@@ -73,6 +73,8 @@ mod row_kernels;
 #[cfg(feature = "cube")]
 mod session;
 #[cfg(feature = "cube")]
+mod step_clip;
+#[cfg(feature = "cube")]
 mod step_graph;
 #[cfg(feature = "cube")]
 mod step_state;

@@ -322,9 +322,11 @@ fn capture_from(
         match cut {
             StepCut::Whole => state.body(run, &leaves, &autodiff_inputs, warmup),
             StepCut::AtBucket => {
-                let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, warmup)?;
+                let (losses, grads, mut queued) =
+                    state.gradients(run, &leaves, &autodiff_inputs, warmup)?;
                 let bucket = state.fill_bucket(grads)?;
-                Ok((losses, state.update(state.split_bucket(&bucket), warmup)?))
+                queued.extend(state.update(state.split_bucket(&bucket), warmup)?);
+                Ok((losses, queued))
             }
         }
     })?;
@@ -338,9 +340,10 @@ fn capture_from(
             ((graph, losses), None, vec![contents])
         }
         StepCut::AtBucket => {
-            let ((losses, bucket), (graph, contents)) = warmed.record(phase, || {
-                let (losses, grads) = state.gradients(run, &leaves, &autodiff_inputs, phase)?;
-                Ok((losses, state.fill_bucket(grads)?))
+            let ((losses, bucket, _kept), (graph, contents)) = warmed.record(phase, || {
+                let (losses, grads, kept) =
+                    state.gradients(run, &leaves, &autodiff_inputs, phase)?;
+                Ok((losses, state.fill_bucket(grads)?, kept))
             })?;
             // The update half: warmed up and recorded on the bucket the gradient graph wrote.
             let (warmed, ()) = warm_up(dispatch, config, warmup, || {

@@ -17,7 +17,7 @@ use super::lifecycle::capture_error;
 use super::random_state;
 use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};
 use super::values::{Bucket, BucketLayout};
-use crate::callable::StepRunner;
+use crate::callable::{StepRun, StepRunner};
 use crate::error::{CapturePhase, GraphedError};
 use crate::faults::FaultInjection;
 use crate::params::ParamEntry;
@@ -264,34 +264,54 @@ impl StepState {
         micro_inputs: &[Vec<FlatTensor>],
         phase: CapturePhase,
     ) -> Result<(Vec<DispatchTensor>, Vec<FusedTensor>), GraphedError> {
-        let (losses, grads) = self.gradients(run, params, micro_inputs, phase)?;
-        Ok((losses, self.update(grads, phase)?))
+        let (losses, grads, mut queued) = self.gradients(run, params, micro_inputs, phase)?;
+        queued.extend(self.update(grads, phase)?);
+        Ok((losses, queued))
     }
 
     /// Forward and loss, then backward, for each micro-batch of `micro_inputs`, on `params`:
-    /// the losses (without autodiff) and each parameter's gradient summed over the
-    /// micro-batches (`None` for a parameter that got none).
+    /// the losses (without autodiff), each parameter's gradient summed over the micro-batches
+    /// (`None` for a parameter that got none), and the queued results to hold until the stream
+    /// drained of the copies that keep the float state the forwards updated
+    /// ([`keep_state`](Self::keep_state)). A micro-batch's forward reads the state the one
+    /// before it left, as eager accumulation does.
+    #[allow(clippy::type_complexity)]
     pub(super) fn gradients(
         &self,
         run: &StepRunner<'_>,
         params: &[DispatchTensor],
         micro_inputs: &[Vec<FlatTensor>],
         phase: CapturePhase,
-    ) -> Result<(Vec<DispatchTensor>, Vec<Option<DispatchTensor>>), GraphedError> {
+    ) -> Result<
+        (
+            Vec<DispatchTensor>,
+            Vec<Option<DispatchTensor>>,
+            Vec<FusedTensor>,
+        ),
+        GraphedError,
+    > {
         let mut grads: Vec<Option<DispatchTensor>> = vec![None; params.len()];
         let mut losses = Vec::with_capacity(micro_inputs.len());
+        let mut current = params.to_vec();
         for inputs in micro_inputs {
-            let loss = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run(params, inputs.clone())
-            }))
-            .map_err(|panic| GraphedError::Capture {
-                phase,
-                reason: format!("the loss function panicked: {}", panic_message(&*panic)),
-            })?
-            .ok_or(GraphedError::InputCount {
-                expected: micro_inputs.first().map_or(0, Vec::len),
-                got: inputs.len(),
-            })?;
+            let StepRun { loss, params_after } =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(&current, inputs.clone())
+                }))
+                .map_err(|panic| GraphedError::Capture {
+                    phase,
+                    reason: format!("the loss function panicked: {}", panic_message(&*panic)),
+                })?
+                .ok_or(GraphedError::InputCount {
+                    expected: micro_inputs.first().map_or(0, Vec::len),
+                    got: inputs.len(),
+                })?;
+            let slots = current.iter_mut().zip(&self.require_grad);
+            for ((slot, &trained), after) in slots.zip(params_after) {
+                if !trained {
+                    *slot = after;
+                }
+            }
             let loss = Tensor::<1>::from_dispatch(loss);
             let gradients = loss.backward();
             for (sum, param) in grads.iter_mut().zip(params) {
@@ -308,7 +328,32 @@ impl StepState {
             }
             losses.push(loss.inner().into_dispatch());
         }
-        Ok((losses, grads))
+        let kept = self.keep_state(&current, phase)?;
+        Ok((losses, grads, kept))
+    }
+
+    /// Copies into their buffers the parameters that do not require grad and that `current`
+    /// holds as other tensors than the buffers (state a forward updated, as burn's `BatchNorm`
+    /// updates its running statistics): queued after the backward, which may read the old
+    /// values, and recorded in the graph with the rest of the step, so that every replay
+    /// keeps what its forward computed, as eager training keeps it in the module. Returns the
+    /// queued results to hold until the stream drained.
+    fn keep_state(
+        &self,
+        current: &[DispatchTensor],
+        phase: CapturePhase,
+    ) -> Result<Vec<FusedTensor>, GraphedError> {
+        let mut queued = Vec::new();
+        for ((buffer, &trained), value) in self.params.iter().zip(&self.require_grad).zip(current) {
+            if trained || fused(value).is_some_and(|value| value.id == buffer.fused.id) {
+                continue;
+            }
+            let source = Tensor::<1>::from_dispatch(value.clone())
+                .inner()
+                .into_dispatch();
+            queued.push(copy_into(&buffer.fused, &static_fused(&source, phase)?));
+        }
+        Ok(queued)
     }
 
     /// `grads` clipped, then the optimizer update of the parameter buffers queued in place and
@@ -318,7 +363,7 @@ impl StepState {
         grads: Vec<Option<DispatchTensor>>,
         phase: CapturePhase,
     ) -> Result<Vec<FusedTensor>, GraphedError> {
-        let grads = clip(grads, self.clipping);
+        let grads = super::step_clip::clip(grads, self.clipping);
         let mut updates = Vec::new();
         for ((buffer, states), grad) in self.params.iter().zip(&self.states).zip(grads) {
             let Some(grad) = grad else { continue };
@@ -447,7 +492,8 @@ impl StepState {
         micro_inputs: &[Vec<FlatTensor>],
     ) -> Result<(Vec<DispatchTensor>, Bucket), GraphedError> {
         let phase = CapturePhase::Step;
-        let (losses, grads) = self.gradients(run, &self.leaves(), micro_inputs, phase)?;
+        let (losses, grads, kept) = self.gradients(run, &self.leaves(), micro_inputs, phase)?;
+        self.hold(kept)?;
         Ok((losses, self.fill_bucket(grads)?))
     }
 
@@ -508,75 +554,4 @@ impl StepState {
 /// A bit-for-bit copy of a static buffer in a new buffer, as a tensor without autodiff.
 pub(super) fn copy_out(buffer: &StaticBuffer) -> DispatchTensor {
     dispatch_of(copy_to_new(&buffer.fused))
-}
-
-/// `grads` clipped as `clipping` says, with burn's arithmetic for [`Clipping::Value`] and
-/// [`Clipping::Norm`] (`grad_clipping/base.rs`: the norm in `f32`, divided by itself plus the
-/// smallest positive `f32`, the factor clamped to 1), and PyTorch's `clip_grad_norm_` for
-/// [`Clipping::GlobalNorm`] (one factor `max / (norm + 1e-6)`, clamped to 1). Tensor
-/// operations only: no value is read on the host.
-fn clip(
-    grads: Vec<Option<DispatchTensor>>,
-    clipping: Option<Clipping>,
-) -> Vec<Option<DispatchTensor>> {
-    let Some(clipping) = clipping else {
-        return grads;
-    };
-    let flat = |grad: DispatchTensor| -> (Tensor<1>, burn::tensor::Shape, DType) {
-        let tensor = Tensor::<1>::from_dispatch(grad);
-        let (shape, dtype) = (tensor.shape(), tensor.dtype());
-        let flat = tensor.reshape([shape.num_elements()]);
-        let flat = match dtype {
-            DType::F16 | DType::BF16 => flat.cast(burn::tensor::FloatDType::F32),
-            _ => flat,
-        };
-        (flat, shape, dtype)
-    };
-    let back = |flat: Tensor<1>, shape: burn::tensor::Shape, dtype: DType| -> DispatchTensor {
-        let flat = if dtype == flat.dtype() {
-            flat
-        } else {
-            flat.cast(dtype)
-        };
-        Dispatch::float_reshape(flat.into_dispatch(), shape)
-    };
-    match clipping {
-        Clipping::Value(value) => grads
-            .into_iter()
-            .map(|g| {
-                g.map(|g| {
-                    let (flat, shape, dtype) = flat(g);
-                    back(flat.clamp(-value, value), shape, dtype)
-                })
-            })
-            .collect(),
-        Clipping::Norm(max) => grads
-            .into_iter()
-            .map(|g| {
-                g.map(|g| {
-                    let (flat, shape, dtype) = flat(g);
-                    let norm = flat.clone().square().sum().sqrt();
-                    let factor = (max / norm.add_scalar(f32::MIN_POSITIVE)).clamp_max(1.0);
-                    back(flat * factor, shape, dtype)
-                })
-            })
-            .collect(),
-        Clipping::GlobalNorm(max) => {
-            let flats: Vec<Option<(Tensor<1>, burn::tensor::Shape, DType)>> =
-                grads.into_iter().map(|g| g.map(flat)).collect();
-            let total = flats
-                .iter()
-                .flatten()
-                .map(|(flat, _, _)| flat.clone().square().sum())
-                .reduce(|a, b| a + b);
-            let Some(total) = total else {
-                return flats.into_iter().map(|_| None).collect();
-            };
-            let factor = (max / total.sqrt().add_scalar(1e-6)).clamp_max(1.0);
-            flats
-                .into_iter()
-                .map(|f| f.map(|(flat, shape, dtype)| back(flat * factor.clone(), shape, dtype)))
-                .collect()
-        }
-    }
 }

@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 
-use crate::callable::StepRunner;
+use crate::callable::{StepRun, StepRunner};
 use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::cube::{self, StepCut, StepGraph, StepState};
 use crate::data_parallel::DataParallel;
@@ -226,10 +226,10 @@ where
             });
         }
         // burn's `BatchNorm` keeps its running statistics in float parameters that do not
-        // require grad and that the forward updates on the host's side of burn's module; a
-        // replayed step would leave them at their start while training on. Refused as
-        // `Graphed` refuses it, on every backend alike, unless the caller says they are
-        // constants.
+        // require grad and that the forward updates on the host's side of burn's module.
+        // Refused as `Graphed` refuses it, on every backend alike, unless the caller allows
+        // such parameters: the step then keeps what its forward writes into them
+        // (`StepState::gradients`).
         if !config.allow_non_trainable_params
             && let Some((index, param)) = param_entries
                 .iter()
@@ -409,7 +409,17 @@ where
                 tensor: params.next().cloned().unwrap_or(flat.tensor.clone()),
                 ..flat
             });
-            I::unflatten(inputs).map(|inputs| loss(&copy, inputs).into_dispatch())
+            let loss = loss(&copy, I::unflatten(inputs)?).into_dispatch();
+            // burn's `RunningState` keeps a forward's update aside until the next read, and
+            // a visit reads the value before it; `valid` folds the update in (into the state
+            // every clone of the model shares, so that the next replacement starts clean).
+            let _ = copy.valid();
+            let params_after = params::collect(&copy)
+                .0
+                .into_iter()
+                .map(|entry| entry.tensor.tensor)
+                .collect();
+            Some(StepRun { loss, params_after })
         })
     }
 
