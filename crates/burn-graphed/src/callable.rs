@@ -57,7 +57,8 @@ pub(crate) struct StepRun {
     /// The loss.
     pub loss: burn::backend::DispatchTensor,
     /// The model's float parameters after the call, in visiting order: where the forward
-    /// updates float state (burn's `BatchNorm` its running statistics), the new values.
+    /// updates float state (burn's `BatchNorm` its running statistics), the new values. Empty
+    /// where the model has no parameter that does not require grad.
     pub params_after: Vec<burn::backend::DispatchTensor>,
 }
 

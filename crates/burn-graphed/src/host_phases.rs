@@ -91,15 +91,7 @@ pub(crate) fn start() {
 /// `phase` of the running call ended now: its time since the previous lap (or the start) is
 /// added to it. Ignored outside a call.
 pub(crate) fn lap(phase: HostPhase) {
-    RECORD.with(|record| {
-        if let Some(record) = record.borrow_mut().as_mut()
-            && let Some(since) = record.since
-        {
-            let now = Instant::now();
-            record.times[phase as usize] += now - since;
-            record.since = Some(now);
-        }
-    });
+    lap_with_part(phase, phase, Duration::ZERO);
 }
 
 /// As [`lap`] for `phase`, of which `part` (at most all of it) was spent in `part_phase`: a

@@ -403,6 +403,9 @@ where
     fn runner(&self) -> StepRunner<'_> {
         let model = &self.model;
         let loss = self.loss;
+        // Without the opt-in the model has no parameter that does not require grad (it was
+        // refused), so no state to keep.
+        let keeps_state = self.config.allow_non_trainable_params;
         Box::new(move |params, inputs| {
             let mut params = params.iter();
             let copy = params::replace(model.clone(), |_, flat| FlatTensor {
@@ -410,6 +413,12 @@ where
                 ..flat
             });
             let loss = loss(&copy, I::unflatten(inputs)?).into_dispatch();
+            if !keeps_state {
+                return Some(StepRun {
+                    loss,
+                    params_after: Vec::new(),
+                });
+            }
             // burn's `RunningState` keeps a forward's update aside until the next read, and
             // a visit reads the value before it; `valid` folds the update in (into the state
             // every clone of the model shares, so that the next replacement starts clean).
