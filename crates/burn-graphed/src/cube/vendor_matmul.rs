@@ -10,7 +10,9 @@
 //! submitted before, and the next launch is submitted only after `cublasLtMatmul` has
 //! returned: the product sits between them on the stream, eagerly and inside a capture.
 //!
-//! Arithmetic: `f32` products in `f32` (`CUBLAS_COMPUTE_32F`: no TF32, as PyTorch's default),
+//! Arithmetic: `f32` products in `f32` (`CUBLAS_COMPUTE_32F`) where TF32 is turned off
+//! (`burn_graphed::allow_tf32(false)`), else with operands rounded to TF32 on tensor cores
+//! (`CUBLAS_COMPUTE_32F_FAST_TF32`), as cubecl's own products and PyTorch's `allow_tf32`;
 //! `f16` and `bf16` products with `f32` accumulation and one rounding at the store, the bias
 //! added in the epilogue and a residual read as the product's `C` (`beta = 1`), both before
 //! that rounding.
@@ -151,6 +153,8 @@ mod lt {
         /// The alignments of cuBLASLt's A, B, D and C (C's is 0 without a residual).
         align: (u32, u32, u32, u32),
         bias: bool,
+        /// Whether `f32` operands may round to TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+        tf32: bool,
     }
 
     /// A 2-D operand as cuBLASLt reads it: column-major `rows x cols` with leading dimension `ld`.
@@ -333,6 +337,8 @@ mod lt {
                 c_ptr.map_or(0, alignment),
             ),
             bias: bias_ptr.is_some(),
+            // Fixed for the process once a CUDA device exists (`allow_tf32` refuses a change).
+            tf32: dtype == DType::F32 && super::super::tf32_allowed(),
         };
         let descriptors = Descriptors::new(&key, &lhs, &rhs, cuda_type, bias_ptr)?;
         let algo = match state.algos.get(&key) {
@@ -396,11 +402,13 @@ mod lt {
             bias: Option<u64>,
         ) -> Result<Self, VendorError> {
             let (n, m, _) = key.dims;
-            let matmul = lt::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType::CUDA_R_32F,
-            )
-            .map_err(|e| library("cublasLtMatmulDescCreate", e))?;
+            let compute = if key.tf32 {
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+            } else {
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+            };
+            let matmul = lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F)
+                .map_err(|e| library("cublasLtMatmulDescCreate", e))?;
             let mut made = Self {
                 matmul,
                 a: std::ptr::null_mut(),

@@ -11,7 +11,7 @@
 //! | [`rms_norm`], [`RmsNorm`] | as the layer norm (the same kernels, without the mean) | as the layer norm |
 //! | [`attention::attention`] (burn's `attention`), [`attention::MultiHeadAttention`] | `f32`, `f16`, `bf16`, head dimension up to 64, masks and causal: one kernel forward, two backward, no scores in memory; self-attention's three projections as one product | other backends; an attention bias or softcap; mixed dtypes; in training with attention dropout (burn-nn's module) |
 //! | [`TransformerEncoder`], [`PositionWiseFeedForward`] | its layer norms, attention and linear layers | as each op |
-//! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` without TF32; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
+//! | [`Linear`] | at most 8 rows: one kernel forward; on CUDA, more rows and the backward's products through cuBLASLt (`f32` on TF32 tensor cores unless `allow_tf32(false)`, as burn's products; `f16`/`bf16` accumulated in `f32`) | more rows off CUDA; as the layer norm |
 //! | [`conv2d`], [`Conv2d`] | `f32`, `f16`, `bf16`, stride, padding, dilation, groups, kernels up to 64 taps: one kernel forward, three backward, on the `[batch, channels, height, width]` layout (direct convolution on CUDA cores) | other backends; mixed dtypes; larger kernels |
 //! | [`embedding`], [`Embedding`] | `f32`, `f16`, `bf16`: a gather kernel forward; backward one kernel, a cube per token and block of dimensions (burn-cubecl's walks the tokens in turn) | other backends; other dtypes |
 //! | [`loss::CrossEntropyLoss`] | from logits without padding, weights or smoothing: one kernel forward, one backward | those forms; other backends; other dtypes |
