@@ -121,6 +121,14 @@ fn whole_step_tolerance(device: &Device) -> Tolerance {
     }
 }
 
+/// The first layer's bias in visiting order (after its weight). Its exact gradient is zero: the
+/// batch norm after it subtracts the batch mean, which the bias only shifts. Adam moves it by
+/// what rounding leaves of that gradient (on CUDA, 3.7e-7 to 7.8e-7 in a step, call AR), under
+/// the device's tolerance: no comparison of two trainings can tell one such step from none, so
+/// the missed-step control leaves it out where kernels may differ (on Flex and wgpu, exact
+/// comparisons, it stays in).
+const FIRST_BIAS: usize = 1;
+
 /// A `GraphedStep` (burn's Adam) over a model with burn's `BatchNorm` in training mode,
 /// against eager training with burn's Adam, `steps` steps on the same batches, each of `micro`
 /// micro-batches (with more than one, `GraphedStep::accumulating` against burn's
@@ -129,7 +137,8 @@ fn whole_step_tolerance(device: &Device) -> Tolerance {
 /// running mean and the running variance agree ([`whole_step_tolerance`]). Negative controls,
 /// at every step: eager's statistics against its statistics before the step (what a step that
 /// missed their update would show), and each trained parameter against its value before the
-/// step (a missed optimizer step), fail the same comparison.
+/// step (a missed optimizer step; [`FIRST_BIAS`] only where comparisons are exact), fail the
+/// same comparison.
 ///
 /// The step is built with `allow_non_trainable_params` (without it, the step is refused:
 /// [`batch_norm_is_refused`]). The whole-step graph keeps the statistics its forwards compute:
@@ -214,6 +223,9 @@ pub fn batch_norm_whole_step_matches_eager(device: &Device, steps: usize, micro:
             assert!(!control.passed(), "the statistics did not move: {control}");
         }
         for (param, (now, before)) in params_now.iter().zip(&before_params).enumerate() {
+            if param == FIRST_BIAS && kernels_may_differ(&device) {
+                continue;
+            }
             let control = TensorComparison::new(
                 format!("negative control: step {index} param {param} against the step before"),
                 now,
