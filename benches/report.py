@@ -366,6 +366,41 @@ def fused_layers_table(rows):
     return "\n".join(out) + "\n"
 
 
+# The fused-layer modes of Burn and PyTorch's modes of the same work, as `tf32_table` pairs
+# them: (what, Burn's mode, PyTorch's mode), each suffixed `_tf32` in the rows.
+TF32_PAIRS = (
+    ("whole step", "whole_step" + "_fused_layers", "whole_step_fused_adam"),
+    ("whole step, floor", "whole_step_floor" + "_fused_layers", "whole_step_floor_fused_adam"),
+    ("inference, training batch", "inference_graphed" + "_fused_layers", "inference_graphed"),
+    ("inference, batch 1", "inference_graphed_b1" + "_fused_layers", "inference_graphed_b1"),
+)
+
+
+def tf32_table(rows):
+    # Burn's fused layers and PyTorch, both with TF32 matrix products (`"tf32": true` rows of
+    # both sides, run together): each mode of `TF32_PAIRS` beside its PyTorch counterpart.
+    out = header("| model | dtype | what | burn, fused layers, TF32 | burn checks "
+                 "| torch, TF32 | burn / torch |")
+    for (model, dtype), r in group(rows).items():
+        us, cell = medians(r), cells(r)
+        for what, burn_mode, torch_mode in TF32_PAIRS:
+            burn_mode, torch_mode = burn_mode + "_tf32", torch_mode + "_tf32"
+            if ("burn", burn_mode) not in r:
+                continue
+            out.append(
+                f"| {model} | {dtype} | {what} | {cell('burn', burn_mode)} "
+                f"| {check_cell(r.get(('burn', burn_mode)))} | {cell('torch', torch_mode)} "
+                f"| {num(us('burn', burn_mode) / us('torch', torch_mode), '.2f')} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def has_tf32_fused(rows):
+    # Whether a Burn fused-layer row ran with TF32 products (`tf32_table`).
+    return any(row["framework"] == "burn" and row["mode"].endswith(FUSED + "_tf32")
+               for row in rows)
+
+
 def launches_table(rows):
     # The kernel nodes of each graphed row's graphs ("graph_kernel_nodes": Burn's from
     # `stats().graphs`, PyTorch's from the kept cudaGraph_t, both counted with cuGraphGetNodes
@@ -900,6 +935,9 @@ def sections(paths):
     if has_ddp:
         out["ddp"] = ("Data parallel (each rank a batch of the model's size; efficiency: "
                       "samples/s over ranks x the 1-GPU baseline's)", ddp_table(data_parallel))
+    if has_tf32_fused(rows + inference):
+        out["tf32"] = ("Fused layers and PyTorch, both with TF32 products",
+                       tf32_table(rows + inference))
     if any("graph_kernel_nodes" in r for r in rows + inference):
         out["launches"] = ("Kernel nodes per graph (launches per replay)",
                            launches_table(rows + inference))
