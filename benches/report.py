@@ -366,13 +366,14 @@ def fused_layers_table(rows):
     return "\n".join(out) + "\n"
 
 
-# The fused-layer modes of Burn and PyTorch's modes of the same work, as `tf32_table` pairs
-# them: (what, Burn's mode, PyTorch's mode), each suffixed `_tf32` in the rows.
+# Burn's modes and PyTorch's modes of the same work, as `tf32_table` pairs them: (what, Burn's
+# mode, whose fused-layer row it reads (suffix `FUSED`), PyTorch's mode); in the rows each is
+# suffixed `_tf32`.
 TF32_PAIRS = (
-    ("whole step", "whole_step" + "_fused_layers", "whole_step_fused_adam"),
-    ("whole step, floor", "whole_step_floor" + "_fused_layers", "whole_step_floor_fused_adam"),
-    ("inference, training batch", "inference_graphed" + "_fused_layers", "inference_graphed"),
-    ("inference, batch 1", "inference_graphed_b1" + "_fused_layers", "inference_graphed_b1"),
+    ("whole step", "whole_step", "whole_step_fused_adam"),
+    ("whole step, floor", "whole_step_floor", "whole_step_floor_fused_adam"),
+    ("inference, training batch", "inference_graphed", "inference_graphed"),
+    ("inference, batch 1", "inference_graphed_b1", "inference_graphed_b1"),
 )
 
 
@@ -384,7 +385,7 @@ def tf32_table(rows):
     for (model, dtype), r in group(rows).items():
         us, cell = medians(r), cells(r)
         for what, burn_mode, torch_mode in TF32_PAIRS:
-            burn_mode, torch_mode = burn_mode + "_tf32", torch_mode + "_tf32"
+            burn_mode, torch_mode = burn_mode + FUSED + "_tf32", torch_mode + "_tf32"
             if ("burn", burn_mode) not in r:
                 continue
             out.append(

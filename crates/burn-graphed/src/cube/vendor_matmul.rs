@@ -338,7 +338,7 @@ mod lt {
             ),
             bias: bias_ptr.is_some(),
             // Fixed for the process once a CUDA device exists (`allow_tf32` refuses a change).
-            tf32: dtype == DType::F32 && super::super::tf32_allowed(),
+            tf32: dtype == DType::F32 && super::super::tf32::allowed(),
         };
         let descriptors = Descriptors::new(&key, &lhs, &rhs, cuda_type, bias_ptr)?;
         let algo = match state.algos.get(&key) {
