@@ -235,6 +235,27 @@ pub(crate) fn lm_batch(device: &Device, rows: usize) -> LmBatch {
     (ids().reshape([rows, LM_LENGTH]), mask, ids())
 }
 
+/// A batch for the forward alone ([`lm_forward`] reads no targets): new ids, with the mask and
+/// the targets shared by every such batch of that size and device (made once per process), so
+/// that an inference graph copies in the ids alone, as PyTorch's graphed forward takes them.
+pub(crate) fn lm_forward_batch(device: &Device, rows: usize) -> LmBatch {
+    type Targets = Vec<(usize, Device, Tensor<1, Int>)>;
+    thread_local! {
+        static TARGETS: std::cell::RefCell<Targets> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (ids, mask, targets) = lm_batch(device, rows);
+    let targets = TARGETS.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if let Some((.., t)) = kept.iter().find(|(r, d, _)| *r == rows && d == device) {
+            return t.clone();
+        }
+        kept.push((rows, device.clone(), targets.clone()));
+        targets
+    });
+    (ids, mask, targets)
+}
+
 /// [`mean_square`] as the loss of a call on a batch that holds no targets.
 pub(crate) fn mean_square_of<const D: usize, I>(y: Tensor<D>, _batch: &I) -> Tensor<1> {
     mean_square(y)

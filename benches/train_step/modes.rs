@@ -16,6 +16,10 @@ pub(crate) struct Case<M, I, O> {
     pub(crate) call_loss: fn(&M, I) -> Tensor<1>,
     /// A batch of the given size.
     pub(crate) input: fn(&Device, usize) -> I,
+    /// A batch for the inference modes, where the forward reads less of it than the loss
+    /// does (the language model's targets: [`lm_forward_batch`](crate::models::lm_forward_batch));
+    /// `None`: [`input`](Self::input).
+    pub(crate) forward_input: Option<fn(&Device, usize) -> I>,
     /// The training batch size.
     pub(crate) batch: usize,
     /// Appended to every row's mode: `_fused_layers` for the models whose layers are

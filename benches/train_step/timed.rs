@@ -198,7 +198,8 @@ where
 {
     let device = device.clone().inner();
     let model = (case.make)(&device);
-    let inputs: Vec<I> = (0..4).map(|_| (case.input)(&device, batch)).collect();
+    let input = case.forward_input.unwrap_or(case.input);
+    let inputs: Vec<I> = (0..4).map(|_| input(&device, batch)).collect();
     if !graphed {
         let mut call = |i: usize| drop((case.call)(&model, inputs[i % inputs.len()].clone()));
         return (time(&device, options, label, &mut call), None);

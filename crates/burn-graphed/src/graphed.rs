@@ -15,7 +15,7 @@ use burn::tensor::Device;
 use crate::build::{Built, build, build_inference};
 use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
-use crate::cube::{Admitted, Graphs};
+use crate::cube::{Admitted, Graphs, ParamHandles};
 use crate::error::GraphedError;
 use crate::host_phases::{self, HostPhase};
 use crate::params::{self, ModuleMode};
@@ -63,8 +63,9 @@ struct Signature {
     inputs: Vec<TensorSpec>,
 }
 
-/// A call the router sent to replay: the graphs, their admission, and the module's float
-/// parameters (visiting order).
+/// A call the router sent to replay: the graphs, their admission, and, for a training call,
+/// the module's float parameters (visiting order: the outputs' autodiff parents; an inference
+/// call has no use for them).
 struct Call {
     graphs: Graphs,
     admitted: Admitted,
@@ -82,6 +83,8 @@ type Plan = (Signature, Option<EagerReason>);
 /// makes a new value ([`Graphed::wrapping`]), which collects again.
 struct ModuleFacts {
     params: Vec<FlatTensor>,
+    /// `params` as the engine's handles, made at the first admitted call.
+    handles: ParamHandles,
     autodiff: bool,
     flags: Vec<bool>,
     /// Parameters added, removed, replaced or reshaped since capture
@@ -101,6 +104,7 @@ impl ModuleFacts {
             mode_changed: mode.difference(captured).is_some(),
             flags: mode.flags,
             params,
+            handles: ParamHandles::default(),
         }
     }
 }
@@ -374,12 +378,16 @@ where
         let flat = self.flat_inputs(input)?;
         let routed = self.route(&flat, false, |graphs, params, training| {
             host_phases::lap(HostPhase::Lookup);
-            let admitted = graphs.admit(&flat, params, training)?;
+            let admitted = graphs.admit(&flat, params, &self.facts().handles, training)?;
             host_phases::lap(HostPhase::Admit);
             Ok(Call {
                 graphs: graphs.clone(),
                 admitted,
-                params: params.to_vec(),
+                params: if training {
+                    params.to_vec()
+                } else {
+                    Vec::new()
+                },
             })
         })?;
         match routed.route {

@@ -2,7 +2,7 @@
 //! through it: admitted (or told why it runs eagerly) before it enters, then copy in, replay,
 //! link into autodiff.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use burn::backend::{DispatchTensor, TensorMetadata};
 use burn::tensor::Tensor;
@@ -49,10 +49,14 @@ impl Graphs {
     /// (`training`: the outputs are linked into autodiff) or an inference replay; or says why
     /// the call must run eagerly. Nothing runs, and nothing changes: the router asks before the
     /// call enters the engine.
+    ///
+    /// `handles` are `params` as the engine's handles, made at the first admission of the
+    /// module value whose parameters these are and kept with its facts.
     pub(crate) fn admit(
         &self,
         inputs: &[FlatTensor],
         params: &[FlatTensor],
+        handles: &ParamHandles,
         training: bool,
     ) -> Result<Admitted, EagerReason> {
         let session = &self.0;
@@ -63,7 +67,7 @@ impl Graphs {
         if training && session.shared_buffer_busy(&fused_inputs) {
             return Err(EagerReason::SharedBufferBusy);
         }
-        let fused_params = all_fused(params).ok_or(EagerReason::Unsupported)?;
+        let fused_params = handles.of(params).ok_or(EagerReason::Unsupported)?;
         if let Some(reason) = cannot_replay(session, &fused_params) {
             return Err(reason);
         }
@@ -89,8 +93,9 @@ impl Graphs {
     }
 
     /// Replays the forward graph for a call [`admit`](Self::admit)ted with `inputs` and
-    /// `params` (the same tensors): copies them in where they are not there already and
-    /// returns the outputs. A training call's float outputs are linked into autodiff (their
+    /// `params` (the same tensors; `params` may be empty for an inference call, which links
+    /// nothing into autodiff): copies them in where they are not there already and returns
+    /// the outputs. A training call's float outputs are linked into autodiff (their
     /// backward replays the backward graph); an inference call's are handed out under the
     /// output policy, on the device without autodiff.
     ///
@@ -166,7 +171,7 @@ impl Graphs {
 /// A call that [`Graphs::admit`] let through: its tensors as the engine's handles.
 pub(crate) struct Admitted {
     inputs: Vec<FusedTensor>,
-    params: Vec<FusedTensor>,
+    params: Arc<[FusedTensor]>,
     /// For a training call, a tensor autodiff tracks: the outputs' autodiff device and context.
     tracked: Option<DispatchTensor>,
 }
@@ -181,6 +186,24 @@ fn cannot_replay(session: &Session, params: &[FusedTensor]) -> Option<EagerReaso
         Some(EagerReason::ParamBufferAliased)
     } else {
         None
+    }
+}
+
+/// A module value's float parameters as the engine's handles (`None` when one is not on
+/// burn's cubecl backend), made at the value's first admitted call and kept for its life, so
+/// that a call clones and drops no parameter handle. Kept with the value's facts, which are
+/// dropped before a mapper updates a parameter in place (a fused optimizer updates only what
+/// nothing else holds). Made on the capture thread, the only one a call is admitted on: a
+/// handle is bound to the fusion stream of the thread that cloned it.
+#[derive(Default)]
+pub(crate) struct ParamHandles(OnceLock<Option<Arc<[FusedTensor]>>>);
+
+impl ParamHandles {
+    /// The handles of `params`, the parameters of the value these handles belong to.
+    fn of(&self, params: &[FlatTensor]) -> Option<Arc<[FusedTensor]>> {
+        self.0
+            .get_or_init(|| all_fused(params).map(Arc::from))
+            .clone()
     }
 }
 

@@ -98,7 +98,7 @@ pub(crate) use self::{
     copy_op::collective_buffer,
     cross_entropy_op::cross_entropy_rows,
     embedding_op::embedding_rows,
-    graphs::{Admitted, Graphs},
+    graphs::{Admitted, Graphs, ParamHandles},
     inspect::write_graphs_as_dot,
     kernel_cache::{enable as enable_kernel_cache, export_tuned, import_tuned},
     lifecycle::supports_graphs,
@@ -129,9 +129,9 @@ pub(crate) use self::{
 mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
-    AdamBatch, Admitted, Graphs, RandomState, StepGraph, StepState, adam_step, attention,
-    attention_packed, attention_supports_dim, capture_group, capture_inference, capture_step,
-    check_written, collective_buffer, conv2d, cross_entropy_rows, embedding_rows,
+    AdamBatch, Admitted, Graphs, ParamHandles, RandomState, StepGraph, StepState, adam_step,
+    attention, attention_packed, attention_supports_dim, capture_group, capture_inference,
+    capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows, embedding_rows,
     enable_kernel_cache, export_tuned, import_tuned, join3, linear, norm, supports_graphs,
     vendor_matmul_available, write_graphs_as_dot,
 };

@@ -79,6 +79,7 @@ impl Graphs {
         &self,
         _inputs: &[FlatTensor],
         _params: &[FlatTensor],
+        _handles: &ParamHandles,
         _training: bool,
     ) -> Result<Admitted, EagerReason> {
         Err(EagerReason::Unsupported)
@@ -96,6 +97,10 @@ impl Graphs {
 
 /// Never admitted: see [`Graphs`].
 pub(crate) enum Admitted {}
+
+/// Never made into handles: see [`Graphs`].
+#[derive(Default)]
+pub(crate) struct ParamHandles;
 
 /// Device generator states never exist here: generators count on the host.
 pub(crate) enum RandomState {}
