@@ -15,13 +15,22 @@ struct Carried {
     patch: &'static str,
 }
 
-const CARRIED: &[Carried] = &[Carried {
-    name: "cubecl-cuda",
-    version: "0.11.3",
-    sha256: "dacd0c047f781b468d094705ef042f28d68944bf862c049f5cf0b7396f730bb5",
-    copy: "vendor/cubecl-cuda",
-    patch: "vendor/cubecl-cuda.patch",
-}];
+const CARRIED: &[Carried] = &[
+    Carried {
+        name: "cubecl-cuda",
+        version: "0.11.3",
+        sha256: "dacd0c047f781b468d094705ef042f28d68944bf862c049f5cf0b7396f730bb5",
+        copy: "vendor/cubecl-cuda",
+        patch: "vendor/cubecl-cuda.patch",
+    },
+    Carried {
+        name: "cubecl-common",
+        version: "0.11.3",
+        sha256: "0d0cf12d9bd1ba40cae471d3963f42c50c2c8df699b04ab83a7c2cbb8923800e",
+        copy: "vendor/cubecl-common",
+        patch: "vendor/cubecl-common.patch",
+    },
+];
 
 fn run(command: &mut Command) -> Result<String, String> {
     let output = command
