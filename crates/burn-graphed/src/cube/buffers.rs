@@ -159,11 +159,14 @@ impl<'a> DirectCopy<'a> {
         &self.source.client
     }
 
-    /// Launches the copy (nothing when the source is the buffer's own memory), then records
-    /// that the buffer holds the source: a copy that never ran is never taken for done. Runs
-    /// where cubecl launches inline: inside `ComputeClient::exclusive`.
+    /// Launches the copy (nothing when the source is the buffer's own memory; a driver copy
+    /// where [`driver_copy`](super::driver_copy) takes it, cubecl's copy kernel otherwise),
+    /// then records that the buffer holds the source: a copy that never ran is never taken for
+    /// done. Runs where cubecl launches inline: inside `ComputeClient::exclusive`.
     pub fn launch(&self) {
-        if key_of(&self.source) != self.into.key {
+        if key_of(&self.source) != self.into.key
+            && !super::driver_copy::copy(&self.source, &self.into.cube)
+        {
             copy_values(&self.source, &self.into.cube);
         }
         *self.into.contents() = Some(self.id);

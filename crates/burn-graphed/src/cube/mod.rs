@@ -41,6 +41,8 @@ mod dense;
 #[cfg(feature = "cube")]
 mod driver;
 #[cfg(feature = "cube")]
+mod driver_copy;
+#[cfg(feature = "cube")]
 mod embedding_op;
 #[cfg(feature = "cube")]
 mod graphs;
