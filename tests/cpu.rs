@@ -93,6 +93,7 @@ on_devices! {
     inference_follows_fused_training_static => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Static);
     inference_follows_fused_training_guarded => |d| scenarios::inference::inference_follows_fused_training(d, burn_graphed::OutputPolicy::Guarded);
     unwritten_input_inference_call_recovers => scenarios::inference::unwritten_input_inference_call_recovers, needs_graphs: "Flex cannot capture: tensors the device never wrote exist on cubecl's backends only";
+    input_copies_run_as_cubecl_kernels => |d| scenarios::inference::input_copies_run_as_driver_copies(d, false), needs_graphs: "Flex cannot capture: nothing is copied into a graph";
     inner_device_inputs_replay => scenarios::inner_device_inputs_replay;
     shape_change_falls_back_or_errors => scenarios::shape_change_falls_back_or_errors;
     second_call_before_backward_is_eager => scenarios::second_call_before_backward_is_eager;

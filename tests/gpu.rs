@@ -320,6 +320,13 @@ fn unwritten_input_inference_call_recovers() {
     scenarios::inference::unwritten_input_inference_call_recovers(&cuda());
 }
 
+/// An inference call's input laid out as the graph's buffer is copied in with one driver copy;
+/// a transposed view of the same values with cubecl's copy kernel; both calls right.
+#[test]
+fn input_copies_run_as_driver_copies() {
+    scenarios::inference::input_copies_run_as_driver_copies(&cuda(), true);
+}
+
 #[test]
 fn inner_device_inputs_replay() {
     scenarios::inner_device_inputs_replay(&cuda());

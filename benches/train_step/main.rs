@@ -13,7 +13,7 @@
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
 //!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
-//!            [--check-cost] [--ranks 2] [--tf32 off|on]
+//!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8]
 //! ```
 //!
 //! `mlp_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`, `transformer`, `lm`
@@ -164,6 +164,8 @@ struct Options {
     /// tensor cores (`burn_graphed::allow_tf32`), so that a row runs the arithmetic of the
     /// PyTorch row it is compared with (PyTorch's `allow_tf32`); every row records it.
     tf32: bool,
+    /// `--conv-tiling PIXELSxCHANNELS`: every fused convolution at that tiling (diagnostic).
+    conv_tiling: Option<String>,
 }
 
 fn options() -> Options {
@@ -187,6 +189,7 @@ fn options() -> Options {
         check_cost: false,
         ranks: 2,
         tf32: false,
+        conv_tiling: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -213,6 +216,18 @@ fn options() -> Options {
                     "off" => false,
                     other => panic!("--tf32 takes on or off, not {other:?}"),
                 }
+            }
+            // Diagnostic: every fused convolution's forward and input gradient at one tiling
+            // (`PIXELSxCHANNELS` per unit), to compare tilings; its rows name no tiling, so
+            // keep each tiling's rows apart.
+            "--conv-tiling" => {
+                let (pixels, channels) = value
+                    .split_once('x')
+                    .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
+                    .expect("--conv-tiling takes PIXELSxCHANNELS, such as 4x8");
+                burn_graphed::testing::force_conv_tiling(Some((pixels, channels)));
+                eprintln!("# conv tiling forced: {pixels} pixels x {channels} channels per unit");
+                options.conv_tiling = Some(value);
             }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
@@ -303,6 +318,9 @@ fn run_isolated(options: &Options) {
             }
             if let Some(file) = &options.kernel_trace {
                 command.args(["--kernel-trace", file]);
+            }
+            if let Some(tiling) = &options.conv_tiling {
+                command.args(["--conv-tiling", tiling]);
             }
             let status = command.status().expect("spawning a bench run");
             if !status.success() {

@@ -166,3 +166,37 @@ pub fn unwritten_input_inference_call_recovers(device: &Device) {
     assert_data_close(device, "call after the refused one", &expected, &got);
     assert_eq!(graphed.stats().forward_replays, 1, "{:?}", graphed.stats());
 }
+
+/// An inference call's input copy: on CUDA one driver copy where the input is laid out as the
+/// graph's buffer (row-major), cubecl's copy kernel for a transposed view of the same values
+/// (other strides); elsewhere (`driver` false) the kernel always. Either way the call returns
+/// the eager call's values, which a stale copy (the capture's batch) would not.
+pub fn input_copies_run_as_driver_copies(device: &Device, driver: bool) {
+    let inner = device.clone().inner();
+    require_graphs(device);
+    let graphed = Graphed::inference(
+        Mlp::new(16, 2, 4, &inner),
+        mlp_forward,
+        vec![batch([8, 16], 0, &inner)],
+        &GraphedConfig::new(),
+    )
+    .expect("capture");
+    let expected = |x: &Tensor<2>| graphed.module().forward(x.clone()).into_data();
+    let stale = expected(&batch([8, 16], 0, &inner));
+    let call = |x: Tensor<2>, layout: &str, copied_by_driver: bool| {
+        let want = expected(&x);
+        let before = burn_graphed::testing::driver_copies();
+        let got = graphed.forward(x).expect("call").into_data();
+        let copies = burn_graphed::testing::driver_copies() - before;
+        assert_eq!(
+            copies,
+            usize::from(copied_by_driver),
+            "{layout} input: driver copies"
+        );
+        assert_data_close(device, layout, &want, &got);
+        assert_ne!(got, stale, "{layout} input: the capture's batch came back");
+    };
+    call(batch([8, 16], 1, &inner), "row-major", driver);
+    call(batch([16, 8], 2, &inner).transpose(), "transposed", false);
+    assert_eq!(graphed.stats().forward_replays, 2, "{:?}", graphed.stats());
+}

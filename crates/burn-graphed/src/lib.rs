@@ -278,6 +278,13 @@ pub mod testing {
         crate::cube::vendor_gemms()
     }
 
+    /// How many copies into a graph's static buffers this process enqueued as driver copies
+    /// (`cuMemcpyDtoDAsync`, on CUDA, where the source is laid out as the buffer) rather than
+    /// with cubecl's copy kernel: a test's proof that the driver path ran.
+    pub fn driver_copies() -> usize {
+        crate::cube::driver_copies()
+    }
+
     /// How many attention calls (forwards and backwards) this process ran on tensor cores
     /// (`burn_graphed::nn::attention` and its modules in `f16` or `bf16`, a head dimension a
     /// multiple of 16, on a device with 16x16x16 tensor-core products, CUDA, and a grid with a

@@ -6,7 +6,18 @@
 //! each buffer holds stays its own: the kernel is skipped on an unwritten source and marks the
 //! buffer, which the replay's check then reports.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use burn_cubecl::tensor::CubeTensor;
+
+/// Driver copies enqueued in this process (read by `burn_graphed::testing`).
+static COPIES: AtomicUsize = AtomicUsize::new(0);
+
+/// Driver copies enqueued so far in this process.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn copies() -> usize {
+    COPIES.load(Ordering::Relaxed)
+}
 
 /// Copies `source`'s values into `destination` with one driver copy and returns `true`, or
 /// returns `false` having done nothing (the caller launches cubecl's copy kernel instead): not
@@ -16,7 +27,11 @@ use burn_cubecl::tensor::CubeTensor;
 pub(super) fn copy(source: &CubeTensor, destination: &CubeTensor) -> bool {
     #[cfg(feature = "cuda")]
     {
-        cuda::copy(source, destination).is_some()
+        let copied = cuda::copy(source, destination).is_some();
+        if copied {
+            COPIES.fetch_add(1, Ordering::Relaxed);
+        }
+        copied
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -121,6 +121,7 @@ pub(crate) use self::{
         packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
     },
     conv_op::force_tiling as force_conv_tiling,
+    driver_copy::copies as driver_copies,
     norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
     progress::set_intervals as set_progress_intervals,
     row_kernels::forwards as fused_norm_forwards,
@@ -139,7 +140,7 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    attention_tensor_core_calls, force_conv_tiling, fused_norm_forwards,
+    attention_tensor_core_calls, driver_copies, force_conv_tiling, fused_norm_forwards,
     hold_attention_tensor_cores, norm_rows_per_chunk, norm_sum_lanes, packed_attention_calls,
     set_progress_intervals, vendor_gemms,
 };

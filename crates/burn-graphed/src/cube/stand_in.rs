@@ -301,6 +301,12 @@ pub(crate) fn fused_norm_forwards() -> usize {
     0
 }
 
+/// Without cubecl nothing is copied into a graph.
+#[cfg(feature = "testing")]
+pub(crate) fn driver_copies() -> usize {
+    0
+}
+
 /// Without cubecl no product runs through a vendor library.
 #[cfg(feature = "testing")]
 pub(crate) fn vendor_gemms() -> usize {
