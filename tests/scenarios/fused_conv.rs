@@ -252,7 +252,14 @@ pub fn conv_matches_exact(device: &Device, dtype: FloatDType) {
     }
     // The kernels' tilings (pixels and channels per unit) in turn, one per case (by size, a
     // small shape would always take the smallest): every tiling meets several cases.
-    let tilings = [Some((4, 8)), Some((2, 4)), Some((1, 1)), Some((4, 2)), None];
+    let tilings = [
+        Some((4, 8)),
+        Some((2, 16)),
+        Some((2, 4)),
+        Some((1, 1)),
+        Some((4, 2)),
+        None,
+    ];
     for (seed, case) in cases().into_iter().enumerate() {
         check_case(
             &device,

@@ -162,14 +162,18 @@ impl<'a> DirectCopy<'a> {
     /// Launches the copy (nothing when the source is the buffer's own memory; a driver copy
     /// where [`driver_copy`](super::driver_copy) takes it, cubecl's copy kernel otherwise),
     /// then records that the buffer holds the source: a copy that never ran is never taken for
-    /// done. Runs where cubecl launches inline: inside `ComputeClient::exclusive`.
-    pub fn launch(&self) {
-        if key_of(&self.source) != self.into.key
-            && !super::driver_copy::copy(&self.source, &self.into.cube)
-        {
-            copy_values(&self.source, &self.into.cube);
+    /// done. Runs where cubecl launches inline: inside `ComputeClient::exclusive`. Returns
+    /// whether it was a driver copy.
+    pub fn launch(&self) -> bool {
+        let mut driver = false;
+        if key_of(&self.source) != self.into.key {
+            driver = super::driver_copy::copy(&self.source, &self.into.cube);
+            if !driver {
+                copy_values(&self.source, &self.into.cube);
+            }
         }
         *self.into.contents() = Some(self.id);
+        driver
     }
 }
 

@@ -6,17 +6,26 @@
 //! each buffer holds stays its own: the kernel is skipped on an unwritten source and marks the
 //! buffer, which the replay's check then reports.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use burn_cubecl::tensor::CubeTensor;
 
-/// Driver copies enqueued in this process (read by `burn_graphed::testing`).
-static COPIES: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Driver copies enqueued for the calls of this thread (read by `burn_graphed::testing`;
+    /// per thread, so that a test counts its own calls' copies while others run).
+    static COPIES: Cell<usize> = const { Cell::new(0) };
+}
 
-/// Driver copies enqueued so far in this process.
+/// Counts `copies` driver copies enqueued for a call of this thread (the caller's, not the
+/// device thread's that enqueued them).
+pub(super) fn note(copies: usize) {
+    COPIES.with(|count| count.set(count.get() + copies));
+}
+
+/// Driver copies enqueued so far for the calls of this thread.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) fn copies() -> usize {
-    COPIES.load(Ordering::Relaxed)
+    COPIES.with(Cell::get)
 }
 
 /// Copies `source`'s values into `destination` with one driver copy and returns `true`, or
@@ -27,11 +36,7 @@ pub(crate) fn copies() -> usize {
 pub(super) fn copy(source: &CubeTensor, destination: &CubeTensor) -> bool {
     #[cfg(feature = "cuda")]
     {
-        let copied = cuda::copy(source, destination).is_some();
-        if copied {
-            COPIES.fetch_add(1, Ordering::Relaxed);
-        }
-        copied
+        cuda::copy(source, destination).is_some()
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -95,12 +95,13 @@ pub(crate) unsafe fn replay_after_check(
             return replayed;
         }
     };
-    let (replayed, task) = client
+    let (replayed, task, driver_copies) = client
         .exclusive(|| {
             let began = Instant::now();
+            let mut driver_copies = 0;
             let task = || {
                 for copy in copies {
-                    copy.launch();
+                    driver_copies += usize::from(copy.launch());
                 }
                 if !asked.is_empty() {
                     note_answers(asked);
@@ -113,9 +114,11 @@ pub(crate) unsafe fn replay_after_check(
                 unsafe { CubeBackend::graph_replay(device, graph) }
                     .map_err(|error| replay_error(error.to_string()))
             };
-            (task(), began.elapsed())
+            let replayed = task();
+            (replayed, began.elapsed(), driver_copies)
         })
         .map_err(|error| replay_error(error.to_string()))?;
+    super::driver_copy::note(driver_copies);
     host_phases::lap_with_part(HostPhase::Replay, HostPhase::DeviceTask, task);
     replayed
 }
