@@ -94,19 +94,36 @@ pub(crate) fn cnn_input(d: &Device, rows: usize) -> Tensor<4> {
     Tensor::random([rows, 3, 32, 32], Distribution::Default, d)
 }
 
+/// A `[rows, 256]` batch of the MLPs for the forward alone, uniform in `[0, k)` where `k` counts
+/// the batches made so far on this thread (1, 2, ...): at one row in `bf16` two batches of
+/// noise at one scale came out of the eight layers as close as the check's allowance, so that
+/// its stale batch would pass for the right one (as [`cnn_forward_batch`]).
+pub(crate) fn mlp_forward_batch(d: &Device, rows: usize) -> Tensor<2> {
+    Tensor::random([rows, 256], Distribution::Uniform(0.0, next_scale()), d)
+}
+
+/// 1, 2, ...: the batches made so far on this thread by the forward batches of distinct
+/// scales ([`mlp_forward_batch`], [`cnn_forward_batch`]).
+fn next_scale() -> f64 {
+    thread_local! {
+        static MADE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    MADE.with(|made| {
+        made.set(made.get() + 1);
+        f64::from(made.get())
+    })
+}
+
 /// A batch of the `cnn`'s images for the forward alone, uniform in `[0, k)` where `k` counts the
 /// batches made so far on this thread (1, 2, ...): after the global average pool two batches of
 /// noise at one scale give outputs closer than `bf16`'s allowance, so that the check's stale
 /// batch would pass for the right one; at scales of their own they differ.
 pub(crate) fn cnn_forward_batch(d: &Device, rows: usize) -> Tensor<4> {
-    thread_local! {
-        static MADE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
-    let scale = MADE.with(|made| {
-        made.set(made.get() + 1);
-        f64::from(made.get())
-    });
-    Tensor::random([rows, 3, 32, 32], Distribution::Uniform(0.0, scale), d)
+    Tensor::random(
+        [rows, 3, 32, 32],
+        Distribution::Uniform(0.0, next_scale()),
+        d,
+    )
 }
 
 /// The `cnn` with `burn_graphed::nn`'s `Conv2d` and `Linear` layers (`cnn_fused`), converted

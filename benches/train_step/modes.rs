@@ -18,7 +18,8 @@ pub(crate) struct Case<M, I, O> {
     pub(crate) input: fn(&Device, usize) -> I,
     /// A batch for the inference modes, where the forward reads less of it than the loss
     /// does (the language model's targets: [`lm_forward_batch`](crate::models::lm_forward_batch))
-    /// or the check needs batches further apart ([`cnn_forward_batch`](crate::models::cnn_forward_batch));
+    /// or the check needs batches further apart ([`cnn_forward_batch`](crate::models::cnn_forward_batch),
+    /// [`mlp_forward_batch`](crate::models::mlp_forward_batch));
     /// `None`: [`input`](Self::input).
     pub(crate) forward_input: Option<fn(&Device, usize) -> I>,
     /// The training batch size.
