@@ -142,13 +142,7 @@ pub fn inference_follows_fused_training(device: &Device, policy: OutputPolicy) {
 pub fn unwritten_input_inference_call_recovers(device: &Device) {
     let inner = device.clone().inner();
     require_graphs(device);
-    let graphed = Graphed::inference(
-        Mlp::new(16, 2, 4, &inner),
-        mlp_forward,
-        vec![batch([8, 16], 0, &inner)],
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = inference_mlp(&inner);
     match graphed.forward(unwritten([8, 16], &inner)) {
         Err(GraphedError::InputNotWritten { index: 0, reason }) => assert!(!reason.is_empty()),
         Err(other) => panic!("expected InputNotWritten, got {other}"),
@@ -167,6 +161,17 @@ pub fn unwritten_input_inference_call_recovers(device: &Device) {
     assert_eq!(graphed.stats().forward_replays, 1, "{:?}", graphed.stats());
 }
 
+/// A 16 -> 4 MLP's inference graph, captured on a `[8, 16]` batch (`batch(.., 0, ..)`).
+fn inference_mlp(inner: &Device) -> Graphed<Mlp, Tensor<2>, Tensor<2>> {
+    Graphed::inference(
+        Mlp::new(16, 2, 4, inner),
+        mlp_forward,
+        vec![batch([8, 16], 0, inner)],
+        &GraphedConfig::new(),
+    )
+    .expect("capture")
+}
+
 /// An inference call's input copy (after a first call, which copies the parameters in too): on
 /// CUDA one driver copy where the input is laid out as the graph's buffer (row-major), cubecl's
 /// copy kernel for a transposed view of the same values (other strides); elsewhere (`driver`
@@ -175,13 +180,7 @@ pub fn unwritten_input_inference_call_recovers(device: &Device) {
 pub fn input_copies_run_as_driver_copies(device: &Device, driver: bool) {
     let inner = device.clone().inner();
     require_graphs(device);
-    let graphed = Graphed::inference(
-        Mlp::new(16, 2, 4, &inner),
-        mlp_forward,
-        vec![batch([8, 16], 0, &inner)],
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
+    let graphed = inference_mlp(&inner);
     let expected = |x: &Tensor<2>| graphed.module().forward(x.clone()).into_data();
     let stale = expected(&batch([8, 16], 0, &inner));
     // The first call after the capture copies the module's parameters in too.
