@@ -98,9 +98,10 @@ impl Graphs {
 /// Never admitted: see [`Graphs`].
 pub(crate) enum Admitted {}
 
-/// Never made into handles: see [`Graphs`].
+/// Never made into handles: see [`Graphs`]. (A field, so that `default()` makes it where the
+/// engine's own has one.)
 #[derive(Default)]
-pub(crate) struct ParamHandles;
+pub(crate) struct ParamHandles(());
 
 /// Device generator states never exist here: generators count on the host.
 pub(crate) enum RandomState {}
