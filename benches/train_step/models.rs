@@ -239,22 +239,38 @@ pub(crate) fn fused_lm_loss_of(logits: Tensor<3>, batch: &LmBatch) -> Tensor<1> 
         .forward(logits.reshape([rows * length, vocab]), batch.2.clone())
 }
 
+/// Tensors kept per batch size and device on this thread (made once per process).
+type PerSize<T> = std::thread::LocalKey<std::cell::RefCell<Vec<(usize, Device, T)>>>;
+
+/// The tensor `kept` holds for `rows` rows on `device`, made by `make` (and kept) the first
+/// time.
+fn kept_per_size<T: Clone>(
+    kept: &'static PerSize<T>,
+    rows: usize,
+    device: &Device,
+    make: impl FnOnce() -> T,
+) -> T {
+    kept.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if let Some((.., value)) = kept.iter().find(|(r, d, _)| *r == rows && d == device) {
+            return value.clone();
+        }
+        let value = make();
+        kept.push((rows, device.clone(), value.clone()));
+        value
+    })
+}
+
 /// A batch of `rows` rows of random ids and targets under one causal mask shared by every batch
 /// of that size and device (made once per process), so that the graphs copy it in once, as
 /// PyTorch's model holds its mask.
 pub(crate) fn lm_batch(device: &Device, rows: usize) -> LmBatch {
-    type Masks = Vec<(usize, Device, Tensor<3, Bool>)>;
     thread_local! {
-        static MASKS: std::cell::RefCell<Masks> = const { std::cell::RefCell::new(Vec::new()) };
+        static MASKS: std::cell::RefCell<Vec<(usize, Device, Tensor<3, Bool>)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
     }
-    let mask = MASKS.with(|masks| {
-        let mut masks = masks.borrow_mut();
-        if let Some((.., mask)) = masks.iter().find(|(r, d, _)| *r == rows && d == device) {
-            return mask.clone();
-        }
-        let mask = generate_autoregressive_mask(rows, LM_LENGTH, device);
-        masks.push((rows, device.clone(), mask.clone()));
-        mask
+    let mask = kept_per_size(&MASKS, rows, device, || {
+        generate_autoregressive_mask(rows, LM_LENGTH, device)
     });
     // Drawn as ints: floats drawn in bf16 and cast would round ids near the top to VOCAB.
     let ids = || {
@@ -271,21 +287,12 @@ pub(crate) fn lm_batch(device: &Device, rows: usize) -> LmBatch {
 /// the targets shared by every such batch of that size and device (made once per process), so
 /// that an inference graph copies in the ids alone, as PyTorch's graphed forward takes them.
 pub(crate) fn lm_forward_batch(device: &Device, rows: usize) -> LmBatch {
-    type Targets = Vec<(usize, Device, Tensor<1, Int>)>;
     thread_local! {
-        static TARGETS: std::cell::RefCell<Targets> =
+        static TARGETS: std::cell::RefCell<Vec<(usize, Device, Tensor<1, Int>)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
     let (ids, mask, targets) = lm_batch(device, rows);
-    let targets = TARGETS.with(|kept| {
-        let mut kept = kept.borrow_mut();
-        if let Some((.., t)) = kept.iter().find(|(r, d, _)| *r == rows && d == device) {
-            return t.clone();
-        }
-        kept.push((rows, device.clone(), targets.clone()));
-        targets
-    });
-    (ids, mask, targets)
+    (ids, mask, kept_per_size(&TARGETS, rows, device, || targets))
 }
 
 /// [`mean_square`] as the loss of a call on a batch that holds no targets.

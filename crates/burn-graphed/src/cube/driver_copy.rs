@@ -63,8 +63,7 @@ fn span(shape: &[usize], strides: &[usize]) -> usize {
 mod cuda {
     use burn_cubecl::tensor::CubeTensor;
 
-    /// cubecl-cuda's server: the type `Client::get_resource` is asked for.
-    type CudaServer = <cubecl_cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;
+    use super::super::cuda_stream::{CudaServer, make_current};
 
     /// [`copy`](super::copy); `None` where it did nothing.
     pub(super) fn copy(source: &CubeTensor, destination: &CubeTensor) -> Option<()> {
@@ -92,20 +91,16 @@ mod cuda {
         if to.stream.is_null() || (bytes as u64) > to.size.min(from.size) {
             return None;
         }
+        // SAFETY: `to.stream` is a live stream of cubecl's server: its pool holds the
+        // destination, whose resource we hold.
+        unsafe { make_current(to.stream) }.ok()?;
         // SAFETY: both addresses are live buffers of cubecl's CUDA server, held by the
         // resources above until the copy is enqueued, and at least `bytes` long (checked); the
-        // copy is enqueued on the stream whose pool holds the destination, after the kernels
-        // the server launched before handing the resources out, and stream order keeps any
-        // later reuse of the source's memory behind it. `cuStreamGetCtx` writes the stream's
-        // context, made current on this thread for the call.
-        unsafe {
-            let mut ctx = std::ptr::null_mut();
-            cudarc::driver::sys::cuStreamGetCtx(to.stream, &mut ctx)
-                .result()
-                .ok()?;
-            cudarc::driver::result::ctx::set_current(ctx).ok()?;
-            cudarc::driver::result::memcpy_dtod_async(to.ptr, from.ptr, bytes, to.stream).ok()
-        }
+        // copy is enqueued on the stream whose pool holds the destination, in its context (made
+        // current above), after the kernels the server launched before handing the resources
+        // out, and stream order keeps any later reuse of the source's memory behind it.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to.ptr, from.ptr, bytes, to.stream) }
+            .ok()
     }
 }
 

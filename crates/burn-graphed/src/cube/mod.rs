@@ -36,6 +36,8 @@ mod conv_op;
 mod copy_op;
 #[cfg(feature = "cube")]
 mod cross_entropy_op;
+#[cfg(feature = "cuda")]
+mod cuda_stream;
 #[cfg(feature = "cube")]
 mod dense;
 #[cfg(feature = "cube")]

@@ -108,11 +108,9 @@ mod lt {
     use cudarc::cublaslt::sys;
     use cudarc::driver::sys::CUstream;
 
+    use super::super::cuda_stream::{CudaServer, make_current};
     use super::super::dense::Dense;
     use super::VendorError;
-
-    /// cubecl-cuda's server: the type `Client::get_resource` is asked for.
-    type CudaServer = <cubecl_cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;
 
     /// The workspace each stream's products may use (PyTorch's default on Hopper).
     const WORKSPACE_BYTES: usize = 32 << 20;
@@ -294,17 +292,9 @@ mod lt {
         let bias_ptr = bias_res.as_ref().map(|r| r.resource().ptr);
         let c_ptr = residual_res.as_ref().map(|r| r.resource().ptr);
 
-        // SAFETY: `stream` is a live stream of cubecl's server (its pool holds `out`, which we
-        // hold); `cuStreamGetCtx` writes its context, which we make current on this thread
-        // so that the library's calls run in the context the stream belongs to.
-        unsafe {
-            let mut ctx = std::ptr::null_mut();
-            cudarc::driver::sys::cuStreamGetCtx(stream, &mut ctx)
-                .result()
-                .map_err(|e| library("cuStreamGetCtx", e))?;
-            cudarc::driver::result::ctx::set_current(ctx)
-                .map_err(|e| library("cuCtxSetCurrent", e))?;
-        }
+        // SAFETY: `stream` is a live stream of cubecl's server: its pool holds `out`, which we
+        // hold. The library's calls then run in the context the stream belongs to.
+        unsafe { make_current(stream) }.map_err(|(call, e)| library(call, e))?;
 
         let mut states = crate::sync::lock(&STATES);
         let states = states.get_or_insert_with(HashMap::new);

@@ -13,8 +13,9 @@ use crate::cube;
 ///   backends, in `f32` whatever the dtype with one rounding: cubecl's tuned matmul never
 ///   times its one-row kernels for a row-major weight (UPSTREAM.md 13);
 /// - on CUDA, calls on more rows, and the backward's products, run through cuBLASLt on cubecl's
-///   stream (inside graphs too), `f32` on TF32 tensor cores unless `allow_tf32(false)`, `f16`/`bf16` accumulated in `f32`, the
-///   bias in the product's epilogue (`BURN_GRAPHED_VENDOR_MATMUL=off` turns it off);
+///   stream (inside graphs too), `f32` on TF32 tensor cores unless `allow_tf32(false)`,
+///   `f16`/`bf16` accumulated in `f32`, the bias in the product's epilogue
+///   (`BURN_GRAPHED_VENDOR_MATMUL=off` turns it off);
 /// - elsewhere (more rows on wgpu, Flex, mixed dtypes): burn-nn's computation.
 #[derive(Module, Debug)]
 pub struct Linear {
