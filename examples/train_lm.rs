@@ -245,6 +245,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         capture_ms / 1e3 + graphed_times[0] / 1e6
     );
     println!("capture: {capture_ms:.0} ms (warm-ups, the recording, replay validation)");
+    match burn_graphed::kernel_cache_location() {
+        Some(file) => println!(
+            "kernel cache: {} (a next run loads what this one compiled and tuned)",
+            file.display()
+        ),
+        None => println!("kernel cache: off (a next run compiles and tunes again)"),
+    }
     println!(
         "train step: eager {eager_us:.0} us, one graph per step {graphed_us:.0} us -> {:.2}x \
          (medians over {steps} steps)",

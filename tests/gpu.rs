@@ -1396,3 +1396,69 @@ fn linear_products_run_through_cublaslt() {
 fn fused_model_whole_step_matches_eager() {
     scenarios::fused_loss::fused_model_whole_step_matches_eager(&cuda());
 }
+
+/// Set in the children of [`kernel_cache_serves_compiled_kernels_to_the_next_process`].
+const KERNEL_CACHE_CHILD: &str = "BURN_GRAPHED_TEST_KERNEL_CACHE_CHILD";
+
+/// The kernel cache, on by default (here in a directory of the test's own), serves the next
+/// process every kernel the first compiled: the second process compiles none. Counted from
+/// cubecl's compilation log, which writes each kernel it compiles and none it loads; the
+/// first process's count is the control (the log sees compilations where they happen). On
+/// wgpu the CPU suite can show this only for autotune picks (cubecl stores no WGSL kernels).
+#[test]
+fn kernel_cache_serves_compiled_kernels_to_the_next_process() {
+    let dir = std::env::temp_dir().join(format!("gpu-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let compiled = |run: usize| {
+        let log = dir.join(format!("compilations-{run}.log"));
+        let out = std::process::Command::new(std::env::current_exe().expect("this binary"))
+            .args(["--exact", "kernel_cache_child", "--ignored", "--nocapture"])
+            .env(KERNEL_CACHE_CHILD, "1")
+            .env(burn_graphed::KERNEL_CACHE_VAR, dir.join("cache"))
+            .env("CUBECL_DEBUG_LOG", &log)
+            .output()
+            .expect("a child process");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "child {run}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| *line == "[START_KERNEL_COMPILATION]")
+            .count()
+    };
+    let first = compiled(1);
+    let second = compiled(2);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("kernels compiled: first process {first}, second {second}");
+    assert!(first > 0, "the first process compiled nothing");
+    assert_eq!(
+        second, 0,
+        "the second process compiled kernels the cache held"
+    );
+}
+
+/// The child process of [`kernel_cache_serves_compiled_kernels_to_the_next_process`].
+#[test]
+#[ignore = "a child process of kernel_cache_serves_compiled_kernels_to_the_next_process"]
+fn kernel_cache_child() {
+    assert!(
+        std::env::var_os(KERNEL_CACHE_CHILD).is_some(),
+        "run by kernel_cache_serves_compiled_kernels_to_the_next_process"
+    );
+    let device = cuda();
+    let x = Tensor::<1>::ones([4096], &device);
+    let sum = (x.clone() * 2.0).sum().into_scalar::<f32>();
+    assert_eq!(sum, 8192.0);
+    let exp = x.exp().sum().into_scalar::<f32>();
+    let expected = 4096.0 * std::f32::consts::E;
+    assert!((exp - expected).abs() <= 1e-5 * expected, "{exp}");
+    assert!(
+        burn_graphed::kernel_cache_location().is_some(),
+        "the cache is on"
+    );
+}

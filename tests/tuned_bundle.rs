@@ -1,6 +1,6 @@
 //! `export_tuned` and `import_tuned` between two processes, as between two machines: each
-//! process gets a cache of its own (cubecl keeps it under the `target/` of the Cargo project
-//! around the working directory, which each process sets before its first tensor operation).
+//! process gets a cache of its own (`enable_kernel_cache` moves it before the first tensor
+//! operation).
 //! The first tunes a matrix product and exports; the second imports into its empty cache and
 //! computes the same product without tuning. Whether a process tuned is read from cubecl's
 //! records of its tunings, not from a timing.
@@ -24,13 +24,13 @@ fn tunings() -> u64 {
         .sum()
 }
 
-/// A fresh folder holding an empty Cargo project, made the working directory: cubecl's cache
-/// of this process then lives in `dir/target/environment`.
+/// A fresh folder, made the working directory, and this process's kernel cache moved into it
+/// (`enable_kernel_cache` with the cache on from process start, as by default).
 fn enter_fresh_project(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("a temporary folder");
-    std::fs::write(dir.join("Cargo.toml"), "").expect("an empty manifest");
     std::env::set_current_dir(dir).expect("into the temporary folder");
+    burn_graphed::enable_kernel_cache(Some(dir.join("cache"))).expect("the cache is on");
 }
 
 /// A product whose shape cubecl's autotune tunes (the rows are multiples of the columns'
@@ -130,12 +130,12 @@ fn imported_picks_are_not_tuned_again() {
     assert_eq!(tunings(), before, "the imported picks were tuned again");
 }
 
-/// Writes the kernel picks of the cubecl cache of the Cargo project around the working
-/// directory (`target/environment`, which a run of the CPU suite fills) to the bundle that the
-/// CPU suite imports before its first wgpu operation (`tests/scenarios/picks.rs`). A
-/// maintainer's command, for when the suite's shapes changed (the suite then tunes the new
-/// ones, which costs time and nothing else):
-/// `cargo test --test tuned_bundle -- --ignored --exact write_suite_picks`.
+/// Writes the kernel picks of the cubecl cache in `target/environment` (where `cargo xtask
+/// test` keeps the CPU suite's) to the bundle that the CPU suite imports before its first wgpu
+/// operation (`tests/scenarios/picks.rs`). A maintainer's command, for when the suite's shapes
+/// changed (the suite then tunes the new ones, which costs time and nothing else):
+/// `BURN_GRAPHED_KERNEL_CACHE=$PWD/target/environment cargo test --test tuned_bundle --
+/// --ignored --exact write_suite_picks`.
 #[test]
 #[ignore = "a maintainer's command: writes the CPU suite's kernel picks from target/environment"]
 fn write_suite_picks() {

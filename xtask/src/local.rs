@@ -24,6 +24,19 @@ pub fn suite_costs(root: &Path) -> Result<(), String> {
     split::measure(cargo, root)
 }
 
+/// The variable burn-graphed reads at process start for where cubecl's kernel cache lives.
+const KERNEL_CACHE_VAR: &str = "BURN_GRAPHED_KERNEL_CACHE";
+
+/// The suite's cubecl cache in the repository's `target/environment` (cubecl's own default
+/// place, where `write_suite_picks` reads the suite's picks), not the user's cache directory
+/// that burn-graphed defaults to: a run of the suite leaves nothing outside the repository.
+/// A value the caller set is kept.
+fn keep_kernel_cache_in_target(command: &mut Command, root: &Path) {
+    if std::env::var_os(KERNEL_CACHE_VAR).is_none() {
+        command.env(KERNEL_CACHE_VAR, root.join("target").join("environment"));
+    }
+}
+
 /// `cargo xtask test [ARGS...]`: installs what the suite needs, then runs the README's test
 /// command, `cargo test --workspace --locked [ARGS...]`, passing its output through, and ends
 /// with the skipped tests and a last line `N passed, N failed, N skipped` ([`Tally`]). Without
@@ -46,6 +59,7 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
         }
     }
     command.current_dir(root).stdout(Stdio::piped());
+    keep_kernel_cache_in_target(&mut command, root);
     let mut children = vec![(
         "",
         command
@@ -61,6 +75,7 @@ pub fn test(args: &[String], root: &Path) -> Result<(), String> {
         );
         let mut second = Command::new(&split.binary);
         split::with_runtime_dir(&mut second);
+        keep_kernel_cache_in_target(&mut second, root);
         second
             .arg("--exact")
             .args(&split.tests)

@@ -108,3 +108,12 @@ pub struct GraphedConfig {
     #[config(default = false)]
     pub require_graphs: bool,
 }
+
+/// The environment variable that chooses cubecl's persistent kernel cache when the process
+/// starts. Unset: the cache (compiled kernels and autotune picks) is on under cubecl's
+/// per-user directory (`~/.cache/cubecl` on Linux), unless the user's cubecl configuration
+/// (`cubecl.toml`, or a `burn.toml`'s `[cubecl]` table) sets `[compilation] cache` itself;
+/// `off`: burn-graphed leaves cubecl's configuration alone; any other value: the directory to
+/// keep the cache in. A directory that cannot be written leaves the cache off and says so once,
+/// as a `log` warning at the first capture; it never fails a program.
+pub const KERNEL_CACHE_VAR: &str = "BURN_GRAPHED_KERNEL_CACHE";

@@ -234,11 +234,13 @@ pub enum GraphedError {
         /// What was given and what was expected.
         detail: String,
     },
-    /// cubecl's persistent kernel cache was asked for after cubecl's configuration was loaded.
+    /// cubecl's persistent kernel cache was asked for, with the cache off, after cubecl's
+    /// configuration was loaded.
     #[error(
-        "the kernel cache must be turned on before the first tensor operation: cubecl's \
-         configuration is already loaded (turn it on first thing in main, or put \
-         `[compilation] cache = true` in a cubecl.toml next to the program)"
+        "the kernel cache is off (BURN_GRAPHED_KERNEL_CACHE=off, or a cubecl configuration \
+         file says so) and cubecl's configuration is already loaded by a tensor operation: \
+         turn it on first thing in main, unset BURN_GRAPHED_KERNEL_CACHE, or put \
+         `[compilation] cache = true` in the cubecl.toml"
     )]
     KernelCacheTooLate,
     /// [`crate::export_tuned`] or [`crate::import_tuned`] could not write or read its bundle.

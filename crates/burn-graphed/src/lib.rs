@@ -129,7 +129,7 @@ mod step;
 mod train;
 
 pub use callable::Callable;
-pub use config::{GraphedConfig, MismatchPolicy, OutputPolicy};
+pub use config::{GraphedConfig, KERNEL_CACHE_VAR, MismatchPolicy, OutputPolicy};
 pub use data_parallel::{Collective, DataParallel, replica_on};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
@@ -152,21 +152,30 @@ pub use tensors::{ElementKind, FlatTensor, GraphKind, TensorGroup};
 pub use train::{GraphedInferenceStep, GraphedTrainStep};
 
 /// Turns on cubecl's persistent cache of compiled kernels and autotune results, under `dir`
-/// (or, with `None`, where cubecl's configuration puts it: the project's `target/` by
-/// default), so that a later process captures without compiling again: the first whole step
-/// of a small model then takes well under a second instead of seconds (BENCHMARKS.md, "Time to
-/// the first step"). Call it first thing in `main`, before any tensor operation.
+/// (or, with `None`, where cubecl's configuration puts it), so that a later process captures
+/// without compiling again. The cache is on from process start by default
+/// ([`KERNEL_CACHE_VAR`]): with it on, this moves it to `dir` for every kernel compiled or
+/// tuned from now on (call it before the first capture). With it off (opted out, or a
+/// configuration file says so), call it first thing in `main`, before any tensor operation.
 ///
 /// # Errors
 ///
-/// [`GraphedError::KernelCacheTooLate`] when cubecl's configuration is already loaded
-/// (nothing changes; a `cubecl.toml` with `[compilation] cache = true` does the same).
+/// [`GraphedError::KernelCacheTooLate`] when the cache is off and cubecl's configuration is
+/// already loaded (nothing changes; a `cubecl.toml` with `[compilation] cache = true` does the
+/// same).
 pub fn enable_kernel_cache(dir: Option<std::path::PathBuf>) -> Result<(), GraphedError> {
     if cube::enable_kernel_cache(dir) {
         Ok(())
     } else {
         Err(GraphedError::KernelCacheTooLate)
     }
+}
+
+/// Where compiled kernels and autotune picks are kept for the next process (cubecl's
+/// environment file), or `None` where the kernel cache is off or the build has no cubecl
+/// backend. Loads cubecl's configuration if no tensor operation did yet.
+pub fn kernel_cache_location() -> Option<std::path::PathBuf> {
+    cube::kernel_cache_location()
 }
 
 /// Writes the kernel picks cubecl's autotune made in this process and earlier ones (its
@@ -193,8 +202,7 @@ pub fn export_tuned(out: impl AsRef<std::path::Path>) -> Result<TunedBundle, Gra
 /// already keep their value; cubecl reads only the entries of its own version and of this
 /// device (a bundle from another GPU is copied and never read), and checks each pick against
 /// the kernels it tunes, so a stale bundle costs a tuning, never a wrong kernel. Call it first
-/// thing in `main` (after [`enable_kernel_cache`], which must come before anything loads
-/// cubecl's configuration, as this does).
+/// thing in `main`, before the first capture.
 ///
 /// # Errors
 ///

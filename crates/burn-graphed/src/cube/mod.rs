@@ -104,7 +104,10 @@ pub(crate) use self::{
     embedding_op::embedding_rows,
     graphs::{Admitted, Graphs, ParamHandles},
     inspect::write_graphs_as_dot,
-    kernel_cache::{enable as enable_kernel_cache, export_tuned, import_tuned},
+    kernel_cache::{
+        enable as enable_kernel_cache, export_tuned, import_tuned,
+        location as kernel_cache_location,
+    },
     lifecycle::supports_graphs,
     linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
     norm_op::norm,
@@ -137,8 +140,8 @@ pub(crate) use stand_in::{
     AdamBatch, Admitted, Graphs, ParamHandles, RandomState, StepGraph, StepState, adam_step,
     attention, attention_packed, attention_supports_dim, capture_group, capture_inference,
     capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows, embedding_rows,
-    enable_kernel_cache, export_tuned, import_tuned, join3, linear, norm, supports_graphs,
-    vendor_matmul_available, write_graphs_as_dot,
+    enable_kernel_cache, export_tuned, import_tuned, join3, kernel_cache_location, linear, norm,
+    supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{

@@ -81,6 +81,7 @@ impl CaptureProgress {
     /// A capture of `what` starts on this thread, reporting after [`FIRST_REPORT`] and every
     /// [`EVERY`].
     pub(crate) fn start(what: impl Into<String>) -> Self {
+        super::kernel_cache::warn_once_if_unwritable();
         Self::start_with(what, interval(0, FIRST_REPORT), interval(1, EVERY))
     }
 
@@ -173,10 +174,9 @@ fn watch(shared: &Shared, first: Duration, every: Duration) {
         };
         let waited = shared.started.elapsed();
         let hint = if first_report {
-            " (each new kernel is compiled and tuned once per process; \
-             burn_graphed::enable_kernel_cache keeps them for the next run)"
+            cache_hint()
         } else {
-            ""
+            String::new()
         };
         log::info!(
             target: TARGET,
@@ -185,6 +185,22 @@ fn watch(shared: &Shared, first: Duration, every: Duration) {
             waited.as_secs_f64()
         );
         next = waited + every;
+    }
+}
+
+/// What the first progress line of a capture adds: whether the kernels it compiles and tunes
+/// are kept for the next run, and where.
+fn cache_hint() -> String {
+    match super::kernel_cache::location() {
+        Some(file) => format!(
+            " (each new kernel is compiled and tuned once, and kept for the next run in {})",
+            file.display()
+        ),
+        None => format!(
+            " (each new kernel is compiled and tuned in every process: the kernel cache is \
+             off, see {} to keep them for the next run)",
+            crate::config::KERNEL_CACHE_VAR
+        ),
     }
 }
 
@@ -240,10 +256,10 @@ mod tests {
         assert!(reports >= 2, "{lines:?}");
         assert!(
             lines[0].starts_with("test capture A: forward warm-up, ")
-                && lines[0].contains("enable_kernel_cache"),
+                && lines[0].contains("for the next run"),
             "{lines:?}"
         );
-        assert!(!lines[1].contains("enable_kernel_cache"), "{lines:?}");
+        assert!(!lines[1].contains("for the next run"), "{lines:?}");
         assert_eq!(lines.len(), reports + 1, "{lines:?}");
         assert!(
             lines[reports].starts_with("test capture A: done in "),

@@ -271,6 +271,11 @@ pub(crate) fn enable_kernel_cache(_dir: Option<std::path::PathBuf>) -> bool {
     true
 }
 
+/// Nothing compiles kernels without the `cube` feature: there is no cache.
+pub(crate) fn kernel_cache_location() -> Option<std::path::PathBuf> {
+    None
+}
+
 /// Without cubecl there is no kernel cache to write from.
 pub(crate) fn export_tuned(_out: &std::path::Path) -> Result<crate::stats::TunedBundle, String> {
     Err(NO_CUBECL.into())
