@@ -74,6 +74,8 @@ struct Seen {
     warnings: Vec<String>,
     /// `enable_kernel_cache(None)` after the first operation.
     enable_after: String,
+    /// All it printed.
+    stdout: String,
 }
 
 /// Runs the child `role` in `scratch/work`, with `scratch/<xdg>` as its user cache directory
@@ -119,6 +121,7 @@ fn child(scratch: &Scratch, role: &str, xdg: &Path, cache: Option<&str>, run: us
             .map(str::to_string)
             .collect(),
         enable_after: field("enable after: "),
+        stdout,
     }
 }
 
@@ -129,9 +132,16 @@ fn compiled_kernels(log: &str) -> usize {
         .count()
 }
 
+/// The linear layer and loss the capturing roles graph.
+fn linear_loss(model: &Linear, x: Tensor<2>) -> Tensor<1> {
+    model.forward(x).sum()
+}
+
 /// The child's work: a few elementwise kernels and a reduction, with known results; in the
-/// role `capture`, also a graphed callable's capture (the capture says what it could not do).
-fn work(capture: bool) {
+/// role `capture`, also a graphed callable's capture (which must work); in the role
+/// `profiled` (run with cubecl's profiling log on), a capture that must be refused with an
+/// error saying why, after which the device still computes.
+fn work(role: &str) {
     let device = Device::wgpu(Default::default());
     let sum = (Tensor::<1>::ones([4], &device) * 2.0)
         .sum()
@@ -142,28 +152,34 @@ fn work(capture: bool) {
         .sum()
         .into_scalar::<f32>();
     assert!((exp - 4.0 * std::f32::consts::E).abs() < 1e-5, "{exp}");
-    if capture {
-        let device = device.autodiff();
-        let model: Linear = LinearConfig::new(4, 2).init(&device);
-        let forward = |model: &Linear, x: Tensor<2>| model.forward(x).sum();
-        let sample = Tensor::<2>::ones([3, 4], &device);
-        let graphed = burn_graphed::Graphed::new(
-            model.clone(),
-            forward,
-            sample.clone(),
-            &GraphedConfig::new(),
-        )
-        .expect("a capture without a kernel cache");
-        let graphed_loss = graphed
-            .forward(sample.clone())
-            .expect("a replay")
-            .into_scalar::<f32>();
-        let eager_loss = forward(&model, sample).into_scalar::<f32>();
-        assert_eq!(
-            graphed_loss, eager_loss,
-            "the replay computes what eager burn does"
-        );
+    if role != "capture" && role != "profiled" {
+        return;
     }
+    let device = device.autodiff();
+    let model: Linear = LinearConfig::new(4, 2).init(&device);
+    let sample = Tensor::<2>::ones([3, 4], &device);
+    let eager_loss = linear_loss(&model, sample.clone()).into_scalar::<f32>();
+    let graphed = burn_graphed::Graphed::new(
+        model.clone(),
+        linear_loss,
+        sample.clone(),
+        &GraphedConfig::new(),
+    );
+    if role == "profiled" {
+        println!("capture: {:?}", graphed.map(|_| ()));
+        let again = linear_loss(&model, sample).into_scalar::<f32>();
+        assert_eq!(again, eager_loss, "the device computes after the refusal");
+        return;
+    }
+    let graphed = graphed.expect("a capture without a kernel cache");
+    let graphed_loss = graphed
+        .forward(sample)
+        .expect("a replay")
+        .into_scalar::<f32>();
+    assert_eq!(
+        graphed_loss, eager_loss,
+        "the replay computes what eager burn does"
+    );
 }
 
 /// A logger that prints every warning on the standard output, where the parent reads it.
@@ -192,7 +208,7 @@ fn kernel_cache_child() {
     };
     let _ = log::set_logger(&WARNINGS);
     log::set_max_level(log::LevelFilter::Warn);
-    work(role == "capture");
+    work(role.to_str().unwrap_or_default());
     let location = burn_graphed::kernel_cache_location();
     println!(
         "location: {}",
@@ -324,4 +340,20 @@ fn kernel_cache_configuration_file_is_kept() {
     let seen = child(&scratch, "compute", &xdg, None, 1);
     println!("{seen:?}");
     assert_eq!(seen.location, None, "the file turned the cache off");
+}
+
+#[test]
+fn a_capture_under_cubecls_profiling_log_is_refused_with_the_reason() {
+    let scratch = Scratch::new("profiled");
+    let xdg = scratch.0.join("xdg");
+    // `child` turns the log on (`CUBECL_DEBUG_LOG`) for every role but `capture`.
+    let out = child(&scratch, "profiled", &xdg, None, 1).stdout;
+    let capture = out
+        .lines()
+        .find_map(|line| line.strip_prefix("capture: "))
+        .unwrap_or_else(|| panic!("no capture line in {out}"));
+    assert!(
+        capture.starts_with("Err(Capture {") && capture.contains("CUBECL_DEBUG_LOG"),
+        "the capture was not refused with the reason: {capture}"
+    );
 }

@@ -174,14 +174,19 @@ pub(super) struct Warmed<'d> {
 ///
 /// # Errors
 ///
-/// `run`'s error, or [`GraphedError::Capture`] of `warmup` when the device fails; the device
-/// leaves the prepared state.
+/// `run`'s error, or [`GraphedError::Capture`] of `warmup` when the device fails (the device
+/// leaves the prepared state) or cubecl launches kernels in a way no graph records (its
+/// profiling log on: nothing ran).
 pub(super) fn warm_up<'d, K, H>(
     dispatch: &'d DispatchDevice,
     config: &GraphedConfig,
     warmup: CapturePhase,
     mut run: impl FnMut() -> Result<(K, H), GraphedError>,
 ) -> Result<(Warmed<'d>, K), GraphedError> {
+    super::lifecycle::launches_can_be_recorded().map_err(|reason| GraphedError::Capture {
+        phase: warmup,
+        reason,
+    })?;
     let prepared = Preparation::new(dispatch, warmup)?;
     let sync = || Dispatch::sync(dispatch).map_err(capture_error(warmup));
     let iterations = config.max_warmup_iters.max(config.warmup_iters).max(1);

@@ -16,6 +16,23 @@ pub(crate) fn supports_graphs(device: &Device) -> bool {
     )
 }
 
+/// Whether cubecl launches kernels in a way a graph can record. Its profiling log at level
+/// `basic` or above (`CUBECL_DEBUG_LOG`, or `[profiling.logger]` in a cubecl.toml) times every
+/// launch with device timestamps, which no graph records: on wgpu the first launch inside the
+/// window fails on the device thread (a panic, not an error). The reason, with what to change,
+/// where it cannot.
+pub(super) fn launches_can_be_recorded() -> Result<(), String> {
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, profiling::ProfilingLogLevel};
+    match CubeClRuntimeConfig::get().profiling.logger.level {
+        ProfilingLogLevel::Disabled | ProfilingLogLevel::Minimal => Ok(()),
+        level => Err(format!(
+            "cubecl's profiling log (level {level:?}) times every kernel launch, which a graph \
+             cannot record: unset CUBECL_DEBUG_LOG, or set [profiling.logger] level to \
+             \"minimal\" or \"disabled\" in the cubecl.toml, to capture"
+        )),
+    }
+}
+
 /// The most shared memory (bytes) a cube may use on `device`, or `None` off cubecl.
 pub(super) fn max_shared_memory(device: &Device) -> Option<usize> {
     match device.clone().inner().as_dispatch() {
