@@ -22,11 +22,10 @@ const VOCABULARY: &[&str] = &[
 
 /// The features: everything above the engine's front door.
 const FEATURES: &[&str] = &[
-    "build",
     "data_parallel",
-    "graphed",
-    "group",
-    "multi_adam",
+    "graphed/build",
+    "graphed/group",
+    "graphed/mod",
     "nn/attention",
     "nn/conv",
     "nn/embedding",
@@ -35,7 +34,8 @@ const FEATURES: &[&str] = &[
     "nn/loss",
     "nn/mod",
     "nn/norm",
-    "optim",
+    "optim/mod",
+    "optim/multi_adam",
     "rng",
     "route",
     "step/mod",
@@ -44,8 +44,10 @@ const FEATURES: &[&str] = &[
     "train",
 ];
 
-/// The first module of each `crate::` path in `source`'s code (doc comments and comments left
-/// out), with the line it stands on.
+/// The module each `crate::` path in `source`'s code names (doc comments and comments left
+/// out), with the line it stands on: its first segment, or the first two as a file of a folder
+/// (`optim::multi_adam` is `optim/multi_adam`, `optim` alone `optim/mod`) where the floors list
+/// that file.
 fn crate_imports(source: &str) -> Vec<(usize, String)> {
     let mut found = Vec::new();
     for (number, line) in source.lines().enumerate() {
@@ -53,12 +55,13 @@ fn crate_imports(source: &str) -> Vec<(usize, String)> {
         let mut rest = code;
         while let Some(at) = rest.find("crate::") {
             let after = &rest[at + "crate::".len()..];
-            let name: String = after
+            let path: String = after
                 .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
                 .collect();
-            if !name.is_empty() {
-                found.push((number + 1, name));
+            let mut segments = path.split("::").filter(|s| !s.is_empty());
+            if let Some(first) = segments.next() {
+                found.push((number + 1, module_of(first, segments.next())));
             }
             rest = after;
         }
@@ -66,6 +69,24 @@ fn crate_imports(source: &str) -> Vec<(usize, String)> {
     found
 }
 
+/// The listed module a path of `first` then `second` names.
+fn module_of(first: &str, second: Option<&str>) -> String {
+    let listed = |module: &str| VOCABULARY.contains(&module) || FEATURES.contains(&module);
+    if let Some(second) = second {
+        let file = format!("{first}/{second}");
+        if listed(&file) {
+            return file;
+        }
+    }
+    let folder = format!("{first}/mod");
+    if listed(&folder) {
+        folder
+    } else {
+        first.to_string()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
@@ -83,9 +104,9 @@ mod tests {
 
     #[test]
     fn reads_crate_paths_outside_comments() {
-        let source = "use crate::error::GraphedError;\n/// [`x`](crate::graphed::Graphed)\nlet a = crate::sync::lock(&m); // crate::rng\n";
+        let source = "use crate::error::GraphedError;\n/// [`x`](crate::graphed::Graphed)\nlet a = crate::sync::lock(&m); // crate::rng\nuse crate::optim::multi_adam::M;\nuse crate::optim::FusedAdam;\n";
         let names: Vec<_> = crate_imports(source).into_iter().map(|(_, n)| n).collect();
-        assert_eq!(names, ["error", "sync"]);
+        assert_eq!(names, ["error", "sync", "optim/multi_adam", "optim/mod"]);
     }
 
     /// Every `crate::` path of the library names a module of an allowed floor, and the engine

@@ -114,12 +114,10 @@ mod tensors;
 // The engine, behind its front door (`cube/mod.rs`).
 mod cube;
 
-// The features.
-mod build;
+// The features: a folder for a product of several files (`graphed/`, `step/`, `optim/`,
+// `nn/`), a file for one of one.
 mod data_parallel;
 mod graphed;
-mod group;
-mod multi_adam;
 pub mod nn;
 mod optim;
 mod rng;
@@ -133,8 +131,8 @@ pub use config::{GraphedConfig, KERNEL_CACHE_VAR, MismatchPolicy, OutputPolicy};
 pub use data_parallel::{Collective, DataParallel, replica_on};
 pub use error::{CapturePhase, GraphedError};
 pub use graphed::Graphed;
-pub use group::{CallableGroup, make_graphed_callables};
-pub use multi_adam::MultiTensorAdam;
+pub use graphed::group::{CallableGroup, make_graphed_callables};
+pub use optim::multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
 pub use ranks::RankGroup;
 pub use rng::{DeviceRng, GraphDropout};

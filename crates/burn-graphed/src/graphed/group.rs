@@ -4,11 +4,11 @@
 
 use burn::module::Module;
 
-use crate::build::build;
 use crate::callable::Callable;
 use crate::config::GraphedConfig;
 use crate::error::GraphedError;
 use crate::graphed::Graphed;
+use crate::graphed::build::build;
 use crate::tensors::TensorGroup;
 
 mod sealed {

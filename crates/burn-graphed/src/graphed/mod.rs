@@ -4,6 +4,9 @@
 //! its `Module` implementation and the plan of a call; the routing is `route.rs`'s and the
 //! capture `build.rs`'s.
 
+pub(crate) mod build;
+pub(crate) mod group;
+
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -12,11 +15,11 @@ use burn::module::{
 };
 use burn::tensor::Device;
 
-use crate::build::{Built, build, build_inference};
 use crate::callable::Callable;
 use crate::config::{GraphedConfig, MismatchPolicy};
 use crate::cube::{Admitted, Graphs, ParamHandles};
 use crate::error::GraphedError;
+use crate::graphed::build::{Built, build, build_inference};
 use crate::host_phases::{self, HostPhase};
 use crate::params::{self, ModuleMode};
 use crate::route::{OnMiss, Route, Routed, Router};

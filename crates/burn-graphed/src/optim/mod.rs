@@ -1,6 +1,8 @@
 //! [`FusedAdam`]: burn's Adam as one kernel per parameter, updating a graph's static parameter
 //! buffers in place (PyTorch's `Adam(fused=True)` on captured parameters).
 
+pub(crate) mod multi_adam;
+
 use burn::config::Config;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::grad_clipping::GradientClippingConfig;
