@@ -55,6 +55,11 @@ fn crate_imports(source: &str) -> Vec<(usize, String)> {
         let mut rest = code;
         while let Some(at) = rest.find("crate::") {
             let after = &rest[at + "crate::".len()..];
+            // A visibility (`pub(in crate::cube)`) names a scope, not an import.
+            if rest[..at].ends_with("pub(in ") {
+                rest = after;
+                continue;
+            }
             let path: String = after
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
@@ -104,7 +109,7 @@ mod tests {
 
     #[test]
     fn reads_crate_paths_outside_comments() {
-        let source = "use crate::error::GraphedError;\n/// [`x`](crate::graphed::Graphed)\nlet a = crate::sync::lock(&m); // crate::rng\nuse crate::optim::multi_adam::M;\nuse crate::optim::FusedAdam;\n";
+        let source = "use crate::error::GraphedError;\n/// [`x`](crate::graphed::Graphed)\nlet a = crate::sync::lock(&m); // crate::rng\nuse crate::optim::multi_adam::M;\nuse crate::optim::FusedAdam;\npub(in crate::cube) fn f() {}\n";
         let names: Vec<_> = crate_imports(source).into_iter().map(|(_, n)| n).collect();
         assert_eq!(names, ["error", "sync", "optim/multi_adam", "optim/mod"]);
     }

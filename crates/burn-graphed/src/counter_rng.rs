@@ -1,11 +1,11 @@
 //! The counter-based generator's arithmetic on the host: the kinds of draw, the hash of
 //! (seed, call counter, element index) into random bits, and the values each kind makes of
-//! them. The device kernel (`cube/random_op.rs`) computes the same, operation for operation;
+//! them. The device kernel (`cube/kernels/random_op.rs`) computes the same, operation for operation;
 //! [`DeviceRng`](crate::DeviceRng) runs this on backends without graphs, and tests compare the
 //! device with it.
 
 /// A 32-bit integer hash with good avalanche (Wellons' "lowbias32"); the device kernel
-/// (`cube/random_op.rs`) computes the same.
+/// (`cube/kernels/random_op.rs`) computes the same.
 pub(crate) fn mix32(value: u32) -> u32 {
     let mut x = value;
     x ^= x >> 16;

@@ -16,7 +16,7 @@ pub enum FaultInjection {
     /// Never copy new inputs into the static input buffers (stale inputs).
     SkipInputCopy,
     /// Never ask cubecl whether the buffers written outside the graphs hold values
-    /// (`cube/write_check.rs`): a replay over an unwritten input or parameter runs on stale
+    /// (`cube/graph/write_check.rs`): a replay over an unwritten input or parameter runs on stale
     /// values. Results are right whenever every tensor was written, so the bench times the
     /// check with it.
     SkipWriteCheck,

@@ -138,7 +138,7 @@ pub(crate) fn any_unwritten() -> bool {
 
 /// A copy into a static buffer that bypasses fusion: its source resolved to the cube tensor
 /// on the caller's thread, launched on cubecl's device thread by the replay's own task
-/// ([`write_check`](super::write_check)), on the caller's stream and before the question and
+/// ([`write_check`](super::graph::write_check)), on the caller's stream and before the question and
 /// the replay. A fusion operation would cost fusion's planning of one more operation per copy
 /// and call.
 pub(crate) struct DirectCopy<'a> {

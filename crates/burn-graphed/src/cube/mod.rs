@@ -15,122 +15,68 @@ pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
 pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, ConvSpec, StepCut};
 
 #[cfg(feature = "cube")]
-mod adam_multi_op;
-#[cfg(feature = "cube")]
-mod adam_op;
-#[cfg(feature = "cube")]
-mod attention_kernels;
-#[cfg(feature = "cube")]
-mod attention_op;
-#[cfg(feature = "cube")]
-mod attention_tc_kernels;
+mod adam;
 #[cfg(feature = "cube")]
 mod buffers;
 #[cfg(feature = "cube")]
-mod capture;
-#[cfg(feature = "cube")]
-mod conv_kernels;
-#[cfg(feature = "cube")]
-mod conv_op;
-#[cfg(feature = "cube")]
 mod copy_op;
-#[cfg(feature = "cube")]
-mod cross_entropy_op;
 #[cfg(feature = "cuda")]
 mod cuda_stream;
 #[cfg(feature = "cube")]
 mod dense;
 #[cfg(feature = "cube")]
-mod driver;
-#[cfg(feature = "cube")]
 mod driver_copy;
 #[cfg(feature = "cube")]
-mod embedding_op;
-#[cfg(feature = "cube")]
-mod graphs;
-#[cfg(feature = "cube")]
-mod inspect;
+mod graph;
 #[cfg(feature = "cube")]
 mod kernel_cache;
 #[cfg(feature = "cube")]
-mod lifecycle;
+mod kernels;
 #[cfg(feature = "cube")]
-mod linear_op;
+mod ops;
 #[cfg(feature = "cube")]
-mod node;
-#[cfg(feature = "cube")]
-mod norm_op;
-#[cfg(feature = "cube")]
-mod norm_plane_kernel;
-#[cfg(feature = "cube")]
-mod pack_op;
-#[cfg(feature = "cube")]
-mod param_claim;
-#[cfg(feature = "cube")]
-mod progress;
-#[cfg(feature = "cube")]
-mod random_op;
-#[cfg(feature = "cube")]
-mod random_state;
-#[cfg(feature = "cube")]
-mod row_kernels;
-#[cfg(feature = "cube")]
-mod session;
-#[cfg(feature = "cube")]
-mod step_clip;
-#[cfg(feature = "cube")]
-mod step_graph;
-#[cfg(feature = "cube")]
-mod step_state;
-#[cfg(feature = "cube")]
-mod step_update_op;
-#[cfg(feature = "cube")]
-mod validate;
-#[cfg(feature = "cube")]
-mod vendor_matmul;
-#[cfg(feature = "cube")]
-mod write_check;
+mod step;
 
 #[cfg(feature = "cube")]
 pub(crate) use self::{
-    adam_multi_op::Batch as AdamBatch,
-    adam_op::step as adam_step,
-    attention_op::{attention, attention_packed, supports_dim as attention_supports_dim},
+    adam::adam_multi_op::Batch as AdamBatch,
+    adam::adam_op::step as adam_step,
     buffers::check_written,
-    capture::{capture_group, capture_inference},
-    conv_op::{MAX_TAPS as CONV_MAX_TAPS, conv2d},
     copy_op::collective_buffer,
-    cross_entropy_op::cross_entropy_rows,
-    embedding_op::embedding_rows,
-    graphs::{Admitted, Graphs, ParamHandles},
-    inspect::write_graphs_as_dot,
+    graph::capture::{capture_group, capture_inference},
+    graph::graphs::{Admitted, Graphs, ParamHandles},
+    graph::inspect::write_graphs_as_dot,
+    graph::lifecycle::supports_graphs,
+    graph::random_state::RandomState,
     kernel_cache::{
         enable as enable_kernel_cache, export_tuned, import_tuned,
         location as kernel_cache_location,
     },
-    lifecycle::supports_graphs,
-    linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
-    norm_op::norm,
-    pack_op::join3,
-    random_state::RandomState,
-    step_graph::{StepGraph, capture_step},
-    step_state::StepState,
-    vendor_matmul::available as vendor_matmul_available,
+    ops::attention_op::{attention, attention_packed, supports_dim as attention_supports_dim},
+    ops::conv_op::{MAX_TAPS as CONV_MAX_TAPS, conv2d},
+    ops::cross_entropy_op::cross_entropy_rows,
+    ops::embedding_op::embedding_rows,
+    ops::linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
+    ops::norm_op::norm,
+    ops::pack_op::join3,
+    ops::vendor_matmul::available as vendor_matmul_available,
+    step::step_graph::{StepGraph, capture_step},
+    step::step_state::StepState,
 };
 
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
-    attention_op::{
+    driver_copy::copies as driver_copies,
+    graph::progress::set_intervals as set_progress_intervals,
+    kernels::row_kernels::forwards as fused_norm_forwards,
+    ops::attention_op::{
         hold_tensor_cores_always as hold_attention_tensor_cores,
         packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
     },
-    conv_op::force_tiling as force_conv_tiling,
-    driver_copy::copies as driver_copies,
-    norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
-    progress::set_intervals as set_progress_intervals,
-    row_kernels::forwards as fused_norm_forwards,
-    vendor_matmul::gemms as vendor_gemms,
+    ops::conv_op::force_tiling as force_conv_tiling,
+    ops::norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
+    ops::vendor_matmul::gemms as vendor_gemms,
 };
 
 #[cfg(not(feature = "cube"))]
