@@ -52,7 +52,7 @@ impl Mlp {
 
 /// The loss of a step: a mean over the batch, so that the average of the ranks' gradients on
 /// equal shards is the gradient of the whole batch.
-fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
+pub fn mse(model: &Mlp, (x, target): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
     (model.forward(x) - target).powi_scalar(2).mean()
 }
 
@@ -148,17 +148,23 @@ fn arg(index: usize, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The NVIDIA GPUs the driver sees (0 where none answers).
+#[cfg(feature = "cuda")]
+pub fn gpu_count() -> usize {
+    std::panic::catch_unwind(|| {
+        cudarc::driver::result::init()
+            .and_then(|()| cudarc::driver::result::device::get_count())
+            .unwrap_or(0)
+    })
+    .unwrap_or(0) as usize
+}
+
 /// The devices and collective of the run: `wanted` GPUs and NCCL where there are that many, else
 /// two ranks on the default device averaging through the host.
 fn pick(wanted: usize) -> (Vec<Device>, Collective, String) {
     #[cfg(feature = "cuda")]
     {
-        let count = std::panic::catch_unwind(|| {
-            cudarc::driver::result::init()
-                .and_then(|()| cudarc::driver::result::device::get_count())
-                .unwrap_or(0)
-        })
-        .unwrap_or(0) as usize;
+        let count = gpu_count();
         if count >= wanted && wanted >= 2 {
             let gpus: Vec<Device> = (0..wanted).map(Device::cuda).collect();
             return (

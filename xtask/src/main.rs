@@ -15,9 +15,12 @@
 //! - `bench [--run]`: the same bundle; `--run` runs the benchmark (Burn and PyTorch side by
 //!   side) here.
 //! - `bundle-dir`: print the bundle folder (for scripts).
+//! - `launch --nproc N [...] -- PROGRAM [ARGS...]`: one process per rank of a data-parallel
+//!   group, as `torchrun` starts them (`launch.rs`).
 //!
 //! Plain `std` only, so that `cargo xtask` costs seconds to build.
 
+mod launch;
 #[cfg(test)]
 mod layers;
 mod local;
@@ -41,12 +44,13 @@ fn main() -> ExitCode {
         Some("suite-costs") => local::suite_costs(&root()),
         Some("gpu-test") => gpu_test(&args[1..], "tests"),
         Some("bench") => gpu_test(&args[1..], "bench"),
+        Some("launch") => launch::Launch::parse(&args[1..]).and_then(|l| launch::run(&l)),
         Some("bundle-dir") => {
             println!("{}", root().join(BUNDLE_DIR).display());
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask test [CARGO TEST ARGS...]\n       cargo xtask demo [WIDTH DEPTH BATCH STEPS]\n       cargo xtask suite-costs\n       cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n(got {args:?})"
+            "usage: cargo xtask test [CARGO TEST ARGS...]\n       cargo xtask demo [WIDTH DEPTH BATCH STEPS]\n       cargo xtask suite-costs\n       cargo xtask gpu-test [--run] [--long] [--filter NAME] [--jobs N]\n       cargo xtask bench [--run]\n       cargo xtask bundle-dir\n       cargo xtask launch --nproc N [--nnodes M --node-rank K] [--master-addr A] [--master-port P] [--grace S] -- PROGRAM [ARGS...]\n(got {args:?})"
         )),
     };
     match result {

@@ -11,7 +11,6 @@
 //! [`GraphedStep::data_parallel`]: crate::GraphedStep::data_parallel
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -20,8 +19,7 @@ use burn::tensor::distributed::ReduceOperation;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::error::{CapturePhase, GraphedError};
-use crate::ranks::RankGroup;
-use crate::sync::lock;
+use crate::ranks::{ProcessEnv, RankGroup};
 
 /// How a group averages its gradient buckets.
 #[derive(Debug, Clone)]
@@ -44,8 +42,6 @@ pub enum Collective {
 pub struct DataParallel {
     ranks: RankGroup,
     collective: Collective,
-    /// The buckets of the current step, by rank ([`Collective::Host`]).
-    host: Arc<Mutex<Vec<Vec<f32>>>>,
 }
 
 impl DataParallel {
@@ -88,15 +84,73 @@ impl DataParallel {
                 });
             }
         }
-        let host = Arc::new(Mutex::new(vec![Vec::new(); size]));
         Ok(RankGroup::new(size, timeout)?
             .into_iter()
             .map(|ranks| DataParallel {
                 ranks,
                 collective: collective.clone(),
-                host: host.clone(),
             })
             .collect())
+    }
+
+    /// This process's handle on a group of processes, one per GPU, as `torchrun` or `cargo
+    /// xtask launch` starts them ([`RankGroup::join`]: rank 0 serves the group at
+    /// `env.master`), averaging through host memory: each rank's bucket travels to every rank,
+    /// and every rank sums them in rank order, so every replica gets the same bits.
+    ///
+    /// # Errors
+    ///
+    /// [`RankGroup::join`]'s; [`GraphedError::InvalidArgument`] naming `collective` for
+    /// [`Collective::AllReduce`]: burn's all-reduce joins the devices of one process, not
+    /// devices of several.
+    pub fn join(
+        env: &ProcessEnv,
+        timeout: Duration,
+        collective: Collective,
+    ) -> Result<DataParallel, GraphedError> {
+        if let Collective::AllReduce { .. } = collective {
+            return Err(GraphedError::InvalidArgument {
+                argument: "collective",
+                detail: "given AllReduce, expected Host: burn's all-reduce joins the devices of \
+                         one process, and a group of processes averages through the host"
+                    .into(),
+            });
+        }
+        Ok(DataParallel {
+            ranks: RankGroup::join(env, timeout)?,
+            collective,
+        })
+    }
+
+    /// `module` with rank 0's parameter values on every rank (each rank calls it with its own
+    /// replica, at the same point): replicas made apart (a group of processes, each
+    /// initializing its model with its own random draws) start equal, as PyTorch's DDP makes
+    /// them at construction. Float parameters travel as `f32` through the host, every rank's
+    /// to every rank (once, at the start); ids, devices and `require_grad` stay this rank's.
+    ///
+    /// # Errors
+    ///
+    /// On every rank alike: [`GraphedError::RanksDisagree`] when the replicas hold other
+    /// numbers of values, [`GraphedError::RankFailed`] when a rank could not read its
+    /// parameters back or holds `f64` parameters (which `f32` would round), and the group's
+    /// timeout.
+    pub fn broadcast<M: Module>(&self, module: M) -> Result<M, GraphedError> {
+        let mut read = ReadParams::default();
+        module.visit(&mut read);
+        let local = match read.failed {
+            Some(detail) => Err(GraphedError::InvalidArgument {
+                argument: "module",
+                detail,
+            }),
+            None => Ok(read.values),
+        };
+        let all = self
+            .ranks
+            .all_gather("rank 0's parameters to every rank", local)?;
+        Ok(module.map(&mut WriteParams {
+            values: &all[0],
+            offset: 0,
+        }))
     }
 
     /// This handle's agreement with the other ranks (to agree on other decisions too).
@@ -195,9 +249,9 @@ impl DataParallel {
         })
     }
 
-    /// Agrees with the other ranks that every replica starts from the same parameters (ids,
-    /// shapes and values, hashed): replicas that start apart stay apart, however equal their
-    /// updates. Reads every parameter back once.
+    /// Agrees with the other ranks that every replica starts from the same parameters (shapes
+    /// and values, hashed): replicas that start apart stay apart, however equal their updates.
+    /// Reads every parameter back once.
     ///
     /// # Errors
     ///
@@ -217,10 +271,7 @@ impl DataParallel {
             None => Ok(std::hash::Hasher::finish(&hash.hasher)),
         };
         self.ranks
-            .agree(
-                "the replicas' starting parameters (ids, shapes, values)",
-                digest,
-            )
+            .agree("the replicas' starting parameters (shapes, values)", digest)
             .map(|_| ())
     }
 
@@ -245,16 +296,20 @@ impl DataParallel {
         let mut flatten = Flatten {
             grads: &mut grads,
             parts: Vec::new(),
+            positions: Vec::new(),
+            visited: 0,
         };
         module.visit(&mut flatten);
-        let parts = flatten.parts;
+        let (parts, positions) = (flatten.parts, flatten.positions);
         // Which parameters, and their sizes (equal sizes of other parameters would reduce
-        // misaligned gradients): their count, elements and a hash of ids and sizes, so that a
-        // step formats three numbers for the agreement, not a list of every parameter.
+        // misaligned gradients): their count, elements and a hash of positions in visiting
+        // order and sizes, so that a step formats three numbers for the agreement, not a list
+        // of every parameter. Positions, not ids: the replicas of a group of processes were
+        // made apart, and their ids differ.
         let layout = {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            for (id, numel, _) in &parts {
-                std::hash::Hash::hash(&(id.val(), *numel), &mut hasher);
+            for (position, (_, numel, _)) in positions.iter().zip(&parts) {
+                std::hash::Hash::hash(&(*position, *numel), &mut hasher);
             }
             let elements: usize = parts.iter().map(|(_, numel, _)| numel).sum();
             (parts.len(), elements, std::hash::Hasher::finish(&hasher))
@@ -266,7 +321,7 @@ impl DataParallel {
             .as_ref()
             .map_or(Ok(()), |bucket| written(&bucket.clone().into_dispatch()));
         self.ranks.agree(
-            "the gradient bucket's layout (parameters, elements, hash of ids and sizes)",
+            "the gradient bucket's layout (parameters, elements, hash of positions and sizes)",
             written.map(|()| layout),
         )?;
         let Some(bucket) = bucket else {
@@ -322,28 +377,19 @@ impl DataParallel {
                         detail: format!("the gradient bucket did not read back as f32: {error:?}"),
                     })
             });
-        // Every rank learns whether every rank read its bucket (the values themselves differ).
-        self.ranks.agree(
-            "reading the gradient bucket back",
-            values.as_ref().map(Vec::len).map_err(Clone::clone),
-        )?;
-        let values = values?;
-        let len = values.len();
-        lock(&self.host)[self.ranks.rank()] = values;
-        self.ranks.barrier("every rank's bucket on the host")?;
-        let mean = {
-            let buckets = lock(&self.host);
-            let mut sum = vec![0.0f32; len];
-            for bucket in buckets.iter() {
-                for (s, v) in sum.iter_mut().zip(bucket) {
-                    *s += v;
-                }
+        // Every rank learns whether every rank read its bucket, and gets every rank's.
+        let buckets = self
+            .ranks
+            .all_gather("every rank's gradient bucket on the host", values)?;
+        let len = buckets.first().map_or(0, Vec::len);
+        let mut sum = vec![0.0f32; len];
+        for bucket in buckets.iter() {
+            for (s, v) in sum.iter_mut().zip(bucket) {
+                *s += v;
             }
-            let size = buckets.len() as f32;
-            sum.into_iter().map(|s| s / size).collect::<Vec<f32>>()
-        };
-        // No rank writes its next bucket before every rank has read this step's.
-        self.ranks.barrier("every rank's mean computed")?;
+        }
+        let size = buckets.len() as f32;
+        let mean: Vec<f32> = sum.into_iter().map(|s| s / size).collect();
         Ok(Tensor::from_data(
             TensorData::new(mean, [len]).convert_dtype(dtype),
             &device,
@@ -393,6 +439,10 @@ struct Flatten<'a> {
     grads: &'a mut GradientsParams,
     /// Per parameter with a gradient, in visiting order: its id, element count, flat gradient.
     parts: Vec<(ParamId, usize, Tensor<1>)>,
+    /// The position of each of `parts` among the module's float parameters.
+    positions: Vec<usize>,
+    /// Float parameters visited so far.
+    visited: usize,
 }
 
 impl ModuleVisitor for Flatten<'_> {
@@ -400,7 +450,9 @@ impl ModuleVisitor for Flatten<'_> {
         if let Some(grad) = self.grads.remove::<D>(param.id) {
             let numel = grad.shape().num_elements();
             self.parts.push((param.id, numel, grad.reshape([numel])));
+            self.positions.push(self.visited);
         }
+        self.visited += 1;
     }
 }
 
@@ -429,7 +481,70 @@ impl ModuleVisitor for Split<'_> {
     }
 }
 
-/// Hashes every parameter's id, shape and value bytes, in visiting order.
+/// Every float parameter's values as `f32`, in visiting order ([`DataParallel::broadcast`]).
+#[derive(Default)]
+struct ReadParams {
+    values: Vec<f32>,
+    failed: Option<String>,
+}
+
+impl ModuleVisitor for ReadParams {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.failed.is_some() {
+            return;
+        }
+        let tensor = param.val();
+        if tensor.dtype() == burn::tensor::DType::F64 {
+            self.failed = Some(format!(
+                "parameter {} is f64, which the broadcast's f32 would round",
+                param.id
+            ));
+            return;
+        }
+        match tensor
+            .try_into_data()
+            .map_err(|e| e.to_string())
+            .and_then(|data| {
+                data.convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .map_err(|e| format!("{e:?}"))
+            }) {
+            Ok(values) => self.values.extend(values),
+            Err(error) => {
+                self.failed = Some(format!("parameter {} did not read back: {error}", param.id));
+            }
+        }
+    }
+}
+
+/// Puts `values` (rank 0's, in visiting order) into the float parameters.
+struct WriteParams<'a> {
+    values: &'a [f32],
+    offset: usize,
+}
+
+impl ModuleMapper for WriteParams<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let require_grad = param.is_require_grad();
+        let (values, offset) = (self.values, &mut self.offset);
+        param.map(|tensor| {
+            let (device, dtype, dims) = (tensor.device(), tensor.dtype(), tensor.dims());
+            let numel: usize = dims.iter().product();
+            let slice = values[*offset..*offset + numel].to_vec();
+            *offset += numel;
+            let copy =
+                Tensor::<D>::from_data(TensorData::new(slice, dims).convert_dtype(dtype), &device);
+            if require_grad {
+                copy.require_grad()
+            } else {
+                copy
+            }
+        })
+    }
+}
+
+/// Hashes every parameter's shape and value bytes, in visiting order (not its id: the replicas
+/// of a group of processes were made apart).
 struct StartHash {
     hasher: std::collections::hash_map::DefaultHasher,
     /// Why a parameter could not be read back.
@@ -441,7 +556,6 @@ impl StartHash {
         use std::hash::Hash;
         match data {
             Ok(data) => {
-                id.val().hash(&mut self.hasher);
                 data.shape().hash(&mut self.hasher);
                 data.as_bytes().hash(&mut self.hasher);
             }

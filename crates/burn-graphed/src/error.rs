@@ -316,6 +316,22 @@ pub enum GraphedError {
         /// How long the first rank to give up waited.
         waited_ms: u64,
     },
+    /// A process could not join its group of processes: rank 0 could not listen at the
+    /// group's address, or another rank could not reach it there within the timeout, or was
+    /// refused.
+    #[error(
+        "data-parallel group of processes: rank {rank} could not join at {address}: {reason} \
+         (every rank needs the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and rank 0's \
+         port free)"
+    )]
+    Rendezvous {
+        /// This process's rank.
+        rank: usize,
+        /// `MASTER_ADDR:MASTER_PORT`.
+        address: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl GraphedError {

@@ -134,7 +134,7 @@ pub use graphed::Graphed;
 pub use graphed::group::{CallableGroup, make_graphed_callables};
 pub use optim::multi_adam::MultiTensorAdam;
 pub use optim::{FusedAdam, FusedAdamConfig};
-pub use ranks::RankGroup;
+pub use ranks::{ProcessEnv, RankGroup};
 pub use rng::{DeviceRng, GraphDropout};
 pub use shape_cache::ShapeCacheStats;
 pub use stats::{

@@ -1,0 +1,356 @@
+//! A group whose ranks are processes, one per GPU, on one machine or several, as `torchrun`
+//! starts them: each process reads its place from the environment ([`ProcessEnv`]), rank 0's
+//! process serves the group's rounds on `MASTER_ADDR:MASTER_PORT` (`host`), and every other
+//! rank holds one connection to it ([`Link`]). Rank 0 runs each remote rank's statement
+//! through the same in-memory rounds as a group of threads (`super::round`), so the outcome,
+//! and every error, is the same on every rank whichever transport carried it.
+//!
+//! Nothing waits without a bound: a rank that cannot reach rank 0 within the group's timeout
+//! gets [`GraphedError::Rendezvous`]; a rank whose process ends (or closes its connection)
+//! ends the group with [`GraphedError::RankFailed`] naming it on every other rank; rank 0's
+//! end is the same error, naming rank 0, on the others.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::round::{Entry, Gathered, Rounds};
+use super::wire::{self, FromHub, ToHub};
+use crate::error::GraphedError;
+use crate::sync::lock;
+
+/// How long a rank waits for rank 0's answer beyond the group's timeout (the time rank 0's
+/// rounds may wait for the slowest rank) before it takes rank 0 for gone.
+const ANSWER_SLACK: Duration = Duration::from_secs(10);
+
+/// Between two tries to reach rank 0 that has not started listening yet.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// A process's place in a group of processes, read from the environment variables `torchrun`
+/// sets: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (the GPU of this machine to use; `RANK` if unset),
+/// `MASTER_ADDR` (rank 0's host; `127.0.0.1` if unset) and `MASTER_PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessEnv {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// The number of processes in the group.
+    pub world_size: usize,
+    /// This process's index among the group's processes on its machine: the device to use.
+    pub local_rank: usize,
+    /// Where rank 0's process listens: `host:port`.
+    pub master: String,
+}
+
+impl ProcessEnv {
+    /// Reads the variables of this process.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InvalidArgument`] naming the variable that is missing or not a number,
+    /// or `RANK` when it is not below `WORLD_SIZE`.
+    pub fn from_env() -> Result<Self, GraphedError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`ProcessEnv::from_env`] from `var`, which answers a variable's value.
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, GraphedError> {
+        let number = |name: &'static str, default: Option<usize>| match (var(name), default) {
+            (Some(text), _) => {
+                text.trim()
+                    .parse::<usize>()
+                    .map_err(|_| GraphedError::InvalidArgument {
+                        argument: name,
+                        detail: format!("given {text:?}, expected a whole number"),
+                    })
+            }
+            (None, Some(default)) => Ok(default),
+            (None, None) => Err(GraphedError::InvalidArgument {
+                argument: name,
+                detail: "not set; a launcher (cargo xtask launch, torchrun) sets RANK, \
+                             WORLD_SIZE, MASTER_ADDR and MASTER_PORT for each process"
+                    .into(),
+            }),
+        };
+        let rank = number("RANK", None)?;
+        let world_size = number("WORLD_SIZE", None)?;
+        let local_rank = number("LOCAL_RANK", Some(rank))?;
+        let port = number("MASTER_PORT", None)?;
+        if port == 0 || port > usize::from(u16::MAX) {
+            return Err(GraphedError::InvalidArgument {
+                argument: "MASTER_PORT",
+                detail: format!("given {port}, expected a port from 1 to 65535"),
+            });
+        }
+        if rank >= world_size {
+            return Err(GraphedError::InvalidArgument {
+                argument: "RANK",
+                detail: format!("given {rank}, expected a rank below WORLD_SIZE {world_size}"),
+            });
+        }
+        let host = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            master: format!("{host}:{port}"),
+        })
+    }
+
+    fn rendezvous(&self, reason: impl std::fmt::Display) -> GraphedError {
+        GraphedError::Rendezvous {
+            rank: self.rank,
+            address: self.master.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn address(&self) -> Result<SocketAddr, GraphedError> {
+        self.master
+            .to_socket_addrs()
+            .map_err(|e| self.rendezvous(format!("the address does not resolve ({e})")))?
+            .next()
+            .ok_or_else(|| self.rendezvous("the address resolves to nothing"))
+    }
+}
+
+/// Rank 0's side: listens at `env.master` and serves every other rank's connection with the
+/// group's rounds, which rank 0's own process uses directly (returned).
+///
+/// # Errors
+///
+/// [`GraphedError::Rendezvous`] when it cannot listen there (the port is taken).
+pub(crate) fn host(env: &ProcessEnv, timeout: Duration) -> Result<Arc<Rounds>, GraphedError> {
+    let listener = TcpListener::bind(env.address()?)
+        .map_err(|e| env.rendezvous(format!("rank 0 cannot listen there ({e})")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| env.rendezvous(e))?;
+    let rounds = Arc::new(Rounds::new(env.world_size, timeout));
+    let served = rounds.clone();
+    let accepting = std::thread::Builder::new()
+        .name("burn-graphed-rank-hub".into())
+        .spawn(move || accept(&listener, &served));
+    if let Err(e) = accepting {
+        return Err(env.rendezvous(format!("no thread to serve the group ({e})")));
+    }
+    Ok(rounds)
+}
+
+/// Takes the other ranks' connections until all joined or the timeout passed (then the group
+/// ends with [`GraphedError::RankTimeout`] naming the ranks that never came).
+fn accept(listener: &TcpListener, rounds: &Arc<Rounds>) {
+    let size = rounds.size();
+    let joined = Arc::new(Mutex::new({
+        let mut joined = vec![false; size];
+        joined[0] = true;
+        joined
+    }));
+    let deadline = Instant::now() + rounds.timeout();
+    while lock(&joined).iter().any(|j| !j) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let (rounds, joined) = (rounds.clone(), joined.clone());
+                let _ = std::thread::Builder::new()
+                    .name("burn-graphed-rank-serve".into())
+                    .spawn(move || serve(stream, &rounds, &joined, deadline));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing = (0..size).filter(|&r| !lock(&joined)[r]).collect();
+                    rounds.abandon(GraphedError::RankTimeout {
+                        what: "joining the group".into(),
+                        missing,
+                        waited_ms: rounds.timeout().as_millis() as u64,
+                    });
+                    return;
+                }
+                std::thread::sleep(RETRY);
+            }
+            Err(_) => std::thread::sleep(RETRY),
+        }
+    }
+}
+
+/// One remote rank's connection: its greeting, then its statements, each answered with the
+/// round's outcome. The connection's end ends the group (the rank's process is gone).
+fn serve(mut stream: TcpStream, rounds: &Rounds, joined: &Mutex<Vec<bool>>, deadline: Instant) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+    // A peer that is not a rank (no greeting) is dropped, and the group goes on.
+    let Ok((rank, size)) = wire::read_hello(&mut stream) else {
+        return;
+    };
+    let refusal = if size != rounds.size() {
+        Some(format!(
+            "rank {rank} was started for a group of {size}, rank 0 for {}",
+            rounds.size()
+        ))
+    } else if rank == 0 || rank >= size {
+        Some(format!(
+            "rank {rank} is not a rank rank 0 waits for (1 to {})",
+            size - 1
+        ))
+    } else if std::mem::replace(&mut lock(joined)[rank], true) {
+        Some(format!("rank {rank} joined twice"))
+    } else {
+        None
+    };
+    if let Some(reason) = refusal {
+        let _ = wire::send_from_hub(&mut stream, &FromHub::Refused(reason));
+        return;
+    }
+    let _ = stream.set_read_timeout(None);
+    if wire::send_from_hub(&mut stream, &FromHub::Welcome).is_err() {
+        return gone(rounds, rank, "its greeting's answer could not be sent");
+    }
+    loop {
+        match wire::read_to_hub(&mut stream) {
+            Ok(ToHub::Round(entry)) => {
+                let outcome = rounds.exchange(rank, entry);
+                if wire::send_from_hub(&mut stream, &FromHub::Outcome(outcome)).is_err() {
+                    return gone(rounds, rank, "the round's outcome could not be sent");
+                }
+            }
+            Ok(ToHub::Abandon { what, reason }) => {
+                rounds.abandon(GraphedError::RankFailed { rank, what, reason });
+            }
+            Ok(ToHub::Hello { .. }) => return gone(rounds, rank, "it greeted twice"),
+            Err(e) => return gone(rounds, rank, &e.to_string()),
+        }
+    }
+}
+
+fn gone(rounds: &Rounds, rank: usize, detail: &str) {
+    rounds.abandon(GraphedError::RankFailed {
+        rank,
+        what: "its connection to rank 0".into(),
+        reason: format!("its process ended or closed the connection ({detail})"),
+    });
+}
+
+/// A rank's connection to rank 0's process.
+#[derive(Debug)]
+pub(crate) struct Link {
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    stream: Mutex<TcpStream>,
+    spent: Mutex<Option<GraphedError>>,
+}
+
+impl Link {
+    /// Reaches rank 0 at `env.master` (trying again until the timeout: rank 0 may start later)
+    /// and greets it.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::Rendezvous`] when rank 0 cannot be reached within `timeout`, or refuses
+    /// the greeting (another group size, a rank already taken).
+    pub(crate) fn connect(env: &ProcessEnv, timeout: Duration) -> Result<Self, GraphedError> {
+        let address = env.address()?;
+        let deadline = Instant::now() + timeout;
+        let mut stream = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(&address, left.max(RETRY)) {
+                Ok(stream) => break stream,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(env.rendezvous(format!(
+                        "rank 0 was not reached within {} ms ({e})",
+                        timeout.as_millis()
+                    )));
+                }
+                Err(_) => std::thread::sleep(RETRY),
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(timeout.max(RETRY)))
+            .map_err(|e| env.rendezvous(e))?;
+        let hello = ToHub::Hello {
+            rank: env.rank,
+            size: env.world_size,
+        };
+        wire::send_to_hub(&mut stream, &hello).map_err(|e| env.rendezvous(e))?;
+        match wire::read_from_hub(&mut stream) {
+            Ok(FromHub::Welcome) => {}
+            Ok(FromHub::Refused(reason)) => return Err(env.rendezvous(reason)),
+            Ok(other) => return Err(env.rendezvous(format!("an unexpected answer {other:?}"))),
+            Err(e) => return Err(env.rendezvous(format!("no answer to the greeting ({e})"))),
+        }
+        stream
+            .set_read_timeout(Some(timeout + ANSWER_SLACK))
+            .map_err(|e| env.rendezvous(e))?;
+        Ok(Self {
+            rank: env.rank,
+            size: env.world_size,
+            timeout,
+            stream: Mutex::new(stream),
+            spent: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// States `entry` in the next round and waits for its outcome.
+    pub(crate) fn exchange(&self, entry: Entry) -> Result<Gathered, GraphedError> {
+        if let Some(error) = lock(&self.spent).clone() {
+            return Err(error);
+        }
+        let what = entry.what.clone();
+        let outcome = {
+            let mut stream = lock(&self.stream);
+            wire::send_to_hub(&mut *stream, &ToHub::Round(entry))
+                .and_then(|()| wire::read_from_hub(&mut *stream))
+        };
+        let outcome = match outcome {
+            Ok(FromHub::Outcome(outcome)) => outcome,
+            Ok(other) => Err(self.hub_gone(&what, &format!("an unexpected answer {other:?}"))),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(self.hub_gone(
+                    &what,
+                    &format!(
+                        "no answer within {} ms",
+                        (self.timeout + ANSWER_SLACK).as_millis()
+                    ),
+                ))
+            }
+            Err(e) => Err(self.hub_gone(&what, &e.to_string())),
+        };
+        if let Err(error) = &outcome {
+            lock(&self.spent).get_or_insert_with(|| error.clone());
+        }
+        outcome
+    }
+
+    fn hub_gone(&self, what: &str, detail: &str) -> GraphedError {
+        GraphedError::RankFailed {
+            rank: 0,
+            what: what.to_string(),
+            reason: format!("rank 0's process ended or stopped answering ({detail})"),
+        }
+    }
+
+    /// Ends the group with `error`: every rank gets [`GraphedError::RankFailed`] naming this
+    /// rank (with `error`'s text where it is another error).
+    pub(crate) fn abandon(&self, error: GraphedError) {
+        let (what, reason) = match &error {
+            GraphedError::RankFailed { what, reason, .. } => (what.clone(), reason.clone()),
+            other => ("its training".to_string(), other.to_string()),
+        };
+        lock(&self.spent).get_or_insert(error);
+        let _ = wire::send_to_hub(&mut *lock(&self.stream), &ToHub::Abandon { what, reason });
+    }
+}

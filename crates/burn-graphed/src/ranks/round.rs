@@ -1,0 +1,182 @@
+//! One group's rounds of agreement, in the memory of one process: every rank states what it is
+//! about to do ([`Entry`]), and the round ends when all have, with one outcome for all. The
+//! ranks are threads of this process ([`super::RankGroup::new`]), or, in the process of rank 0
+//! of a group of processes, the threads that serve the other ranks' connections
+//! (`super::process`).
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::GraphedError;
+use crate::sync::lock;
+
+/// A rank's statement: what it is deciding, and its decision or its failure.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Entry {
+    pub(crate) what: String,
+    pub(crate) decision: Result<String, String>,
+    /// A yes/no that need not be the same on every rank.
+    pub(crate) vote: bool,
+    /// Values handed to every rank with the outcome, not compared (a gradient bucket).
+    pub(crate) payload: Vec<f32>,
+}
+
+/// What a round gives every rank when all agreed: whether any rank voted yes, and every rank's
+/// payload in rank order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Gathered {
+    pub(crate) any: bool,
+    pub(crate) payloads: Arc<Vec<Vec<f32>>>,
+}
+
+/// The shared state of a group's rounds.
+#[derive(Debug)]
+pub(crate) struct Rounds {
+    size: usize,
+    timeout: Duration,
+    state: Mutex<State>,
+    arrived: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Rounds completed so far; the current one's number.
+    round: u64,
+    /// What each rank stated in the current round.
+    entries: Vec<Option<Entry>>,
+    /// The outcome of round `round - 1`, read by the ranks that waited for it.
+    last: Option<Result<Gathered, GraphedError>>,
+    /// The error that ended the group, returned by every later call.
+    spent: Option<GraphedError>,
+}
+
+impl Rounds {
+    /// The rounds of a group of `size` ranks (at least 1), each waiting at most `timeout`.
+    pub(crate) fn new(size: usize, timeout: Duration) -> Self {
+        Self {
+            size,
+            timeout,
+            state: Mutex::new(State {
+                entries: vec![None; size],
+                ..State::default()
+            }),
+            arrived: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Ends the group with `error` on every rank (the first error stays).
+    pub(crate) fn abandon(&self, error: GraphedError) {
+        let mut state = lock(&self.state);
+        state.spent.get_or_insert(error);
+        self.arrived.notify_all();
+    }
+
+    /// States `rank`'s `entry` and waits for every rank's; the round's outcome.
+    pub(crate) fn exchange(&self, rank: usize, entry: Entry) -> Result<Gathered, GraphedError> {
+        let mut state = lock(&self.state);
+        if let Some(error) = &state.spent {
+            return Err(error.clone());
+        }
+        let round = state.round;
+        state.entries[rank] = Some(entry);
+        if state.entries.iter().all(Option::is_some) {
+            let entries: Vec<Entry> = state.entries.iter_mut().filter_map(Option::take).collect();
+            let outcome = outcome(&entries).map(|()| Gathered {
+                any: entries.iter().any(|e| e.vote),
+                payloads: Arc::new(entries.into_iter().map(|e| e.payload).collect()),
+            });
+            if let Err(error) = &outcome {
+                state.spent = Some(error.clone());
+            }
+            state.last = Some(outcome.clone());
+            state.round += 1;
+            self.arrived.notify_all();
+            return outcome;
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if state.round != round {
+                // The round this rank joined completed; no later one can have, since it needs
+                // this rank.
+                return state.last.clone().unwrap_or_else(|| {
+                    Ok(Gathered {
+                        any: false,
+                        payloads: Arc::default(),
+                    })
+                });
+            }
+            if let Some(error) = &state.spent {
+                return Err(error.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let error = GraphedError::RankTimeout {
+                    what: state.entries[rank]
+                        .as_ref()
+                        .map_or_else(String::new, |e| e.what.clone()),
+                    missing: (0..self.size)
+                        .filter(|&r| state.entries[r].is_none())
+                        .collect(),
+                    waited_ms: self.timeout.as_millis() as u64,
+                };
+                state.spent = Some(error.clone());
+                self.arrived.notify_all();
+                return Err(error);
+            }
+            state = self
+                .arrived
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// The outcome of a round in which every rank stated `entries` (in rank order).
+fn outcome(entries: &[Entry]) -> Result<(), GraphedError> {
+    let first = &entries[0];
+    if entries.iter().any(|e| e.what != first.what) {
+        return Err(GraphedError::RanksDisagree {
+            what: first.what.clone(),
+            decisions: listing(entries, |e| e.what.clone()),
+        });
+    }
+    if let Some((rank, reason)) = entries
+        .iter()
+        .enumerate()
+        .find_map(|(rank, e)| e.decision.as_ref().err().map(|reason| (rank, reason)))
+    {
+        return Err(GraphedError::RankFailed {
+            rank,
+            what: first.what.clone(),
+            reason: reason.clone(),
+        });
+    }
+    if entries.iter().any(|e| e.decision != first.decision) {
+        return Err(GraphedError::RanksDisagree {
+            what: first.what.clone(),
+            decisions: listing(entries, |e| {
+                e.decision.clone().unwrap_or_else(|reason| reason)
+            }),
+        });
+    }
+    Ok(())
+}
+
+/// "rank 0: A; rank 1: B" of what `text` says of each entry.
+fn listing(entries: &[Entry], text: impl Fn(&Entry) -> String) -> String {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(rank, e)| format!("rank {rank}: {}", text(e)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
