@@ -4,11 +4,13 @@
 //! (`burn_graphed::ProcessEnv`); its output lines come through prefixed `[rank R] `. When a rank
 //! fails, the others are given `--grace` seconds (default 30) to end on their own, which a
 //! burn-graphed group does at its next step together, and are then killed; the launcher exits
-//! non-zero naming every rank that failed. On several machines, run it on each with the same
+//! non-zero naming every rank that failed. The ranks share the launcher's process group, so a
+//! Ctrl-C reaches them all. On several machines, run it on each with the same
 //! `--nnodes`, `--master-addr` (rank 0's machine) and `--master-port`, and its `--node-rank`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// What `launch` was asked.
@@ -23,6 +25,9 @@ pub struct Launch {
     pub grace: Duration,
     pub program: Vec<String>,
 }
+
+/// How long the launcher waits for the ranks' last output lines after they ended.
+const ECHO_WAIT: Duration = Duration::from_secs(5);
 
 const USAGE: &str = "usage: cargo xtask launch --nproc N [--nnodes M --node-rank K] \
                      [--master-addr A] [--master-port P] [--grace SECONDS] -- PROGRAM [ARGS...]";
@@ -96,15 +101,12 @@ pub fn run(launch: &Launch) -> Result<(), String> {
     };
     let world = launch.nproc * launch.nnodes;
     let mut ranks: Vec<(usize, Child)> = Vec::new();
-    let mut echoes = Vec::new();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut echoes = 0;
     for local in 0..launch.nproc {
         let rank = launch.node_rank * launch.nproc + local;
-        let mut command = Command::new(&launch.program[0]);
-        // A process group of its own, so that a kill reaches what the rank started too (a
-        // shell's children hold its output open).
-        #[cfg(unix)]
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
+        // In the launcher's process group, as `torchrun`'s ranks: a Ctrl-C reaches every rank.
+        let spawned = Command::new(&launch.program[0])
             .args(&launch.program[1..])
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", local.to_string())
@@ -113,8 +115,20 @@ pub fn run(launch: &Launch) -> Result<(), String> {
             .env("MASTER_PORT", port.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("rank {rank}: {} did not start: {e}", launch.program[0]))?;
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                for (_, started) in &mut ranks {
+                    let _ = started.kill();
+                    let _ = started.wait();
+                }
+                return Err(format!(
+                    "rank {rank}: {} did not start: {e}",
+                    launch.program[0]
+                ));
+            }
+        };
         for stream in [
             child
                 .stdout
@@ -128,17 +142,30 @@ pub fn run(launch: &Launch) -> Result<(), String> {
         .into_iter()
         .flatten()
         {
-            echoes.push(std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    println!("[rank {rank}] {line}");
+            let done = done_tx.clone();
+            echoes += 1;
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut line = Vec::new();
+                // Bytes, not text: a line that is not UTF-8 is shown, not the end of the echo.
+                while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                    let text = String::from_utf8_lossy(&line);
+                    println!("[rank {rank}] {}", text.trim_end_matches(['\n', '\r']));
+                    line.clear();
                 }
-            }));
+                let _ = done.send(());
+            });
         }
         ranks.push((rank, child));
     }
     let failed = wait(&mut ranks, launch.grace);
-    for echo in echoes {
-        let _ = echo.join();
+    // The ranks' last lines, unless a process a rank left behind holds its output open.
+    let deadline = Instant::now() + ECHO_WAIT;
+    for _ in 0..echoes {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
     }
     if failed.is_empty() {
         Ok(())
@@ -169,7 +196,7 @@ fn wait(ranks: &mut [(usize, Child)], grace: Duration) -> Vec<String> {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             for (index, (rank, child)) in ranks.iter_mut().enumerate() {
                 if running[index] {
-                    kill(child);
+                    let _ = child.kill();
                     let _ = child.wait();
                     running[index] = false;
                     failed.push(format!(
@@ -182,22 +209,6 @@ fn wait(ranks: &mut [(usize, Child)], grace: Duration) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     failed
-}
-
-/// Ends `child` and, on Unix, every process of its group.
-fn kill(child: &mut Child) {
-    #[cfg(unix)]
-    {
-        let group = format!("-{}", child.id());
-        let killed = Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .stderr(Stdio::null())
-            .status();
-        if killed.is_ok_and(|status| status.success()) {
-            return;
-        }
-    }
-    let _ = child.kill();
 }
 
 #[cfg(test)]
@@ -274,7 +285,7 @@ mod tests {
         let result = run(&launch(
             2,
             1,
-            "if [ $RANK = 1 ]; then exit 3; else sleep 60; fi",
+            "if [ $RANK = 1 ]; then exit 3; else exec sleep 60; fi",
         ));
         let error = result.expect_err("a rank failed");
         assert!(error.starts_with("rank 1 ("), "{error}");

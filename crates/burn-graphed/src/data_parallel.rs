@@ -125,8 +125,9 @@ impl DataParallel {
     /// `module` with rank 0's parameter values on every rank (each rank calls it with its own
     /// replica, at the same point): replicas made apart (a group of processes, each
     /// initializing its model with its own random draws) start equal, as PyTorch's DDP makes
-    /// them at construction. Float parameters travel as `f32` through the host, every rank's
-    /// to every rank (once, at the start); ids, devices and `require_grad` stay this rank's.
+    /// them at construction. Float parameters travel as `f32` through the host,
+    /// from rank 0 to every rank (once, at the start); ids, devices and `require_grad` stay
+    /// this rank's.
     ///
     /// # Errors
     ///
@@ -144,11 +145,11 @@ impl DataParallel {
             }),
             None => Ok(read.values),
         };
-        let all = self
+        let values = self
             .ranks
-            .all_gather("rank 0's parameters to every rank", local)?;
+            .rank_0_values("rank 0's parameters to every rank", local)?;
         Ok(module.map(&mut WriteParams {
-            values: &all[0],
+            values: &values,
             offset: 0,
         }))
     }
@@ -377,19 +378,11 @@ impl DataParallel {
                         detail: format!("the gradient bucket did not read back as f32: {error:?}"),
                     })
             });
-        // Every rank learns whether every rank read its bucket, and gets every rank's.
-        let buckets = self
+        // Every rank learns whether every rank read its bucket, and gets their mean.
+        let mean = self
             .ranks
-            .all_gather("every rank's gradient bucket on the host", values)?;
-        let len = buckets.first().map_or(0, Vec::len);
-        let mut sum = vec![0.0f32; len];
-        for bucket in buckets.iter() {
-            for (s, v) in sum.iter_mut().zip(bucket) {
-                *s += v;
-            }
-        }
-        let size = buckets.len() as f32;
-        let mean: Vec<f32> = sum.into_iter().map(|s| s / size).collect();
+            .mean("every rank's gradient bucket on the host", values)?;
+        let len = mean.len();
         Ok(Tensor::from_data(
             TensorData::new(mean, [len]).convert_dtype(dtype),
             &device,

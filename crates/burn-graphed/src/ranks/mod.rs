@@ -25,9 +25,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::process::Link;
 pub use self::process::ProcessEnv;
-use self::round::{Entry, Gathered, Rounds};
+use self::process::{Hub, Link};
+use self::round::{Combine, Entry, Gathered, Rounds};
 use crate::error::GraphedError;
 
 /// One rank's handle on its group: `size` handles are made together by [`RankGroup::new`], one
@@ -41,9 +41,11 @@ pub struct RankGroup {
 /// How a rank's statements reach the group's rounds.
 #[derive(Debug, Clone)]
 enum Transport {
-    /// The rounds are in this process: a group of threads, or rank 0 of a group of processes.
+    /// The rounds are in this process, a group of threads.
     Here(Arc<Rounds>),
-    /// The rounds are in rank 0's process.
+    /// Rank 0 of a group of processes: the rounds are here, served to the other ranks.
+    Hub(Arc<Hub>),
+    /// Another rank of a group of processes: the rounds are in rank 0's process.
     Remote(Arc<Link>),
 }
 
@@ -88,8 +90,11 @@ impl RankGroup {
                 ),
             });
         }
-        let transport = if env.rank == 0 {
-            Transport::Here(process::host(env, timeout)?)
+        let transport = if env.world_size == 1 {
+            // Nobody to serve: no port to take.
+            Transport::Here(Arc::new(Rounds::new(1, timeout)))
+        } else if env.rank == 0 {
+            Transport::Hub(process::host(env, timeout)?)
         } else {
             Transport::Remote(Arc::new(Link::connect(env, timeout)?))
         };
@@ -108,6 +113,7 @@ impl RankGroup {
     pub fn size(&self) -> usize {
         match &self.transport {
             Transport::Here(rounds) => rounds.size(),
+            Transport::Hub(hub) => hub.size(),
             Transport::Remote(link) => link.size(),
         }
     }
@@ -152,6 +158,7 @@ impl RankGroup {
             },
             vote,
             payload: Vec::new(),
+            combine: Combine::Gather,
         };
         let gathered = self.exchange(entry)?;
         // Every rank succeeded with the same decision, this one's included.
@@ -164,22 +171,78 @@ impl RankGroup {
     /// # Errors
     ///
     /// As [`agree`](Self::agree).
+    #[cfg(test)]
     pub(crate) fn all_gather(
         &self,
         what: &str,
         local: Result<Vec<f32>, GraphedError>,
     ) -> Result<Arc<Vec<Vec<f32>>>, GraphedError> {
+        self.values(what, local, Combine::Gather)
+            .map(|gathered| gathered.payloads)
+    }
+
+    /// The mean of every rank's `local` values (summed in rank order: the same bits on every
+    /// rank), agreed on as by [`all_gather`](Self::all_gather). Across processes each rank
+    /// sends its values and receives the mean.
+    ///
+    /// # Errors
+    ///
+    /// As [`agree`](Self::agree).
+    pub(crate) fn mean(
+        &self,
+        what: &str,
+        local: Result<Vec<f32>, GraphedError>,
+    ) -> Result<Vec<f32>, GraphedError> {
+        self.values(what, local, Combine::Mean)
+            .map(|gathered| gathered.payloads.first().cloned().unwrap_or_default())
+    }
+
+    /// Rank 0's `local` values on every rank (every rank states how many it holds; only rank
+    /// 0's travel).
+    ///
+    /// # Errors
+    ///
+    /// As [`agree`](Self::agree).
+    pub(crate) fn rank_0_values(
+        &self,
+        what: &str,
+        local: Result<Vec<f32>, GraphedError>,
+    ) -> Result<Vec<f32>, GraphedError> {
         let (decision, payload) = match local {
-            Ok(values) => (Ok(format!("{} values", values.len())), values),
+            Ok(values) => (
+                Ok(format!("{} values", values.len())),
+                if self.rank == 0 { values } else { Vec::new() },
+            ),
             Err(error) => (Err(error.to_string()), Vec::new()),
         };
-        let entry = Entry {
+        self.exchange(Entry {
             what: what.to_string(),
             decision,
             vote: false,
             payload,
+            combine: Combine::First,
+        })
+        .map(|gathered| gathered.payloads.first().cloned().unwrap_or_default())
+    }
+
+    /// A round on `what` carrying `local`'s values, combined as `combine` says.
+    fn values(
+        &self,
+        what: &str,
+        local: Result<Vec<f32>, GraphedError>,
+        combine: Combine,
+    ) -> Result<Gathered, GraphedError> {
+        let (decision, payload) = match local {
+            Ok(values) => (Ok(format!("{} values", values.len())), values),
+            Err(error) => (Err(error.to_string()), Vec::new()),
         };
-        self.exchange(entry).map(|gathered| gathered.payloads)
+        self.exchange(Entry {
+            what: what.to_string(),
+            decision,
+            vote: false,
+            payload,
+            combine,
+        })
     }
 
     /// Waits at a barrier with nothing to decide: [`agree`](Self::agree) on `()`.
@@ -197,18 +260,37 @@ impl RankGroup {
     pub fn abandon(&self, error: GraphedError) {
         match &self.transport {
             Transport::Here(rounds) => rounds.abandon(error),
+            Transport::Hub(hub) => hub.abandon(error),
             Transport::Remote(link) => link.abandon(error),
         }
     }
 
-    fn exchange(&self, entry: Entry) -> Result<Gathered, GraphedError> {
+    fn exchange(&self, mut entry: Entry) -> Result<Gathered, GraphedError> {
         match &self.transport {
             Transport::Here(rounds) => rounds.exchange(self.rank, entry),
+            Transport::Hub(hub) => {
+                over_the_wire(&mut entry);
+                hub.exchange(entry)
+            }
             Transport::Remote(link) => {
                 debug_assert_eq!(link.rank(), self.rank);
+                over_the_wire(&mut entry);
                 link.exchange(entry)
             }
         }
+    }
+}
+
+/// A statement whose values no frame between processes carries becomes this rank's failure,
+/// which the round then makes every rank's (instead of a frame refused mid-way).
+fn over_the_wire(entry: &mut Entry) {
+    if entry.payload.len() > wire::MAX_VALUES {
+        entry.decision = Err(format!(
+            "{} values, over the {} one round between processes carries",
+            entry.payload.len(),
+            wire::MAX_VALUES
+        ));
+        entry.payload = Vec::new();
     }
 }
 
@@ -453,6 +535,19 @@ mod tests {
                     let (value, any) = group.agree_and_vote("a step", Ok(step), vote)?;
                     let gathered =
                         group.all_gather("values", Ok(vec![rank as f32, step as f32]))?;
+                    let mean = group.mean("mean", Ok(vec![rank as f32, 0.1 * step as f32]))?;
+                    let first = group.rank_0_values("rank 0's", Ok(vec![rank as f32; 3]))?;
+                    assert_eq!(first, vec![0.0; 3], "rank {rank}: rank 0's values");
+                    let expected_mean = {
+                        // Summed in rank order, then divided: the bits every rank must get.
+                        let mut sum = [0.0f32; 2];
+                        for r in 0..3 {
+                            sum[0] += r as f32;
+                            sum[1] += 0.1 * step as f32;
+                        }
+                        vec![sum[0] / 3.0, sum[1] / 3.0]
+                    };
+                    assert_eq!(mean, expected_mean, "rank {rank}, step {step}");
                     Ok((value, any, gathered.as_ref().clone()))
                 })
                 .collect::<Result<Vec<_>, GraphedError>>()

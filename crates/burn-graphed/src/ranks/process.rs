@@ -5,14 +5,15 @@
 //! through the same in-memory rounds as a group of threads (`super::round`), so the outcome,
 //! and every error, is the same on every rank whichever transport carried it.
 //!
-//! Nothing waits without a bound: a rank that cannot reach rank 0 within the group's timeout
+//! No rank waits without a bound: a rank that cannot reach rank 0 within the group's timeout
 //! gets [`GraphedError::Rendezvous`]; a rank whose process ends (or closes its connection)
-//! ends the group with [`GraphedError::RankFailed`] naming it on every other rank; rank 0's
-//! end is the same error, naming rank 0, on the others.
+//! ends the group with [`GraphedError::RankFailed`] naming it on every other rank at once;
+//! rank 0's end is the same error, naming rank 0, on the others; a machine that vanishes
+//! without closing its connections misses the next round, which the timeout ends.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::round::{Entry, Gathered, Rounds};
@@ -89,6 +90,12 @@ impl ProcessEnv {
             });
         }
         let host = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        // An IPv6 address takes brackets before its port.
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
         Ok(Self {
             rank,
             world_size,
@@ -114,70 +121,145 @@ impl ProcessEnv {
     }
 }
 
+/// Rank 0's side of a group of processes: the group's rounds, which rank 0 states in directly,
+/// and what the threads serving the other ranks have sent them.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    rounds: Arc<Rounds>,
+    delivery: Mutex<Delivery>,
+    delivered: Condvar,
+}
+
+#[derive(Debug)]
+struct Delivery {
+    /// Rounds rank 0 completed with an outcome (its own statements).
+    own: u64,
+    /// Outcomes written to each rank's connection.
+    sent: Vec<u64>,
+    /// Whether each rank's connection is gone.
+    gone: Vec<bool>,
+}
+
+impl Hub {
+    pub(crate) fn size(&self) -> usize {
+        self.rounds.size()
+    }
+
+    pub(crate) fn abandon(&self, error: GraphedError) {
+        self.rounds.abandon(error);
+    }
+
+    /// Rank 0's statement. Returns once every rank still connected has been sent the round's
+    /// outcome (or the timeout passed), so that a rank 0 that ends right after its last step
+    /// does not close the connections before the others read how the step ended.
+    pub(crate) fn exchange(&self, entry: Entry) -> Result<Gathered, GraphedError> {
+        let outcome = self.rounds.exchange(0, entry);
+        if outcome.is_ok() {
+            let mut delivery = lock(&self.delivery);
+            delivery.own += 1;
+            let round = delivery.own;
+            let deadline = Instant::now() + self.rounds.timeout();
+            while (1..self.size()).any(|r| !delivery.gone[r] && delivery.sent[r] < round) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                delivery = self
+                    .delivered
+                    .wait_timeout(delivery, deadline - now)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+            }
+        }
+        outcome
+    }
+
+    /// A serving thread wrote `rank` an outcome (`sent`), or lost its connection.
+    fn note(&self, rank: usize, sent: bool) {
+        let mut delivery = lock(&self.delivery);
+        if sent {
+            delivery.sent[rank] += 1;
+        } else {
+            delivery.gone[rank] = true;
+        }
+        self.delivered.notify_all();
+    }
+}
+
 /// Rank 0's side: listens at `env.master` and serves every other rank's connection with the
-/// group's rounds, which rank 0's own process uses directly (returned).
+/// group's rounds, which rank 0's own process states in through the returned [`Hub`].
 ///
 /// # Errors
 ///
 /// [`GraphedError::Rendezvous`] when it cannot listen there (the port is taken).
-pub(crate) fn host(env: &ProcessEnv, timeout: Duration) -> Result<Arc<Rounds>, GraphedError> {
+pub(crate) fn host(env: &ProcessEnv, timeout: Duration) -> Result<Arc<Hub>, GraphedError> {
     let listener = TcpListener::bind(env.address()?)
         .map_err(|e| env.rendezvous(format!("rank 0 cannot listen there ({e})")))?;
     listener
         .set_nonblocking(true)
         .map_err(|e| env.rendezvous(e))?;
-    let rounds = Arc::new(Rounds::new(env.world_size, timeout));
-    let served = rounds.clone();
+    let size = env.world_size;
+    let hub = Arc::new(Hub {
+        rounds: Arc::new(Rounds::new(size, timeout)),
+        delivery: Mutex::new(Delivery {
+            own: 0,
+            sent: vec![0; size],
+            gone: vec![false; size],
+        }),
+        delivered: Condvar::new(),
+    });
+    let served = hub.clone();
     let accepting = std::thread::Builder::new()
         .name("burn-graphed-rank-hub".into())
         .spawn(move || accept(&listener, &served));
     if let Err(e) = accepting {
         return Err(env.rendezvous(format!("no thread to serve the group ({e})")));
     }
-    Ok(rounds)
+    Ok(hub)
 }
 
 /// Takes the other ranks' connections until all joined or the timeout passed (then the group
 /// ends with [`GraphedError::RankTimeout`] naming the ranks that never came).
-fn accept(listener: &TcpListener, rounds: &Arc<Rounds>) {
-    let size = rounds.size();
+fn accept(listener: &TcpListener, hub: &Arc<Hub>) {
+    let size = hub.size();
     let joined = Arc::new(Mutex::new({
         let mut joined = vec![false; size];
         joined[0] = true;
         joined
     }));
-    let deadline = Instant::now() + rounds.timeout();
+    let deadline = Instant::now() + hub.rounds.timeout();
     while lock(&joined).iter().any(|j| !j) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let (rounds, joined) = (rounds.clone(), joined.clone());
-                let _ = std::thread::Builder::new()
-                    .name("burn-graphed-rank-serve".into())
-                    .spawn(move || serve(stream, &rounds, &joined, deadline));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing = (0..size).filter(|&r| !lock(&joined)[r]).collect();
-                    rounds.abandon(GraphedError::RankTimeout {
-                        what: "joining the group".into(),
-                        missing,
-                        waited_ms: rounds.timeout().as_millis() as u64,
-                    });
-                    return;
-                }
-                std::thread::sleep(RETRY);
-            }
-            Err(_) => std::thread::sleep(RETRY),
+        // A failure other than "nobody yet" (out of file handles) is tried again, until the
+        // deadline like the rest.
+        if let Ok((stream, _)) = listener.accept() {
+            let (hub, joined) = (hub.clone(), joined.clone());
+            let _ = std::thread::Builder::new()
+                .name("burn-graphed-rank-serve".into())
+                .spawn(move || serve(stream, &hub, &joined, deadline));
+            continue;
         }
+        if Instant::now() >= deadline {
+            let missing = (0..size).filter(|&r| !lock(&joined)[r]).collect();
+            hub.abandon(GraphedError::RankTimeout {
+                what: "joining the group".into(),
+                missing,
+                waited_ms: hub.rounds.timeout().as_millis() as u64,
+            });
+            return;
+        }
+        std::thread::sleep(RETRY);
     }
 }
 
 /// One remote rank's connection: its greeting, then its statements, each answered with the
 /// round's outcome. The connection's end ends the group (the rank's process is gone).
-fn serve(mut stream: TcpStream, rounds: &Rounds, joined: &Mutex<Vec<bool>>, deadline: Instant) {
+fn serve(mut stream: TcpStream, hub: &Hub, joined: &Mutex<Vec<bool>>, deadline: Instant) {
+    let rounds = &hub.rounds;
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+    // At least a millisecond: a zero timeout is refused, and would leave the read unbounded.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(1))));
     // A peer that is not a rank (no greeting) is dropped, and the group goes on.
     let Ok((rank, size)) = wire::read_hello(&mut stream) else {
         return;
@@ -201,29 +283,34 @@ fn serve(mut stream: TcpStream, rounds: &Rounds, joined: &Mutex<Vec<bool>>, dead
         let _ = wire::send_from_hub(&mut stream, &FromHub::Refused(reason));
         return;
     }
+    // Between rounds a rank may compute for as long as it likes: no timeout here. A rank's
+    // process that ends closes the connection (read at once); a machine that vanishes without
+    // closing it misses its next round, which the round's timeout ends on every rank.
     let _ = stream.set_read_timeout(None);
     if wire::send_from_hub(&mut stream, &FromHub::Welcome).is_err() {
-        return gone(rounds, rank, "its greeting's answer could not be sent");
+        return gone(hub, rank, "its greeting's answer could not be sent");
     }
     loop {
         match wire::read_to_hub(&mut stream) {
             Ok(ToHub::Round(entry)) => {
                 let outcome = rounds.exchange(rank, entry);
                 if wire::send_from_hub(&mut stream, &FromHub::Outcome(outcome)).is_err() {
-                    return gone(rounds, rank, "the round's outcome could not be sent");
+                    return gone(hub, rank, "the round's outcome could not be sent");
                 }
+                hub.note(rank, true);
             }
             Ok(ToHub::Abandon { what, reason }) => {
                 rounds.abandon(GraphedError::RankFailed { rank, what, reason });
             }
-            Ok(ToHub::Hello { .. }) => return gone(rounds, rank, "it greeted twice"),
-            Err(e) => return gone(rounds, rank, &e.to_string()),
+            Ok(ToHub::Hello { .. }) => return gone(hub, rank, "it greeted twice"),
+            Err(e) => return gone(hub, rank, &e.to_string()),
         }
     }
 }
 
-fn gone(rounds: &Rounds, rank: usize, detail: &str) {
-    rounds.abandon(GraphedError::RankFailed {
+fn gone(hub: &Hub, rank: usize, detail: &str) {
+    hub.note(rank, false);
+    hub.rounds.abandon(GraphedError::RankFailed {
         rank,
         what: "its connection to rank 0".into(),
         reason: format!("its process ended or closed the connection ({detail})"),
@@ -236,7 +323,11 @@ pub(crate) struct Link {
     rank: usize,
     size: usize,
     timeout: Duration,
-    stream: Mutex<TcpStream>,
+    /// Read by one statement at a time, which holds it until its outcome came.
+    reader: Mutex<TcpStream>,
+    /// The same connection, written briefly (a statement, an abandonment) and never held
+    /// while waiting.
+    writer: Mutex<TcpStream>,
     spent: Mutex<Option<GraphedError>>,
 }
 
@@ -286,7 +377,8 @@ impl Link {
             rank: env.rank,
             size: env.world_size,
             timeout,
-            stream: Mutex::new(stream),
+            writer: Mutex::new(stream.try_clone().map_err(|e| env.rendezvous(e))?),
+            reader: Mutex::new(stream),
             spent: Mutex::new(None),
         })
     }
@@ -306,9 +398,9 @@ impl Link {
         }
         let what = entry.what.clone();
         let outcome = {
-            let mut stream = lock(&self.stream);
-            wire::send_to_hub(&mut *stream, &ToHub::Round(entry))
-                .and_then(|()| wire::read_from_hub(&mut *stream))
+            let mut reader = lock(&self.reader);
+            wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Round(entry))
+                .and_then(|()| wire::read_from_hub(&mut *reader))
         };
         let outcome = match outcome {
             Ok(FromHub::Outcome(outcome)) => outcome,
@@ -351,6 +443,6 @@ impl Link {
             other => ("its training".to_string(), other.to_string()),
         };
         lock(&self.spent).get_or_insert(error);
-        let _ = wire::send_to_hub(&mut *lock(&self.stream), &ToHub::Abandon { what, reason });
+        let _ = wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Abandon { what, reason });
     }
 }

@@ -17,12 +17,27 @@ pub(crate) struct Entry {
     pub(crate) decision: Result<String, String>,
     /// A yes/no that need not be the same on every rank.
     pub(crate) vote: bool,
-    /// Values handed to every rank with the outcome, not compared (a gradient bucket).
+    /// Values handed to every rank with the outcome as `combine` says, not compared (a
+    /// gradient bucket, a model's starting values).
     pub(crate) payload: Vec<f32>,
+    /// What the round makes of the payloads (the same on every rank, or the ranks disagree).
+    pub(crate) combine: Combine,
 }
 
-/// What a round gives every rank when all agreed: whether any rank voted yes, and every rank's
-/// payload in rank order.
+/// What a round hands every rank of the ranks' payloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Combine {
+    /// Every rank's, in rank order.
+    Gather,
+    /// Their mean, summed in rank order and divided by the group's size: the same bits on
+    /// every rank.
+    Mean,
+    /// Rank 0's.
+    First,
+}
+
+/// What a round gives every rank when all agreed: whether any rank voted yes, and the payloads
+/// as the round combined them ([`Combine`]).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Gathered {
     pub(crate) any: bool,
@@ -91,7 +106,7 @@ impl Rounds {
             let entries: Vec<Entry> = state.entries.iter_mut().filter_map(Option::take).collect();
             let outcome = outcome(&entries).map(|()| Gathered {
                 any: entries.iter().any(|e| e.vote),
-                payloads: Arc::new(entries.into_iter().map(|e| e.payload).collect()),
+                payloads: Arc::new(combine(entries)),
             });
             if let Err(error) = &outcome {
                 state.spent = Some(error.clone());
@@ -140,10 +155,32 @@ impl Rounds {
     }
 }
 
+/// The payloads of a round every rank agreed on, as its entries' [`Combine`] says.
+fn combine(entries: Vec<Entry>) -> Vec<Vec<f32>> {
+    match entries[0].combine {
+        Combine::Gather => entries.into_iter().map(|e| e.payload).collect(),
+        Combine::First => entries.into_iter().take(1).map(|e| e.payload).collect(),
+        Combine::Mean => {
+            let len = entries[0].payload.len();
+            let mut sum = vec![0.0f32; len];
+            for entry in &entries {
+                for (s, v) in sum.iter_mut().zip(&entry.payload) {
+                    *s += v;
+                }
+            }
+            let size = entries.len() as f32;
+            vec![sum.into_iter().map(|s| s / size).collect()]
+        }
+    }
+}
+
 /// The outcome of a round in which every rank stated `entries` (in rank order).
 fn outcome(entries: &[Entry]) -> Result<(), GraphedError> {
     let first = &entries[0];
-    if entries.iter().any(|e| e.what != first.what) {
+    if entries
+        .iter()
+        .any(|e| e.what != first.what || e.combine != first.combine)
+    {
         return Err(GraphedError::RanksDisagree {
             what: first.what.clone(),
             decisions: listing(entries, |e| e.what.clone()),

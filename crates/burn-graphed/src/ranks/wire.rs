@@ -5,14 +5,19 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use super::round::{Entry, Gathered};
+use super::round::{Combine, Entry, Gathered};
 use crate::error::GraphedError;
 
 /// The first bytes of a rank's greeting: the protocol and its version.
 const MAGIC: &[u8; 8] = b"BGRANKS1";
 
-/// The largest frame read after the greeting (a gradient bucket of half a billion elements).
+/// The largest frame read after the greeting.
 const MAX_FRAME: usize = 1 << 31;
+
+/// The most values one rank's statement or one outcome may carry: a frame's, less room for
+/// the rest of the message (about half a billion `f32`s: a gradient bucket or a model's
+/// values; a round combines the ranks' into one, [`Combine`]).
+pub(crate) const MAX_VALUES: usize = (MAX_FRAME - (1 << 20)) / 4;
 
 /// The largest greeting: a peer that is not a rank (a port scanner, another program on the
 /// port) is refused before the hub allocates anything for it.
@@ -120,6 +125,11 @@ fn entry(body: &mut Body, e: &Entry) {
         Err(text) => body.u8(1).text(text),
     };
     body.u8(u8::from(e.vote)).floats(&e.payload);
+    body.u8(match e.combine {
+        Combine::Gather => 0,
+        Combine::Mean => 1,
+        Combine::First => 2,
+    });
 }
 
 fn read_entry(c: &mut Cursor<'_>) -> io::Result<Entry> {
@@ -130,11 +140,19 @@ fn read_entry(c: &mut Cursor<'_>) -> io::Result<Entry> {
         _ => return Err(invalid("decision")),
     };
     let vote = c.u8()? != 0;
+    let payload = c.floats()?;
+    let combine = match c.u8()? {
+        0 => Combine::Gather,
+        1 => Combine::Mean,
+        2 => Combine::First,
+        _ => return Err(invalid("combine")),
+    };
     Ok(Entry {
         what,
         decision,
         vote,
-        payload: c.floats()?,
+        payload,
+        combine,
     })
 }
 
@@ -342,12 +360,14 @@ mod tests {
             decision: Ok("(3, 120, 77)".into()),
             vote: true,
             payload: vec![1.5, -0.0, f32::MIN_POSITIVE, 3e38],
+            combine: Combine::Mean,
         }));
         round_trip_to_hub(ToHub::Round(Entry {
             what: "a capture".into(),
             decision: Err("out of memory".into()),
             vote: false,
             payload: Vec::new(),
+            combine: Combine::First,
         }));
         round_trip_to_hub(ToHub::Abandon {
             what: "its training".into(),
