@@ -633,7 +633,9 @@ mod tests {
             .into_iter()
             .map(|rank| {
                 thread::spawn(move || {
-                    RankGroup::join(&env(rank, 3, port), Duration::from_millis(500))
+                    // Long enough that rank 1 reaches rank 0 on a loaded machine (a miss
+                    // would be `Rendezvous`, and fail the test); short for the timeout itself.
+                    RankGroup::join(&env(rank, 3, port), Duration::from_secs(3))
                         .and_then(|group| group.barrier("the first step"))
                 })
             })
