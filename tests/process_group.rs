@@ -13,8 +13,15 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::prelude::*;
 use burn_graphed::{Collective, DataParallel, ProcessEnv};
 
-/// Set in a child: what it does (`train`, or `die`: rank 1 ends its process mid-training).
+/// Set in a child: what it does (`train`; `die`: rank 1 ends its process mid-training;
+/// `in_turn`: a capture's turn, which processes take at once).
 const ROLE: &str = "BURN_GRAPHED_PROCESS_ROLE";
+
+/// Set in a child of the `in_turn` role: the folder where each rank says it started.
+const MEETING: &str = "BURN_GRAPHED_PROCESS_MEETING";
+
+/// How long a rank's `work` waits to see every rank's inside theirs.
+const MEET_WITHIN: Duration = Duration::from_secs(3);
 
 const RANKS: usize = 2;
 const ROWS: usize = 8;
@@ -118,6 +125,11 @@ fn process_group_child() {
     let role = std::env::var(ROLE).expect("run by this binary's tests");
     let env = ProcessEnv::from_env().expect("RANK, WORLD_SIZE, MASTER_PORT set by the test");
     let dp = DataParallel::join(&env, TIMEOUT, Collective::Host).expect("joined");
+    if role == "in_turn" {
+        let meeting = std::path::PathBuf::from(std::env::var(MEETING).expect("the folder"));
+        println!("met: {:?}", meet_in_turn(&dp, &meeting));
+        return;
+    }
     let stop = (role == "die" && env.rank == 1).then_some(2);
     let started = Instant::now();
     match train(env.rank, &dp, BOTH, stop) {
@@ -127,6 +139,24 @@ fn process_group_child() {
             started.elapsed().as_millis()
         ),
     }
+}
+
+/// `DataParallel::in_turn` with `work` that marks this rank started in `meeting` and waits up to
+/// [`MEET_WITHIN`] to see every rank started: whether the ranks' `work` overlapped.
+fn meet_in_turn(dp: &DataParallel, meeting: &std::path::Path) -> Result<bool, String> {
+    let rank = dp.ranks().rank();
+    dp.in_turn("a capture", &Device::flex(), || {
+        std::fs::write(meeting.join(format!("started-{rank}")), b"").expect("a mark");
+        let deadline = Instant::now() + MEET_WITHIN;
+        while Instant::now() < deadline {
+            if (0..RANKS).all(|r| meeting.join(format!("started-{r}")).exists()) {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(false)
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// A free port of the loopback for rank 0.
@@ -139,6 +169,11 @@ fn free_port() -> u16 {
 
 /// Starts one child per rank with the launcher's variables, and waits for all.
 fn launch(role: &str) -> Vec<(Output, String)> {
+    launch_with(role, &[])
+}
+
+/// [`launch`] with more variables.
+fn launch_with(role: &str, vars: &[(&str, &std::ffi::OsStr)]) -> Vec<(Output, String)> {
     let port = free_port().to_string();
     let children: Vec<_> = (0..RANKS)
         .map(|rank| {
@@ -149,6 +184,7 @@ fn launch(role: &str) -> Vec<(Output, String)> {
                 .env("WORLD_SIZE", RANKS.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
+                .envs(vars.iter().copied())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -240,4 +276,40 @@ fn data_parallel_process_rank_dies_fails_the_others_at_once() {
         elapsed < TIMEOUT / 2,
         "rank 0 was released by rank 1's end, not by the timeout: {elapsed:?}"
     );
+}
+
+#[test]
+fn data_parallel_process_ranks_capture_at_once_threads_in_turn() {
+    let meeting = std::env::temp_dir().join(format!("burn-graphed-meeting-{}", std::process::id()));
+    let fresh = |name: &str| {
+        let dir = meeting.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a folder");
+        dir
+    };
+    // The control: threads of one process take turns, so rank 0's work ends before rank 1's
+    // starts and sees it alone; rank 1's sees both.
+    let threads = fresh("threads");
+    let group = DataParallel::group(RANKS, TIMEOUT, Collective::Host).expect("group");
+    let met: Vec<Result<bool, String>> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .iter()
+            .map(|dp| scope.spawn(|| meet_in_turn(dp, &threads)))
+            .collect();
+        ranks.into_iter().map(|r| r.join().expect("rank")).collect()
+    });
+    assert_eq!(met, vec![Ok(false), Ok(true)], "threads take turns");
+    // Processes share no process: their captures run at once.
+    let processes = fresh("processes");
+    let started = Instant::now();
+    let ranks = launch_with("in_turn", &[(MEETING, processes.as_os_str())]);
+    let _ = std::fs::remove_dir_all(&meeting);
+    for (rank, (out, stdout)) in ranks.into_iter().enumerate() {
+        assert!(out.status.success(), "rank {rank}: {stdout}");
+        assert!(
+            stdout.contains("met: Ok(true)"),
+            "rank {rank} did not see the other's work at the same time: {stdout}"
+        );
+    }
+    assert!(started.elapsed() < TIMEOUT, "no hang");
 }

@@ -194,8 +194,9 @@ impl DataParallel {
     /// for captures, which on CUDA must not overlap anything else the process runs (cubecl
     /// records in CUDA's global capture mode), and which every rank must have made before any
     /// replays. First every rank drains `device`, its own, and waits for the others; then each
-    /// rank's turn comes while the others wait at a barrier. Returns this rank's value when
-    /// every rank's `work` succeeded.
+    /// rank's turn comes while the others wait at a barrier. Ranks that are processes of their
+    /// own ([`DataParallel::join`]) share no process, so they run `work` all at once. Returns
+    /// this rank's value when every rank's `work` succeeded.
     ///
     /// # Errors
     ///
@@ -213,15 +214,19 @@ impl DataParallel {
             reason: format!("the rank's device did not drain before the captures: {error}"),
         });
         self.ranks.agree(what, drained)?;
-        let mut work = Some(work);
-        let mut mine = None;
-        for turn in 0..self.ranks.size() {
-            if turn == self.ranks.rank() {
-                mine = work.take().map(|work| work());
+        let mine = if self.ranks.is_process_group() {
+            work()
+        } else {
+            let mut work = Some(work);
+            let mut mine = None;
+            for turn in 0..self.ranks.size() {
+                if turn == self.ranks.rank() {
+                    mine = work.take().map(|work| work());
+                }
+                self.ranks.barrier(what)?;
             }
-            self.ranks.barrier(what)?;
-        }
-        let mine = mine.unwrap_or(Err(GraphedError::NoInputs));
+            mine.unwrap_or(Err(GraphedError::NoInputs))
+        };
         self.ranks
             .agree(what, mine.as_ref().map(|_| ()).map_err(Clone::clone))?;
         mine

@@ -109,6 +109,12 @@ impl RankGroup {
         self.rank
     }
 
+    /// Whether the ranks are processes of their own ([`RankGroup::join`]), not threads of
+    /// one process.
+    pub(crate) fn is_process_group(&self) -> bool {
+        matches!(self.transport, Transport::Hub(_) | Transport::Remote(_))
+    }
+
     /// The number of ranks.
     pub fn size(&self) -> usize {
         match &self.transport {
