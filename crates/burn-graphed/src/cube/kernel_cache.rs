@@ -70,11 +70,7 @@ fn at_process_start() -> AtStart {
         Plan::LeaveAlone(decided) => return decided,
         Plan::TurnOn(root_choice) => root_choice,
     };
-    let mut config = match &file {
-        Some((path, _)) => load(path).unwrap_or_default(),
-        None => CubeClRuntimeConfig::default(),
-    }
-    .override_from_env();
+    let mut config = from_table(file.map(|(_, table)| table)).override_from_env();
     config.compilation.cache = true;
     match root_choice {
         Root::AsConfigured => {}
@@ -164,16 +160,13 @@ fn table_at(path: &Path) -> Option<toml::Table> {
     std::fs::read_to_string(path).ok()?.parse().ok()
 }
 
-/// cubecl's configuration from the file [`config_file`] found, as cubecl reads it.
-fn load(path: &Path) -> Option<CubeClRuntimeConfig> {
-    let name = path.file_name()?.to_str()?;
-    match CubeClRuntimeConfig::section_file_names()
-        .iter()
-        .find(|(file, _)| *file == name)
-    {
-        Some((_, section)) => CubeClRuntimeConfig::from_section_file_path(path, section).ok(),
-        None => CubeClRuntimeConfig::from_file_path(path).ok(),
-    }
+/// cubecl's configuration from the table [`config_file`] found, as cubecl reads the file (a
+/// table that does not fit is passed over, as cubecl passes over the file); its defaults
+/// without one.
+fn from_table(table: Option<toml::Table>) -> CubeClRuntimeConfig {
+    table
+        .and_then(|table| toml::Value::Table(table).try_into().ok())
+        .unwrap_or_default()
 }
 
 /// Whether a file can be made in `root` (made if missing); the reason where not.
@@ -355,6 +348,19 @@ mod tests {
             Plan::TurnOn(Root::UserCache)
         );
         assert_eq!(plan(None, None), Plan::TurnOn(Root::UserCache));
+    }
+
+    #[test]
+    fn the_file_s_other_settings_are_read_as_cubecl_reads_them() {
+        let named = from_table(Some(table("[environment]\nname = \"h200\"\n")));
+        assert_eq!(named.environment.name, "h200");
+        // A table that does not fit gives the defaults, as cubecl passes over such a file.
+        let wrong = from_table(Some(table("[environment]\nname = 3\n")));
+        assert_eq!(
+            wrong.environment.name,
+            CubeClRuntimeConfig::default().environment.name
+        );
+        assert!(!from_table(None).compilation.cache);
     }
 
     #[test]

@@ -214,24 +214,13 @@ impl RankGroup {
         what: &str,
         local: Result<Vec<f32>, GraphedError>,
     ) -> Result<Vec<f32>, GraphedError> {
-        let (decision, payload) = match local {
-            Ok(values) => (
-                Ok(format!("{} values", values.len())),
-                if self.rank == 0 { values } else { Vec::new() },
-            ),
-            Err(error) => (Err(error.to_string()), Vec::new()),
-        };
-        self.exchange(Entry {
-            what: what.to_string(),
-            decision,
-            vote: false,
-            payload,
-            combine: Combine::First,
-        })
-        .map(|gathered| gathered.payloads.first().cloned().unwrap_or_default())
+        self.values(what, local, Combine::First)
+            .map(|gathered| gathered.payloads.first().cloned().unwrap_or_default())
     }
 
-    /// A round on `what` carrying `local`'s values, combined as `combine` says.
+    /// A round on `what` carrying `local`'s values, combined as `combine` says; the decision
+    /// every rank agrees on is how many values it holds. Values no rank gets back (a rank
+    /// other than 0's, for [`Combine::First`]) stay here.
     fn values(
         &self,
         what: &str,
@@ -239,7 +228,14 @@ impl RankGroup {
         combine: Combine,
     ) -> Result<Gathered, GraphedError> {
         let (decision, payload) = match local {
-            Ok(values) => (Ok(format!("{} values", values.len())), values),
+            Ok(values) => {
+                let decision = Ok(format!("{} values", values.len()));
+                if combine == Combine::First && self.rank != 0 {
+                    (decision, Vec::new())
+                } else {
+                    (decision, values)
+                }
+            }
             Err(error) => (Err(error.to_string()), Vec::new()),
         };
         self.exchange(Entry {
