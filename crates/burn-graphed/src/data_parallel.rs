@@ -95,8 +95,9 @@ impl DataParallel {
 
     /// This process's handle on a group of processes, one per GPU, as `torchrun` or `cargo
     /// xtask launch` starts them ([`RankGroup::join`]: rank 0 serves the group at
-    /// `env.master`), averaging through host memory: each rank's bucket travels to every rank,
-    /// and every rank sums them in rank order, so every replica gets the same bits.
+    /// `env.master`), averaging through host memory: each rank's bucket travels to rank 0,
+    /// which sums them in rank order and sends the mean back, so every replica gets the same
+    /// bits.
     ///
     /// # Errors
     ///
