@@ -1,6 +1,8 @@
 //! Negative controls: each comparison of the suite must fail when the smallest real error it
-//! is meant to see is injected, in every regime the suite trains in: SGD, Adam at lr 1e-4 and
-//! 1e-3, `bf16` and `f16` parameters, and inference. Every control prints the tolerance, the
+//! is meant to see is injected, in every regime the suite trains in: here SGD, Adam at lr 1e-4
+//! and 1e-3, and inference; the `bf16` and `f16` regimes are the whole step's controls
+//! (`whole_step.rs::whole_step_update_controls_in`; wgpu has no `bf16`, so the CPU suite runs f32
+//! and f16, the GPU suite all three). Every control prints the tolerance, the
 //! injected error (its largest absolute size) and the margin (the error in units of its
 //! allowance, [`TensorComparison::worst`]: above 1 fails), beside the clean run's own worst
 //! (below 1), so a bound that drifts toward the errors it must see shows in the log before a

@@ -1032,6 +1032,67 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A round whose value check failed leaves a failure row (`"error"`, no times, as the
+    /// bench prints it) and no timing row: `benches/report.py` counts it against the key's
+    /// rounds ("FAILED 1 of 2" in the check column, the passed round's times alone in the
+    /// row) and lists it among the failed runs; a key whose every round failed has no timing
+    /// row at all, only its failure.
+    #[test]
+    fn report_py_counts_failed_checks_against_the_rounds() {
+        let dir = std::env::temp_dir().join(format!("xtask-failed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let timed = |model: &str, us: f64| {
+            format!(
+                "{{\"framework\": \"burn\", \"model\": \"{model}\", \"dtype\": \"f32\", \
+                 \"tf32\": false, \"mode\": \"whole_step\", \"median_us\": {us}, \"p10_us\": {us}, \
+                 \"p90_us\": {us}, \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
+            )
+        };
+        let failure = |model: &str| {
+            format!(
+                "{{\"framework\": \"burn\", \"model\": \"{model}\", \"dtype\": \"f32\", \
+                 \"tf32\": false, \"mode\": \"whole_step\", \"check_passed\": false, \
+                 \"error\": \"value check failed: parameter 3 off\"}}\n"
+            )
+        };
+        let file = dir.join("rounds.jsonl");
+        let rows = [
+            timed("m", 400.0),
+            failure("m"),
+            failure("only_failed"),
+        ];
+        std::fs::write(&file, rows.concat()).expect("results file");
+        let report = |only: &str| {
+            let out = Command::new("python3")
+                .arg(root().join("benches/report.py"))
+                .arg(&file)
+                .args(["--only", only])
+                .output()
+                .expect("python3");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let whole = report("whole_step");
+        let row = whole
+            .lines()
+            .find(|line| line.starts_with("| m |"))
+            .unwrap_or_else(|| panic!("a row for m: {whole}"));
+        assert!(row.contains("| 400 us (400-400) |"), "{row}");
+        assert!(row.contains("FAILED 1 of 2"), "{row}");
+        assert!(!whole.contains("only_failed"), "{whole}");
+        let failed = report("failed");
+        assert_eq!(
+            failed.matches("value check failed: parameter 3 off").count(),
+            2,
+            "{failed}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `benches/report.py` reads every committed results file into its tables, and keeps the
     /// plot that BENCHMARKS.md's commands ask of it (`--plot`): a refactor once dropped the
     /// plot function and nothing but a `--plot` run noticed. Draws the plot where matplotlib
