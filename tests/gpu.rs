@@ -959,6 +959,38 @@ fn data_parallel_host_replicas_match_one_model() {
     scenarios::data_parallel::replicas_match_one_model(&devices, burn_graphed::Collective::Host);
 }
 
+/// Two processes, one per GPU (as `cargo xtask launch --nproc 2` starts them), each step's
+/// bucket averaged by NCCL inside the step's one graph (`Collective::Nccl { in_graph: true }`):
+/// every step replays, the replicas are bitwise equal and equal one model trained on the whole
+/// batches, with Adam and with SGD; replicas trained apart differ (skipped on one GPU).
+#[test]
+fn data_parallel_process_nccl_in_graph_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, true);
+}
+
+/// The same with the all-reduce between the step's two graphs (`in_graph: false`, the
+/// fallback), NCCL between processes (skipped on one GPU).
+#[test]
+fn data_parallel_process_nccl_two_graphs_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, false);
+}
+
+/// The child processes of the `data_parallel_process_nccl_*` tests.
+const PROCESS_CHILD: &str = "data_parallel_process_child";
+
+/// A rank of the `data_parallel_process_nccl_*` tests, which start it.
+#[test]
+#[ignore = "a child process of the data_parallel_process_nccl_* tests"]
+fn data_parallel_process_child() {
+    assert!(
+        std::env::var_os(scenarios::processes::CHILD).is_some(),
+        "run by the data_parallel_process_nccl_* tests"
+    );
+    scenarios::processes::child(&cuda());
+}
+
 /// UPSTREAM.md 8, run by hand on 2 GPUs (`run.sh tests --ignored upstream_8`): a graphed
 /// callable that ends in burn's all-reduce, captured by two ranks of one process. Each test
 /// prints what happened; a watchdog ends the process with a `reproduced:` line when the ranks

@@ -16,12 +16,12 @@ use super::*;
 #[allow(dead_code)]
 mod train_ddp;
 
-const STEPS: usize = 3;
-const RANKS: usize = 2;
-const ROWS: usize = 8;
+pub(super) const STEPS: usize = 3;
+pub(super) const RANKS: usize = 2;
+pub(super) const ROWS: usize = 8;
 
 /// Rank `rank`'s share (of `ranks`) of step `step`'s batch of [`ROWS`] rows, on `device`.
-fn shard(step: usize, rank: usize, ranks: usize, device: &Device) -> Tensor<2> {
+pub(super) fn shard(step: usize, rank: usize, ranks: usize, device: &Device) -> Tensor<2> {
     let share = ROWS / ranks;
     batch([ROWS, 16], step, device).narrow(0, rank * share, share)
 }
@@ -142,7 +142,7 @@ pub fn replicas_match_one_model(devices: &[Device], collective: Collective) {
 /// move the parameters by less than the tensor-core tolerance, so that a sum instead of a mean,
 /// or no averaging at all, would pass a comparison of parameters. Not for Adam's updates, which
 /// a mean and a sum give alike, and whose near-zero gradients turn rounding into a full step.
-fn assert_averaged_and_apart(
+pub(super) fn assert_averaged_and_apart(
     what: &str,
     start: &Mlp,
     single: &Mlp,
@@ -361,16 +361,16 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
 
 /// The whole-step loss of these scenarios: a mean over the batch, so that the mean of the
 /// ranks' losses on equal shards is the loss of the whole batch.
-fn square_loss(model: &Mlp, x: Tensor<2>) -> Tensor<1> {
+pub(super) fn square_loss(model: &Mlp, x: Tensor<2>) -> Tensor<1> {
     square_mean(model.forward(x))
 }
 
-const LR: f64 = 1e-2;
+pub(super) const LR: f64 = 1e-2;
 
 /// Trains a data-parallel `GraphedStep` per rank, rank `i` on `devices[i]` and its shard, for
 /// [`STEPS`] steps; the replicas, in rank order. `together`: the ranks form one group averaging
 /// with `collective`; otherwise each rank is a group of its own (no averaging).
-fn train_whole_steps(
+pub(super) fn train_whole_steps(
     model: &Mlp,
     devices: &[Device],
     collective: &Collective,

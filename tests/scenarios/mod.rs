@@ -24,6 +24,8 @@ pub mod low_precision;
 pub mod optim;
 #[cfg(feature = "wgpu")]
 pub mod picks;
+#[cfg(feature = "cuda")]
+pub mod processes;
 pub mod prop;
 pub mod random;
 pub mod reads;

@@ -1056,11 +1056,7 @@ mod tests {
             )
         };
         let file = dir.join("rounds.jsonl");
-        let rows = [
-            timed("m", 400.0),
-            failure("m"),
-            failure("only_failed"),
-        ];
+        let rows = [timed("m", 400.0), failure("m"), failure("only_failed")];
         std::fs::write(&file, rows.concat()).expect("results file");
         let report = |only: &str| {
             let out = Command::new("python3")
@@ -1086,7 +1082,9 @@ mod tests {
         assert!(!whole.contains("only_failed"), "{whole}");
         let failed = report("failed");
         assert_eq!(
-            failed.matches("value check failed: parameter 3 off").count(),
+            failed
+                .matches("value check failed: parameter 3 off")
+                .count(),
             2,
             "{failed}"
         );

@@ -6,7 +6,8 @@
 //! architecture would otherwise reduce misaligned values, or hang in NCCL); the bucket is
 //! averaged by the group's [`Collective`]; each rank splits it back into its gradients. One
 //! collective per step, not one per parameter. [`GraphedStep::data_parallel`] takes the same
-//! steps inside a whole step, between its two graphs.
+//! steps inside a whole step: between its two graphs, or, with [`Collective::Nccl`]'s
+//! `in_graph`, inside its one graph.
 //!
 //! [`GraphedStep::data_parallel`]: crate::GraphedStep::data_parallel
 
@@ -35,6 +36,19 @@ pub enum Collective {
     /// order (so every rank gets the same bits) and write the mean back. For backends without
     /// collectives and for tests; a device sync per step.
     Host,
+    /// NCCL between processes, one per GPU ([`DataParallel::join`]; CUDA only): rank 0 mints
+    /// the communicator's id and the group's rendezvous hands it to every rank; the mean of
+    /// the buckets (`ncclAvg`) is enqueued on the stream the model's kernels run on. With
+    /// `in_graph`, a [`GraphedStep::data_parallel`] records the all-reduce inside its one graph
+    /// per step (forward, backward, all-reduce, clipping, update), as PyTorch's DDP under
+    /// whole-network capture does; without, the step is two graphs with the all-reduce
+    /// between their replays (the fallback).
+    ///
+    /// [`GraphedStep::data_parallel`]: crate::GraphedStep::data_parallel
+    Nccl {
+        /// Record the all-reduce inside the whole step's graph.
+        in_graph: bool,
+    },
 }
 
 /// One rank's handle on a data-parallel group: [`DataParallel::group`] makes one per rank.
@@ -42,6 +56,8 @@ pub enum Collective {
 pub struct DataParallel {
     ranks: RankGroup,
     collective: Collective,
+    /// With [`Collective::Nccl`]: this process's NCCL group, as the engine numbers it.
+    nccl: Option<usize>,
 }
 
 impl DataParallel {
@@ -51,13 +67,23 @@ impl DataParallel {
     ///
     /// # Errors
     ///
-    /// [`GraphedError::InvalidArgument`] for `size` 0, a zero `timeout`, or an
-    /// [`Collective::AllReduce`] whose device count is not `size`.
+    /// [`GraphedError::InvalidArgument`] for `size` 0, a zero `timeout`, an
+    /// [`Collective::AllReduce`] whose device count is not `size`, or [`Collective::Nccl`]
+    /// (which joins processes: the ranks of one process use `AllReduce`).
     pub fn group(
         size: usize,
         timeout: Duration,
         collective: Collective,
     ) -> Result<Vec<DataParallel>, GraphedError> {
+        if let Collective::Nccl { .. } = collective {
+            return Err(GraphedError::InvalidArgument {
+                argument: "collective",
+                detail: "given Nccl, expected AllReduce or Host: Nccl joins one process per \
+                         GPU (DataParallel::join); the ranks of one process average with \
+                         AllReduce"
+                    .into(),
+            });
+        }
         if let Collective::AllReduce { devices } = &collective {
             if devices.len() != size {
                 return Err(GraphedError::InvalidArgument {
@@ -89,21 +115,24 @@ impl DataParallel {
             .map(|ranks| DataParallel {
                 ranks,
                 collective: collective.clone(),
+                nccl: None,
             })
             .collect())
     }
 
     /// This process's handle on a group of processes, one per GPU, as `torchrun` or `cargo
     /// xtask launch` starts them ([`RankGroup::join`]: rank 0 serves the group at
-    /// `env.master`), averaging through host memory: each rank's bucket travels to rank 0,
-    /// which sums them in rank order and sends the mean back, so every replica gets the same
-    /// bits.
+    /// `env.master`). With [`Collective::Host`] each rank's bucket travels to rank 0, which
+    /// sums them in rank order and sends the mean back, so every replica gets the same bits;
+    /// with [`Collective::Nccl`] rank 0 mints NCCL's id and hands it to every rank here (the
+    /// communicator itself is made at the first all-reduce, on the rank's device).
     ///
     /// # Errors
     ///
     /// [`RankGroup::join`]'s; [`GraphedError::InvalidArgument`] naming `collective` for
-    /// [`Collective::AllReduce`]: burn's all-reduce joins the devices of one process, not
-    /// devices of several.
+    /// [`Collective::AllReduce`] (burn's all-reduce joins the devices of one process, not
+    /// devices of several); on every rank alike, [`GraphedError::RankFailed`] when rank 0 could
+    /// not mint NCCL's id (built without `cuda`, `libnccl` not found).
     pub fn join(
         env: &ProcessEnv,
         timeout: Duration,
@@ -112,15 +141,38 @@ impl DataParallel {
         if let Collective::AllReduce { .. } = collective {
             return Err(GraphedError::InvalidArgument {
                 argument: "collective",
-                detail: "given AllReduce, expected Host: burn's all-reduce joins the devices of \
-                         one process, and a group of processes averages through the host"
+                detail: "given AllReduce, expected Host or Nccl: burn's all-reduce joins the \
+                         devices of one process, and a group of processes averages through \
+                         the host or NCCL"
                     .into(),
             });
         }
+        let ranks = RankGroup::join(env, timeout)?;
+        let nccl = match collective {
+            Collective::Nccl { .. } => Some(Self::nccl_group(&ranks)?),
+            _ => None,
+        };
         Ok(DataParallel {
-            ranks: RankGroup::join(env, timeout)?,
+            ranks,
             collective,
+            nccl,
         })
+    }
+
+    /// Rank 0's NCCL id on every rank (as bytes, each an `f32` of the round's values: exact),
+    /// and this process's group in the engine.
+    fn nccl_group(ranks: &RankGroup) -> Result<usize, GraphedError> {
+        let failed = |reason: String| GraphedError::Collective { reason };
+        let minted = if ranks.rank() == 0 {
+            crate::cube::nccl_unique_id()
+                .map(|id| id.into_iter().map(f32::from).collect())
+                .map_err(failed)
+        } else {
+            Ok(vec![0.0; crate::cube::NCCL_ID_BYTES])
+        };
+        let values = ranks.rank_0_values("NCCL's communicator id from rank 0", minted)?;
+        let id: Vec<u8> = values.into_iter().map(|v| v as u8).collect();
+        crate::cube::nccl_join(&id, ranks.rank(), ranks.size()).map_err(failed)
     }
 
     /// `module` with rank 0's parameter values on every rank (each rank calls it with its own
@@ -239,6 +291,19 @@ impl DataParallel {
     ///
     /// [`GraphedError::InvalidArgument`] naming `model` when it is another.
     pub(crate) fn check_device(&self, device: &Device) -> Result<(), GraphedError> {
+        if let Collective::Nccl { .. } = self.collective {
+            if crate::cube::is_cuda(device) {
+                return Ok(());
+            }
+            return Err(GraphedError::InvalidArgument {
+                argument: "model",
+                detail: format!(
+                    "rank {}'s parameters are on {device:?}, expected a CUDA device (NCCL runs \
+                     on CUDA; other backends average with Collective::Host)",
+                    self.ranks.rank()
+                ),
+            });
+        }
         let Collective::AllReduce { devices } = &self.collective else {
             return Ok(());
         };
@@ -363,6 +428,28 @@ impl DataParallel {
             )
             .resolve()),
             Collective::Host => self.host_mean(bucket),
+            Collective::Nccl { .. } => {
+                let group = self.nccl.ok_or_else(|| GraphedError::Collective {
+                    reason: "no NCCL group joined (DataParallel::join makes it)".into(),
+                })?;
+                let mean = crate::cube::nccl_mean(bucket, group);
+                // Runs the all-reduce (it is lazy), so that its failure is this step's.
+                let ran = crate::cube::check_written(&mean.clone().into_dispatch());
+                if let Some(reason) = crate::cube::nccl_failure() {
+                    return Err(GraphedError::Collective { reason });
+                }
+                ran.map_err(|reason| GraphedError::Collective { reason })?;
+                Ok(mean)
+            }
+        }
+    }
+
+    /// The engine's NCCL group where the whole step records its all-reduce in its graph
+    /// ([`Collective::Nccl`] with `in_graph`).
+    pub(crate) fn in_graph_group(&self) -> Option<usize> {
+        match self.collective {
+            Collective::Nccl { in_graph: true } => self.nccl,
+            _ => None,
         }
     }
 

@@ -316,6 +316,13 @@ pub enum GraphedError {
         /// How long the first rank to give up waited.
         waited_ms: u64,
     },
+    /// The group's collective failed on this rank (NCCL refused to make the communicator or
+    /// to enqueue the all-reduce, or could not be loaded); the message names the call.
+    #[error("data-parallel collective: {reason}")]
+    Collective {
+        /// What NCCL or the engine reported.
+        reason: String,
+    },
     /// A process could not join its group of processes: rank 0 could not listen at the
     /// group's address, or another rank could not reach it there within the timeout, or was
     /// refused.

@@ -19,6 +19,8 @@ mod adam;
 #[cfg(feature = "cube")]
 mod buffers;
 #[cfg(feature = "cube")]
+mod collective;
+#[cfg(feature = "cube")]
 mod copy_op;
 #[cfg(feature = "cuda")]
 mod cuda_stream;
@@ -42,6 +44,10 @@ pub(crate) use self::{
     adam::adam_multi_op::Batch as AdamBatch,
     adam::adam_op::step as adam_step,
     buffers::check_written,
+    collective::{
+        UNIQUE_ID_BYTES as NCCL_ID_BYTES, is_cuda, join as nccl_join, mean as nccl_mean,
+        take_failure as nccl_failure, unique_id as nccl_unique_id,
+    },
     copy_op::collective_buffer,
     graph::capture::{capture_group, capture_inference},
     graph::graphs::{Admitted, Graphs, ParamHandles},
@@ -83,10 +89,11 @@ pub(crate) use self::{
 mod stand_in;
 #[cfg(not(feature = "cube"))]
 pub(crate) use stand_in::{
-    AdamBatch, Admitted, Graphs, ParamHandles, RandomState, StepGraph, StepState, adam_step,
-    attention, attention_packed, attention_supports_dim, capture_group, capture_inference,
-    capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows, embedding_rows,
-    enable_kernel_cache, export_tuned, import_tuned, join3, kernel_cache_location, linear, norm,
+    AdamBatch, Admitted, Graphs, NCCL_ID_BYTES, ParamHandles, RandomState, StepGraph, StepState,
+    adam_step, attention, attention_packed, attention_supports_dim, capture_group,
+    capture_inference, capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows,
+    embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3,
+    kernel_cache_location, linear, nccl_failure, nccl_join, nccl_mean, nccl_unique_id, norm,
     supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]

@@ -20,6 +20,34 @@ pub(crate) fn supports_graphs(_device: &Device) -> bool {
     false
 }
 
+/// Bytes of an NCCL unique id.
+pub(crate) const NCCL_ID_BYTES: usize = 128;
+
+/// No CUDA device without the `cuda` feature.
+pub(crate) fn is_cuda(_device: &Device) -> bool {
+    false
+}
+
+/// NCCL needs the `cuda` feature.
+pub(crate) fn nccl_unique_id() -> Result<Vec<u8>, String> {
+    Err("NCCL needs burn-graphed's cuda feature".into())
+}
+
+/// NCCL needs the `cuda` feature.
+pub(crate) fn nccl_join(_id: &[u8], _rank: usize, _size: usize) -> Result<usize, String> {
+    Err("NCCL needs burn-graphed's cuda feature".into())
+}
+
+/// Never reached: no group joins without the `cuda` feature.
+pub(crate) fn nccl_mean(bucket: Tensor<1>, _group: usize) -> Tensor<1> {
+    bucket
+}
+
+/// Never reached: no group joins without the `cuda` feature.
+pub(crate) fn nccl_failure() -> Option<String> {
+    None
+}
+
 /// Without cubecl no launch is skipped: every tensor holds values.
 pub(crate) fn check_written(_tensor: &burn::backend::DispatchTensor) -> Result<(), String> {
     Ok(())
@@ -253,6 +281,17 @@ impl StepGraph {
     pub(crate) fn replay_update(&self, _averaged: &DispatchTensor) -> Result<(), GraphedError> {
         match *self {}
     }
+
+    pub(crate) fn averaged_layout(&self) -> Option<&super::values::BucketLayout> {
+        match *self {}
+    }
+
+    pub(crate) fn inputs_written(
+        &self,
+        _micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(), GraphedError> {
+        match *self {}
+    }
 }
 
 /// Never reached: [`StepState::new`] makes no state here.
@@ -262,6 +301,7 @@ pub(crate) fn capture_step(
     _sample: &[Vec<FlatTensor>],
     _config: &GraphedConfig,
     _cut: super::values::StepCut,
+    _meet: &dyn Fn(&str, Result<(), GraphedError>) -> Result<(), GraphedError>,
 ) -> Result<StepGraph, GraphedError> {
     match **state {}
 }

@@ -46,11 +46,18 @@ pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamStat
 /// How a whole step is recorded: as one graph, or cut at its gradient bucket into two graphs,
 /// a gradient graph (forward, loss, backward, the gradients flattened into one bucket) and an
 /// update graph (the bucket split back, clipped, the optimizer update), so that a collective
-/// can average the bucket between the two replays.
+/// can average the bucket between the two replays; or as one graph with the bucket's NCCL
+/// all-reduce inside ([`StepCut::InGraph`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StepCut {
     Whole,
     AtBucket,
+    /// One graph: gradients, the bucket averaged by NCCL group `group` (the engine's number,
+    /// `collective::join`), the update. Every rank captures at once, with a fixed number of
+    /// warm-ups (their all-reduces pair up one for one).
+    InGraph {
+        group: usize,
+    },
 }
 
 /// A step's gradients flattened, in the parameters' visiting order, into one 1-D tensor.

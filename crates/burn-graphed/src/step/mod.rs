@@ -388,11 +388,20 @@ where
         flat: &[Vec<FlatTensor>],
     ) -> Result<(Arc<StepGraph>, u64), GraphedError> {
         let runner = self.runner();
+        let alone = |_: &str, outcome| outcome;
         let graph = match &self.parallel {
-            None => cube::capture_step(state, &runner, flat, &self.config, StepCut::Whole),
+            None => cube::capture_step(state, &runner, flat, &self.config, StepCut::Whole, &alone),
             Some((group, device)) => group.in_turn(CAPTURE_TURN, device, || {
                 group.check_device(device)?;
-                cube::capture_step(state, &runner, flat, &self.config, StepCut::AtBucket)
+                let Some(nccl) = group.in_graph_group() else {
+                    let cut = StepCut::AtBucket;
+                    return cube::capture_step(state, &runner, flat, &self.config, cut, &alone);
+                };
+                // Every rank captures at once (ranks are processes): they agree before each
+                // all-reduce of the capture.
+                let meet = |what: &str, outcome| group.ranks().agree(what, outcome);
+                let cut = StepCut::InGraph { group: nccl };
+                cube::capture_step(state, &runner, flat, &self.config, cut, &meet)
             }),
         }?;
         let bytes = graph.held_bytes();

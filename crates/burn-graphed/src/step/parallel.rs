@@ -1,6 +1,7 @@
 //! A data-parallel whole step ([`GraphedStep::data_parallel`]): the gradient half, replayed
 //! or eager; the ranks' agreement; the bucket's mean; the update half; then, where a rank met
-//! shapes without graphs, every rank's turn to capture them.
+//! shapes without graphs, every rank's turn to capture them. With the all-reduce inside the
+//! graph: the ranks' agreement, then one replay (or the eager step around the collective).
 
 use std::sync::Arc;
 
@@ -15,6 +16,19 @@ use crate::error::GraphedError;
 use crate::route::{NoCapture, OnMiss, Route};
 use crate::stats::EagerReason;
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
+
+/// A step with the all-reduce inside its graph, ready for the ranks' agreement.
+enum Ready {
+    /// This graph replays the whole step, all-reduce included.
+    Replay(Arc<StepGraph>),
+    /// The step's gradients, computed eagerly; the all-reduce and the update follow.
+    Eager {
+        losses: Vec<burn::backend::DispatchTensor>,
+        bucket: Box<Bucket>,
+        /// The shapes have no graph yet: every rank captures them after the step.
+        capture_after: bool,
+    },
+}
 
 /// How the gradient half of a data-parallel step ran.
 enum Half {
@@ -41,6 +55,9 @@ where
         key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<Tensor<1>, GraphedError> {
+        if group.in_graph_group().is_some() {
+            return self.in_graph_step(group, state, flat, key, lr);
+        }
         let half = self
             .gradient_half(state, flat, key, lr)
             .and_then(|(losses, bucket, half)| {
@@ -77,6 +94,106 @@ where
             self.capture_in_turn(state, flat, key, wants_capture)?;
         }
         Ok(concat(losses))
+    }
+
+    /// A data-parallel step whose graph holds the all-reduce ([`Collective::Nccl`] with
+    /// `in_graph`): the route, and what could fail before the collective (the inputs' values,
+    /// an eager step's gradients); the ranks' agreement on it; then the one replay, or the
+    /// eager step's all-reduce and update; then, when any rank met shapes without graphs,
+    /// every rank's capture of them (all at once).
+    ///
+    /// [`Collective::Nccl`]: crate::Collective::Nccl
+    fn in_graph_step(
+        &mut self,
+        group: &DataParallel,
+        state: &Arc<StepState>,
+        flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
+        lr: f64,
+    ) -> Result<Tensor<1>, GraphedError> {
+        let ready = self.ready_in_graph(state, flat, key, lr);
+        let wants_capture = matches!(
+            &ready,
+            Ok(Ready::Eager {
+                capture_after: true,
+                ..
+            })
+        );
+        let digest = ready.as_ref().map_err(Clone::clone).and_then(|ready| {
+            let layout = match ready {
+                Ready::Replay(graph) => graph.averaged_layout().ok_or(GraphedError::Internal {
+                    what: "a graph of a step with its all-reduce inside has no bucket layout",
+                })?,
+                Ready::Eager { bucket, .. } => &bucket.layout,
+            };
+            Ok((layout.fingerprint(), layout.len, layout.dtype, lr))
+        });
+        let (_, any_capture) =
+            group
+                .ranks()
+                .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+        let losses = match ready? {
+            Ready::Replay(graph) => {
+                let (losses, copies) = graph.replay(flat)?;
+                self.replays += 1;
+                self.input_copies += copies;
+                losses
+            }
+            Ready::Eager { losses, bucket, .. } => {
+                let bucket = *bucket;
+                let averaged = group
+                    .mean(Tensor::from_dispatch(bucket.tensor))?
+                    .into_dispatch();
+                state.eager_update(&Bucket {
+                    tensor: averaged,
+                    layout: bucket.layout,
+                })?;
+                losses
+            }
+        };
+        if any_capture {
+            self.capture_in_turn(state, flat, key, wants_capture)?;
+        }
+        Ok(concat(losses))
+    }
+
+    /// What a step with the all-reduce inside does before the ranks agree: the graph to
+    /// replay, its inputs checked for values; or the eager step's losses and bucket, checked
+    /// for values. Shapes without graphs run eagerly and ask for their capture after the step.
+    fn ready_in_graph(
+        &mut self,
+        state: &StepState,
+        flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
+        lr: f64,
+    ) -> Result<Ready, GraphedError> {
+        let miss = OnMiss::<NoCapture<_>>::After;
+        let routed = self
+            .router
+            .route(key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
+        state.set_lr(lr)?;
+        match routed.route {
+            Route::Replay(graph) => {
+                graph.inputs_written(flat)?;
+                Ok(Ready::Replay(graph))
+            }
+            Route::Eager(reason) => {
+                if self.config.on_mismatch == MismatchPolicy::Error
+                    && reason != EagerReason::CaptureAfterStep
+                {
+                    return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
+                }
+                let capture_after = reason == EagerReason::CaptureAfterStep;
+                self.router.count_eager(reason);
+                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
+                crate::data_parallel::written(&bucket.tensor)?;
+                Ok(Ready::Eager {
+                    losses,
+                    bucket: Box::new(bucket),
+                    capture_after,
+                })
+            }
+        }
     }
 
     /// Every rank's turn at capturing after a step in which some met shapes without graphs:

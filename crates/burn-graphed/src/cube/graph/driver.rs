@@ -224,9 +224,30 @@ impl Warmed<'_> {
         phase: CapturePhase,
         work: impl FnOnce() -> Result<R, GraphedError>,
     ) -> Result<(R, RecordedGraph), GraphedError> {
-        let recording = self.prepared.record(phase)?;
-        let result = work()?;
-        let (graph, contents) = recording.stop(phase)?;
+        self.record_met(phase, work, |stopped| stopped)
+    }
+
+    /// [`record`](Self::record), with `stopped` told whether the recording and its stop
+    /// succeeded before the graph's first run (the device out of capture mode either way):
+    /// ranks whose graphs hold a collective agree there, so that none runs its graph while
+    /// another's recording failed. Its error ends the capture.
+    ///
+    /// # Errors
+    ///
+    /// As [`record`](Self::record), and `stopped`'s.
+    pub(in crate::cube) fn record_met<R>(
+        self,
+        phase: CapturePhase,
+        work: impl FnOnce() -> Result<R, GraphedError>,
+        stopped: impl FnOnce(Result<(), GraphedError>) -> Result<(), GraphedError>,
+    ) -> Result<(R, RecordedGraph), GraphedError> {
+        let recorded = self.prepared.record(phase).and_then(|recording| {
+            // An error inside `work` drops the recording, which ends it.
+            let result = work()?;
+            Ok((result, recording.stop(phase)?))
+        });
+        stopped(recorded.as_ref().map(|_| ()).map_err(Clone::clone))?;
+        let (result, (graph, contents)) = recorded?;
         materialize(self.dispatch, &graph, phase)?;
         Ok((result, (graph, contents)))
     }

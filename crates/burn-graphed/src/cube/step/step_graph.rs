@@ -17,8 +17,9 @@ use std::sync::Arc;
 use burn::backend::{Backend, Dispatch, DispatchGraph, DispatchTensor};
 
 use super::super::buffers::{
-    DirectCopy, FusedTensor, StaticBuffer, dispatch_of, fused, static_fused,
+    DirectCopy, FusedTensor, StaticBuffer, check_written, dispatch_of, fused, static_fused,
 };
+use super::super::collective::{mean, take_failure};
 use super::super::graph::driver::{InputView, Pools, static_inputs, under_lock, warm_up};
 use super::super::graph::lifecycle::capture_error;
 use super::super::graph::random_state::SavedStates;
@@ -56,6 +57,9 @@ pub(crate) struct StepGraph {
     /// What the graphs hold: the whole step's (or the gradient half's, then the update
     /// half's).
     contents: Vec<GraphContents>,
+    /// With [`StepCut::InGraph`]: the layout of the bucket the graph averages, which the ranks
+    /// compare before every replay.
+    averaged: Option<BucketLayout>,
 }
 
 /// The update half of a step cut at its bucket. Field order is drop order.
@@ -75,6 +79,29 @@ impl StepGraph {
     /// What the step's graphs hold.
     pub(crate) fn contents(&self) -> &[GraphContents] {
         &self.contents
+    }
+
+    /// The layout of the bucket the graph averages inside it ([`StepCut::InGraph`]).
+    pub(crate) fn averaged_layout(&self) -> Option<&BucketLayout> {
+        self.averaged.as_ref()
+    }
+
+    /// Whether every input of `micro_inputs` holds values (runs the work queued for each): what
+    /// a rank states before it replays a graph with a collective inside, whose replay must not
+    /// then be refused on one rank alone (the others' all-reduce would wait for it for good).
+    ///
+    /// # Errors
+    ///
+    /// [`GraphedError::InputNotWritten`] naming the first input without values.
+    pub(crate) fn inputs_written(
+        &self,
+        micro_inputs: &[Vec<FlatTensor>],
+    ) -> Result<(), GraphedError> {
+        for (index, input) in micro_inputs.iter().flatten().enumerate() {
+            super::super::buffers::check_written(&input.tensor)
+                .map_err(|reason| GraphedError::InputNotWritten { index, reason })?;
+        }
+        Ok(())
     }
 
     /// Copies the inputs in where they are not already in the static buffers, replays the
@@ -276,18 +303,22 @@ pub(crate) fn capture_step(
     sample: &[Vec<FlatTensor>],
     config: &GraphedConfig,
     cut: StepCut,
+    meet: &Meet<'_>,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
     let what = match cut {
         StepCut::Whole => "burn-graphed: capturing a whole training step",
         StepCut::AtBucket => "burn-graphed: capturing a data-parallel training step",
+        StepCut::InGraph { .. } => {
+            "burn-graphed: capturing a data-parallel training step, all-reduce inside"
+        }
     };
     under_lock(dispatch, what, |generators| {
         Dispatch::sync(dispatch).map_err(capture_error(CapturePhase::StaticBuffers))?;
         // Everything queued before (a learning-rate write, an eager step) is in the buffers now.
         lock(&state.host).queued.clear();
         let snapshot = state.snapshot();
-        let captured = capture_from(state, run, sample, config, cut, &snapshot, generators);
+        let captured = capture_from(state, run, sample, config, cut, &snapshot, generators, meet);
         let restored = state.restore(&snapshot, generators, CapturePhase::StaticBuffers);
         let graph = captured?;
         restored?;
@@ -296,6 +327,7 @@ pub(crate) fn capture_step(
 }
 
 /// [`capture_step`] once the lock is held and the snapshot taken.
+#[allow(clippy::too_many_arguments)]
 fn capture_from(
     state: &Arc<StepState>,
     run: &StepRunner<'_>,
@@ -304,6 +336,7 @@ fn capture_from(
     cut: StepCut,
     snapshot: &[(FusedTensor, FusedTensor)],
     generators: &SavedStates,
+    meet: &Meet<'_>,
 ) -> Result<StepGraph, GraphedError> {
     let dispatch = &state.dispatch;
     let pools = Pools::start(dispatch)?;
@@ -319,7 +352,21 @@ fn capture_from(
     let restore = || state.restore(snapshot, generators, warmup);
     // The whole step, eagerly, from the snapshot, as the graph will run it (cut at the bucket
     // or not): the losses are kept, the queued writes held until the device synchronized.
-    let (warmed, eager_losses) = warm_up(dispatch, config, warmup, || {
+    // With the all-reduce inside, every rank warms up as many times (their all-reduces pair up
+    // one for one), and the ranks agree that their gradients hold values before each.
+    let fixed;
+    let warm_config = if let StepCut::InGraph { .. } = cut {
+        let runs = config.max_warmup_iters.max(config.warmup_iters).max(1);
+        fixed = GraphedConfig {
+            warmup_iters: runs,
+            max_warmup_iters: runs,
+            ..config.clone()
+        };
+        &fixed
+    } else {
+        config
+    };
+    let (warmed, eager_losses) = warm_up(dispatch, warm_config, warmup, || {
         restore()?;
         match cut {
             StepCut::Whole => state.body(run, &leaves, &autodiff_inputs, warmup),
@@ -330,15 +377,56 @@ fn capture_from(
                 queued.extend(state.update(state.split_bucket(&bucket), warmup)?);
                 Ok((losses, queued))
             }
+            StepCut::InGraph { group } => {
+                let gradients = state
+                    .gradients(run, &leaves, &autodiff_inputs, warmup)
+                    .and_then(|(losses, grads, kept)| {
+                        let bucket = state.fill_bucket(grads)?;
+                        check_written(&bucket.tensor)
+                            .map_err(|reason| GraphedError::GradientsNotWritten { reason })?;
+                        Ok((losses, bucket, kept))
+                    });
+                let (losses, bucket, mut queued) = met(
+                    meet,
+                    "a warm-up's gradients, before their all-reduce",
+                    gradients,
+                )?;
+                let averaged = average(&bucket, group);
+                queued.extend(state.update(state.split_bucket(&averaged), warmup)?);
+                Ok((losses, queued))
+            }
         }
     })?;
+    if let Some(reason) = take_failure() {
+        return Err(GraphedError::Capture {
+            phase: warmup,
+            reason: format!("the all-reduce failed: {reason}"),
+        });
+    }
     restore()?;
+    let mut averaged = None;
     let ((graph, losses), update, contents) = match cut {
         StepCut::Whole => {
             // The first run of the recording (`Warmed::record`) updates the buffers; the
             // snapshot puts them back afterwards.
             let ((losses, _queued), (graph, contents)) =
                 warmed.record(phase, || state.body(run, &leaves, &autodiff_inputs, phase))?;
+            ((graph, losses), None, vec![contents])
+        }
+        StepCut::InGraph { group } => {
+            // The ranks agree that every recording stopped before any runs its graph once.
+            let record = || {
+                let (losses, grads, mut queued) =
+                    state.gradients(run, &leaves, &autodiff_inputs, phase)?;
+                let bucket = state.fill_bucket(grads)?;
+                let mean = average(&bucket, group);
+                queued.extend(state.update(state.split_bucket(&mean), phase)?);
+                Ok((losses, bucket.layout, queued))
+            };
+            let stopped = |result| meet("the recording of the step, before its first run", result);
+            let ((losses, layout, _queued), (graph, contents)) =
+                warmed.record_met(phase, record, stopped)?;
+            averaged = Some(layout);
             ((graph, losses), None, vec![contents])
         }
         StepCut::AtBucket => {
@@ -397,5 +485,26 @@ fn capture_from(
         growth: pools.growth,
         fault: crate::faults::injected(),
         contents,
+        averaged,
     })
+}
+
+/// How the ranks of a step with its all-reduce inside agree before each all-reduce, so that no
+/// rank waits in one that another rank will never reach: every rank states its outcome
+/// (`Ok` or its error) on `what` and gets the group's (the first failure, on every rank).
+pub(crate) type Meet<'a> = dyn Fn(&str, Result<(), GraphedError>) -> Result<(), GraphedError> + 'a;
+
+/// `result` once every rank stated its own on `what` ([`Meet`]).
+fn met<T>(meet: &Meet<'_>, what: &str, result: Result<T, GraphedError>) -> Result<T, GraphedError> {
+    meet(what, result.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    result
+}
+
+/// `bucket` averaged over NCCL group `group` (lazily: a fusion operation), same layout.
+fn average(bucket: &Bucket, group: usize) -> Bucket {
+    let tensor = burn::tensor::Tensor::<1>::from_dispatch(bucket.tensor.clone());
+    Bucket {
+        tensor: mean(tensor, group).into_dispatch(),
+        layout: bucket.layout.clone(),
+    }
 }

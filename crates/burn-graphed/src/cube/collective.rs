@@ -1,0 +1,288 @@
+//! NCCL between processes: one communicator per process of a data-parallel group (one process
+//! per GPU), made from a unique id that rank 0 mints and the group's rendezvous hands to every
+//! rank, and the gradient bucket's mean as a lazy fusion operation that enqueues
+//! `ncclAllReduce` on cubecl's own stream.
+//!
+//! Why not cubecl's collectives: cubecl 0.11 mints its NCCL ids inside the process and numbers
+//! the ranks by the devices of that process, so processes cannot share a communicator; and it
+//! issues collectives on a stream of their own, which a capture of the compute stream does not
+//! record. Enqueued on the stream cubecl's kernels run on (the carried patch's
+//! `GpuResource::stream`, as the cuBLASLt products do), the all-reduce runs in order with the
+//! step eagerly, and a capture records it into the step's graph with the rest of the step.
+//!
+//! The communicator is made at its first all-reduce, with the stream's context current: NCCL
+//! binds a communicator to the device current at its making. Every rank reaches that
+//! all-reduce in the same step (the ranks agreed on the step first), and it is never inside a
+//! recording: every capture warms up eagerly first.
+
+use std::sync::Mutex;
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Cube, backend_extension};
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+
+/// Bytes of an NCCL unique id (`ncclUniqueId`).
+pub(crate) const UNIQUE_ID_BYTES: usize = 128;
+
+/// The communicators of this process: index `i` is [`join`]'s `i`-th answer.
+static COMMUNICATORS: Mutex<Vec<Communicator>> = Mutex::new(Vec::new());
+
+/// The failures of all-reduces since the last [`take_failure`], first one kept: the fusion
+/// operation cannot return an error, so it leaves its bucket unreduced and says why here.
+static FAILURE: Mutex<Option<String>> = Mutex::new(None);
+
+/// One rank's place in a group of processes, and its NCCL communicator once made.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Communicator {
+    id: [u8; UNIQUE_ID_BYTES],
+    rank: usize,
+    size: usize,
+    /// `ncclComm_t`, as an address (made at the first all-reduce).
+    comm: Option<usize>,
+}
+
+/// Whether `device` is a CUDA device of burn's cubecl backend (where NCCL runs).
+pub(crate) fn is_cuda(device: &burn::tensor::Device) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        use burn::backend::DispatchDevice;
+        matches!(
+            device.clone().inner().as_dispatch(),
+            DispatchDevice::Cube(cubecl::Device::Cuda(_))
+        )
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// A fresh NCCL unique id, for rank 0 to hand to every rank.
+///
+/// # Errors
+///
+/// Where NCCL is missing (built without CUDA, `libnccl` not found) or refuses.
+pub(crate) fn unique_id() -> Result<Vec<u8>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        nccl::unique_id()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("NCCL needs burn-graphed's cuda feature".into())
+    }
+}
+
+/// Registers this process as rank `rank` of `size` of the group that shares `id`; the answer
+/// names the group to [`mean`]. The communicator itself is made at the first all-reduce.
+///
+/// # Errors
+///
+/// An id of another length than NCCL's.
+pub(crate) fn join(id: &[u8], rank: usize, size: usize) -> Result<usize, String> {
+    let id: [u8; UNIQUE_ID_BYTES] = id.try_into().map_err(|_| {
+        format!(
+            "an NCCL unique id of {} bytes, expected {UNIQUE_ID_BYTES}",
+            id.len()
+        )
+    })?;
+    let mut communicators = crate::sync::lock(&COMMUNICATORS);
+    communicators.push(Communicator {
+        id,
+        rank,
+        size,
+        comm: None,
+    });
+    Ok(communicators.len() - 1)
+}
+
+/// The mean of every rank's `bucket` (a 1-D float tensor of the same length and dtype on every
+/// rank, each rank calling at the same point of its step) over the group [`join`] named
+/// `group`: a new tensor. Lazy, as any tensor operation: the all-reduce is enqueued when fusion
+/// runs the operation, and a capture records it.
+pub(crate) fn mean(bucket: Tensor<1>, group: usize) -> Tensor<1> {
+    let bucket = bucket.inner();
+    match bucket.clone().try_into_primitive::<Cube>() {
+        Ok(fused) => {
+            Tensor::from_primitive::<Cube>(<Cube as CollectiveOps>::nccl_mean(fused, group))
+        }
+        Err(_) => {
+            fail("the bucket is not on burn's cubecl backend".into());
+            bucket
+        }
+    }
+}
+
+/// The first all-reduce failure since the last call, if any.
+pub(crate) fn take_failure() -> Option<String> {
+    crate::sync::lock(&FAILURE).take()
+}
+
+fn fail(reason: String) {
+    log::error!("burn-graphed: an NCCL all-reduce did not run: {reason}");
+    crate::sync::lock(&FAILURE).get_or_insert(reason);
+}
+
+/// The all-reduce as a lazy fusion operation on burn's cubecl backend.
+#[backend_extension(Cube, Fusion)]
+pub(crate) trait CollectiveOps: Backend {
+    /// The mean over group `group`'s ranks of `bucket` (1-D, `f32`, `f16` or `bf16`): a new
+    /// dense tensor; `bucket` itself where the all-reduce cannot run ([`take_failure`] says
+    /// why).
+    #[fusion(meta = |bucket, _group| bucket.clone())]
+    fn nccl_mean(bucket: FloatTensor<Self>, group: usize) -> FloatTensor<Self>;
+}
+
+impl CollectiveOps for CubeBackend {
+    fn nccl_mean(bucket: CubeTensor, group: usize) -> CubeTensor {
+        #[cfg(feature = "cuda")]
+        {
+            match nccl::mean(&bucket, group) {
+                Ok(out) => out,
+                Err(reason) => {
+                    fail(reason);
+                    bucket
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = group;
+            fail("NCCL needs burn-graphed's cuda feature".into());
+            bucket
+        }
+    }
+}
+
+/// NCCL's data type for `dtype`.
+#[cfg(feature = "cuda")]
+fn nccl_type(dtype: DType) -> Option<cudarc::nccl::sys::ncclDataType_t> {
+    use cudarc::nccl::sys::ncclDataType_t as Nccl;
+    match dtype {
+        DType::F32 => Some(Nccl::ncclFloat32),
+        DType::F16 => Some(Nccl::ncclFloat16),
+        DType::BF16 => Some(Nccl::ncclBfloat16),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)]
+fn nccl_type(_dtype: DType) -> Option<()> {
+    None
+}
+
+#[cfg(feature = "cuda")]
+mod nccl {
+    use burn::tensor::Shape;
+    use burn_cubecl::tensor::CubeTensor;
+    use cudarc::driver::sys::CUstream;
+    use cudarc::nccl::{result, sys};
+
+    use super::super::cuda_stream::{CudaServer, make_current};
+    use super::super::dense::Dense;
+    use super::{COMMUNICATORS, UNIQUE_ID_BYTES, nccl_type};
+
+    pub(super) fn unique_id() -> Result<Vec<u8>, String> {
+        let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+        // `c_char` to bytes, bit for bit.
+        Ok(id.internal.iter().map(|&c| c as u8).collect())
+    }
+
+    /// The communicator of group `group`, made now if this is its first all-reduce (every
+    /// rank makes it in the same step; NCCL waits for all of them), with `stream`'s context
+    /// current.
+    fn communicator(group: usize) -> Result<sys::ncclComm_t, String> {
+        let mut communicators = crate::sync::lock(&COMMUNICATORS);
+        let entry = communicators
+            .get_mut(group)
+            .ok_or_else(|| format!("no NCCL group {group} in this process"))?;
+        if let Some(comm) = entry.comm {
+            return Ok(comm as sys::ncclComm_t);
+        }
+        let mut id = sys::ncclUniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
+        for (slot, byte) in id.internal.iter_mut().zip(entry.id) {
+            *slot = byte as std::ffi::c_char;
+        }
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid place for the communicator NCCL makes; `id` is the group's
+        // id as rank 0 minted it, `entry.rank < entry.size` (the rendezvous numbered the
+        // ranks); the caller made the context of the device this rank runs on current.
+        unsafe {
+            result::comm_init_rank(
+                &mut comm,
+                entry.size as std::ffi::c_int,
+                id,
+                entry.rank as std::ffi::c_int,
+            )
+        }
+        .map_err(|e| {
+            format!(
+                "ncclCommInitRank (rank {} of {}): {e:?}",
+                entry.rank, entry.size
+            )
+        })?;
+        entry.comm = Some(comm as usize);
+        Ok(comm)
+    }
+
+    /// The mean of `bucket` over group `group`, into a new dense tensor, enqueued on the stream
+    /// cubecl's kernels run on.
+    pub(super) fn mean(bucket: &CubeTensor, group: usize) -> Result<CubeTensor, String> {
+        let dims = bucket.meta.shape().num_dims();
+        if dims != 1 {
+            return Err(format!("a bucket of {dims} dimensions, expected 1"));
+        }
+        let dtype = nccl_type(bucket.dtype)
+            .ok_or_else(|| format!("a bucket of {:?}, expected f32, f16 or bf16", bucket.dtype))?;
+        let len = bucket.meta.shape()[0];
+        let source = Dense::of(bucket);
+        let out = Dense::new_empty(
+            bucket.client.clone(),
+            bucket.device.clone(),
+            Shape::new([len]),
+            bucket.dtype,
+        );
+        let resource = |tensor: &CubeTensor| {
+            tensor
+                .client
+                .get_resource::<CudaServer>(tensor.handle.clone())
+                .map_err(|e| format!("cubecl did not hand out the bucket's buffer: {e}"))
+        };
+        // The output first: made on this thread's stream, it names the stream to enqueue on.
+        let out_res = resource(out.tensor())?;
+        let source_res = resource(source.tensor())?;
+        let stream: CUstream = out_res.resource().stream;
+        if stream.is_null() {
+            return Err("the buffer names no stream".into());
+        }
+        // SAFETY: `stream` is a live stream of cubecl's server: its pool holds `out`, which we
+        // hold.
+        unsafe { make_current(stream) }.map_err(|(call, e)| format!("{call}: {e}"))?;
+        let comm = communicator(group)?;
+        // SAFETY: both addresses are live device allocations of at least `len` elements of
+        // `dtype` (`source` dense over the bucket, `out` made for it), held until the
+        // operation returns, after which the stream orders every later use after the
+        // all-reduce; `comm` is this process's communicator of the group, made on this
+        // device; `stream` is cubecl's stream of this thread, on which the kernels that wrote
+        // `source` were enqueued (the resources were handed out after them).
+        unsafe {
+            result::all_reduce(
+                source_res.resource().ptr as *const std::ffi::c_void,
+                out_res.resource().ptr as *mut std::ffi::c_void,
+                len,
+                dtype,
+                sys::ncclRedOp_t::ncclAvg,
+                comm,
+                stream as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
+        Ok(out.into_tensor())
+    }
+}
