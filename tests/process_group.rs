@@ -124,6 +124,11 @@ fn train(rank: usize, dp: &DataParallel, with: Use, stop: Option<usize>) -> Resu
 fn process_group_child() {
     let role = std::env::var(ROLE).expect("run by this binary's tests");
     let env = ProcessEnv::from_env().expect("RANK, WORLD_SIZE, MASTER_PORT set by the test");
+    if role == "nccl" {
+        let joined = DataParallel::join(&env, TIMEOUT, Collective::Nccl { in_graph: true });
+        println!("nccl: {:?}", joined.map(|_| ()).map_err(|e| e.to_string()));
+        return;
+    }
     let dp = DataParallel::join(&env, TIMEOUT, Collective::Host).expect("joined");
     if role == "in_turn" {
         let meeting = std::path::PathBuf::from(std::env::var(MEETING).expect("the folder"));
@@ -312,4 +317,38 @@ fn data_parallel_process_ranks_capture_at_once_threads_in_turn() {
         );
     }
     assert!(started.elapsed() < TIMEOUT, "no hang");
+}
+
+/// NCCL where rank 0 cannot mint its id (this suite's builds have no `cuda` feature; with it,
+/// a machine without `libnccl`): every rank's join fails with rank 0's reason, none waits.
+/// Where NCCL does load (a CUDA build on a machine with NCCL), the join succeeds on both ranks
+/// and the test says so and counts as skipped: the GPU suite trains with it.
+#[test]
+fn data_parallel_process_nccl_without_nccl_fails_every_rank() {
+    let ranks = launch("nccl");
+    let outcomes: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(rank, (out, stdout))| {
+            assert!(out.status.success(), "rank {rank}: {stdout}");
+            stdout
+                .lines()
+                .find_map(|line| line.strip_prefix("nccl: "))
+                .unwrap_or_else(|| panic!("rank {rank} printed no outcome: {stdout}"))
+                .to_string()
+        })
+        .collect();
+    if outcomes.iter().all(|o| o == "Ok(())") {
+        let test = "data_parallel_process_nccl_without_nccl_fails_every_rank";
+        println!("skipped: {test}: NCCL loads here: both ranks joined");
+        return;
+    }
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        assert!(
+            outcome.starts_with("Err(")
+                && outcome.contains("rank 0 failed")
+                && outcome.contains("NCCL"),
+            "rank {rank}'s join names rank 0's failure: {outcome}"
+        );
+    }
 }

@@ -289,6 +289,23 @@ pub fn mismatched_ranks_fail_on_every_rank(device: &Device) {
         "{:?}",
         shared.map(|_| ())
     );
+    // NCCL between processes has no meaning for threads of one process: refused up front.
+    let threads = DataParallel::group(
+        RANKS,
+        Duration::from_secs(1),
+        Collective::Nccl { in_graph: true },
+    );
+    assert!(
+        matches!(
+            &threads,
+            Err(GraphedError::InvalidArgument {
+                argument: "collective",
+                detail,
+            }) if detail.contains("DataParallel::join")
+        ),
+        "{:?}",
+        threads.map(|_| ())
+    );
 
     let group =
         DataParallel::group(RANKS, Duration::from_millis(500), Collective::Host).expect("group");

@@ -221,6 +221,13 @@ pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_g
                     counts.contains(&format!("replays {STEPS}, eager 0")),
                     "every step replays: {counts}"
                 );
+                // One graph a step with the all-reduce inside, two around it.
+                let graphs = if in_graph { 1 } else { 2 };
+                assert_eq!(
+                    counts.matches("GraphContents").count(),
+                    graphs,
+                    "graphs per step: {counts}"
+                );
                 deep_copy(&model).map(&mut Load { values, offset: 0 })
             })
             .collect();
