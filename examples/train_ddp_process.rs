@@ -8,8 +8,9 @@
 //! Each process reads its rank from the launcher's variables (`ProcessEnv`), trains on GPU
 //! `LOCAL_RANK` (the default device without `cuda`), joins the group at rank 0's address,
 //! takes rank 0's starting values (`DataParallel::broadcast`: each process initialized its
-//! model with its own random draws) and runs a whole step per batch, its gradients averaged
-//! through the host (`Collective::Host`; NCCL's all-reduce joins the GPUs of one process). On
+//! model with its own random draws) and runs a whole step per batch, its gradients averaged by
+//! NCCL inside the step's graph on CUDA (`Collective::Nccl`), through the host elsewhere
+//! (`Collective::Host`). On
 //! several machines, run the launcher on each with `--nnodes`, `--node-rank`, and rank 0's
 //! `--master-addr` and `--master-port`. Every rank prints a digest of its trained parameters:
 //! equal digests, equal replicas.
@@ -28,14 +29,18 @@ use burn::tensor::Distribution;
 use burn_graphed::{Collective, DataParallel, GraphedConfig, GraphedStep, ProcessEnv};
 use train_ddp::{Mlp, mse};
 
-/// The device of this machine's `local_rank`-th process.
-fn device(local_rank: usize) -> Device {
+/// The device of this machine's `local_rank`-th process, and how the group averages there:
+/// NCCL inside the step's graph on a GPU, through the host elsewhere.
+fn device(local_rank: usize) -> (Device, Collective) {
     #[cfg(feature = "cuda")]
     if local_rank < train_ddp::gpu_count() {
-        return Device::cuda(local_rank);
+        return (
+            Device::cuda(local_rank),
+            Collective::Nccl { in_graph: true },
+        );
     }
     let _ = local_rank;
-    Device::default()
+    (Device::default(), Collective::Host)
 }
 
 /// A digest of the parameters' values (not their ids, which each process drew itself).
@@ -54,8 +59,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|a| a.parse().ok())
         .unwrap_or(50);
     let (width, rows) = (256, 32);
-    let device = device(env.local_rank).autodiff();
-    let dp = DataParallel::join(&env, Duration::from_secs(300), Collective::Host)?;
+    let (device, collective) = device(env.local_rank);
+    let device = device.autodiff();
+    let dp = DataParallel::join(&env, Duration::from_secs(300), collective)?;
     let started = Instant::now();
     // Each process draws its own starting values; the broadcast makes them rank 0's.
     device.seed(1000 + env.rank as u64);

@@ -25,7 +25,8 @@ const VOCABULARY: &[&str] = &[
 
 /// The features: everything above the engine's front door.
 const FEATURES: &[&str] = &[
-    "data_parallel",
+    "data_parallel/mod",
+    "data_parallel/params",
     "graphed/build",
     "graphed/group",
     "graphed/mod",

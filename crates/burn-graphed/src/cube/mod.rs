@@ -12,7 +12,7 @@ mod tf32;
 mod values;
 
 pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
-pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, ConvSpec, StepCut};
+pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, BucketLayout, ConvSpec, StepCut};
 
 #[cfg(feature = "cube")]
 mod adam;

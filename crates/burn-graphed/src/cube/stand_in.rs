@@ -301,7 +301,7 @@ pub(crate) fn capture_step(
     _sample: &[Vec<FlatTensor>],
     _config: &GraphedConfig,
     _cut: super::values::StepCut,
-    _meet: &dyn Fn(&str, Result<(), GraphedError>) -> Result<(), GraphedError>,
+    _meet: &super::values::Meet<'_>,
 ) -> Result<StepGraph, GraphedError> {
     match **state {}
 }

@@ -60,6 +60,12 @@ pub(crate) enum StepCut {
     },
 }
 
+/// How the ranks of a step with its all-reduce inside agree before each all-reduce, so that no
+/// rank waits in one that another rank will never reach: every rank states its outcome
+/// (`Ok` or its error) on `what` and gets the group's (the first failure, on every rank).
+pub(crate) type Meet<'a> = dyn Fn(&str, Result<(), crate::error::GraphedError>) -> Result<(), crate::error::GraphedError>
+    + 'a;
+
 /// A step's gradients flattened, in the parameters' visiting order, into one 1-D tensor.
 pub(crate) struct Bucket {
     /// Valid until the next step of the same state: a graph's bucket is its own buffer.

@@ -10,16 +10,18 @@ use burn::tensor::Tensor;
 
 use super::{CAPTURE_TURN, GraphedStep, STEP_AGREEMENT, concat};
 use crate::config::MismatchPolicy;
-use crate::cube::{Bucket, StepGraph, StepState};
+use crate::cube::{Bucket, BucketLayout, StepGraph, StepState};
 use crate::data_parallel::DataParallel;
 use crate::error::GraphedError;
 use crate::route::{NoCapture, OnMiss, Route};
 use crate::stats::EagerReason;
 use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 
-/// A step with the all-reduce inside its graph, ready for the ranks' agreement.
+/// A data-parallel step's route: ready for the ranks' agreement with the all-reduce inside
+/// the graph, or for the gradient half's replay.
 enum Ready {
-    /// This graph replays the whole step, all-reduce included.
+    /// This graph replays the step (the whole step with the all-reduce inside; otherwise its
+    /// gradient half).
     Replay(Arc<StepGraph>),
     /// The step's gradients, computed eagerly; the all-reduce and the update follow.
     Eager {
@@ -70,25 +72,19 @@ where
                 Ok((losses, bucket, half))
             });
         let wants_capture = matches!(&half, Ok((_, _, Half::CaptureAfter)));
-        let digest = half.as_ref().map_err(Clone::clone).map(|(_, bucket, _)| {
-            let layout = &bucket.layout;
-            (layout.fingerprint(), layout.len, layout.dtype, lr)
-        });
-        let (_, any_capture) =
-            group
-                .ranks()
-                .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+        let layout = half
+            .as_ref()
+            .map(|(_, bucket, _)| &bucket.layout)
+            .map_err(Clone::clone);
+        let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
         let (losses, bucket, half) = half?;
-        let averaged = group
-            .mean(Tensor::from_dispatch(bucket.tensor))?
-            .into_dispatch();
         if let Half::Replayed(graph) = &half {
+            let averaged = group
+                .mean(Tensor::from_dispatch(bucket.tensor))?
+                .into_dispatch();
             graph.replay_update(&averaged)?;
         } else {
-            state.eager_update(&Bucket {
-                tensor: averaged,
-                layout: bucket.layout,
-            })?;
+            eager_update(group, state, bucket)?;
         }
         if any_capture {
             self.capture_in_turn(state, flat, key, wants_capture)?;
@@ -119,19 +115,16 @@ where
                 ..
             })
         );
-        let digest = ready.as_ref().map_err(Clone::clone).and_then(|ready| {
-            let layout = match ready {
+        let layout = ready
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|ready| match ready {
                 Ready::Replay(graph) => graph.averaged_layout().ok_or(GraphedError::Internal {
                     what: "a graph of a step with its all-reduce inside has no bucket layout",
-                })?,
-                Ready::Eager { bucket, .. } => &bucket.layout,
-            };
-            Ok((layout.fingerprint(), layout.len, layout.dtype, lr))
-        });
-        let (_, any_capture) =
-            group
-                .ranks()
-                .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+                }),
+                Ready::Eager { bucket, .. } => Ok(&bucket.layout),
+            });
+        let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
         let losses = match ready? {
             Ready::Replay(graph) => {
                 let (losses, copies) = graph.replay(flat)?;
@@ -140,14 +133,7 @@ where
                 losses
             }
             Ready::Eager { losses, bucket, .. } => {
-                let bucket = *bucket;
-                let averaged = group
-                    .mean(Tensor::from_dispatch(bucket.tensor))?
-                    .into_dispatch();
-                state.eager_update(&Bucket {
-                    tensor: averaged,
-                    layout: bucket.layout,
-                })?;
+                eager_update(group, state, *bucket)?;
                 losses
             }
         };
@@ -157,10 +143,28 @@ where
         Ok(concat(losses))
     }
 
-    /// What a step with the all-reduce inside does before the ranks agree: the graph to
-    /// replay, its inputs checked for values; or the eager step's losses and bucket, checked
-    /// for values. Shapes without graphs run eagerly and ask for their capture after the step.
+    /// What a step with the all-reduce inside does before the ranks agree: [`route`](Self::route),
+    /// then the graph's inputs, or the eager step's bucket, checked for values.
     fn ready_in_graph(
+        &mut self,
+        state: &StepState,
+        flat: &[Vec<FlatTensor>],
+        key: &Vec<TensorSpec>,
+        lr: f64,
+    ) -> Result<Ready, GraphedError> {
+        let ready = self.route(state, flat, key, lr)?;
+        match &ready {
+            Ready::Replay(graph) => graph.inputs_written(flat)?,
+            Ready::Eager { bucket, .. } => crate::data_parallel::written(&bucket.tensor)?,
+        }
+        Ok(ready)
+    }
+
+    /// A data-parallel step's route, the learning rate written: the graph to replay, or the
+    /// step's gradients computed eagerly (the losses and the bucket). Shapes without graphs are
+    /// not captured here (their capture needs every rank, after the step): the step runs
+    /// eagerly and asks for the capture.
+    fn route(
         &mut self,
         state: &StepState,
         flat: &[Vec<FlatTensor>],
@@ -173,11 +177,9 @@ where
             .route(key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
         state.set_lr(lr)?;
         match routed.route {
-            Route::Replay(graph) => {
-                graph.inputs_written(flat)?;
-                Ok(Ready::Replay(graph))
-            }
+            Route::Replay(graph) => Ok(Ready::Replay(graph)),
             Route::Eager(reason) => {
+                // New shapes are captured after the step, not refused.
                 if self.config.on_mismatch == MismatchPolicy::Error
                     && reason != EagerReason::CaptureAfterStep
                 {
@@ -186,7 +188,6 @@ where
                 let capture_after = reason == EagerReason::CaptureAfterStep;
                 self.router.count_eager(reason);
                 let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
-                crate::data_parallel::written(&bucket.tensor)?;
                 Ok(Ready::Eager {
                     losses,
                     bucket: Box::new(bucket),
@@ -225,9 +226,8 @@ where
         Ok(())
     }
 
-    /// The first half of a data-parallel step: the losses, this rank's bucket, and how the half
-    /// ran. Shapes without graphs are not captured here (their capture needs every rank, after
-    /// the step): the half runs eagerly and asks for the capture.
+    /// The first half of a data-parallel step cut at its bucket: the losses, this rank's
+    /// bucket, and how the half ran ([`route`](Self::route), then the gradient graph's replay).
     fn gradient_half(
         &mut self,
         state: &StepState,
@@ -235,34 +235,56 @@ where
         key: &Vec<TensorSpec>,
         lr: f64,
     ) -> Result<(Vec<burn::backend::DispatchTensor>, Bucket, Half), GraphedError> {
-        let miss = OnMiss::<NoCapture<_>>::After;
-        let routed = self
-            .router
-            .route(key, miss, |_| false, false, |graph| Ok(graph.clone()))?;
-        state.set_lr(lr)?;
-        match routed.route {
-            Route::Replay(graph) => {
+        match self.route(state, flat, key, lr)? {
+            Ready::Replay(graph) => {
                 let (losses, copies, bucket) = graph.replay_gradients(flat)?;
                 self.replays += 1;
                 self.input_copies += copies;
                 Ok((losses, bucket, Half::Replayed(graph)))
             }
-            Route::Eager(reason) => {
-                // New shapes are captured after the step, not refused.
-                if self.config.on_mismatch == MismatchPolicy::Error
-                    && reason != EagerReason::CaptureAfterStep
-                {
-                    return Err(GraphedError::mismatch(reason, &flat.concat(), &[]));
-                }
-                let half = if reason == EagerReason::CaptureAfterStep {
+            Ready::Eager {
+                losses,
+                bucket,
+                capture_after,
+            } => {
+                let half = if capture_after {
                     Half::CaptureAfter
                 } else {
                     Half::Eager
                 };
-                self.router.count_eager(reason);
-                let (losses, bucket) = state.eager_gradients(&self.runner(), flat)?;
-                Ok((losses, bucket, half))
+                Ok((losses, *bucket, half))
             }
         }
     }
+}
+
+/// The ranks' agreement on a step: every rank's bucket layout (or its failure) and learning
+/// rate, and whether any rank must capture new shapes after the step (the vote).
+fn agree_on_step(
+    group: &DataParallel,
+    layout: Result<&BucketLayout, GraphedError>,
+    lr: f64,
+    wants_capture: bool,
+) -> Result<bool, GraphedError> {
+    let digest = layout.map(|layout| (layout.fingerprint(), layout.len, layout.dtype, lr));
+    let (_, any_capture) = group
+        .ranks()
+        .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+    Ok(any_capture)
+}
+
+/// An eagerly computed `bucket` averaged over the group, then the update, with the graphs'
+/// kernels.
+fn eager_update(
+    group: &DataParallel,
+    state: &StepState,
+    bucket: Bucket,
+) -> Result<(), GraphedError> {
+    let averaged = group
+        .mean(Tensor::from_dispatch(bucket.tensor))?
+        .into_dispatch();
+    state.eager_update(&Bucket {
+        tensor: averaged,
+        layout: bucket.layout,
+    })
 }

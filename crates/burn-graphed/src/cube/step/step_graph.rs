@@ -25,7 +25,7 @@ use super::super::graph::lifecycle::capture_error;
 use super::super::graph::random_state::SavedStates;
 use super::super::graph::validate::validate_losses;
 use super::super::graph::write_check::{self, cube_graph};
-use super::super::values::{Bucket, BucketLayout, StepCut};
+use super::super::values::{Bucket, BucketLayout, Meet, StepCut};
 use super::step_state::{StepState, copy_out};
 use crate::callable::StepRunner;
 use crate::config::GraphedConfig;
@@ -488,11 +488,6 @@ fn capture_from(
         averaged,
     })
 }
-
-/// How the ranks of a step with its all-reduce inside agree before each all-reduce, so that no
-/// rank waits in one that another rank will never reach: every rank states its outcome
-/// (`Ok` or its error) on `what` and gets the group's (the first failure, on every rank).
-pub(crate) type Meet<'a> = dyn Fn(&str, Result<(), GraphedError>) -> Result<(), GraphedError> + 'a;
 
 /// `result` once every rank stated its own on `what` ([`Meet`]).
 fn met<T>(meet: &Meet<'_>, what: &str, result: Result<T, GraphedError>) -> Result<T, GraphedError> {
