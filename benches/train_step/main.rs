@@ -123,6 +123,7 @@ mod host_profile;
 mod kernel_trace;
 mod models;
 mod modes;
+mod processes;
 mod profiler_range;
 mod rows;
 mod timed;

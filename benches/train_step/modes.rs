@@ -31,7 +31,7 @@ pub(crate) struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-pub(crate) const MODES: [Mode; 27] = [
+pub(crate) const MODES: [Mode; 29] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -71,6 +71,8 @@ pub(crate) const MODES: [Mode; 27] = [
     Mode::Ddp(DdpStep::Eager),
     Mode::Ddp(DdpStep::Graphed),
     Mode::Ddp(DdpStep::WholeStep),
+    Mode::Ddp(DdpStep::InGraph),
+    Mode::Ddp(DdpStep::BetweenGraphs),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -151,7 +153,10 @@ pub(crate) enum Mode {
     /// burn's Adam (`ddp_whole_step`: a gradient graph, the bucket's all-reduce, an update
     /// graph). Their one-GPU counterparts: `eager_multi_adam`, `graphed_static_multi_adam` and
     /// `whole_step`. PyTorch's: `ddp_eager`, `ddp_graphed` (`make_graphed_callables` under DDP)
-    /// and `ddp_whole_step` (the whole step in one graph, its all-reduces inside).
+    /// and `ddp_whole_step` (the whole step in one graph, its all-reduces inside). With one
+    /// process per GPU and NCCL between them (`Collective::Nccl`, the run's process rank 0, the
+    /// others started by it): `ddp_whole_step_in_graph` (the all-reduce inside the step's one
+    /// graph) and `ddp_whole_step_processes` (between its two graphs).
     Ddp(DdpStep),
 }
 
@@ -161,6 +166,10 @@ pub(crate) enum DdpStep {
     Eager,
     Graphed,
     WholeStep,
+    /// One process per GPU, NCCL inside the step's graph.
+    InGraph,
+    /// One process per GPU, NCCL between the step's two graphs.
+    BetweenGraphs,
 }
 
 impl Mode {
@@ -217,6 +226,8 @@ impl Mode {
             Mode::Ddp(DdpStep::Eager) => "ddp_eager",
             Mode::Ddp(DdpStep::Graphed) => "ddp_graphed",
             Mode::Ddp(DdpStep::WholeStep) => "ddp_whole_step",
+            Mode::Ddp(DdpStep::InGraph) => "ddp_whole_step_in_graph",
+            Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
         }
     }
 

@@ -26,6 +26,10 @@ where
 {
     let mode = Mode::Ddp(ddp);
     let label = format!("{} {}", case.name, mode.label());
+    if let DdpStep::InGraph | DdpStep::BetweenGraphs = ddp {
+        let in_graph = ddp == DdpStep::InGraph;
+        return super::processes::data_parallel(case, mode, in_graph, device, options, before);
+    }
     let (devices, collective) = ddp_devices(device, options);
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
@@ -50,7 +54,7 @@ where
                     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
                     let rank_label = format!("{label}, rank {}", dp.ranks().rank());
                     let (per_step, values) = match ddp {
-                        DdpStep::WholeStep => {
+                        DdpStep::WholeStep | DdpStep::InGraph | DdpStep::BetweenGraphs => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,
