@@ -11,7 +11,9 @@
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
 //!                     graphed_guarded_fused_adam,eager_multi_adam,graphed_multi_adam,
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
-//!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy]
+//!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy,
+//!                     ddp_eager,ddp_graphed,ddp_whole_step,ddp_whole_step_in_graph,
+//!                     ddp_whole_step_processes]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8]
 //! ```
