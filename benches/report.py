@@ -813,7 +813,12 @@ def ddp_table(rows):
         batch = batch_of(model)
         counts = sorted({k[2] for k in found}, key=lambda n: (n is None, n or 0))
         for ranks in counts:
-            for (framework, mode), baseline in DDP_BASELINES.items():
+            # Burn's fused-layer variants (`_fused_layers` appended) against the fused 1-GPU
+            # baseline, after the stock rows.
+            variants = [(k, b) for k, b in DDP_BASELINES.items()]
+            variants += [((f, m + FUSED), b + FUSED) for (f, m), b in DDP_BASELINES.items()
+                         if f == "burn"]
+            for (framework, mode), baseline in variants:
                 row = found.get((framework, mode, ranks))
                 if row is None:
                     continue
