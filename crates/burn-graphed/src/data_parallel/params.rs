@@ -9,7 +9,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 /// A replica of `module` on `device`, for a rank of a data-parallel group: the same parameter
-/// values (and ids, so that [`DataParallel::average`] lines the ranks' gradients up), each
+/// values (and ids, so that [`DataParallel::average`](super::DataParallel::average) lines the ranks' gradients up), each
 /// float parameter a new autodiff leaf on `device` keeping its `require_grad`, int and bool
 /// parameters copied there too. Reads every parameter back to the host once: for setting a
 /// group up, not for every step.
@@ -92,7 +92,7 @@ impl ModuleVisitor for Split<'_> {
     }
 }
 
-/// Every float parameter's values as `f32`, in visiting order ([`DataParallel::broadcast`]).
+/// Every float parameter's values as `f32`, in visiting order ([`DataParallel::broadcast`](super::DataParallel::broadcast)).
 #[derive(Default)]
 pub(super) struct ReadParams {
     pub(super) values: Vec<f32>,

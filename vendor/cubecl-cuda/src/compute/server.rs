@@ -1364,6 +1364,10 @@ impl ServerStorage for CudaServer {
         // whatever was there before.
         self.streams.ensure_written([&binding].into_iter())?;
         let mut command = self.command(stream_id, [&binding].into_iter())?;
+        // A caller that records the address into a graph (a library kernel enqueued on this
+        // stream while it records) needs the page guarded for the graph's life, as a kernel
+        // of cubecl's is: `resource` notes the page while the stream records.
+        command.resource(binding.clone())?;
         Ok(command.managed_resource(binding)?)
     }
 }
