@@ -15,6 +15,8 @@
 //! `--master-addr` and `--master-port`. Every rank prints a digest of its trained parameters:
 //! equal digests, equal replicas.
 
+#[path = "common/progress.rs"]
+mod progress;
 #[path = "train_ddp.rs"]
 #[allow(dead_code)]
 mod train_ddp;
@@ -53,6 +55,7 @@ impl ModuleVisitor for Digest {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    progress::install();
     let env = ProcessEnv::from_env()?;
     let steps = std::env::args()
         .nth(1)

@@ -10,6 +10,9 @@
 //! on an NVIDIA GPU, `cargo run --example train_lm` on wgpu (software graphs on lavapipe:
 //! real captures and replays, not fast ones). The corpus is made here: no download.
 
+#[path = "common/progress.rs"]
+mod progress;
+
 use std::time::Instant;
 
 use burn::module::Module;
@@ -168,6 +171,7 @@ fn median(mut times: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    progress::install();
     let (device, cuda) = pick_device();
     let (width, layers, batch, steps, length) = if cuda {
         (arg(1, 256), arg(2, 4), arg(3, 16), arg(4, 200), 128)

@@ -12,6 +12,9 @@
 //! a CPU Vulkan): real captures and replays, not fast ones. Medians over `steps` steps after
 //! warm-up, with a device sync per step.
 
+#[path = "common/progress.rs"]
+mod progress;
+
 use std::time::Instant;
 
 use burn::module::Module;
@@ -120,25 +123,8 @@ fn max_diff(
     Ok((diff, scale))
 }
 
-/// Prints burn-graphed's progress lines (a capture that compiles and tunes for more than a
-/// second says what it is doing) to stderr; any `log` logger would do.
-struct Progress;
-
-impl log::Log for Progress {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.target() == "burn_graphed::progress" && metadata.level() <= log::Level::Info
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            eprintln!("{}", record.args());
-        }
-    }
-    fn flush(&self) {}
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let _ = log::set_logger(&Progress);
-    log::set_max_level(log::LevelFilter::Info);
+    progress::install();
     let (device, what) = pick_device()?;
     let cuda = what.starts_with("CUDA");
     let (width, depth, batch, steps) = if cuda {
@@ -218,7 +204,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eager_us / graphed_us
     );
     println!("loss, eager vs graphed:");
-    let shown = [0, 1, 2, steps / 2, steps + warmup - 1];
+    let mut shown = vec![0, 1, 2, (steps + warmup) / 2, steps + warmup - 1];
+    shown.sort_unstable();
+    shown.dedup();
     for step in shown {
         println!(
             "  step {step:4}: {:.6} {:.6}",
