@@ -487,19 +487,7 @@ fn whole_steps_match_with(devices: &[Device], collective: &Collective, sgd: bool
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let device = devices[0].clone();
     let model = Mlp::new(16, 2, 4, &device);
-    let mut single = deep_copy(&model);
-    let mut adam = adam_config().init();
-    let mut plain = SgdConfig::new().init();
-    for step in 0..STEPS {
-        let loss = square_loss(&single, batch([ROWS, 16], step, &device));
-        let grads = GradientsParams::from_grads(loss.backward(), &single);
-        single = if sgd {
-            plain.step(LR, single, grads)
-        } else {
-            adam.step(LR, single, grads)
-        };
-    }
-
+    let single = one_model_on_whole_batches(&model, &device, sgd);
     let replicas = train_whole_steps(&model, &devices, collective, true, sgd);
     let apart = train_whole_steps(&model, &devices, collective, false, sgd);
     let what = if sgd {
@@ -508,6 +496,24 @@ fn whole_steps_match_with(devices: &[Device], collective: &Collective, sgd: bool
         "whole steps, Adam"
     };
     assert_averaged_and_apart(what, &model, &single, &replicas, &apart, &device, sgd);
+}
+
+/// A copy of `model` trained eagerly on `device` on the whole batches ([`ROWS`] rows) for
+/// [`STEPS`] steps, with burn's SGD (`sgd`) or Adam: what data-parallel replicas must equal.
+pub(super) fn one_model_on_whole_batches(model: &Mlp, device: &Device, sgd: bool) -> Mlp {
+    let mut single = deep_copy(model);
+    let mut adam = adam_config().init();
+    let mut plain = SgdConfig::new().init();
+    for step in 0..STEPS {
+        let loss = square_loss(&single, batch([ROWS, 16], step, device));
+        let grads = GradientsParams::from_grads(loss.backward(), &single);
+        single = if sgd {
+            plain.step(LR, single, grads)
+        } else {
+            adam.step(LR, single, grads)
+        };
+    }
+    single
 }
 
 /// Data-parallel whole steps whose batches change shape (every rank's at once, then one

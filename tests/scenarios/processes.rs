@@ -17,7 +17,8 @@ use burn_graphed::{Collective, DataParallel, GraphedStep, ProcessEnv};
 use burn_graphed_testkit::deep_copy;
 
 use super::data_parallel::{
-    LR, RANKS, ROWS, STEPS, assert_averaged_and_apart, shard, square_loss, train_whole_steps,
+    LR, RANKS, STEPS, assert_averaged_and_apart, one_model_on_whole_batches, shard, square_loss,
+    train_whole_steps,
 };
 use super::*;
 
@@ -198,18 +199,7 @@ pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_g
     let device = devices[0].clone();
     let model = start_model(&device);
     for sgd in [false, true] {
-        let mut single = deep_copy(&model);
-        let mut adam = adam_config().init();
-        let mut plain = SgdConfig::new().init();
-        for step in 0..STEPS {
-            let loss = square_loss(&single, batch([ROWS, 16], step, &device));
-            let grads = GradientsParams::from_grads(loss.backward(), &single);
-            single = if sgd {
-                plain.step(LR, single, grads)
-            } else {
-                adam.step(LR, single, grads)
-            };
-        }
+        let single = one_model_on_whole_batches(&model, &device, sgd);
         let place = if in_graph { "in_graph" } else { "two_graphs" };
         let optimizer = if sgd { "sgd" } else { "adam" };
         let ranks = launch(child_test, &format!("{place},{optimizer}"));

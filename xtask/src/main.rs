@@ -981,18 +981,7 @@ mod tests {
         let table = |name: &str, rows: &[String]| {
             let file = dir.join(name);
             std::fs::write(&file, rows.concat()).expect("results file");
-            let out = Command::new("python3")
-                .arg(root().join("benches/report.py"))
-                .arg(&file)
-                .args(["--only", "whole_step"])
-                .output()
-                .expect("python3");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).into_owned()
+            report_py_table(&file, "whole_step")
         };
         let line = |table: &str| table.lines().nth(2).expect("a row").to_string();
         let both = table(
@@ -1032,6 +1021,22 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// `benches/report.py FILE --only TABLE`'s output (the run must succeed).
+    fn report_py_table(file: &Path, table: &str) -> String {
+        let out = Command::new("python3")
+            .arg(root().join("benches/report.py"))
+            .arg(file)
+            .args(["--only", table])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// A round whose value check failed leaves a failure row (`"error"`, no times, as the
     /// bench prints it) and no timing row: `benches/report.py` counts it against the key's
     /// rounds ("FAILED 1 of 2" in the check column, the passed round's times alone in the
@@ -1058,21 +1063,7 @@ mod tests {
         let file = dir.join("rounds.jsonl");
         let rows = [timed("m", 400.0), failure("m"), failure("only_failed")];
         std::fs::write(&file, rows.concat()).expect("results file");
-        let report = |only: &str| {
-            let out = Command::new("python3")
-                .arg(root().join("benches/report.py"))
-                .arg(&file)
-                .args(["--only", only])
-                .output()
-                .expect("python3");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let whole = report("whole_step");
+        let whole = report_py_table(&file, "whole_step");
         let row = whole
             .lines()
             .find(|line| line.starts_with("| m |"))
@@ -1080,7 +1071,7 @@ mod tests {
         assert!(row.contains("| 400 us (400-400) |"), "{row}");
         assert!(row.contains("FAILED 1 of 2"), "{row}");
         assert!(!whole.contains("only_failed"), "{whole}");
-        let failed = report("failed");
+        let failed = report_py_table(&file, "failed");
         assert_eq!(
             failed
                 .matches("value check failed: parameter 3 off")

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Cube, backend_extension};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::Tensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 
@@ -157,34 +157,27 @@ impl CollectiveOps for CubeBackend {
     }
 }
 
-/// NCCL's data type for `dtype`.
-#[cfg(feature = "cuda")]
-fn nccl_type(dtype: DType) -> Option<cudarc::nccl::sys::ncclDataType_t> {
-    use cudarc::nccl::sys::ncclDataType_t as Nccl;
-    match dtype {
-        DType::F32 => Some(Nccl::ncclFloat32),
-        DType::F16 => Some(Nccl::ncclFloat16),
-        DType::BF16 => Some(Nccl::ncclBfloat16),
-        _ => None,
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-#[allow(dead_code)]
-fn nccl_type(_dtype: DType) -> Option<()> {
-    None
-}
-
 #[cfg(feature = "cuda")]
 mod nccl {
-    use burn::tensor::Shape;
+    use burn::tensor::{DType, Shape};
     use burn_cubecl::tensor::CubeTensor;
     use cudarc::driver::sys::CUstream;
     use cudarc::nccl::{result, sys};
 
     use super::super::cuda_stream::{CudaServer, make_current};
     use super::super::dense::Dense;
-    use super::{COMMUNICATORS, UNIQUE_ID_BYTES, nccl_type};
+    use super::{COMMUNICATORS, UNIQUE_ID_BYTES};
+
+    /// NCCL's data type for `dtype`.
+    fn nccl_type(dtype: DType) -> Option<sys::ncclDataType_t> {
+        use sys::ncclDataType_t as Nccl;
+        match dtype {
+            DType::F32 => Some(Nccl::ncclFloat32),
+            DType::F16 => Some(Nccl::ncclFloat16),
+            DType::BF16 => Some(Nccl::ncclBfloat16),
+            _ => None,
+        }
+    }
 
     pub(super) fn unique_id() -> Result<Vec<u8>, String> {
         let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
