@@ -977,8 +977,66 @@ fn data_parallel_process_nccl_two_graphs_matches_one_model() {
     scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, false);
 }
 
+/// The same in graph, with NCCL on its network transport over the loopback (sockets;
+/// peer-to-peer and shared memory off), as two machines would run it; the children's NCCL log
+/// must name the socket transport (skipped on one GPU).
+#[test]
+fn data_parallel_process_nccl_in_graph_over_sockets_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::processes::nccl_over_sockets_matches_one_model(PROCESS_CHILD, &devices);
+}
+
 /// The child processes of the `data_parallel_process_nccl_*` tests.
 const PROCESS_CHILD: &str = "data_parallel_process_child";
+
+/// A rank dies right after a step's agreement, its peer inside that step's all-reduce: the
+/// peer gets `RankFailed` naming it within 30 s (its NCCL communicator aborted) and its
+/// device computes after; with the abort off, the peer still waits 20 s later (the negative
+/// control). Skipped on one GPU.
+#[test]
+fn data_parallel_process_rank_dies_mid_step_fails_the_others() {
+    let Some(_) = gpus(2) else { return };
+    scenarios::process_faults::rank_dies_mid_step_fails_the_others(FAULT_CHILD);
+}
+
+/// NCCL reports an asynchronous error on one rank mid-step (injected into the watchdog's
+/// poll): its communicator is aborted and every rank gets a typed error within 30 s (skipped
+/// on one GPU).
+#[test]
+fn data_parallel_process_nccl_error_abort_fails_every_rank() {
+    let Some(_) = gpus(2) else { return };
+    scenarios::process_faults::nccl_error_abort_fails_every_rank(FAULT_CHILD);
+}
+
+/// One process's capture fails: every rank gets `RankFailed` naming it, and every device
+/// computes after (skipped on one GPU).
+#[test]
+fn data_parallel_process_capture_fails_on_one_rank_fails_every_rank() {
+    let Some(_) = gpus(2) else { return };
+    scenarios::process_faults::capture_fails_on_one_rank_fails_every_rank(FAULT_CHILD);
+}
+
+/// A rank whose peer never starts gets a typed error after the group's timeout, hosting or
+/// joining (skipped on one GPU).
+#[test]
+fn data_parallel_process_rendezvous_never_completes_fails_in_bounded_time() {
+    let Some(_) = gpus(2) else { return };
+    scenarios::process_faults::rendezvous_never_completes_fails_in_bounded_time(FAULT_CHILD);
+}
+
+/// The child processes of the `data_parallel_process_*` fault tests.
+const FAULT_CHILD: &str = "data_parallel_process_fault_child";
+
+/// A rank of the `data_parallel_process_*` fault tests, which start it.
+#[test]
+#[ignore = "a child process of the data_parallel_process_* fault tests"]
+fn data_parallel_process_fault_child() {
+    assert!(
+        std::env::var_os(scenarios::process_faults::FAULT).is_some(),
+        "run by the data_parallel_process_* fault tests"
+    );
+    scenarios::process_faults::child(&cuda());
+}
 
 /// A rank of the `data_parallel_process_nccl_*` tests, which start it.
 #[test]

@@ -73,6 +73,7 @@ pub(crate) const MODES: [Mode; 29] = [
     Mode::Ddp(DdpStep::WholeStep),
     Mode::Ddp(DdpStep::InGraph),
     Mode::Ddp(DdpStep::BetweenGraphs),
+    Mode::Ddp(DdpStep::InGraphSockets),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -156,7 +157,9 @@ pub(crate) enum Mode {
     /// and `ddp_whole_step` (the whole step in one graph, its all-reduces inside). With one
     /// process per GPU and NCCL between them (`Collective::Nccl`, the run's process rank 0, the
     /// others started by it): `ddp_whole_step_in_graph` (the all-reduce inside the step's one
-    /// graph) and `ddp_whole_step_processes` (between its two graphs).
+    /// graph) and `ddp_whole_step_processes` (between its two graphs);
+    /// `ddp_whole_step_in_graph_sockets`: the first with NCCL on sockets over the loopback, as
+    /// between two machines (the run's environment must say so: `processes::SOCKETS`).
     Ddp(DdpStep),
 }
 
@@ -170,6 +173,8 @@ pub(crate) enum DdpStep {
     InGraph,
     /// One process per GPU, NCCL between the step's two graphs.
     BetweenGraphs,
+    /// [`DdpStep::InGraph`] with NCCL on sockets over the loopback.
+    InGraphSockets,
 }
 
 impl Mode {
@@ -228,6 +233,7 @@ impl Mode {
             Mode::Ddp(DdpStep::WholeStep) => "ddp_whole_step",
             Mode::Ddp(DdpStep::InGraph) => "ddp_whole_step_in_graph",
             Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
+            Mode::Ddp(DdpStep::InGraphSockets) => "ddp_whole_step_in_graph_sockets",
         }
     }
 

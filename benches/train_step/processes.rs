@@ -13,6 +13,32 @@ use burn_graphed::ProcessEnv;
 
 use super::*;
 
+/// What `ddp_whole_step_in_graph_sockets` needs in the run's environment (which the copies
+/// inherit), for NCCL to run on its network transport over the loopback as between two
+/// machines: sockets, no peer-to-peer or shared memory between the host's GPUs.
+pub(crate) const SOCKETS: &[(&str, &str)] = &[
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_IB_DISABLE", "1"),
+    ("NCCL_NET", "Socket"),
+    ("NCCL_SOCKET_IFNAME", "lo"),
+];
+
+/// Ends the run unless its environment holds [`SOCKETS`] (set before the process starts: NCCL
+/// reads them at its first call, and this process's threads already run).
+pub(crate) fn require_sockets(label: &str) {
+    let missing: Vec<String> = SOCKETS
+        .iter()
+        .filter(|(name, value)| std::env::var(name).ok().as_deref() != Some(*value))
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{label}: run it with {} in the environment",
+        missing.join(" ")
+    );
+}
+
 /// Set in the copies rank 0 starts: their rank.
 const RANK_OF_COPY: &str = "BURN_GRAPHED_BENCH_RANK";
 

@@ -26,8 +26,11 @@ where
 {
     let mode = Mode::Ddp(ddp);
     let label = format!("{} {}", case.name, mode.label());
-    if let DdpStep::InGraph | DdpStep::BetweenGraphs = ddp {
-        let in_graph = ddp == DdpStep::InGraph;
+    if let DdpStep::InGraph | DdpStep::BetweenGraphs | DdpStep::InGraphSockets = ddp {
+        let in_graph = ddp != DdpStep::BetweenGraphs;
+        if ddp == DdpStep::InGraphSockets {
+            super::processes::require_sockets(&label);
+        }
         return super::processes::data_parallel(case, mode, in_graph, device, options, before);
     }
     let (devices, collective) = ddp_devices(device, options);
@@ -54,7 +57,10 @@ where
                     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
                     let rank_label = format!("{label}, rank {}", dp.ranks().rank());
                     let (per_step, values) = match ddp {
-                        DdpStep::WholeStep | DdpStep::InGraph | DdpStep::BetweenGraphs => {
+                        DdpStep::WholeStep
+                        | DdpStep::InGraph
+                        | DdpStep::BetweenGraphs
+                        | DdpStep::InGraphSockets => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,

@@ -25,6 +25,8 @@ pub mod optim;
 #[cfg(feature = "wgpu")]
 pub mod picks;
 #[cfg(feature = "cuda")]
+pub mod process_faults;
+#[cfg(feature = "cuda")]
 pub mod processes;
 pub mod prop;
 pub mod random;

@@ -133,16 +133,29 @@ pub fn child(device: &Device) {
 }
 
 /// A free port of the loopback for rank 0.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
 }
 
+/// NCCL on its network transport over the loopback, as between two machines: sockets, no
+/// peer-to-peer or shared memory between the GPUs of the host; its log at `INFO`, which names
+/// the transport of every channel.
+const OVER_SOCKETS: &[(&str, &str)] = &[
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_IB_DISABLE", "1"),
+    ("NCCL_NET", "Socket"),
+    ("NCCL_SOCKET_IFNAME", "lo"),
+    ("NCCL_DEBUG", "INFO"),
+];
+
 /// Starts one child of this test binary per rank (`child_test`, run with `--ignored`), rank
-/// `i` on GPU `i` alone, and waits for all: each rank's parameters and its counts line.
-fn launch(child_test: &str, what: &str) -> Vec<(Vec<f32>, String)> {
+/// `i` on GPU `i` alone, with the variables `extra` besides the launcher's, and waits for all:
+/// each rank's parameters, its counts line and everything it printed.
+fn launch(child_test: &str, what: &str, extra: &[(&str, &str)]) -> Vec<(Vec<f32>, String, String)> {
     let port = free_port().to_string();
     let children: Vec<_> = (0..RANKS)
         .map(|rank| {
@@ -154,6 +167,7 @@ fn launch(child_test: &str, what: &str) -> Vec<(Vec<f32>, String)> {
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
                 .env("CUDA_VISIBLE_DEVICES", rank.to_string())
+                .envs(extra.iter().copied())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -183,7 +197,8 @@ fn launch(child_test: &str, what: &str) -> Vec<(Vec<f32>, String)> {
                 .find(|line| line.starts_with(&format!("rank {rank}: steps")))
                 .unwrap_or_default()
                 .to_string();
-            (params, counts)
+            let printed = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+            (params, counts, printed)
         })
         .collect()
 }
@@ -194,6 +209,36 @@ fn launch(child_test: &str, what: &str) -> Vec<(Vec<f32>, String)> {
 /// on `devices[0]`, with Adam and with SGD; the replicas trained apart (no averaging, in this
 /// process) differ, or the check is blind.
 pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_graph: bool) {
+    match_one_model(child_test, devices, in_graph, &[]);
+}
+
+/// [`nccl_processes_match_one_model`] in graph, NCCL on sockets over the loopback
+/// ([`OVER_SOCKETS`]): a stand-in for two machines. Every rank's NCCL log must name the socket
+/// transport (else the run proved nothing of it).
+pub fn nccl_over_sockets_matches_one_model(child_test: &str, devices: &[Device]) {
+    for printed in match_one_model(child_test, devices, true, OVER_SOCKETS) {
+        assert!(
+            printed.contains("via NET/Socket"),
+            "NCCL ran over sockets: {}",
+            printed
+                .lines()
+                .filter(|l| l.contains("NCCL INFO"))
+                .take(40)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// The ranks' training, compared: see [`nccl_processes_match_one_model`]. What each rank's
+/// process printed, for each optimizer.
+fn match_one_model(
+    child_test: &str,
+    devices: &[Device],
+    in_graph: bool,
+    extra: &[(&str, &str)],
+) -> Vec<String> {
+    let mut printed = Vec::new();
     assert_eq!(devices.len(), RANKS, "one GPU per rank");
     let devices: Vec<Device> = devices.iter().map(|d| d.clone().autodiff()).collect();
     let device = devices[0].clone();
@@ -202,10 +247,11 @@ pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_g
         let single = one_model_on_whole_batches(&model, &device, sgd);
         let place = if in_graph { "in_graph" } else { "two_graphs" };
         let optimizer = if sgd { "sgd" } else { "adam" };
-        let ranks = launch(child_test, &format!("{place},{optimizer}"));
+        let ranks = launch(child_test, &format!("{place},{optimizer}"), extra);
+        printed.extend(ranks.iter().map(|(_, _, text)| text.clone()));
         let replicas: Vec<Mlp> = ranks
             .iter()
-            .map(|(values, counts)| {
+            .map(|(values, counts, _)| {
                 println!("{place}, {optimizer}: {counts}");
                 assert!(
                     counts.contains(&format!("replays {STEPS}, eager 0")),
@@ -225,4 +271,5 @@ pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_g
         let what = format!("processes, NCCL {place}, {optimizer}");
         assert_averaged_and_apart(&what, &model, &single, &replicas, &apart, &device, sgd);
     }
+    printed
 }

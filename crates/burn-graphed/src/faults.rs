@@ -3,6 +3,7 @@
 //! `testing` feature ([`crate::testing`]); never set outside tests and benches.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 /// A fault that captures made on this thread while it is injected build into their graphs
 /// ([`inject`]).
@@ -54,4 +55,27 @@ impl Drop for FaultGuard {
 /// The fault a capture on this thread builds in now.
 pub(crate) fn injected() -> FaultInjection {
     INJECTED.with(Cell::get)
+}
+
+/// The data-parallel step after whose agreement this process ends ([`exit_after_agreement`]),
+/// or `u64::MAX`.
+static EXIT_AT_STEP: AtomicU64 = AtomicU64::new(u64::MAX);
+static EXIT_CODE: AtomicI32 = AtomicI32::new(0);
+
+/// Ends this process with `code` right after the ranks agreed on its data-parallel step
+/// `step` (counted from 0, as [`GraphedStep::steps`](crate::GraphedStep::steps) counts
+/// updates), before it launches anything of that step: as a process killed mid-step, whose
+/// peers go on into the step's all-reduce, which it never joins. No destructor runs.
+pub fn exit_after_agreement(step: u64, code: i32) {
+    EXIT_CODE.store(code, Ordering::SeqCst);
+    EXIT_AT_STEP.store(step, Ordering::SeqCst);
+}
+
+/// Where a data-parallel step's agreement passed: ends the process if a test asked for it
+/// at `step`.
+pub(crate) fn after_agreement(step: u64) {
+    if EXIT_AT_STEP.load(Ordering::Relaxed) == step {
+        log::warn!("burn-graphed: ending this process after step {step}'s agreement, as asked");
+        std::process::exit(EXIT_CODE.load(Ordering::SeqCst));
+    }
 }

@@ -269,7 +269,20 @@ pub fn supports_graphs(device: &burn::prelude::Device) -> bool {
 #[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::counter_rng::{reference_mask, reference_normal, reference_uniform};
-    pub use crate::faults::{FaultGuard, FaultInjection, inject};
+    pub use crate::faults::{FaultGuard, FaultInjection, exit_after_agreement, inject};
+
+    /// Turns off (`false`) or on the abort of a data-parallel group's NCCL communicators when
+    /// the group ends with a rank gone: a negative control, to show that a device then waits
+    /// in the all-reduce for good. On by default.
+    pub fn nccl_abort(on: bool) {
+        crate::cube::nccl_set_abort(on);
+    }
+
+    /// Makes the NCCL watchdog's next poll report `reason` as an asynchronous error of every
+    /// communicator of this process, as a failing network would.
+    pub fn inject_nccl_error(reason: &str) {
+        crate::cube::nccl_inject_error(reason);
+    }
     pub use crate::host_phases::{HostPhase, phase_times, time_phases};
 
     /// How many ops this process ran through the fused kernels of [`crate::nn`] (norms,

@@ -14,8 +14,18 @@
 //! binds a communicator to the device current at its making. Every rank reaches that
 //! all-reduce in the same step (the ranks agreed on the step first), and it is never inside a
 //! recording: every capture warms up eagerly first.
+//!
+//! No device waits for good ([`end`], the watchdog): an all-reduce a peer never joins (its
+//! process died after the step's agreement) spins on the device, and the next read of this
+//! rank's values waits behind it. When the group ends so (the rank group's `OnEnd`: a process
+//! gone, a timeout, an abandonment), the communicator is aborted (`ncclCommAbort`, from the
+//! thread that learned of the end), which ends the spinning kernels, unless the stream drains
+//! within a short grace on its own (nothing waited). A thread polls every communicator's
+//! asynchronous error (`ncclCommGetAsyncError`) and ends the group on one.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Cube, backend_extension};
@@ -33,6 +43,25 @@ static COMMUNICATORS: Mutex<Vec<Communicator>> = Mutex::new(Vec::new());
 /// operation cannot return an error, so it leaves its bucket unreduced and says why here.
 static FAILURE: Mutex<Option<String>> = Mutex::new(None);
 
+/// How long an ended group's stream may take to drain on its own before its communicator is
+/// aborted: a peer that ended after its last all-reduce completed leaves nothing waiting, and
+/// aborting then would cut this rank's own last all-reduce short.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Between two polls of the communicators' asynchronous errors.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Whether [`end`] aborts communicators (a test's negative control turns it off, to show that
+/// the device then waits for good).
+static ABORT: AtomicBool = AtomicBool::new(true);
+
+/// An asynchronous NCCL error a test injects: the watchdog's next poll reports it on every
+/// communicator of this process.
+static INJECTED: Mutex<Option<String>> = Mutex::new(None);
+
+/// What a group does on its communicator's asynchronous error: ends the rank group.
+pub(crate) type OnError = Box<dyn Fn(String) + Send + Sync>;
+
 /// One rank's place in a group of processes, and its NCCL communicator once made.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Communicator {
@@ -41,6 +70,11 @@ struct Communicator {
     size: usize,
     /// `ncclComm_t`, as an address (made at the first all-reduce).
     comm: Option<usize>,
+    /// The stream of its last all-reduce (`CUstream`, as an address).
+    stream: Option<usize>,
+    /// Why the group ended ([`end`]); no all-reduce runs after.
+    ended: Option<String>,
+    on_error: std::sync::Arc<OnError>,
 }
 
 /// Whether `device` is a CUDA device of burn's cubecl backend (where NCCL runs).
@@ -82,7 +116,12 @@ pub(crate) fn unique_id() -> Result<Vec<u8>, String> {
 /// # Errors
 ///
 /// An id of another length than NCCL's.
-pub(crate) fn join(id: &[u8], rank: usize, size: usize) -> Result<usize, String> {
+pub(crate) fn join(
+    id: &[u8],
+    rank: usize,
+    size: usize,
+    on_error: OnError,
+) -> Result<usize, String> {
     let id: [u8; UNIQUE_ID_BYTES] = id.try_into().map_err(|_| {
         format!(
             "an NCCL unique id of {} bytes, expected {UNIQUE_ID_BYTES}",
@@ -95,8 +134,46 @@ pub(crate) fn join(id: &[u8], rank: usize, size: usize) -> Result<usize, String>
         rank,
         size,
         comm: None,
+        stream: None,
+        ended: None,
+        on_error: std::sync::Arc::new(on_error),
     });
     Ok(communicators.len() - 1)
+}
+
+/// Group `group` ended (`reason`): no all-reduce runs on it again, and its communicator is
+/// aborted unless its stream drains within [`DRAIN_GRACE`] (a peer's kernels then waited for
+/// nothing). Called from any thread but the one whose device may wait; at most once takes
+/// effect.
+pub(crate) fn end(group: usize, reason: &str) {
+    let taken = {
+        let mut communicators = crate::sync::lock(&COMMUNICATORS);
+        let Some(entry) = communicators.get_mut(group) else {
+            return;
+        };
+        if entry.ended.is_some() {
+            return;
+        }
+        entry.ended = Some(reason.to_string());
+        (entry.comm.take(), entry.stream)
+    };
+    #[cfg(feature = "cuda")]
+    if let (Some(comm), stream) = taken {
+        nccl::abort(comm, stream, true, reason);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = taken;
+}
+
+/// Turns [`end`]'s abort on or off for this process (a test's negative control).
+pub(crate) fn set_abort(on: bool) {
+    ABORT.store(on, Ordering::SeqCst);
+}
+
+/// Makes the watchdog's next poll report `reason` as an asynchronous NCCL error of every
+/// communicator of this process (a test's stand-in for a failing network).
+pub(crate) fn inject_error(reason: &str) {
+    *crate::sync::lock(&INJECTED) = Some(reason.to_string());
 }
 
 /// The mean of every rank's `bucket` (a 1-D float tensor of the same length and dtype on every
@@ -185,14 +262,22 @@ mod nccl {
         Ok(id.internal.iter().map(|&c| c as u8).collect())
     }
 
-    /// The communicator of group `group`, made now if this is its first all-reduce (every
-    /// rank makes it in the same step; NCCL waits for all of them), with `stream`'s context
-    /// current.
-    fn communicator(group: usize) -> Result<sys::ncclComm_t, String> {
-        let mut communicators = crate::sync::lock(&COMMUNICATORS);
+    /// The communicator of group `group` in `communicators`, made now if this is its first
+    /// all-reduce (every rank makes it in the same step; NCCL waits for all of them), with
+    /// `stream`'s context current. The caller holds the lock until its all-reduce is enqueued,
+    /// so that [`super::end`] never aborts a communicator in the middle of that call.
+    fn communicator(
+        communicators: &mut [super::Communicator],
+        group: usize,
+        stream: CUstream,
+    ) -> Result<sys::ncclComm_t, String> {
         let entry = communicators
             .get_mut(group)
             .ok_or_else(|| format!("no NCCL group {group} in this process"))?;
+        if let Some(reason) = &entry.ended {
+            return Err(format!("the group ended ({reason})"));
+        }
+        entry.stream = Some(stream as usize);
         if let Some(comm) = entry.comm {
             return Ok(comm as sys::ncclComm_t);
         }
@@ -221,7 +306,101 @@ mod nccl {
             )
         })?;
         entry.comm = Some(comm as usize);
+        watch();
         Ok(comm)
+    }
+
+    /// Starts the watchdog once per process: every [`POLL`](super::POLL), each communicator's
+    /// asynchronous error; on one, the communicator is aborted at once and its group ended
+    /// (every rank's `on_error`).
+    fn watch() {
+        static STARTED: std::sync::Once = std::sync::Once::new();
+        STARTED.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("burn-graphed-nccl-watchdog".into())
+                .spawn(|| {
+                    loop {
+                        std::thread::sleep(super::POLL);
+                        poll();
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("burn-graphed: no NCCL watchdog thread ({e}); errors surface at the next agreement");
+            }
+        });
+    }
+
+    /// One poll of every live communicator's asynchronous error.
+    fn poll() {
+        let injected = crate::sync::lock(&super::INJECTED).take();
+        let failed: Vec<_> = {
+            let mut communicators = crate::sync::lock(&COMMUNICATORS);
+            communicators
+                .iter_mut()
+                .filter_map(|entry| {
+                    let comm = entry.comm?;
+                    let reason = injected.clone().or_else(|| async_error(comm))?;
+                    let reason = format!("NCCL's communicator failed: {reason}");
+                    entry.ended = Some(reason.clone());
+                    entry.comm = None;
+                    Some((comm, entry.stream, reason, entry.on_error.clone()))
+                })
+                .collect()
+        };
+        for (comm, stream, reason, on_error) in failed {
+            log::error!("burn-graphed: {reason}; aborting it");
+            abort(comm, stream, false, &reason);
+            on_error(reason);
+        }
+    }
+
+    /// The communicator's asynchronous error, if it has one.
+    fn async_error(comm: usize) -> Option<String> {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `comm` is a live communicator (the caller holds the lock under which `end`
+        // and this poll take it before aborting); `state` is a valid place for the answer.
+        let asked = unsafe { sys::ncclCommGetAsyncError(comm as sys::ncclComm_t, &mut state) };
+        match (asked, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess)
+            | (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => None,
+            (sys::ncclResult_t::ncclSuccess, state) => Some(format!("{state:?}")),
+            (asked, _) => Some(format!("ncclCommGetAsyncError: {asked:?}")),
+        }
+    }
+
+    /// Aborts `comm` (taken out of its group: no one else uses it again), after waiting up to
+    /// the drain grace for `stream` to finish on its own where `drain` says so.
+    pub(super) fn abort(comm: usize, stream: Option<usize>, drain: bool, reason: &str) {
+        if !super::ABORT.load(std::sync::atomic::Ordering::SeqCst) {
+            log::warn!("burn-graphed: NCCL abort turned off; the group ended ({reason})");
+            return;
+        }
+        if drain && let Some(stream) = stream {
+            let stream = stream as CUstream;
+            // SAFETY: `stream` is cubecl's stream of the group's last all-reduce; cubecl's
+            // streams live as long as its server, which outlives every group of the process.
+            let current = unsafe { make_current(stream) };
+            let deadline = std::time::Instant::now() + super::DRAIN_GRACE;
+            while current.is_ok() && std::time::Instant::now() < deadline {
+                // SAFETY: as above; querying a stream is thread-safe.
+                let state = unsafe { cudarc::driver::sys::cuStreamQuery(stream) };
+                if state == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                    log::info!("burn-graphed: the group ended ({reason}); nothing waits in NCCL");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        log::error!(
+            "burn-graphed: the group ended ({reason}); aborting NCCL's communicator so that no \
+             kernel waits for a peer that will not come"
+        );
+        // SAFETY: `comm` is a communicator this process made and no one uses again (taken out
+        // of its group under the lock); NCCL allows aborting from another thread than the one
+        // whose work waits, which it ends.
+        if let Err(e) = unsafe { result::comm_abort(comm as sys::ncclComm_t) } {
+            log::error!("burn-graphed: ncclCommAbort: {e:?}");
+        }
     }
 
     /// The mean of `bucket` over group `group`, into a new dense tensor, enqueued on the stream
@@ -257,7 +436,8 @@ mod nccl {
         // SAFETY: `stream` is a live stream of cubecl's server: its pool holds `out`, which we
         // hold.
         unsafe { make_current(stream) }.map_err(|(call, e)| format!("{call}: {e}"))?;
-        let comm = communicator(group)?;
+        let mut communicators = crate::sync::lock(&COMMUNICATORS);
+        let comm = communicator(&mut communicators, group, stream)?;
         // SAFETY: both addresses are live device allocations of at least `len` elements of
         // `dtype` (`source` dense over the bucket, `out` made for it), held until the
         // operation returns, after which the stream orders every later use after the
@@ -276,6 +456,7 @@ mod nccl {
             )
         }
         .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
+        drop(communicators);
         Ok(out.into_tensor())
     }
 }

@@ -45,7 +45,8 @@ pub(crate) use self::{
     adam::adam_op::step as adam_step,
     buffers::check_written,
     collective::{
-        UNIQUE_ID_BYTES as NCCL_ID_BYTES, is_cuda, join as nccl_join, mean as nccl_mean,
+        UNIQUE_ID_BYTES as NCCL_ID_BYTES, end as nccl_end, inject_error as nccl_inject_error,
+        is_cuda, join as nccl_join, mean as nccl_mean, set_abort as nccl_set_abort,
         take_failure as nccl_failure, unique_id as nccl_unique_id,
     },
     copy_op::collective_buffer,
@@ -93,8 +94,9 @@ pub(crate) use stand_in::{
     adam_step, attention, attention_packed, attention_supports_dim, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows,
     embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3,
-    kernel_cache_location, linear, nccl_failure, nccl_join, nccl_mean, nccl_unique_id, norm,
-    supports_graphs, vendor_matmul_available, write_graphs_as_dot,
+    kernel_cache_location, linear, nccl_end, nccl_failure, nccl_inject_error, nccl_join, nccl_mean,
+    nccl_set_abort, nccl_unique_id, norm, supports_graphs, vendor_matmul_available,
+    write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{

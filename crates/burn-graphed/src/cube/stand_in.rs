@@ -34,9 +34,25 @@ pub(crate) fn nccl_unique_id() -> Result<Vec<u8>, String> {
 }
 
 /// NCCL needs the `cuda` feature.
-pub(crate) fn nccl_join(_id: &[u8], _rank: usize, _size: usize) -> Result<usize, String> {
+pub(crate) fn nccl_join(
+    _id: &[u8],
+    _rank: usize,
+    _size: usize,
+    _on_error: Box<dyn Fn(String) + Send + Sync>,
+) -> Result<usize, String> {
     Err("NCCL needs burn-graphed's cuda feature".into())
 }
+
+/// Never reached: no group joins without the `cuda` feature.
+pub(crate) fn nccl_end(_group: usize, _reason: &str) {}
+
+/// Nothing to turn off without the `cuda` feature.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn nccl_set_abort(_on: bool) {}
+
+/// No communicator to fail without the `cuda` feature.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) fn nccl_inject_error(_reason: &str) {}
 
 /// Never reached: no group joins without the `cuda` feature.
 pub(crate) fn nccl_mean(bucket: Tensor<1>, _group: usize) -> Tensor<1> {

@@ -176,7 +176,18 @@ impl DataParallel {
         };
         let values = ranks.rank_0_values("NCCL's communicator id from rank 0", minted)?;
         let id: Vec<u8> = values.into_iter().map(|v| v as u8).collect();
-        crate::cube::nccl_join(&id, ranks.rank(), ranks.size()).map_err(failed)
+        // The communicator's own failure (the watchdog's poll) ends the group on every rank;
+        // the group's end, whoever learned of it first, aborts the communicator here.
+        let failing = ranks.clone();
+        let on_error = Box::new(move |reason: String| {
+            failing.abandon(GraphedError::Collective { reason });
+        });
+        let group =
+            crate::cube::nccl_join(&id, ranks.rank(), ranks.size(), on_error).map_err(failed)?;
+        ranks.on_end(std::sync::Arc::new(move |error| {
+            crate::cube::nccl_end(group, &error.to_string());
+        }));
+        Ok(group)
     }
 
     /// `module` with rank 0's parameter values on every rank (each rank calls it with its own

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 pub use self::process::ProcessEnv;
 use self::process::{Hub, Link};
+pub(crate) use self::round::OnEnd;
 use self::round::{Combine, Entry, Gathered, Rounds};
 use crate::error::GraphedError;
 
@@ -264,6 +265,18 @@ impl RankGroup {
             Transport::Here(rounds) => rounds.abandon(error),
             Transport::Hub(hub) => hub.abandon(error),
             Transport::Remote(link) => link.abandon(error),
+        }
+    }
+
+    /// Calls `call` once, from the thread that learns of it, when the group ends in a way that
+    /// may leave a collective unfinished: a rank's process gone, a rank that never arrived
+    /// within the timeout, a rank's abandonment (an agreement that ends in an error does not:
+    /// every rank is at the agreement then). At once if the group already ended so.
+    pub(crate) fn on_end(&self, call: OnEnd) {
+        match &self.transport {
+            Transport::Here(rounds) => rounds.on_end(call),
+            Transport::Hub(hub) => hub.on_end(call),
+            Transport::Remote(link) => link.on_end(call),
         }
     }
 
@@ -731,6 +744,111 @@ mod tests {
             match ProcessEnv::from_vars(vars(pairs)) {
                 Err(GraphedError::InvalidArgument { argument: a, .. }) => assert_eq!(a, argument),
                 other => panic!("{pairs:?}: expected InvalidArgument {argument}, got {other:?}"),
+            }
+        }
+    }
+
+    /// What `group`'s [`OnEnd`] calls receive: each call's error, as text.
+    fn watched(group: &RankGroup) -> std::sync::mpsc::Receiver<String> {
+        let (send, receive) = std::sync::mpsc::channel();
+        let send = std::sync::Mutex::new(send);
+        group.on_end(Arc::new(move |error| {
+            let _ = crate::sync::lock(&send).send(error.to_string());
+        }));
+        receive
+    }
+
+    /// Ranks whose devices wait in a collective are in no round: rank 1's end (its
+    /// abandonment; across processes also its connection's end) reaches every other rank's
+    /// watchers at once, while they wait for nothing but the watchers.
+    fn a_rank_s_end_reaches_every_watcher(on_group: OnGroup<Option<Result<String, String>>>) {
+        for leave_by_drop in [false, true] {
+            let body: fn(RankGroup) -> Option<Result<String, String>> = if leave_by_drop {
+                |group| {
+                    let seen = watched(&group);
+                    group.barrier("watchers set").expect("all joined");
+                    if group.rank() == 1 {
+                        // As a process that ends: no abandonment, only the connection's end.
+                        drop(group);
+                        return None;
+                    }
+                    Some(
+                        seen.recv_timeout(Duration::from_secs(10))
+                            .map_err(|e| e.to_string()),
+                    )
+                }
+            } else {
+                |group| {
+                    let seen = watched(&group);
+                    group.barrier("watchers set").expect("all joined");
+                    if group.rank() == 1 {
+                        group.abandon(GraphedError::RankFailed {
+                            rank: 1,
+                            what: "its step".into(),
+                            reason: "its device failed".into(),
+                        });
+                    }
+                    Some(
+                        seen.recv_timeout(Duration::from_secs(10))
+                            .map_err(|e| e.to_string()),
+                    )
+                }
+            };
+            let started = Instant::now();
+            let results = on_group(3, LONG, body);
+            assert!(started.elapsed() < Duration::from_secs(10), "at once");
+            let mut seen = 0;
+            for (rank, result) in results.into_iter().enumerate() {
+                let Some(result) = result else { continue };
+                let text = result.unwrap_or_else(|e| panic!("rank {rank}: no call ({e})"));
+                assert!(text.contains("rank 1"), "rank {rank}: {text}");
+                seen += 1;
+            }
+            // By drop, rank 1 is gone and watches nothing; it abandoned, it watches too.
+            assert_eq!(seen, if leave_by_drop { 2 } else { 3 });
+        }
+    }
+
+    #[test]
+    fn a_rank_s_end_reaches_every_watcher_in_threads() {
+        // A thread's group has no connection to drop: its drop is nobody's end, and the
+        // watchers must stay silent then; the abandonment must reach them.
+        let results = on_ranks(3, LONG, |group| {
+            let seen = watched(&group);
+            group.barrier("watchers set").expect("all");
+            if group.rank() == 1 {
+                group.abandon(GraphedError::RankFailed {
+                    rank: 1,
+                    what: "its step".into(),
+                    reason: "its device failed".into(),
+                });
+            }
+            seen.recv_timeout(Duration::from_secs(10))
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let text = result.unwrap_or_else(|e| panic!("rank {rank}: no call ({e})"));
+            assert!(text.contains("rank 1"), "rank {rank}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_joined_rank_s_end_reaches_every_watcher_at_once() {
+        a_rank_s_end_reaches_every_watcher(on_joined_ranks);
+    }
+
+    #[test]
+    fn an_agreement_that_fails_calls_no_watcher() {
+        for on_group in [on_ranks, on_joined_ranks] as [OnGroup<_>; 2] {
+            let results = on_group(2, LONG, |group| {
+                let seen = watched(&group);
+                let agreed = group.agree("step 3", Ok(group.rank()));
+                // Every rank is at the agreement: no collective waits for anyone.
+                let called = seen.recv_timeout(Duration::from_millis(300)).ok();
+                (agreed.is_err(), called)
+            });
+            for (rank, (failed, called)) in results.into_iter().enumerate() {
+                assert!(failed, "rank {rank}: the ranks disagreed");
+                assert_eq!(called, None, "rank {rank}");
             }
         }
     }

@@ -13,10 +13,12 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::round::{Entry, Gathered, Rounds};
+use super::round::{Entry, Gathered, OnEnd, Rounds, Watchers};
 use super::wire::{self, FromHub, ToHub};
 use crate::error::GraphedError;
 use crate::sync::lock;
@@ -128,6 +130,9 @@ pub(crate) struct Hub {
     rounds: Arc<Rounds>,
     delivery: Mutex<Delivery>,
     delivered: Condvar,
+    /// Each joined rank's connection, written by its serving thread (the rounds' outcomes) and
+    /// by the group's end ([`FromHub::Ended`]); `None` before it joined and once it is gone.
+    writers: Mutex<Vec<Option<TcpStream>>>,
 }
 
 #[derive(Debug)]
@@ -147,6 +152,27 @@ impl Hub {
 
     pub(crate) fn abandon(&self, error: GraphedError) {
         self.rounds.abandon(error);
+    }
+
+    pub(crate) fn on_end(&self, call: OnEnd) {
+        self.rounds.on_end(call);
+    }
+
+    /// Writes `message` to `rank`'s connection; an error when it is gone or the write failed.
+    fn send(&self, rank: usize, message: &FromHub) -> io::Result<()> {
+        let mut writers = lock(&self.writers);
+        let writer = writers[rank]
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "gone"))?;
+        wire::send_from_hub(writer, message)
+    }
+
+    /// Tells every rank still connected that the group ended (as [`OnEnd`] says), at once:
+    /// a rank whose device waits in a collective is not reading its connection for a round.
+    fn tell_ended(&self, error: &GraphedError) {
+        for rank in 1..self.size() {
+            let _ = self.send(rank, &FromHub::Ended(error.clone()));
+        }
     }
 
     /// Rank 0's statement. Returns once every rank still connected has been sent the round's
@@ -207,7 +233,16 @@ pub(crate) fn host(env: &ProcessEnv, timeout: Duration) -> Result<Arc<Hub>, Grap
             gone: vec![false; size],
         }),
         delivered: Condvar::new(),
+        writers: Mutex::new((0..size).map(|_| None).collect()),
     });
+    // The rounds outlive nothing that holds the hub strongly: a weak handle, so that the call
+    // does not keep the hub alive by itself.
+    let told = Arc::downgrade(&hub);
+    hub.on_end(Arc::new(move |error| {
+        if let Some(hub) = told.upgrade() {
+            hub.tell_ended(error);
+        }
+    }));
     let served = hub.clone();
     let accepting = std::thread::Builder::new()
         .name("burn-graphed-rank-hub".into())
@@ -290,11 +325,15 @@ fn serve(mut stream: TcpStream, hub: &Hub, joined: &Mutex<Vec<bool>>, deadline: 
     if wire::send_from_hub(&mut stream, &FromHub::Welcome).is_err() {
         return gone(hub, rank, "its greeting's answer could not be sent");
     }
+    match stream.try_clone() {
+        Ok(writer) => lock(&hub.writers)[rank] = Some(writer),
+        Err(e) => return gone(hub, rank, &e.to_string()),
+    }
     loop {
         match wire::read_to_hub(&mut stream) {
             Ok(ToHub::Round(entry)) => {
                 let outcome = rounds.exchange(rank, entry);
-                if wire::send_from_hub(&mut stream, &FromHub::Outcome(outcome)).is_err() {
+                if hub.send(rank, &FromHub::Outcome(outcome)).is_err() {
                     return gone(hub, rank, "the round's outcome could not be sent");
                 }
                 hub.note(rank, true);
@@ -309,6 +348,7 @@ fn serve(mut stream: TcpStream, hub: &Hub, joined: &Mutex<Vec<bool>>, deadline: 
 }
 
 fn gone(hub: &Hub, rank: usize, detail: &str) {
+    lock(&hub.writers)[rank] = None;
     hub.note(rank, false);
     hub.rounds.abandon(GraphedError::RankFailed {
         rank,
@@ -323,17 +363,77 @@ pub(crate) struct Link {
     rank: usize,
     size: usize,
     timeout: Duration,
-    /// Read by one statement at a time, which holds it until its outcome came.
-    reader: Mutex<TcpStream>,
-    /// The same connection, written briefly (a statement, an abandonment) and never held
-    /// while waiting.
+    /// The outcomes of this rank's statements, in order, as the reading thread received them.
+    answers: Mutex<Receiver<Result<Gathered, GraphedError>>>,
+    /// The connection, written briefly (a statement, an abandonment) and never held while
+    /// waiting.
     writer: Mutex<TcpStream>,
+    ending: Arc<Ending>,
+}
+
+/// How a rank's group ended, shared by its [`Link`] and the thread that reads its connection.
+#[derive(Debug, Default)]
+struct Ending {
     spent: Mutex<Option<GraphedError>>,
+    watchers: Watchers,
+    /// This rank closed the connection itself ([`Link`]'s drop): its end is nobody's failure.
+    closed: AtomicBool,
+}
+
+impl Ending {
+    /// Ends the group with `error` (the first error stays); `fire`: as [`OnEnd`] says.
+    fn end(&self, error: GraphedError, fire: bool) -> GraphedError {
+        let spent = lock(&self.spent).get_or_insert(error).clone();
+        if fire {
+            self.watchers.fire(&spent);
+        }
+        spent
+    }
+}
+
+/// The error of a rank whose connection to rank 0 ended or went silent.
+fn hub_gone(what: &str, detail: &str) -> GraphedError {
+    GraphedError::RankFailed {
+        rank: 0,
+        what: what.to_string(),
+        reason: format!("rank 0's process ended or stopped answering ({detail})"),
+    }
+}
+
+/// Reads rank 0's messages for as long as the connection lasts: the outcomes go to the
+/// statements waiting for them; the group's end ([`FromHub::Ended`]), or the connection's,
+/// ends the group here at once, while this rank's own thread may be waiting on its device.
+fn read_answers(
+    mut stream: TcpStream,
+    answers: &Sender<Result<Gathered, GraphedError>>,
+    ending: &Ending,
+) {
+    loop {
+        let error = match wire::read_from_hub(&mut stream) {
+            Ok(FromHub::Outcome(outcome)) => {
+                if let Err(error) = &outcome {
+                    ending.end(error.clone(), false);
+                }
+                let _ = answers.send(outcome);
+                continue;
+            }
+            Ok(FromHub::Ended(error)) => error,
+            Ok(other) => hub_gone(
+                "its connection to rank 0",
+                &format!("an unexpected message {other:?}"),
+            ),
+            Err(_) if ending.closed.load(Ordering::SeqCst) => return,
+            Err(e) => hub_gone("its connection to rank 0", &e.to_string()),
+        };
+        let spent = ending.end(error, true);
+        let _ = answers.send(Err(spent));
+        return;
+    }
 }
 
 impl Link {
     /// Reaches rank 0 at `env.master` (trying again until the timeout: rank 0 may start later)
-    /// and greets it.
+    /// and greets it; a thread of its own then reads rank 0's answers.
     ///
     /// # Errors
     ///
@@ -370,19 +470,45 @@ impl Link {
             Ok(other) => return Err(env.rendezvous(format!("an unexpected answer {other:?}"))),
             Err(e) => return Err(env.rendezvous(format!("no answer to the greeting ({e})"))),
         }
+        // Between rounds a rank computes for as long as it likes: the reading thread waits
+        // without a bound, and a statement waits for its outcome at most the group's timeout
+        // and the slack.
         stream
-            .set_read_timeout(Some(timeout + ANSWER_SLACK))
+            .set_read_timeout(None)
             .map_err(|e| env.rendezvous(e))?;
+        let writer = stream.try_clone().map_err(|e| env.rendezvous(e))?;
+        let ending = Arc::new(Ending::default());
+        let (send, answers) = mpsc::channel();
+        let reading = ending.clone();
+        std::thread::Builder::new()
+            .name("burn-graphed-rank-link".into())
+            .spawn(move || read_answers(stream, &send, &reading))
+            .map_err(|e| env.rendezvous(format!("no thread to read rank 0's answers ({e})")))?;
         Ok(Self {
             rank: env.rank,
             size: env.world_size,
             timeout,
-            writer: Mutex::new(stream.try_clone().map_err(|e| env.rendezvous(e))?),
-            reader: Mutex::new(stream),
-            spent: Mutex::new(None),
+            answers: Mutex::new(answers),
+            writer: Mutex::new(writer),
+            ending,
         })
     }
 
+    pub(crate) fn on_end(&self, call: OnEnd) {
+        self.ending.watchers.add(call);
+    }
+}
+
+impl Drop for Link {
+    /// Closes the connection, as the process's end would: the reading thread holds its own
+    /// handle on it, which would keep it open.
+    fn drop(&mut self) {
+        self.ending.closed.store(true, Ordering::SeqCst);
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Link {
     pub(crate) fn rank(&self) -> usize {
         self.rank
     }
@@ -393,45 +519,24 @@ impl Link {
 
     /// States `entry` in the next round and waits for its outcome.
     pub(crate) fn exchange(&self, entry: Entry) -> Result<Gathered, GraphedError> {
-        if let Some(error) = lock(&self.spent).clone() {
+        if let Some(error) = lock(&self.ending.spent).clone() {
             return Err(error);
         }
         let what = entry.what.clone();
-        let outcome = {
-            let mut reader = lock(&self.reader);
-            wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Round(entry))
-                .and_then(|()| wire::read_from_hub(&mut *reader))
-        };
-        let outcome = match outcome {
-            Ok(FromHub::Outcome(outcome)) => outcome,
-            Ok(other) => Err(self.hub_gone(&what, &format!("an unexpected answer {other:?}"))),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(self.hub_gone(
-                    &what,
-                    &format!(
-                        "no answer within {} ms",
-                        (self.timeout + ANSWER_SLACK).as_millis()
-                    ),
-                ))
-            }
-            Err(e) => Err(self.hub_gone(&what, &e.to_string())),
-        };
-        if let Err(error) = &outcome {
-            lock(&self.spent).get_or_insert_with(|| error.clone());
+        let answers = lock(&self.answers);
+        if let Err(e) = wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Round(entry)) {
+            return Err(self.ending.end(hub_gone(&what, &e.to_string()), true));
         }
-        outcome
-    }
-
-    fn hub_gone(&self, what: &str, detail: &str) -> GraphedError {
-        GraphedError::RankFailed {
-            rank: 0,
-            what: what.to_string(),
-            reason: format!("rank 0's process ended or stopped answering ({detail})"),
+        let wait = self.timeout + ANSWER_SLACK;
+        match answers.recv_timeout(wait) {
+            Ok(outcome) => outcome,
+            Err(RecvTimeoutError::Timeout) => Err(self.ending.end(
+                hub_gone(&what, &format!("no answer within {} ms", wait.as_millis())),
+                true,
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(lock(&self.ending.spent)
+                .clone()
+                .unwrap_or_else(|| hub_gone(&what, "the connection's reader ended"))),
         }
     }
 
@@ -442,7 +547,7 @@ impl Link {
             GraphedError::RankFailed { what, reason, .. } => (what.clone(), reason.clone()),
             other => ("its training".to_string(), other.to_string()),
         };
-        lock(&self.spent).get_or_insert(error);
         let _ = wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Abandon { what, reason });
+        self.ending.end(error, true);
     }
 }

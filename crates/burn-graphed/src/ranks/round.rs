@@ -4,6 +4,7 @@
 //! of a group of processes, the threads that serve the other ranks' connections
 //! (`super::process`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,59 @@ pub(crate) struct Gathered {
     pub(crate) payloads: Arc<Vec<Vec<f32>>>,
 }
 
+/// Called once when a group ends in a way that may leave a rank's collective unfinished (a
+/// rank's process gone, a rank that never arrived, a rank that abandoned, a collective's own
+/// failure), with the error that ended it, by the thread that learned of it and outside any
+/// lock of the group: NCCL's communicators are aborted there, so that no device waits for good
+/// in an all-reduce a peer will never join. An agreement that ends in an error does not call
+/// it: every rank is at the agreement then, and no collective waits for a missing peer.
+pub(crate) type OnEnd = Arc<dyn Fn(&GraphedError) + Send + Sync>;
+
+/// The [`OnEnd`]s of a group, called at most once.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    /// The calls, and the error they were called with once they were.
+    inner: Mutex<(Vec<OnEnd>, Option<GraphedError>)>,
+    fired: AtomicBool,
+}
+
+impl std::fmt::Debug for Watchers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchers")
+            .field("fired", &self.fired.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watchers {
+    /// Adds `call`; called at once if the group already ended.
+    pub(crate) fn add(&self, call: OnEnd) {
+        let ended = {
+            let mut inner = lock(&self.inner);
+            inner.0.push(call.clone());
+            inner.1.clone()
+        };
+        if let Some(error) = ended {
+            call(&error);
+        }
+    }
+
+    /// Calls every [`OnEnd`] with `error`, the first time only.
+    pub(crate) fn fire(&self, error: &GraphedError) {
+        if self.fired.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let calls = {
+            let mut inner = lock(&self.inner);
+            inner.1 = Some(error.clone());
+            inner.0.clone()
+        };
+        for call in calls {
+            call(error);
+        }
+    }
+}
+
 /// The shared state of a group's rounds.
 #[derive(Debug)]
 pub(crate) struct Rounds {
@@ -51,6 +105,7 @@ pub(crate) struct Rounds {
     timeout: Duration,
     state: Mutex<State>,
     arrived: Condvar,
+    watchers: Watchers,
 }
 
 #[derive(Debug, Default)]
@@ -76,7 +131,13 @@ impl Rounds {
                 ..State::default()
             }),
             arrived: Condvar::new(),
+            watchers: Watchers::default(),
         }
+    }
+
+    /// Calls `call` when the group ends as [`OnEnd`] says.
+    pub(crate) fn on_end(&self, call: OnEnd) {
+        self.watchers.add(call);
     }
 
     pub(crate) fn size(&self) -> usize {
@@ -89,9 +150,13 @@ impl Rounds {
 
     /// Ends the group with `error` on every rank (the first error stays).
     pub(crate) fn abandon(&self, error: GraphedError) {
-        let mut state = lock(&self.state);
-        state.spent.get_or_insert(error);
-        self.arrived.notify_all();
+        let spent = {
+            let mut state = lock(&self.state);
+            let spent = state.spent.get_or_insert(error).clone();
+            self.arrived.notify_all();
+            spent
+        };
+        self.watchers.fire(&spent);
     }
 
     /// States `rank`'s `entry` and waits for every rank's; the round's outcome.
@@ -142,9 +207,11 @@ impl Rounds {
                         .collect(),
                     waited_ms: self.timeout.as_millis() as u64,
                 };
-                state.spent = Some(error.clone());
+                let spent = state.spent.get_or_insert(error).clone();
                 self.arrived.notify_all();
-                return Err(error);
+                drop(state);
+                self.watchers.fire(&spent);
+                return Err(spent);
             }
             state = self
                 .arrived

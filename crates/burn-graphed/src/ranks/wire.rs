@@ -43,6 +43,9 @@ pub(crate) enum FromHub {
     Refused(String),
     /// The outcome of the round the rank stated in.
     Outcome(Result<Gathered, GraphedError>),
+    /// The group ended outside a round (a rank's process gone, a rank's abandonment, a
+    /// timeout): sent at once, whatever the rank is doing (`super::round::OnEnd`).
+    Ended(GraphedError),
 }
 
 struct Body(Vec<u8>);
@@ -268,6 +271,10 @@ impl FromHub {
                 body.u8(3);
                 error(&mut body, e);
             }
+            FromHub::Ended(e) => {
+                body.u8(4);
+                error(&mut body, e);
+            }
         }
         body.0
     }
@@ -288,6 +295,7 @@ impl FromHub {
                 }))
             }
             3 => FromHub::Outcome(Err(read_error(&mut c)?)),
+            4 => FromHub::Ended(read_error(&mut c)?),
             _ => return Err(invalid("not rank 0's message")),
         })
     }
@@ -395,7 +403,8 @@ mod tests {
                 waited_ms: 300,
             },
         ] {
-            round_trip_from_hub(FromHub::Outcome(Err(error)));
+            round_trip_from_hub(FromHub::Outcome(Err(error.clone())));
+            round_trip_from_hub(FromHub::Ended(error));
         }
     }
 

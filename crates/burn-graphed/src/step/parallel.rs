@@ -77,6 +77,7 @@ where
             .map(|(_, bucket, _)| &bucket.layout)
             .map_err(Clone::clone);
         let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
+        crate::faults::after_agreement(state.steps());
         let (losses, bucket, half) = half?;
         if let Half::Replayed(graph) = &half {
             let averaged = group
@@ -125,6 +126,7 @@ where
                 Ready::Eager { bucket, .. } => Ok(&bucket.layout),
             });
         let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
+        crate::faults::after_agreement(state.steps());
         let losses = match ready? {
             Ready::Replay(graph) => {
                 let (losses, copies) = graph.replay(flat)?;
