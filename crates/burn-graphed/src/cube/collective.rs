@@ -349,8 +349,10 @@ mod nccl {
         };
         for (comm, stream, reason, on_error) in failed {
             log::error!("burn-graphed: {reason}; aborting it");
+            // The group ends first, on every rank: NCCL's abort of this communicator may wait
+            // for its peers', which they make once they learn of the end.
+            on_error(reason.clone());
             abort(comm, stream, false, &reason);
-            on_error(reason);
         }
     }
 
