@@ -74,6 +74,9 @@ struct Communicator {
     stream: Option<usize>,
     /// Why the group ended ([`end`]); no all-reduce runs after.
     ended: Option<String>,
+    /// The watchdog saw the communicator fail: [`end`] aborts it without waiting for its
+    /// stream to drain.
+    failed: bool,
     on_error: std::sync::Arc<OnError>,
 }
 
@@ -136,6 +139,7 @@ pub(crate) fn join(
         comm: None,
         stream: None,
         ended: None,
+        failed: false,
         on_error: std::sync::Arc::new(on_error),
     });
     Ok(communicators.len() - 1)
@@ -155,11 +159,11 @@ pub(crate) fn end(group: usize, reason: &str) {
             return;
         }
         entry.ended = Some(reason.to_string());
-        (entry.comm.take(), entry.stream)
+        (entry.comm.take(), entry.stream, !entry.failed)
     };
     #[cfg(feature = "cuda")]
-    if let (Some(comm), stream) = taken {
-        nccl::abort(comm, stream, true, reason);
+    if let (Some(comm), stream, drain) = taken {
+        nccl::abort(comm, stream, drain, reason);
     }
     #[cfg(not(feature = "cuda"))]
     let _ = taken;
@@ -330,29 +334,30 @@ mod nccl {
         });
     }
 
-    /// One poll of every live communicator's asynchronous error.
+    /// One poll of every live communicator's asynchronous error: a failed one's group ends on
+    /// every rank (`on_error`), which tells the peers first (NCCL's abort of this communicator
+    /// may wait for theirs) and then, through the group's end here, aborts it ([`super::end`]).
     fn poll() {
         let injected = crate::sync::lock(&super::INJECTED).take();
         let failed: Vec<_> = {
             let mut communicators = crate::sync::lock(&COMMUNICATORS);
             communicators
                 .iter_mut()
+                .filter(|entry| entry.ended.is_none() && !entry.failed)
                 .filter_map(|entry| {
                     let comm = entry.comm?;
                     let reason = injected.clone().or_else(|| async_error(comm))?;
-                    let reason = format!("NCCL's communicator failed: {reason}");
-                    entry.ended = Some(reason.clone());
-                    entry.comm = None;
-                    Some((comm, entry.stream, reason, entry.on_error.clone()))
+                    entry.failed = true;
+                    Some((
+                        format!("NCCL's communicator failed: {reason}"),
+                        entry.on_error.clone(),
+                    ))
                 })
                 .collect()
         };
-        for (comm, stream, reason, on_error) in failed {
-            log::error!("burn-graphed: {reason}; aborting it");
-            // The group ends first, on every rank: NCCL's abort of this communicator may wait
-            // for its peers', which they make once they learn of the end.
-            on_error(reason.clone());
-            abort(comm, stream, false, &reason);
+        for (reason, on_error) in failed {
+            log::error!("burn-graphed: {reason}; ending the group");
+            on_error(reason);
         }
     }
 

@@ -381,13 +381,14 @@ struct Ending {
 }
 
 impl Ending {
-    /// Ends the group with `error` (the first error stays); `fire`: as [`OnEnd`] says.
+    /// Ends the group with `error` (the first error stays); `fire`: as [`OnEnd`] says, before
+    /// the end is visible to this rank (see `Watchers::fire`).
     fn end(&self, error: GraphedError, fire: bool) -> GraphedError {
-        let spent = lock(&self.spent).get_or_insert(error).clone();
         if fire {
-            self.watchers.fire(&spent);
+            let first = lock(&self.spent).clone().unwrap_or_else(|| error.clone());
+            self.watchers.fire(&first);
         }
-        spent
+        lock(&self.spent).get_or_insert(error).clone()
     }
 }
 
