@@ -6,7 +6,8 @@
 //!   so its peer enters the step's all-reduce, which it never joins. The peer's device would
 //!   spin there for good; the group's end aborts its communicator. The negative control turns
 //!   the abort off and the peer must still be waiting well after the death.
-//! - NCCL reports an error (injected into the watchdog's poll, as a failing network would).
+//! - NCCL reports an error (injected into the watchdog's poll, as a failing network would; the
+//!   communicator itself stays healthy).
 //! - A rank's capture fails (a sample of the wrong width).
 //! - The rendezvous never completes (a rank whose peers never start).
 //!
@@ -307,10 +308,11 @@ pub fn rank_dies_mid_step_fails_the_others(child_test: &str) {
     );
 }
 
-/// NCCL reports an error on rank 1 during step [`AT`]: both ranks get a typed error within
-/// [`BOUND`], rank 1 its communicator's failure, rank 0 `RankFailed` naming rank 1; both
-/// devices compute after.
-pub fn nccl_error_abort_fails_every_rank(child_test: &str) {
+/// NCCL reports an error on rank 1 during step [`AT`] (injected: the communicator itself is
+/// healthy, so its streams drain and nothing is aborted): both ranks get a typed error within
+/// [`BOUND`], rank 1 its communicator's failure, rank 0 `RankFailed` naming rank 1; both exit
+/// cleanly and their devices compute after.
+pub fn nccl_error_fails_every_rank(child_test: &str) {
     let ends = run_ranks(child_test, "nccl_error", &[0, 1], None);
     let failed = "NCCL's communicator failed";
     assert_failed_in_time("rank 1, whose NCCL failed", &ends[1], failed, BOUND);

@@ -74,8 +74,7 @@ struct Communicator {
     stream: Option<usize>,
     /// Why the group ended ([`end`]); no all-reduce runs after.
     ended: Option<String>,
-    /// The watchdog saw the communicator fail: [`end`] aborts it without waiting for its
-    /// stream to drain.
+    /// The watchdog saw the communicator fail and ended its group (once).
     failed: bool,
     on_error: std::sync::Arc<OnError>,
 }
@@ -159,11 +158,11 @@ pub(crate) fn end(group: usize, reason: &str) {
             return;
         }
         entry.ended = Some(reason.to_string());
-        (entry.comm.take(), entry.stream, !entry.failed)
+        (entry.comm.take(), entry.stream)
     };
     #[cfg(feature = "cuda")]
-    if let (Some(comm), stream, drain) = taken {
-        nccl::abort(comm, stream, drain, reason);
+    if let (Some(comm), stream) = taken {
+        nccl::abort(comm, stream, reason);
     }
     #[cfg(not(feature = "cuda"))]
     let _ = taken;
@@ -335,8 +334,8 @@ mod nccl {
     }
 
     /// One poll of every live communicator's asynchronous error: a failed one's group ends on
-    /// every rank (`on_error`), which tells the peers first (NCCL's abort of this communicator
-    /// may wait for theirs) and then, through the group's end here, aborts it ([`super::end`]).
+    /// every rank (`on_error`), and the group's end on each rank aborts its communicator where
+    /// its stream does not drain ([`super::end`]): where kernels wait.
     fn poll() {
         let injected = crate::sync::lock(&super::INJECTED).take();
         let failed: Vec<_> = {
@@ -375,14 +374,16 @@ mod nccl {
         }
     }
 
-    /// Aborts `comm` (taken out of its group: no one else uses it again), after waiting up to
-    /// the drain grace for `stream` to finish on its own where `drain` says so.
-    pub(super) fn abort(comm: usize, stream: Option<usize>, drain: bool, reason: &str) {
+    /// Aborts `comm` (taken out of its group: no one else uses it again) unless `stream`
+    /// finishes on its own within the drain grace: nothing waits then, and NCCL's abort of a
+    /// communicator whose peers live and wait for nothing is not needed (and was seen to take
+    /// minutes: `tests/scenarios/process_faults.rs`).
+    pub(super) fn abort(comm: usize, stream: Option<usize>, reason: &str) {
         if !super::ABORT.load(std::sync::atomic::Ordering::SeqCst) {
             log::warn!("burn-graphed: NCCL abort turned off; the group ended ({reason})");
             return;
         }
-        if drain && let Some(stream) = stream {
+        if let Some(stream) = stream {
             let stream = stream as CUstream;
             // SAFETY: `stream` is cubecl's stream of the group's last all-reduce; cubecl's
             // streams live as long as its server, which outlives every group of the process.

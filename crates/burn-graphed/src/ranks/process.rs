@@ -381,14 +381,13 @@ struct Ending {
 }
 
 impl Ending {
-    /// Ends the group with `error` (the first error stays); `fire`: as [`OnEnd`] says, before
-    /// the end is visible to this rank (see `Watchers::fire`).
+    /// Ends the group with `error` (the first error stays); `fire`: as [`OnEnd`] says.
     fn end(&self, error: GraphedError, fire: bool) -> GraphedError {
+        let spent = lock(&self.spent).get_or_insert(error).clone();
         if fire {
-            let first = lock(&self.spent).clone().unwrap_or_else(|| error.clone());
-            self.watchers.fire(&first);
+            self.watchers.fire(&spent);
         }
-        lock(&self.spent).get_or_insert(error).clone()
+        spent
     }
 }
 

@@ -59,14 +59,7 @@ pub(crate) struct Watchers {
     /// The calls, and the error they were called with once they were.
     inner: Mutex<(Vec<OnEnd>, Option<GraphedError>)>,
     fired: AtomicBool,
-    /// Whether the calls returned, for a second [`fire`](Self::fire) to wait on.
-    done: Mutex<bool>,
-    returned: Condvar,
 }
-
-/// The longest a second [`Watchers::fire`] waits for the first one's calls (NCCL's abort is
-/// bounded by its drain grace and the abort itself).
-const FIRE_WAIT: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Watchers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -89,16 +82,9 @@ impl Watchers {
         }
     }
 
-    /// Calls every [`OnEnd`] with `error`, the first time only; a later call returns once the
-    /// first one's calls did. The callers make the group's end visible to its ranks after this
-    /// returns, so that no rank acts on the end (returns its error, ends its process) while a
-    /// communicator is still being aborted.
+    /// Calls every [`OnEnd`] with `error`, the first time only.
     pub(crate) fn fire(&self, error: &GraphedError) {
         if self.fired.swap(true, Ordering::SeqCst) {
-            let done = lock(&self.done);
-            let _ = self
-                .returned
-                .wait_timeout_while(done, FIRE_WAIT, |done| !*done);
             return;
         }
         let calls = {
@@ -109,8 +95,6 @@ impl Watchers {
         for call in calls {
             call(error);
         }
-        *lock(&self.done) = true;
-        self.returned.notify_all();
     }
 }
 
@@ -166,15 +150,13 @@ impl Rounds {
 
     /// Ends the group with `error` on every rank (the first error stays).
     pub(crate) fn abandon(&self, error: GraphedError) {
-        // The watchers first, the end visible after (see `Watchers::fire`).
-        let first = lock(&self.state)
-            .spent
-            .clone()
-            .unwrap_or_else(|| error.clone());
-        self.watchers.fire(&first);
-        let mut state = lock(&self.state);
-        state.spent.get_or_insert(error);
-        self.arrived.notify_all();
+        let spent = {
+            let mut state = lock(&self.state);
+            let spent = state.spent.get_or_insert(error).clone();
+            self.arrived.notify_all();
+            spent
+        };
+        self.watchers.fire(&spent);
     }
 
     /// States `rank`'s `entry` and waits for every rank's; the round's outcome.
