@@ -24,7 +24,7 @@
 //! asynchronous error (`ncclCommGetAsyncError`) and ends the group on one.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use burn::backend::tensor::FloatTensor;
@@ -46,17 +46,21 @@ static FAILURE: Mutex<Option<String>> = Mutex::new(None);
 /// How long an ended group's stream may take to drain on its own before its communicator is
 /// aborted: a peer that ended after its last all-reduce completed leaves nothing waiting, and
 /// aborting then would cut this rank's own last all-reduce short.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// Between two polls of the communicators' asynchronous errors.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const POLL: Duration = Duration::from_millis(100);
 
 /// Whether [`end`] aborts communicators (a test's negative control turns it off, to show that
 /// the device then waits for good).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 static ABORT: AtomicBool = AtomicBool::new(true);
 
 /// An asynchronous NCCL error a test injects: the watchdog's next poll reports it on every
 /// communicator of this process.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 static INJECTED: Mutex<Option<String>> = Mutex::new(None);
 
 /// What a group does on its communicator's asynchronous error: ends the rank group.
@@ -169,12 +173,14 @@ pub(crate) fn end(group: usize, reason: &str) {
 }
 
 /// Turns [`end`]'s abort on or off for this process (a test's negative control).
+#[cfg(feature = "testing")]
 pub(crate) fn set_abort(on: bool) {
-    ABORT.store(on, Ordering::SeqCst);
+    ABORT.store(on, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Makes the watchdog's next poll report `reason` as an asynchronous NCCL error of every
 /// communicator of this process (a test's stand-in for a failing network).
+#[cfg(feature = "testing")]
 pub(crate) fn inject_error(reason: &str) {
     *crate::sync::lock(&INJECTED) = Some(reason.to_string());
 }

@@ -45,9 +45,8 @@ pub(crate) use self::{
     adam::adam_op::step as adam_step,
     buffers::check_written,
     collective::{
-        UNIQUE_ID_BYTES as NCCL_ID_BYTES, end as nccl_end, inject_error as nccl_inject_error,
-        is_cuda, join as nccl_join, mean as nccl_mean, set_abort as nccl_set_abort,
-        take_failure as nccl_failure, unique_id as nccl_unique_id,
+        UNIQUE_ID_BYTES as NCCL_ID_BYTES, end as nccl_end, is_cuda, join as nccl_join,
+        mean as nccl_mean, take_failure as nccl_failure, unique_id as nccl_unique_id,
     },
     copy_op::collective_buffer,
     graph::capture::{capture_group, capture_inference},
@@ -74,6 +73,7 @@ pub(crate) use self::{
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
+    collective::{inject_error as nccl_inject_error, set_abort as nccl_set_abort},
     driver_copy::copies as driver_copies,
     graph::progress::set_intervals as set_progress_intervals,
     kernels::row_kernels::forwards as fused_norm_forwards,
@@ -94,15 +94,15 @@ pub(crate) use stand_in::{
     adam_step, attention, attention_packed, attention_supports_dim, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows,
     embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3,
-    kernel_cache_location, linear, nccl_end, nccl_failure, nccl_inject_error, nccl_join, nccl_mean,
-    nccl_set_abort, nccl_unique_id, norm, supports_graphs, vendor_matmul_available,
+    kernel_cache_location, linear, nccl_end, nccl_failure, nccl_join, nccl_mean, nccl_unique_id,
+    norm, supports_graphs, vendor_matmul_available,
     write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_conv_tiling, fused_norm_forwards,
-    hold_attention_tensor_cores, norm_rows_per_chunk, norm_sum_lanes, packed_attention_calls,
-    set_progress_intervals, vendor_gemms,
+    hold_attention_tensor_cores, nccl_inject_error, nccl_set_abort, norm_rows_per_chunk,
+    norm_sum_lanes, packed_attention_calls, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]
