@@ -105,9 +105,6 @@ where
         )
         .unwrap_or_else(|error| panic!("{label}: {error}"));
     eprintln!("# {label}: replicas bitwise equal after the run: true");
-    let check = options
-        .check
-        .then(|| check_data_parallel(case, &dp, device, options, &label));
     if copy {
         std::process::exit(0);
     }
@@ -117,117 +114,7 @@ where
     }
     let mut row = Row::timed(case, mode, per_step, device, before, options, 0);
     row.ranks = Some((options.ranks, case.batch));
-    row.check = check.flatten().map(Check::Steps);
     row
-}
-
-/// The value check of a data-parallel run, in the processes that timed it: from one fresh
-/// model (rank 0's, drawn after seeding with [`CHECK_SEED`], on every rank), [`CHECK_STEPS`]
-/// data-parallel whole steps at [`CHECK_LR`] with burn's Adam, each rank on batches of its own
-/// (drawn after seeding with `CHECK_SEED + 1 + rank`); then, on rank 0 (which draws every
-/// rank's batches the same way), one model trained eagerly on all of them, each step's loss
-/// the mean of the ranks' losses (so its gradient is the mean of theirs, what the all-reduce
-/// computes), compared by [`StepCheck`] with rank 0's replica and its own shard's losses. The
-/// control: the same eager training on rank 0's batches alone (no average) must fail the same
-/// comparison, or the check could not see a missing all-reduce and the run ends here. Rank 0's
-/// check; `None` on the others.
-fn check_data_parallel<M, I, O>(
-    case: &Case<M, I, O>,
-    dp: &DataParallel,
-    device: &Device,
-    options: &Options,
-    label: &str,
-) -> Option<StepCheck>
-where
-    M: Module,
-    I: TensorGroup + Clone,
-    O: TensorGroup,
-{
-    let (rank, ranks) = (dp.ranks().rank(), dp.ranks().size());
-    device.seed(CHECK_SEED);
-    let initial = dp
-        .broadcast((case.make)(device).map(&mut Unconstant))
-        .unwrap_or_else(|error| panic!("{label}: the check's model: {error}"));
-    let batches: Vec<Vec<I>> = (0..ranks)
-        .map(|r| {
-            device.seed(CHECK_SEED + 1 + r as u64);
-            (0..CHECK_STEPS)
-                .map(|_| (case.input)(device, case.batch))
-                .collect()
-        })
-        .collect();
-    let mine = &batches[rank];
-    let mut step = GraphedStep::data_parallel(
-        dp,
-        deep_copy(&initial),
-        case.call_loss,
-        &AdamConfig::new(),
-        vec![mine[0].clone()],
-        &GraphedConfig::new(),
-    )
-    .unwrap_or_else(|error| panic!("{label}: the check's capture: {error}"));
-    let graphed_losses: Vec<f64> = mine
-        .iter()
-        .map(|batch| {
-            let loss = step
-                .run(batch.clone(), CHECK_LR)
-                .unwrap_or_else(|error| panic!("{label}: the check's step: {error}"));
-            loss.into_data().iter::<f64>().next().expect("a loss")
-        })
-        .collect();
-    let graphed: Vec<TensorData> = param_values(&step.module())
-        .expect("read back")
-        .into_iter()
-        .map(|(_, data)| data)
-        .collect();
-    if rank != 0 {
-        return None;
-    }
-    let eager = |shards: &[Vec<I>]| -> (Vec<f64>, Vec<TensorData>) {
-        let mut model = deep_copy(&initial);
-        let mut optimizer = Mode::WholeStep(false).optimizer();
-        let mut losses = Vec::with_capacity(CHECK_STEPS);
-        for i in 0..CHECK_STEPS {
-            let per_rank: Vec<Tensor<1>> = shards
-                .iter()
-                .map(|batches| (case.call_loss)(&model, batches[i].clone()))
-                .collect();
-            losses.push(
-                per_rank[0]
-                    .clone()
-                    .into_data()
-                    .iter::<f64>()
-                    .next()
-                    .expect("a loss"),
-            );
-            let mean = Tensor::cat(per_rank, 0).mean();
-            let grads = GradientsParams::from_grads(mean.backward(), &model);
-            model = optimizer.step(CHECK_LR, model, grads);
-        }
-        let params = param_values(&model).expect("read back");
-        (losses, params.into_iter().map(|(_, data)| data).collect())
-    };
-    // As the single-GPU check ([`check`]): TF32 products in one run and not the other, bf16's
-    // rounding; the ranks' mean adds one rounding of the averaged gradient.
-    let noise_rel = if options.dtype == "bf16" { 2e-2 } else { 2e-3 };
-    let compare = |(losses, params): &(Vec<f64>, Vec<TensorData>)| {
-        StepCheck::new(
-            CHECK_LR,
-            noise_rel,
-            (losses, &graphed_losses),
-            (params, &graphed),
-        )
-    };
-    let check = compare(&eager(&batches));
-    let control = compare(&eager(&batches[..1]));
-    eprintln!("# {label}: check against one model on every rank's batches: {check}");
-    eprintln!("# {label}: control, one model on rank 0's batches alone (must fail): {control}");
-    assert!(
-        !control.passed(),
-        "{label}: the check is blind: one model trained without the ranks' average passed it \
-         ({control})"
-    );
-    Some(check)
 }
 
 /// Rank 0's place in a group of `ranks` processes on the loopback, and one copy of this
