@@ -840,10 +840,15 @@ mod tests {
     fn an_agreement_that_fails_calls_no_watcher() {
         for on_group in [on_ranks, on_joined_ranks] as [OnGroup<_>; 2] {
             let results = on_group(2, LONG, |group| {
+                // Every rank keeps its handle until all have looked: a handle dropped is a
+                // connection closed, which is an end the others' watchers must see.
+                static LOOKED: std::sync::OnceLock<std::sync::Barrier> = std::sync::OnceLock::new();
+                let looked = LOOKED.get_or_init(|| std::sync::Barrier::new(2));
                 let seen = watched(&group);
                 let agreed = group.agree("step 3", Ok(group.rank()));
                 // Every rank is at the agreement: no collective waits for anyone.
                 let called = seen.recv_timeout(Duration::from_millis(300)).ok();
+                looked.wait();
                 (agreed.is_err(), called)
             });
             for (rank, (failed, called)) in results.into_iter().enumerate() {

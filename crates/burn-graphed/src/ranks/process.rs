@@ -403,6 +403,9 @@ fn hub_gone(what: &str, detail: &str) -> GraphedError {
 /// Reads rank 0's messages for as long as the connection lasts: the outcomes go to the
 /// statements waiting for them; the group's end ([`FromHub::Ended`]), or the connection's,
 /// ends the group here at once, while this rank's own thread may be waiting on its device.
+/// A statement in flight when the group ended still gets its round's outcome from rank 0 (the
+/// round may have completed just before the end, and then it holds), so only the connection's
+/// end answers it here.
 fn read_answers(
     mut stream: TcpStream,
     answers: &Sender<Result<Gathered, GraphedError>>,
@@ -417,7 +420,10 @@ fn read_answers(
                 let _ = answers.send(outcome);
                 continue;
             }
-            Ok(FromHub::Ended(error)) => error,
+            Ok(FromHub::Ended(error)) => {
+                ending.end(error, true);
+                continue;
+            }
             Ok(other) => hub_gone(
                 "its connection to rank 0",
                 &format!("an unexpected message {other:?}"),
