@@ -16,13 +16,13 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use burn_graphed::{Collective, DataParallel, GraphedStep, ProcessEnv};
 
-use super::data_parallel::{LR, RANKS, shard, square_loss};
-use super::processes::{free_port, start_model};
+use super::data_parallel::{LR, shard, square_loss};
+use super::processes::{free_port, rank_command, start_model};
 use super::*;
 
 /// Set in a child: the fault to make (`dies`, `dies,no_abort`, `nccl_error`, `capture`,
@@ -167,8 +167,8 @@ fn tail(text: &str, chars: usize) -> &str {
     &text[start..]
 }
 
-/// Starts the ranks `ranks` of a group of [`RANKS`] (rank `r` on GPU `r`) as children of
-/// this test binary (`child_test`) making `fault`; waits until all ended, killing those still
+/// Starts the ranks `ranks` of a group of two as children of this test binary
+/// ([`rank_command`]) making `fault`; waits until all ended, killing those still
 /// running `kill_after` after the first one ended (or at [`LIMIT`]). Their ends, in the order
 /// of `ranks`.
 fn run_ranks(
@@ -186,14 +186,8 @@ fn run_ranks(
         .iter()
         .map(|&rank| {
             let file = |what| Stdio::from(File::create(out(rank, what)).expect("an output file"));
-            let child = Command::new(std::env::current_exe().expect("this test binary"))
-                .args(["--exact", child_test, "--ignored", "--nocapture"])
+            let child = rank_command(child_test, rank, &port)
                 .env(FAULT, fault)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", RANKS.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("CUDA_VISIBLE_DEVICES", rank.to_string())
                 .stdout(file("out"))
                 .stderr(file("err"))
                 .spawn()

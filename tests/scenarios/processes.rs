@@ -152,21 +152,30 @@ const OVER_SOCKETS: &[(&str, &str)] = &[
     ("NCCL_DEBUG", "INFO"),
 ];
 
-/// Starts one child of this test binary per rank (`child_test`, run with `--ignored`), rank
-/// `i` on GPU `i` alone, with the variables `extra` besides the launcher's, and waits for all:
-/// each rank's parameters, its counts line and everything it printed.
+/// A child of this test binary (`child_test`, run with `--ignored`) as rank `rank` of
+/// [`RANKS`] on GPU `rank` alone, with the launcher's variables for a rank 0 listening on the
+/// loopback at `port`.
+pub(super) fn rank_command(child_test: &str, rank: usize, port: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("this test binary"));
+    command
+        .args(["--exact", child_test, "--ignored", "--nocapture"])
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", RANKS.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port)
+        .env("CUDA_VISIBLE_DEVICES", rank.to_string());
+    command
+}
+
+/// Starts one child of this test binary per rank ([`rank_command`]), with the variables
+/// `extra` besides the launcher's, and waits for all: each rank's parameters, its counts line
+/// and everything it printed.
 fn launch(child_test: &str, what: &str, extra: &[(&str, &str)]) -> Vec<(Vec<f32>, String, String)> {
     let port = free_port().to_string();
     let children: Vec<_> = (0..RANKS)
         .map(|rank| {
-            Command::new(std::env::current_exe().expect("this test binary"))
-                .args(["--exact", child_test, "--ignored", "--nocapture"])
+            rank_command(child_test, rank, &port)
                 .env(CHILD, what)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", RANKS.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("CUDA_VISIBLE_DEVICES", rank.to_string())
                 .envs(extra.iter().copied())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())

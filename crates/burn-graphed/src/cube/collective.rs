@@ -319,9 +319,7 @@ mod nccl {
         Ok(comm)
     }
 
-    /// Starts the watchdog once per process: every [`POLL`](super::POLL), each communicator's
-    /// asynchronous error; on one, the communicator is aborted at once and its group ended
-    /// (every rank's `on_error`).
+    /// Starts the watchdog once per process: every [`POLL`](super::POLL), [`poll`].
     fn watch() {
         static STARTED: std::sync::Once = std::sync::Once::new();
         STARTED.call_once(|| {

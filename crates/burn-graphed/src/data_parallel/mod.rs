@@ -177,7 +177,8 @@ impl DataParallel {
         let values = ranks.rank_0_values("NCCL's communicator id from rank 0", minted)?;
         let id: Vec<u8> = values.into_iter().map(|v| v as u8).collect();
         // The communicator's own failure (the watchdog's poll) ends the group on every rank;
-        // the group's end, whoever learned of it first, aborts the communicator here.
+        // the group's end, on whichever thread learns of it first, ends the communicator
+        // (`nccl_end`: aborted unless its stream drains).
         let failing = ranks.clone();
         let on_error = Box::new(move |reason: String| {
             failing.abandon(GraphedError::Collective { reason });

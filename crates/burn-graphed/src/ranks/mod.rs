@@ -758,41 +758,44 @@ mod tests {
         receive
     }
 
+    /// A rank's part in [`a_rank_s_end_reaches_every_watcher`]: its watcher set, then rank 1
+    /// leaves (`BY_DROP`: its handle dropped, as a process that ends closes its connection;
+    /// otherwise it abandons the group) and every rank still there waits for its watcher's
+    /// call, and nothing else: what it was called with, or `None` for rank 1 gone.
+    fn watch_while_rank_1_leaves<const BY_DROP: bool>(
+        group: RankGroup,
+    ) -> Option<Result<String, String>> {
+        let seen = watched(&group);
+        group.barrier("watchers set").expect("all joined");
+        if group.rank() == 1 {
+            if BY_DROP {
+                drop(group);
+                return None;
+            }
+            group.abandon(GraphedError::RankFailed {
+                rank: 1,
+                what: "its step".into(),
+                reason: "its device failed".into(),
+            });
+        }
+        Some(
+            seen.recv_timeout(Duration::from_secs(10))
+                .map_err(|e| e.to_string()),
+        )
+    }
+
     /// Ranks whose devices wait in a collective are in no round: rank 1's end (its
-    /// abandonment; across processes also its connection's end) reaches every other rank's
-    /// watchers at once, while they wait for nothing but the watchers.
-    fn a_rank_s_end_reaches_every_watcher(on_group: OnGroup<Option<Result<String, String>>>) {
-        for leave_by_drop in [false, true] {
-            let body: fn(RankGroup) -> Option<Result<String, String>> = if leave_by_drop {
-                |group| {
-                    let seen = watched(&group);
-                    group.barrier("watchers set").expect("all joined");
-                    if group.rank() == 1 {
-                        // As a process that ends: no abandonment, only the connection's end.
-                        drop(group);
-                        return None;
-                    }
-                    Some(
-                        seen.recv_timeout(Duration::from_secs(10))
-                            .map_err(|e| e.to_string()),
-                    )
-                }
+    /// abandonment; across processes also its connection's end, `by_drop`) reaches every other
+    /// rank's watchers at once, while they wait for nothing but the watchers.
+    fn a_rank_s_end_reaches_every_watcher(
+        on_group: OnGroup<Option<Result<String, String>>>,
+        by_drop: &[bool],
+    ) {
+        for &leave_by_drop in by_drop {
+            let body = if leave_by_drop {
+                watch_while_rank_1_leaves::<true>
             } else {
-                |group| {
-                    let seen = watched(&group);
-                    group.barrier("watchers set").expect("all joined");
-                    if group.rank() == 1 {
-                        group.abandon(GraphedError::RankFailed {
-                            rank: 1,
-                            what: "its step".into(),
-                            reason: "its device failed".into(),
-                        });
-                    }
-                    Some(
-                        seen.recv_timeout(Duration::from_secs(10))
-                            .map_err(|e| e.to_string()),
-                    )
-                }
+                watch_while_rank_1_leaves::<false>
             };
             let started = Instant::now();
             let results = on_group(3, LONG, body);
@@ -811,29 +814,13 @@ mod tests {
 
     #[test]
     fn a_rank_s_end_reaches_every_watcher_in_threads() {
-        // A thread's group has no connection to drop: its drop is nobody's end, and the
-        // watchers must stay silent then; the abandonment must reach them.
-        let results = on_ranks(3, LONG, |group| {
-            let seen = watched(&group);
-            group.barrier("watchers set").expect("all");
-            if group.rank() == 1 {
-                group.abandon(GraphedError::RankFailed {
-                    rank: 1,
-                    what: "its step".into(),
-                    reason: "its device failed".into(),
-                });
-            }
-            seen.recv_timeout(Duration::from_secs(10))
-        });
-        for (rank, result) in results.into_iter().enumerate() {
-            let text = result.unwrap_or_else(|e| panic!("rank {rank}: no call ({e})"));
-            assert!(text.contains("rank 1"), "rank {rank}: {text}");
-        }
+        // A thread's group has no connection to drop: its abandonment is the end to see.
+        a_rank_s_end_reaches_every_watcher(on_ranks, &[false]);
     }
 
     #[test]
     fn a_joined_rank_s_end_reaches_every_watcher_at_once() {
-        a_rank_s_end_reaches_every_watcher(on_joined_ranks);
+        a_rank_s_end_reaches_every_watcher(on_joined_ranks, &[false, true]);
     }
 
     #[test]

@@ -235,8 +235,8 @@ pub(crate) fn host(env: &ProcessEnv, timeout: Duration) -> Result<Arc<Hub>, Grap
         delivered: Condvar::new(),
         writers: Mutex::new((0..size).map(|_| None).collect()),
     });
-    // The rounds outlive nothing that holds the hub strongly: a weak handle, so that the call
-    // does not keep the hub alive by itself.
+    // The hub holds the rounds, which hold this call: a weak handle, or the two would keep
+    // each other alive.
     let told = Arc::downgrade(&hub);
     hub.on_end(Arc::new(move |error| {
         if let Some(hub) = told.upgrade() {
@@ -503,18 +503,7 @@ impl Link {
     pub(crate) fn on_end(&self, call: OnEnd) {
         self.ending.watchers.add(call);
     }
-}
 
-impl Drop for Link {
-    /// Closes the connection, as the process's end would: the reading thread holds its own
-    /// handle on it, which would keep it open.
-    fn drop(&mut self) {
-        self.ending.closed.store(true, Ordering::SeqCst);
-        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
-    }
-}
-
-impl Link {
     pub(crate) fn rank(&self) -> usize {
         self.rank
     }
@@ -555,5 +544,14 @@ impl Link {
         };
         let _ = wire::send_to_hub(&mut *lock(&self.writer), &ToHub::Abandon { what, reason });
         self.ending.end(error, true);
+    }
+}
+
+impl Drop for Link {
+    /// Closes the connection, as the process's end would: the reading thread holds its own
+    /// handle on it, which would keep it open.
+    fn drop(&mut self) {
+        self.ending.closed.store(true, Ordering::SeqCst);
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
     }
 }

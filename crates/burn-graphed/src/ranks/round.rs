@@ -4,7 +4,6 @@
 //! of a group of processes, the threads that serve the other ranks' connections
 //! (`super::process`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,15 +55,14 @@ pub(crate) type OnEnd = Arc<dyn Fn(&GraphedError) + Send + Sync>;
 /// The [`OnEnd`]s of a group, called at most once.
 #[derive(Default)]
 pub(crate) struct Watchers {
-    /// The calls, and the error they were called with once they were.
+    /// The calls, and the error they were called with once they were (then no call again).
     inner: Mutex<(Vec<OnEnd>, Option<GraphedError>)>,
-    fired: AtomicBool,
 }
 
 impl std::fmt::Debug for Watchers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watchers")
-            .field("fired", &self.fired.load(Ordering::Relaxed))
+            .field("fired", &lock(&self.inner).1.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -82,13 +80,14 @@ impl Watchers {
         }
     }
 
-    /// Calls every [`OnEnd`] with `error`, the first time only.
+    /// Calls every [`OnEnd`] with `error`, the first time only (outside the lock: a call may
+    /// take seconds).
     pub(crate) fn fire(&self, error: &GraphedError) {
-        if self.fired.swap(true, Ordering::SeqCst) {
-            return;
-        }
         let calls = {
             let mut inner = lock(&self.inner);
+            if inner.1.is_some() {
+                return;
+            }
             inner.1 = Some(error.clone());
             inner.0.clone()
         };

@@ -76,8 +76,7 @@ where
             .as_ref()
             .map(|(_, bucket, _)| &bucket.layout)
             .map_err(Clone::clone);
-        let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
-        crate::faults::after_agreement(state.steps());
+        let any_capture = agree_on_step(group, layout, lr, wants_capture, state.steps())?;
         let (losses, bucket, half) = half?;
         if let Half::Replayed(graph) = &half {
             let averaged = group
@@ -125,8 +124,7 @@ where
                 }),
                 Ready::Eager { bucket, .. } => Ok(&bucket.layout),
             });
-        let any_capture = agree_on_step(group, layout, lr, wants_capture)?;
-        crate::faults::after_agreement(state.steps());
+        let any_capture = agree_on_step(group, layout, lr, wants_capture, state.steps())?;
         let losses = match ready? {
             Ready::Replay(graph) => {
                 let (losses, copies) = graph.replay(flat)?;
@@ -260,18 +258,21 @@ where
     }
 }
 
-/// The ranks' agreement on a step: every rank's bucket layout (or its failure) and learning
-/// rate, and whether any rank must capture new shapes after the step (the vote).
+/// The ranks' agreement on step `step` (updates done so far): every rank's bucket layout (or
+/// its failure) and learning rate, and whether any rank must capture new shapes after the step
+/// (the vote).
 fn agree_on_step(
     group: &DataParallel,
     layout: Result<&BucketLayout, GraphedError>,
     lr: f64,
     wants_capture: bool,
+    step: u64,
 ) -> Result<bool, GraphedError> {
     let digest = layout.map(|layout| (layout.fingerprint(), layout.len, layout.dtype, lr));
     let (_, any_capture) = group
         .ranks()
         .agree_and_vote(STEP_AGREEMENT, digest, wants_capture)?;
+    crate::faults::after_agreement(step);
     Ok(any_capture)
 }
 
