@@ -123,7 +123,8 @@ on_devices! {
     unwritten_input_call_recovers_guarded => |d| scenarios::recovery::unwritten_input_call_recovers(d, burn_graphed::GraphedConfig::new()), needs_graphs: "Flex cannot capture: tensors the device never wrote exist on cubecl's backends only";
     backward_twice_matches_eager => scenarios::recovery::backward_twice_matches_eager;
     dropping_the_model_before_backward => scenarios::recovery::dropping_the_model_before_backward;
-    fused_adam_matches_adam => scenarios::optim::fused_adam_matches_adam;
+    eager_adams_are_burns_f32 => |d| scenarios::optim::eager_adams_are_burns_in(d, burn::tensor::FloatDType::F32);
+    eager_adams_are_burns_f16 => |d| scenarios::optim::eager_adams_are_burns_in(d, burn::tensor::FloatDType::F16);
     graphed_fused_adam_matches_eager => |d| scenarios::optim::graphed_fused_adam_matches_eager(d, 4);
     fused_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::PerParam);
     multi_tensor_adam_keeps_snapshots => |d| scenarios::optim::fused_adam_keeps_snapshots(d, scenarios::optim::Kind::MultiTensor);

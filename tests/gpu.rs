@@ -448,8 +448,8 @@ fn dropping_the_model_before_backward() {
 }
 
 #[test]
-fn fused_adam_matches_adam() {
-    scenarios::optim::fused_adam_matches_adam(&cuda());
+fn eager_adams_are_burns_f32() {
+    scenarios::optim::eager_adams_are_burns_in(&cuda(), burn::tensor::FloatDType::F32);
 }
 
 #[test]
@@ -626,21 +626,13 @@ fn cuda_records_graphs() {
 }
 
 #[test]
-fn fused_adam_rounds_once_in_bf16() {
-    let bf16 = burn::tensor::FloatDType::BF16;
-    scenarios::low_precision::fused_adam_rounds_once_in(&cuda(), bf16);
+fn eager_adams_are_burns_bf16() {
+    scenarios::optim::eager_adams_are_burns_in(&cuda(), burn::tensor::FloatDType::BF16);
 }
 
 #[test]
-fn fused_adam_rounds_once_in_f16() {
-    let f16 = burn::tensor::FloatDType::F16;
-    scenarios::low_precision::fused_adam_rounds_once_in(&cuda(), f16);
-}
-
-#[test]
-fn multi_tensor_adam_trains_in_bf16() {
-    let bf16 = burn::tensor::FloatDType::BF16;
-    scenarios::low_precision::multi_tensor_adam_trains_in(&cuda(), bf16);
+fn eager_adams_are_burns_f16() {
+    scenarios::optim::eager_adams_are_burns_in(&cuda(), burn::tensor::FloatDType::F16);
 }
 
 #[test]

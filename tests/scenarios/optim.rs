@@ -1,5 +1,6 @@
-//! `FusedAdam`: burn's Adam as one kernel per parameter, updating the graphs' static parameter
-//! buffers in place where no user tensor can observe it.
+//! `FusedAdam` and `MultiTensorAdam`: burn's Adam as one operation per parameter or per step,
+//! bit for bit, updating the graphs' static parameter buffers in place where no user tensor can
+//! observe it.
 
 use super::*;
 use burn::optim::ModuleOptimizer;
@@ -92,11 +93,10 @@ pub fn assert_updated_in_place(report: &burn_graphed_testkit::EquivalenceReport,
 }
 
 /// Without graphs, the multi-tensor optimizer computes what `FusedAdam` computes one parameter
-/// at a time (the same arithmetic in one launch), with and without weight decay and gradient
-/// clipping, over several steps; both match burn's `Adam` to rounding (`Tolerance::default`,
-/// each step on one backward's gradients, [`shared_gradients`]). A clone of the model
-/// kept across a step keeps its values. (Not bit for bit: on
-/// lavapipe the two kernels differed by up to 6 ulps, the compiler's choice in a loop.)
+/// at a time and what burn's `Adam` computes, bit for bit (the same kernel; see
+/// [`eager_adams_are_burns_in`]), with and without weight decay and gradient clipping, over
+/// several steps, each on one backward's gradients ([`shared_gradients`]). A clone of the
+/// model kept across a step keeps its values.
 pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
     let device = device.clone().autodiff();
     let clipping = Some(GradientClippingConfig::Norm(0.5));
@@ -109,10 +109,6 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
         let model = Mlp::new(11, 3, 3, &device);
         let mut reference = deep_copy(&model);
         let mut per_param = deep_copy(&model);
-        let (mut check, mut pair) = (
-            ParamsCheck::with_tolerance(&model, Tolerance::default()),
-            ParamsCheck::with_tolerance(&model, Tolerance::default()),
-        );
         let mut multi = model;
         let reference_config = adam_config()
             .with_weight_decay(decay.clone())
@@ -140,20 +136,20 @@ pub fn multi_tensor_adam_matches_fused_adam(device: &Device) {
             let expected = if on_cube { params } else { 0 };
             assert_eq!(multi_adam.last_batched(), expected, "{device:?}");
             let what = format!("step {step} ({multi_adam:?})");
-            pair.assert(&what, &per_param, &multi);
-            check.assert(&what, &reference, &multi);
+            assert_params_close(&what, &per_param, &multi, Tolerance::exact());
+            assert_params_close(&what, &reference, &multi, Tolerance::exact());
         }
     }
 }
 
 /// Parameters at different step counts share one operation: the first step leaves out the
 /// first layer's gradients, so from then on the first layer is one step behind the rest (two
-/// sets of bias corrections in one batch). Matches burn's `Adam` given the same gradients.
+/// sets of bias corrections in one batch). Matches burn's `Adam` given the same gradients, bit
+/// for bit.
 pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let mut reference = deep_copy(&model);
-    let mut check = ParamsCheck::with_tolerance(&model, Tolerance::default());
     let mut multi = model;
     let mut adam = adam_config().init();
     let mut multi_adam = fused_adam_config().init_multi_tensor();
@@ -173,7 +169,7 @@ pub fn multi_tensor_adam_mixes_step_counts(device: &Device) {
         reference = adam.step(1e-2, reference, reference_grads);
         multi = multi_adam.step(1e-2, multi, multi_grads);
         let what = format!("step {step}");
-        check.assert(&what, &reference, &multi);
+        assert_params_close(&what, &reference, &multi, Tolerance::exact());
     }
 }
 
@@ -188,25 +184,74 @@ pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-/// Without graphs, `FusedAdam` updates parameters as burn's `Adam` does (to rounding:
-/// `Tolerance::default`, each step on one backward's gradients, [`shared_gradients`]), with and
-/// without weight decay, over several steps (the first step creates the moments).
-pub fn fused_adam_matches_adam(device: &Device) {
+/// burn's `Adam`, `FusedAdam` (per parameter) and `MultiTensorAdam` (one operation), each
+/// given one backward's gradients ([`shared_gradients`]), train an MLP in `dtype` to the same
+/// parameters **bit for bit** after each of four steps under a decaying learning rate, with and
+/// without weight decay. The update kernel computes burn's operations in burn's order and
+/// dtype and contracts the multiply-adds burn's fused kernels contract
+/// (`cube/update/update_kernel.rs`), so nothing in the arithmetic may differ
+/// (`Tolerance::exact`). The negative control: `FusedAdam` kept at step 0's learning rate (a
+/// frozen schedule: 0.7x of it apart at step 1) differs from burn's from step 1 on; its
+/// largest difference is printed. Where the device lacks `dtype`, a `skipped:` line.
+pub fn eager_adams_are_burns_in(device: &Device, dtype: burn::tensor::FloatDType) {
+    if !device.supports_dtype(dtype) {
+        return super::skip::skip(&format!("the device has no {dtype:?}"));
+    }
     let device = device.clone().autodiff();
+    let lr = |step: usize| 3e-2 * 0.7f64.powi(step as i32);
+    let on_cube = !format!("{device:?}").contains("Flex");
     for decay in [None, Some(WeightDecayConfig::new(0.05))] {
         // Widths whose rows CUDA pitches (11 and 3 elements).
-        let model = Mlp::new(11, 2, 3, &device);
+        let model = burn_graphed_testkit::cast_params(&Mlp::new(11, 2, 3, &device), dtype);
         let mut reference = deep_copy(&model);
-        let mut check = ParamsCheck::with_tolerance(&model, Tolerance::default());
-        let mut fused = model;
+        let mut per_param = deep_copy(&model);
+        let mut frozen = deep_copy(&model);
+        let mut multi = model;
         let mut adam = adam_config().with_weight_decay(decay.clone()).init();
-        let mut fused_adam = fused_adam_config().with_weight_decay(decay).init();
+        let config = fused_adam_config().with_weight_decay(decay.clone());
+        let (mut fused_adam, mut frozen_adam) = (config.init(), config.init());
+        let mut multi_adam = config.init_multi_tensor();
         for step in 0..4 {
-            let x = batch([8, 11], step, &device);
-            let [for_reference, for_fused] = shared_gradients(&reference, x);
-            reference = adam.step_module(1e-2, reference, for_reference);
-            fused = fused_adam.step_module(1e-2, fused, for_fused);
-            check.assert(&format!("step {step}"), &reference, &fused);
+            let x = batch([8, 11], step, &device).cast(dtype);
+            let [for_reference, for_per_param, for_multi, for_frozen] =
+                shared_gradients(&reference, x);
+            reference = adam.step(lr(step), reference, for_reference);
+            per_param = fused_adam.step(lr(step), per_param, for_per_param);
+            multi = multi_adam.step(lr(step), multi, for_multi);
+            frozen = frozen_adam.step(lr(0), frozen, for_frozen);
+            let params = param_values(&multi).expect("read back").len();
+            assert_eq!(multi_adam.last_batched(), if on_cube { params } else { 0 });
+            let what = format!("{dtype:?} decay {decay:?} step {step}");
+            assert_params_close(
+                &format!("{what} FusedAdam"),
+                &reference,
+                &per_param,
+                Tolerance::exact(),
+            );
+            assert_params_close(
+                &format!("{what} MultiTensorAdam"),
+                &reference,
+                &multi,
+                Tolerance::exact(),
+            );
+            let control = burn_graphed_testkit::compare_params(
+                &format!("{what} control"),
+                &reference,
+                &frozen,
+                Tolerance::exact(),
+            )
+            .expect("read back");
+            let caught = control.iter().any(|comparison| !comparison.passed());
+            let worst = control
+                .iter()
+                .map(|comparison| comparison.max_abs)
+                .fold(0.0f64, f64::max);
+            println!("{what}: the frozen learning rate differs by up to {worst:e}");
+            assert_eq!(
+                caught,
+                step > 0,
+                "{what}: the control (frozen learning rate)"
+            );
         }
     }
 }

@@ -465,7 +465,7 @@ fn spread(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
 
 /// The bound of [`whole_step_update_is_burns_in`]: bitwise, for Adam, AdamW and SGD in every
 /// dtype. The update computes burn's operations in burn's order and dtype, and its
-/// multiply-adds contract as burn's fused kernels' do (`cube/step/step_update_op.rs`), so nothing
+/// multiply-adds contract as burn's fused kernels' do (`cube/update/update_kernel.rs`), so nothing
 /// in the arithmetic may differ; any difference is an error.
 fn update_tolerance(_dtype: burn::tensor::FloatDType, _optimizer: StepOptimizer) -> Tolerance {
     Tolerance::exact()

@@ -1,5 +1,5 @@
-//! Dense buffers: the only kind of buffer the kernels that index linearly bind (`adam_op`,
-//! `adam_multi_op`, `random_op`).
+//! Dense buffers: the only kind of buffer the kernels that index linearly bind (`update_op`,
+//! `random_op`).
 //!
 //! cubecl 0.11 on CUDA allocates a new tensor **pitched** (`MemoryLayoutStrategy::Optimized`):
 //! each row is padded to a power-of-two number of bytes, from 16 up to the device's memory

@@ -12,10 +12,8 @@ mod tf32;
 mod values;
 
 pub(crate) use tf32::{allowed as tf32_allowed, set_allowed as set_tf32_allowed};
-pub(crate) use values::{AdamHyper, AttentionSpec, Bucket, BucketLayout, ConvSpec, StepCut};
+pub(crate) use values::{AttentionSpec, Bucket, BucketLayout, ConvSpec, StepCut};
 
-#[cfg(feature = "cube")]
-mod adam;
 #[cfg(feature = "cube")]
 mod buffers;
 #[cfg(feature = "cube")]
@@ -38,11 +36,11 @@ mod kernels;
 mod ops;
 #[cfg(feature = "cube")]
 mod step;
+#[cfg(feature = "cube")]
+mod update;
 
 #[cfg(feature = "cube")]
 pub(crate) use self::{
-    adam::adam_multi_op::Batch as AdamBatch,
-    adam::adam_op::step as adam_step,
     buffers::check_written,
     collective::{
         UNIQUE_ID_BYTES as NCCL_ID_BYTES, end as nccl_end, is_cuda, join as nccl_join,
@@ -68,6 +66,7 @@ pub(crate) use self::{
     ops::vendor_matmul::available as vendor_matmul_available,
     step::step_graph::{StepGraph, capture_step},
     step::step_state::StepState,
+    update::adam_step::{Batch as AdamBatch, step as adam_step},
 };
 
 // Read by `burn_graphed::testing` only.

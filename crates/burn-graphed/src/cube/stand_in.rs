@@ -7,12 +7,13 @@ use burn::backend::DispatchTensor;
 use burn::optim::{AdamState, LearningRate};
 use burn::tensor::{Device, Tensor};
 
-use super::values::{AdamHyper, CapturedGroup, Unfused};
+use super::values::{CapturedGroup, Unfused};
 use crate::callable::Member;
 use crate::config::GraphedConfig;
 use crate::counter_rng::Draw;
 use crate::error::GraphedError;
 use crate::stats::{EagerReason, GraphStats};
+use crate::step_optim::StepOptimizer;
 use crate::tensors::FlatTensor;
 
 /// No backend captures graphs without the `cube` feature.
@@ -168,7 +169,7 @@ impl RandomState {
 
 /// Never fuses: the step is handed back.
 pub(crate) fn adam_step<const D: usize>(
-    _adam: &AdamHyper,
+    _optimizer: &StepOptimizer,
     _lr: LearningRate,
     tensor: Tensor<D>,
     grad: Tensor<D>,
@@ -185,7 +186,7 @@ pub(crate) struct AdamBatch(());
 impl AdamBatch {
     pub(crate) fn gather<const D: usize>(
         &mut self,
-        _adam: &AdamHyper,
+        _optimizer: &StepOptimizer,
         _lr: LearningRate,
         tensor: Tensor<D>,
         grad: Tensor<D>,

@@ -27,18 +27,6 @@ pub(crate) struct CapturedMember<G> {
     pub static_bytes: u64,
 }
 
-/// Adam's hyper-parameters as the fused kernels take them.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct AdamHyper {
-    pub beta_1: f32,
-    pub beta_2: f32,
-    pub epsilon: f32,
-    /// L2 penalty of weight decay.
-    pub penalty: Option<f32>,
-    /// Whether the update may be fused at all (not with AMSGrad).
-    pub fusable: bool,
-}
-
 /// What a fused Adam step hands back when it cannot fuse: the parameter, its gradient and its
 /// state, untouched.
 pub(crate) type Unfused<const D: usize> = (Tensor<D>, Tensor<D>, Option<AdamState<D>>);

@@ -9,7 +9,8 @@ use burn::optim::grad_clipping::GradientClippingConfig;
 use burn::optim::{Adam, AdamConfig, AdamState, LearningRate, ModuleOptimizer, Optimizer};
 use burn::tensor::{Device, Tensor};
 
-use crate::cube::{self, AdamHyper};
+use crate::cube;
+use crate::step_optim::StepOptimizer;
 
 /// Configuration of [`FusedAdam`]: the same fields and defaults as burn's
 /// [`AdamConfig`].
@@ -45,14 +46,15 @@ impl FusedAdamConfig {
         if let Some(decay) = &self.weight_decay {
             reference = reference.with_weight_decay(Some(decay.clone()));
         }
+        // AMSGrad keeps a third moment the update kernel does not: burn's `Adam` runs then.
+        let fused = (!self.amsgrad).then_some(StepOptimizer::Adam {
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay.as_ref().map(|decay| decay.penalty),
+        });
         FusedAdam {
-            hyper: AdamHyper {
-                beta_1: self.beta_1,
-                beta_2: self.beta_2,
-                epsilon: self.epsilon,
-                penalty: self.weight_decay.as_ref().map(|decay| decay.penalty),
-                fusable: !self.amsgrad,
-            },
+            fused,
             reference: reference.build(),
         }
     }
@@ -72,9 +74,11 @@ impl FusedAdamConfig {
 /// Burn's Adam, computed by one kernel per parameter instead of about fifteen tensor
 /// operations, and writing into a graph's static parameter buffer in place where it can.
 ///
-/// A drop-in replacement for burn's `Adam`: same update (to rounding: compilers may fuse a
-/// multiply and an add), same state type ([`AdamState`], so records load in either), same use
-/// through [`ModuleOptimizer`]. Create it with [`FusedAdamConfig::init`].
+/// A drop-in replacement for burn's `Adam`: the same update bit for bit (burn's operations in
+/// burn's order, in the parameter's dtype: the kernel of [`MultiTensorAdam`] and of a
+/// [`GraphedStep`](crate::GraphedStep)'s Adam), the same state type ([`AdamState`], so records
+/// load in either), the same use through [`ModuleOptimizer`]. Create it with
+/// [`FusedAdamConfig::init`].
 ///
 /// # In place, and only where nobody can tell
 ///
@@ -89,11 +93,10 @@ impl FusedAdamConfig {
 /// ([`EagerReason::ParamBufferAliased`](crate::EagerReason::ParamBufferAliased)) until
 /// the snapshot is dropped.
 ///
-/// Parameters in `f16` and `bf16` are updated by the same kernel instantiated for their dtype,
-/// with gradients and moments in that dtype (as burn's `Adam` keeps them): each element is
-/// computed in `f32` and rounded once when stored, where burn's `Adam` rounds after each of
-/// its operations, so the two agree to a few units in the last place of that dtype. On other
-/// backends, other dtypes, and with AMSGrad, every step runs burn's `Adam`.
+/// Parameters in `f32`, `f16` and `bf16` are updated by the same kernel instantiated for their
+/// dtype, with gradients and moments in that dtype (as burn's `Adam` keeps them), rounding
+/// where burn's `Adam` rounds. On other backends, other dtypes, and with AMSGrad, every step
+/// runs burn's `Adam`.
 ///
 /// # Example
 ///
@@ -137,14 +140,15 @@ impl FusedAdamConfig {
 /// ```
 #[derive(Clone)]
 pub struct FusedAdam {
-    pub(crate) hyper: AdamHyper,
+    /// The update kernel's optimizer (burn's Adam), or `None` where it cannot run (AMSGrad).
+    pub(crate) fused: Option<StepOptimizer>,
     reference: Adam,
 }
 
 impl std::fmt::Debug for FusedAdam {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FusedAdam")
-            .field("hyper", &self.hyper)
+            .field("fused", &self.fused)
             .finish_non_exhaustive()
     }
 }
@@ -159,9 +163,12 @@ impl Optimizer for FusedAdam {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        let (tensor, grad, state) = match cube::adam_step(&self.hyper, lr, tensor, grad, state) {
-            Ok(updated) => return updated,
-            Err(unfused) => *unfused,
+        let (tensor, grad, state) = match &self.fused {
+            Some(adam) => match cube::adam_step(adam, lr, tensor, grad, state) {
+                Ok(updated) => return updated,
+                Err(unfused) => *unfused,
+            },
+            None => (tensor, grad, state),
         };
         self.reference.step(lr, tensor, grad, state)
     }

@@ -24,9 +24,9 @@ use crate::sync::lock;
 /// Burn's Adam for a whole module, computed by one fusion operation for all parameters of a
 /// step: the host registers one operation instead of one per parameter ([`FusedAdam`] through
 /// burn's `ModuleOptimizer`) or about fifteen per parameter (burn's `Adam`), and the device runs
-/// one kernel per chunk of up to 24 parameters. The update is [`FusedAdam`]'s arithmetic (to
-/// rounding: compilers may fuse operations differently in the two kernels), including its in-place writes into a [`Graphed`](crate::Graphed) module's static parameter
-/// buffers where no user tensor can tell.
+/// one kernel per chunk of up to 24 parameters. The update is [`FusedAdam`]'s, bit for bit (the
+/// same kernel: burn's `Adam` operation for operation), including its in-place writes into a
+/// [`Graphed`](crate::Graphed) module's static parameter buffers where no user tensor can tell.
 ///
 /// Create it with [`FusedAdamConfig::init_multi_tensor`](crate::FusedAdamConfig::init_multi_tensor)
 /// and use it like burn's `ModuleOptimizer`: `model = optim.step(lr, model, grads)`. Records are
@@ -34,8 +34,8 @@ use crate::sync::lock;
 /// parameter id), so a record saved by either loads into the other.
 ///
 /// Parameters in `f32`, `f16` and `bf16` are fused (moments in the parameter's dtype, as burn's
-/// `Adam` keeps them; each element computed in `f32` and rounded once); parameters of different
-/// dtypes share the operation, one launch per dtype. Parameters that cannot be fused (another
+/// `Adam` keeps them, rounded where burn's `Adam` rounds); parameters of different dtypes share
+/// the operation, one launch per dtype. Parameters that cannot be fused (another
 /// backend than burn's cubecl one, another dtype, AMSGrad) take [`FusedAdam`]'s per-parameter
 /// step, which runs burn's `Adam` for them.
 ///
@@ -269,7 +269,7 @@ impl Optimizer for Relay {
 }
 
 /// A parameter's [`AdamState`], of any rank. Shared by clones of the optimizer until one of
-/// them steps (the step then writes new moments, see `adam_op::owned_linear`).
+/// them steps (the step then writes new moments: `Dense::owned` copies a shared buffer).
 #[derive(Clone)]
 struct ErasedState(Arc<dyn Any + Send + Sync>);
 
@@ -353,18 +353,18 @@ impl ModuleMapper for Gather<'_> {
             .remove(&id)
             .and_then(ErasedState::take::<D>)
             .map(|state| <FusedAdam as Optimizer>::to_device(state, &device));
-        let (tensor, grad, state) =
-            match self
-                .batch
-                .gather(&self.optim.adam.hyper, self.lr, tensor, grad, state)
-            {
-                Ok((stand_in, time)) => {
-                    let index = self.pending.len();
-                    self.pending.insert(id, Pending { marks, time, index });
-                    return Param::from_mapped_value(id, stand_in, mapper);
-                }
-                Err(unfused) => *unfused,
-            };
+        let gathered = match &self.optim.adam.fused {
+            Some(adam) => self.batch.gather(adam, self.lr, tensor, grad, state),
+            None => Err(Box::new((tensor, grad, state))),
+        };
+        let (tensor, grad, state) = match gathered {
+            Ok((stand_in, time)) => {
+                let index = self.pending.len();
+                self.pending.insert(id, Pending { marks, time, index });
+                return Param::from_mapped_value(id, stand_in, mapper);
+            }
+            Err(unfused) => *unfused,
+        };
         let (tensor, state) = self.optim.adam.step(self.lr, tensor, grad, state);
         if let Some(state) = state {
             self.optim.states.insert(id, ErasedState::new(state));

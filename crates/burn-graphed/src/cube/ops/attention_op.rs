@@ -46,7 +46,6 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::adam::adam_op::{checked_elem, kernel_elem};
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::attention_kernels::{
@@ -58,6 +57,7 @@ use super::super::kernels::attention_tc_kernels::{
     query_grad_tc_kernel, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
+use super::super::update::update_kernel::{checked_elem, kernel_elem};
 use super::super::values::AttentionSpec;
 
 /// Attention calls (forward or backward) run on tensor cores in this process (read by

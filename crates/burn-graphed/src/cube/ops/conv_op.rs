@@ -28,7 +28,6 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::adam::adam_op::checked_elem;
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::conv_kernels::{
@@ -36,6 +35,7 @@ use super::super::kernels::conv_kernels::{
     forward_kernel, input_grad_kernel, weight_grad_kernel,
 };
 use super::super::kernels::row_kernels::count_forward;
+use super::super::update::update_kernel::checked_elem;
 use super::super::values::{ConvSpec, OpInputs};
 
 /// The autodiff tensor of burn's cubecl backend.

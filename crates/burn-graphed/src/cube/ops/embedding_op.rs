@@ -29,10 +29,10 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::adam::adam_op::checked_elem;
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::row_kernels::{count_forward, row_grid, row_grid_by, row_of_cube};
+use super::super::update::update_kernel::checked_elem;
 
 /// The autodiff tensor of burn's cubecl backend.
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;

@@ -26,10 +26,10 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::adam::adam_op::kernel_elem;
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::row_kernels::count_forward;
+use super::super::update::update_kernel::kernel_elem;
 use super::vendor_matmul;
 
 /// The autodiff tensor of burn's cubecl backend.

@@ -4,7 +4,7 @@
 //!
 //! [`StepState`] owns what every graph of a model's steps shares: the static parameter buffers,
 //! the optimizer's state buffers (moments or velocity) and the schedule (learning rate and
-//! step count, `step_update_op`). A [`StepGraph`] is one captured step for one input signature:
+//! step count, `schedule_op`). A [`StepGraph`] is one captured step for one input signature:
 //! its graph, its static input buffers and its loss buffers. Graphs of several signatures (the
 //! shape cache) all read and update the same parameters, so switching between batch sizes
 //! copies nothing.

@@ -1,6 +1,6 @@
 //! What the whole-step graphs of one model share ([`StepState`]): the static parameter
 //! buffers, the optimizer's state buffers (moments or velocity) and the schedule (learning rate
-//! and step count, `step_update_op`); the step's body as the graphs record it (forward, loss,
+//! and step count, `schedule_op`); the step's body as the graphs record it (forward, loss,
 //! backward, clipping, update), its eager twin, and the snapshot that makes a capture change
 //! nothing. The graphs themselves and their capture are in [`super::step_graph`].
 
@@ -15,8 +15,10 @@ use super::super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
 use super::super::graph::driver::{autodiff_leaf, dense_param_copy, panic_message};
 use super::super::graph::lifecycle::capture_error;
 use super::super::graph::random_state;
+use super::super::update::update_kernel::{Hyper, Rule, SCHEDULE_WORDS, kernel_elem, rule_of};
+use super::super::update::update_op::{self, Clocks, Update, Writes};
 use super::super::values::{Bucket, BucketLayout};
-use super::step_update_op::{self, Hyper, Rule, SCHEDULE_WORDS, Update};
+use super::schedule_op;
 use crate::callable::{StepRun, StepRunner};
 use crate::error::{CapturePhase, GraphedError};
 use crate::faults::FaultInjection;
@@ -84,14 +86,13 @@ impl StepState {
             return Ok(None);
         };
         let cube_device = cube_device.clone();
-        let fits = params.iter().all(|p| {
-            super::super::adam::adam_op::kernel_elem(p.tensor.dtype).is_some()
-                && fused(&p.tensor.tensor).is_some()
-        });
+        let fits = params
+            .iter()
+            .all(|p| kernel_elem(p.tensor.dtype).is_some() && fused(&p.tensor.tensor).is_some());
         if !fits {
             return Ok(None);
         }
-        let (rule, hyper) = step_update_op::rule_of(&optimizer);
+        let (rule, hyper) = rule_of(&optimizer);
         let phase = CapturePhase::StaticBuffers;
         let buffer = |tensor: &DispatchTensor| -> Result<StaticBuffer, GraphedError> {
             Ok(StaticBuffer::new(static_fused(
@@ -178,7 +179,7 @@ impl StepState {
             let (rate, keep) = self.optimizer.schedule_for(lr);
             host.lr = Some(lr);
             drop(host);
-            self.hold(vec![step_update_op::write_schedule(
+            self.hold(vec![schedule_op::write_schedule(
                 &self.schedule.fused,
                 rate,
                 keep,
@@ -244,10 +245,7 @@ impl StepState {
                 queued.push(buffer.overwrite_from(&static_fused(&source.into_dispatch(), phase)?));
             }
         }
-        queued.push(step_update_op::write_count(
-            &self.schedule.fused,
-            steps as f32,
-        ));
+        queued.push(schedule_op::write_count(&self.schedule.fused, steps as f32));
         self.hold(queued)?;
         lock(&self.host).steps = steps;
         Ok(())
@@ -371,18 +369,23 @@ impl StepState {
                 param: buffer.fused.clone(),
                 grad: static_fused(&grad, phase)?,
                 states: states.iter().map(|s| s.fused.clone()).collect(),
+                writes: Writes::Static,
+                clock: 0,
             });
         }
         let mut queued = Vec::new();
         if !updates.is_empty() && crate::faults::injected() != FaultInjection::SkipUpdate {
-            queued = step_update_op::register(
+            queued = update_op::register(
                 updates,
-                &self.schedule.fused,
+                Clocks::Device(self.schedule.fused.clone()),
                 self.rule,
                 self.hyper.clone(),
-            );
+            )
+            .into_iter()
+            .flatten()
+            .collect();
         }
-        queued.push(step_update_op::advance(&self.schedule.fused));
+        queued.push(schedule_op::advance(&self.schedule.fused));
         Ok(queued)
     }
 
