@@ -212,14 +212,6 @@ impl StepState {
         Ok(None)
     }
 
-    pub(crate) fn runs(
-        &self,
-        _optimizer: &crate::step_optim::StepOptimizer,
-        _clipping: Option<crate::step_optim::Clipping>,
-    ) -> bool {
-        match *self {}
-    }
-
     pub(crate) fn steps(&self) -> u64 {
         match *self {}
     }

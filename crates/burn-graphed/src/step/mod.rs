@@ -493,35 +493,9 @@ where
         self.state.is_some()
     }
 
-    /// Asks the step to run `optimizer` from now on. Its constants are compiled into the
-    /// graphs, so only the same optimizer is accepted (a no-op); the learning rate, the one
-    /// value meant to change, is an argument of every step.
-    ///
-    /// # Errors
-    ///
-    /// [`GraphedError::InvalidArgument`] naming `optimizer` when it differs from the step's
-    /// (nothing changes): build a new step from [`module`](Self::module) instead.
-    pub fn set_optimizer(&mut self, optimizer: impl IntoStepOptimizer) -> Result<(), GraphedError> {
-        let (optimizer, clipping) = optimizer.into_step_optimizer()?;
-        let same = match self.state.as_ref() {
-            Some(state) => state.runs(&optimizer, clipping),
-            None => self.optimizer == optimizer && self.clipping == clipping,
-        };
-        if same {
-            return Ok(());
-        }
-        Err(GraphedError::InvalidArgument {
-            argument: "optimizer",
-            detail: format!(
-                "got {optimizer:?} with clipping {clipping:?}, but the step's graphs were \
-                 captured for {:?} with clipping {:?} (constants of the update kernels); build a \
-                 new GraphedStep from module()",
-                self.optimizer, self.clipping
-            ),
-        })
-    }
-
-    /// The optimizer and clipping the step runs.
+    /// The optimizer and clipping the step runs. Its constants are compiled into the step's
+    /// graphs: to train on with another optimizer, build a new step from
+    /// [`module`](Self::module).
     pub fn optimizer(&self) -> (StepOptimizer, Option<Clipping>) {
         (self.optimizer, self.clipping)
     }

@@ -135,11 +135,6 @@ impl StepState {
         })))
     }
 
-    /// Whether `optimizer` and `clipping` are the ones this state's kernels were made for.
-    pub(crate) fn runs(&self, optimizer: &StepOptimizer, clipping: Option<Clipping>) -> bool {
-        self.optimizer == *optimizer && self.clipping == clipping
-    }
-
     /// Updates done (the device's count, mirrored on the host).
     pub(crate) fn steps(&self) -> u64 {
         lock(&self.host).steps
