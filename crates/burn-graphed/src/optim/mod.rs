@@ -74,9 +74,10 @@ impl FusedAdamConfig {
 /// Burn's Adam, computed by one kernel per parameter instead of about fifteen tensor
 /// operations, and writing into a graph's static parameter buffer in place where it can.
 ///
-/// A drop-in replacement for burn's `Adam`: the same update bit for bit (burn's operations in
-/// burn's order, in the parameter's dtype: the kernel of [`MultiTensorAdam`] and of a
-/// [`GraphedStep`](crate::GraphedStep)'s Adam), the same state type ([`AdamState`], so records
+/// A drop-in replacement for burn's `Adam`: the same update (burn's operations in burn's order,
+/// rounded to the parameter's dtype where burn rounds: the kernel of [`MultiTensorAdam`] and of
+/// a [`GraphedStep`](crate::GraphedStep)'s Adam; bit for bit where the compiler contracts
+/// multiply-adds as in burn's kernel, else within a rounding per step), the same state type ([`AdamState`], so records
 /// load in either), the same use through [`ModuleOptimizer`]. Create it with
 /// [`FusedAdamConfig::init`].
 ///

@@ -24,8 +24,8 @@ use crate::sync::lock;
 /// Burn's Adam for a whole module, computed by one fusion operation for all parameters of a
 /// step: the host registers one operation instead of one per parameter ([`FusedAdam`] through
 /// burn's `ModuleOptimizer`) or about fifteen per parameter (burn's `Adam`), and the device runs
-/// one kernel per chunk of up to 24 parameters. The update is [`FusedAdam`]'s, bit for bit (the
-/// same kernel: burn's `Adam` operation for operation), including its in-place writes into a
+/// one kernel per chunk of up to 24 parameters. The update is [`FusedAdam`]'s (the same kernel:
+/// burn's `Adam` operation for operation), including its in-place writes into a
 /// [`Graphed`](crate::Graphed) module's static parameter buffers where no user tensor can tell.
 ///
 /// Create it with [`FusedAdamConfig::init_multi_tensor`](crate::FusedAdamConfig::init_multi_tensor)

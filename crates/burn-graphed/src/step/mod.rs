@@ -35,8 +35,8 @@ use crate::tensors::{FlatTensor, TensorGroup, TensorSpec};
 ///
 /// The optimizer is one of burn's ([`StepOptimizer`]: Adam, AdamW, SGD), with burn's
 /// arithmetic, so that training with a `GraphedStep` gives what eager training with burn's own
-/// optimizer gives: its update is burn's bit for bit (the forward and backward may run other
-/// kernels than eager burn's). The learning rate is data, so schedules need no new capture.
+/// optimizer gives: its update is burn's operation for operation in the parameter's dtype (bit
+/// for bit in the tests; the forward and backward may run other kernels than eager burn's). The learning rate is data, so schedules need no new capture.
 ///
 /// ```no_run
 /// use burn::nn::{Linear, LinearConfig};
