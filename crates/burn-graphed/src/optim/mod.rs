@@ -75,11 +75,11 @@ impl FusedAdamConfig {
 /// operations, and writing into a graph's static parameter buffer in place where it can.
 ///
 /// A drop-in replacement for burn's `Adam`: the same update (burn's operations in burn's order,
-/// rounded to the parameter's dtype where burn rounds: the kernel of [`MultiTensorAdam`] and of
-/// a [`GraphedStep`](crate::GraphedStep)'s Adam; bit for bit where the compiler contracts
-/// multiply-adds as in burn's kernel, else within a rounding per step), the same state type ([`AdamState`], so records
-/// load in either), the same use through [`ModuleOptimizer`]. Create it with
-/// [`FusedAdamConfig::init`].
+/// rounded to the parameter's dtype where burn rounds: the kernel of
+/// [`MultiTensorAdam`](crate::MultiTensorAdam) and of a [`GraphedStep`](crate::GraphedStep)'s
+/// Adam; bit for bit where the compiler contracts multiply-adds as in burn's kernel, else
+/// within a rounding per step), the same state type ([`AdamState`], so records load in
+/// either), the same use through [`ModuleOptimizer`]. Create it with [`FusedAdamConfig::init`].
 ///
 /// # In place, and only where nobody can tell
 ///
