@@ -175,12 +175,16 @@ impl Hub {
         }
     }
 
-    /// Rank 0's statement. Returns once every rank still connected has been sent the round's
-    /// outcome (or the timeout passed), so that a rank 0 that ends right after its last step
-    /// does not close the connections before the others read how the step ended.
+    /// Rank 0's statement. Where the round completed (a success, or a failure every rank
+    /// agreed on, such as rank 0's own), returns once every rank still connected has been sent
+    /// its outcome (or the timeout passed), so that a rank 0 that ends right after does not
+    /// close the connections before the others read how the round ended. (Where the group
+    /// ended instead, the others were told at once: nothing to wait for.)
     pub(crate) fn exchange(&self, entry: Entry) -> Result<Gathered, GraphedError> {
+        // The round this statement joins: it cannot complete without rank 0's statement.
+        let joined = self.rounds.completed();
         let outcome = self.rounds.exchange(0, entry);
-        if outcome.is_ok() {
+        if self.rounds.completed() > joined {
             let mut delivery = lock(&self.delivery);
             delivery.own += 1;
             let round = delivery.own;

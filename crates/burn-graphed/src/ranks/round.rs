@@ -147,6 +147,12 @@ impl Rounds {
         self.timeout
     }
 
+    /// Rounds completed so far: every rank's statement in and the outcome decided (a success
+    /// or an agreed failure).
+    pub(crate) fn completed(&self) -> u64 {
+        lock(&self.state).round
+    }
+
     /// Ends the group with `error` on every rank (the first error stays).
     pub(crate) fn abandon(&self, error: GraphedError) {
         let spent = {
