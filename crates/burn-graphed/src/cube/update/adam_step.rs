@@ -113,7 +113,7 @@ fn adam_only(optimizer: &StepOptimizer) -> bool {
 }
 
 /// One fused Adam step of one parameter, or the arguments back (`Err`) where the step cannot be
-/// fused (see [`prepare`]; `optimizer` must be Adam).
+/// fused (see [`prepare`]; `optimizer` must be Adam): a [`Batch`] of one.
 pub(crate) fn step<const D: usize>(
     optimizer: &StepOptimizer,
     lr: LearningRate,
@@ -121,31 +121,18 @@ pub(crate) fn step<const D: usize>(
     grad: Tensor<D>,
     state: Option<AdamState<D>>,
 ) -> Result<(Tensor<D>, Option<AdamState<D>>), Box<Unfused<D>>> {
-    if !adam_only(optimizer) {
-        return Err(Box::new((tensor, grad, state)));
-    }
-    let operands = prepare(tensor, grad, state)?;
-    let time = operands.time;
-    let (update, slot) = update_of(operands, 0, &[]);
-    let (rule, hyper) = rule_of(optimizer);
-    let mut updated = register(
-        vec![update],
-        Clocks::Host(vec![Clock::new(lr, time)]),
-        rule,
-        hyper,
-    );
-    let mut tensors = updated.pop().unwrap_or_default().into_iter();
-    let (Some(new_param), Some(moment_1), Some(moment_2)) =
-        (tensors.next(), tensors.next(), tensors.next())
-    else {
-        unreachable!("an Adam update hands back its parameter and two moments")
+    let mut batch = Batch::default();
+    // The stand-in holds no tensor the update needs alone (see `Batch::gather`).
+    let (_, time) = batch.gather(optimizer, lr, tensor, grad, state)?;
+    let Some([param, moment_1, moment_2]) = batch.finish().pop() else {
+        unreachable!("a batch of one gathered parameter hands back one update")
     };
-    if let Some(slot) = &slot {
-        slot.hand_over(&new_param);
-    }
-    let wrap = |primitive| Tensor::<D>::from_primitive::<Cube>(primitive);
-    let momentum = AdaptiveMomentumState::new(time, wrap(moment_1), wrap(moment_2));
-    Ok((wrap(new_param), Some(AdamState::new(momentum))))
+    let momentum = AdaptiveMomentumState::new(
+        time,
+        Tensor::from_dispatch(moment_1),
+        Tensor::from_dispatch(moment_2),
+    );
+    Ok((Tensor::from_dispatch(param), Some(AdamState::new(momentum))))
 }
 
 /// The parameters of one optimizer step gathered for one operation, and the static buffers
