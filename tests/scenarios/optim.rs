@@ -191,20 +191,10 @@ pub fn graphed_multi_tensor_adam_matches_eager(device: &Device, steps: usize) {
     }
 }
 
-/// Whether `device` compiles each instantiation of a kernel on its own with multiply-adds
-/// that may contract differently (CUDA's NVRTC), see [`update_tolerance`].
-fn contraction_may_differ(device: &Device) -> bool {
-    format!("{device:?}").contains("Cuda")
-}
-
-/// One unit in the last place of `magnitude` in `dtype` (`f32`, `f16` or `bf16`).
-fn unit_at(dtype: burn::tensor::FloatDType, magnitude: f64) -> f64 {
-    let mantissa_bits = match dtype {
-        burn::tensor::FloatDType::F16 => 10,
-        burn::tensor::FloatDType::BF16 => 7,
-        _ => 23,
-    };
-    2f64.powi(magnitude.log2().floor() as i32 - mantissa_bits)
+/// One unit in the last place of `magnitude` in `dtype`.
+fn unit_at(dtype: FloatDType, magnitude: f64) -> f64 {
+    let bits = burn_graphed_testkit::mantissa_bits(burn::tensor::DType::from(dtype));
+    2f64.powi(magnitude.log2().floor() as i32 - bits as i32)
 }
 
 /// The largest magnitude of `model`'s parameters.
@@ -239,7 +229,8 @@ fn update_tolerance(
     largest: f64,
     steps: usize,
 ) -> Tolerance {
-    if !contraction_may_differ(device) {
+    // Where two runs may run other kernels (CUDA), they may also be other instantiations.
+    if !kernels_may_differ(device) {
         return Tolerance::exact();
     }
     Tolerance {
