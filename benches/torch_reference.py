@@ -10,7 +10,8 @@ row (same fields as the Rust side).
                                                 graphed_loss_fused_adam,whole_step,
                                                 whole_step_fused_adam,whole_step_floor,
                                                 whole_step_floor_fused_adam,first_step,
-                                                first_step_graphed,inference,inference_graphed,
+                                                first_step_graphed,first_step_eager,inference,
+                                                inference_graphed,
                                                 inference_b1,inference_graphed_b1,
                                                 ddp_eager,ddp_graphed,ddp_whole_step]
                                        [--ranks 2] [--ddp-timeout 300]
@@ -27,9 +28,10 @@ in one CUDA graph; a step copies the input into the graph's static input, writes
 rate (as a schedule would) and replays the graph. `*_fused_adam`: `Adam(fused=True)` (a row
 PyTorch refuses is skipped with a `#` line on stderr). `whole_step_floor*`: the same graph
 replayed with no input copy and no learning-rate write, the device's floor of the step.
-`first_step` / `first_step_graphed`: one measurement per process (cold unless
-`--in-process`), from model creation to the end of the first trained step, setup included:
-`whole_step`'s warm-up and capture, or `graphed_loss_fused_adam`'s make_graphed_callables; its
+`first_step` / `first_step_graphed` / `first_step_eager`: one measurement per process (cold
+unless `--in-process`), from model creation to the end of the first trained step, setup
+included: `whole_step`'s warm-up and capture, `graphed_loss_fused_adam`'s
+make_graphed_callables, or `eager`'s step; its
 row has `median_us` = `p10_us` = `p90_us` = that time and `"single": true`.
 
 `inference*`: the model's forward alone (no loss, no backward, no optimizer), in eval mode
@@ -223,7 +225,7 @@ LR = 1e-4
 
 MODES = ("eager", "graphed", "eager_fused_adam", "graphed_fused_adam", "graphed_loss_fused_adam",
          "whole_step", "whole_step_fused_adam", "whole_step_floor", "whole_step_floor_fused_adam",
-         "first_step", "first_step_graphed",
+         "first_step", "first_step_graphed", "first_step_eager",
          "inference", "inference_graphed", "inference_b1", "inference_graphed_b1",
          "ddp_eager", "ddp_graphed", "ddp_whole_step")
 
@@ -235,7 +237,8 @@ DDP_MODES = ("ddp_eager", "ddp_graphed", "ddp_whole_step")
 REFUSABLE = ("whole_step_fused_adam", "whole_step_floor_fused_adam")
 
 # The mode whose setup and first step each `first_step*` mode times.
-FIRST_STEP_OF = {"first_step": "whole_step", "first_step_graphed": "graphed_loss_fused_adam"}
+FIRST_STEP_OF = {"first_step": "whole_step", "first_step_graphed": "graphed_loss_fused_adam",
+                 "first_step_eager": "eager"}
 
 # Full steps before the capture, as in the docs' example (and make_graphed_callables' default).
 WARMUP_STEPS = 3

@@ -119,6 +119,7 @@ use burn_graphed::{
 use burn_graphed_testkit::{StepCheck, deep_copy, param_values, read_flat, require_finite};
 
 mod checks;
+mod first_step;
 #[cfg(feature = "host-profile")]
 mod host_profile;
 #[cfg(feature = "cube")]
@@ -133,6 +134,7 @@ mod timing;
 mod warn_log;
 
 use checks::*;
+use first_step::*;
 use models::*;
 use modes::*;
 use rows::*;

@@ -31,7 +31,7 @@ pub(crate) struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-pub(crate) const MODES: [Mode; 30] = [
+pub(crate) const MODES: [Mode; 32] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -49,7 +49,9 @@ pub(crate) const MODES: [Mode; 30] = [
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::MultiAdam),
     Mode::WholeStep(false),
     Mode::WholeStep(true),
-    Mode::FirstStep,
+    Mode::FirstStep(First::WholeStep),
+    Mode::FirstStep(First::Graphed),
+    Mode::FirstStep(First::Eager),
     Mode::Inference {
         graphed: false,
         one: false,
@@ -78,11 +80,10 @@ pub(crate) const MODES: [Mode; 30] = [
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
 /// each side runs the modes it has.
-pub(crate) const TORCH_ONLY_MODES: [&str; 4] = [
+pub(crate) const TORCH_ONLY_MODES: [&str; 3] = [
     "graphed_loss_fused_adam",
     "whole_step_fused_adam",
     "whole_step_floor_fused_adam",
-    "first_step_graphed",
 ];
 
 /// The optimizer of a run: burn's `Adam`, `burn_graphed::FusedAdam` (one kernel per
@@ -129,10 +130,10 @@ pub(crate) enum Mode {
     /// same graph replayed with no input copy (wrong values, timing only) and one learning
     /// rate. PyTorch's counterparts: `whole_step` and `whole_step_floor`.
     WholeStep(bool),
-    /// Time from making the model to the end of its first whole step (capture included), once
-    /// per process: cold or warm as cubecl's persistent cache is (`BURN_GRAPHED_CUBECL_ENV`).
-    /// PyTorch's counterpart: `first_step`.
-    FirstStep,
+    /// Time from making the model to the end of its first step of a training loop (setup
+    /// included), once per process, with its parts ([`First`], `first_step.rs`). PyTorch's
+    /// counterparts: `first_step`, `first_step_graphed`, `first_step_eager`.
+    FirstStep(First),
     /// Forward calls of the model on the device without autodiff, a new batch each call, no
     /// loss: eagerly, or replaying `Graphed::inference`'s graph (default output policy,
     /// `Guarded`); at the training batch size or (`one`) at batch size 1. PyTorch's
@@ -209,7 +210,9 @@ impl Mode {
             }
             Mode::WholeStep(false) => "whole_step",
             Mode::WholeStep(true) => "whole_step_floor",
-            Mode::FirstStep => "first_step",
+            Mode::FirstStep(First::WholeStep) => "first_step",
+            Mode::FirstStep(First::Graphed) => "first_step_graphed",
+            Mode::FirstStep(First::Eager) => "first_step_eager",
             Mode::Inference {
                 graphed: false,
                 one: false,
@@ -286,7 +289,7 @@ impl Mode {
             | Mode::GraphedGuarded(optim)
             | Mode::GraphedLoss(optim) => optim,
             Mode::WholeStep(_)
-            | Mode::FirstStep
+            | Mode::FirstStep(_)
             | Mode::Inference { .. }
             | Mode::InferenceFault(_) => Optim::Adam,
             Mode::Ddp(_) => Optim::MultiAdam,
@@ -321,8 +324,8 @@ where
         .kernel_trace
         .as_deref()
         .map(|file| kernel_trace::Trace::start(file, &label));
-    if mode == Mode::FirstStep {
-        return first_step(case, &label, device, options, before);
+    if let Mode::FirstStep(first) = mode {
+        return first_step(case, first, &label, device, options, before);
     }
     if let Mode::Ddp(ddp) = mode {
         return data_parallel(case, ddp, device, options, before, unmeasured_before);
@@ -381,7 +384,7 @@ where
             device,
             options,
         ),
-        Mode::FirstStep | Mode::Inference { .. } | Mode::InferenceFault(_) | Mode::Ddp(_) => {
+        Mode::FirstStep(_) | Mode::Inference { .. } | Mode::InferenceFault(_) | Mode::Ddp(_) => {
             unreachable!("measured above")
         }
         Mode::WholeStep(floor) => timed_whole_step(

@@ -31,6 +31,8 @@ pub(crate) struct Row {
     /// Graphed runs on CUDA: the kernel nodes of the graphs the timed steps replayed
     /// ([`note_graphs`]); the launches of a step outside its graphs are not counted.
     pub(crate) graph_kernel_nodes: Option<usize>,
+    /// `first_step*` rows: the parts of the one measurement.
+    pub(crate) first: Option<FirstParts>,
 }
 
 /// The kernel nodes of the graphs of the last timed run, for its row ([`Row::timed`]).
@@ -104,8 +106,12 @@ impl Row {
         let nodes = self
             .graph_kernel_nodes
             .map_or_else(String::new, |n| format!(", \"graph_kernel_nodes\": {n}"));
+        let first = self
+            .first
+            .as_ref()
+            .map_or_else(String::new, FirstParts::json);
         println!(
-            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"tf32\": {}, \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}{nodes}}}",
+            "{{\"framework\": \"{}\", \"model\": \"{}\", \"dtype\": \"{}\", \"tf32\": {}, \"mode\": \"{}\", \"median_us\": {:.1}, \"p10_us\": {:.1}, \"p90_us\": {:.1}, \"reserved_mib\": {:.1}{removed}{unmeasured}{check}{single}{ranks}{nodes}{first}}}",
             self.framework,
             self.model,
             self.dtype,
@@ -161,6 +167,7 @@ impl Row {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
+            first: None,
         }
     }
 }

@@ -443,59 +443,6 @@ where
     (per_step, step)
 }
 
-/// The time from making `case`'s model to the end of its first whole step (model, inputs,
-/// capture, one step, a device sync), as a one-off row.
-pub(crate) fn first_step<M, I, O>(
-    case: &Case<M, I, O>,
-    label: &str,
-    device: &Device,
-    options: &Options,
-    before: u64,
-) -> Row
-where
-    M: Module,
-    I: TensorGroup + Clone,
-    O: TensorGroup,
-{
-    let started = Instant::now();
-    let model = (case.make)(device);
-    let input = (case.input)(device, case.batch);
-    let mut step = GraphedStep::new(
-        model,
-        case.call_loss,
-        &AdamConfig::new(),
-        input.clone(),
-        &GraphedConfig::new(),
-    )
-    .expect("capture");
-    let loss = step.run(input, 1e-4).expect("whole step");
-    device.sync().expect("sync");
-    let elapsed = started.elapsed().as_secs_f64() * 1e6;
-    drop((loss, step));
-    eprintln!("# {label}: first step {:.2} s", elapsed / 1e6);
-    // After the measurement: the whole step's value check, as `whole_step` rows have it.
-    let check = options
-        .check
-        .then(|| Check::Steps(check(case, Mode::WholeStep(false), label, device, options)));
-    Row {
-        framework: "burn",
-        model: case.name.clone(),
-        dtype: options.dtype.clone(),
-        mode: Mode::FirstStep.label(),
-        median_us: elapsed,
-        p10_us: elapsed,
-        p90_us: elapsed,
-        reserved_mib: reserved(device).saturating_sub(before) as f64 / (1024.0 * 1024.0),
-        fusion_removed: options.fusion_removed.clone(),
-        check,
-        expect_failure: false,
-        autotune_unmeasured: 0,
-        single: true,
-        ranks: None,
-        graph_kernel_nodes: None,
-    }
-}
-
 /// A `GraphedStep` of `model` with burn's Adam, captured on `sample` with `mode`'s fault.
 pub(crate) fn whole_step<M, I>(
     model: M,

@@ -60,7 +60,8 @@
 #                          --models mlp --steps 50 --reps 4); Burn runs in the cubecl
 #                          environment of `bench`, reusing the kernels compiled there
 #
-# Environment: BURN_GRAPHED_AUTOTUNE_LOG (bench, profile: a file for cubecl's autotune log),
+# Environment: BURN_GRAPHED_AUTOTUNE_LOG and BURN_GRAPHED_COMPILE_LOG (bench, profile: files for
+# cubecl's autotune and compilation logs),
 # BURN_GRAPHED_TUNE=fresh (bench, profile: every Burn process tunes its kernels anew),
 # BURN_GRAPHED_FILTER (test name substring), BURN_GRAPHED_LEDGER (tests: the ledger to
 # update, default $BURN_GRAPHED_REPO/tests/gpu-ledger.md), BURN_GRAPHED_HEARTBEAT (seconds
@@ -107,6 +108,11 @@ cubecl_env() {
   # candidate's time or error) appended to FILE (an absolute path).
   if [ -n "${BURN_GRAPHED_AUTOTUNE_LOG:-}" ]; then
     printf '[autotune.logger]\nlevel = "full"\nappend = true\nfile = "%s"\n' "$BURN_GRAPHED_AUTOTUNE_LOG" >> "$env_dir/cubecl.toml"
+  fi
+  # BURN_GRAPHED_COMPILE_LOG=FILE: cubecl's compilation log at level basic (a line per kernel
+  # it compiles, none for one it loads from the cache) appended to FILE (an absolute path).
+  if [ -n "${BURN_GRAPHED_COMPILE_LOG:-}" ]; then
+    printf '[compilation.logger]\nlevel = "basic"\nappend = true\nfile = "%s"\n' "$BURN_GRAPHED_COMPILE_LOG" >> "$env_dir/cubecl.toml"
   fi
   export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$env_dir/nv}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
 }

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The time to the first trained step, cold and warm, and where the cold time goes.
+
+Runs on the GPU machine, from the repository's root, over a bundle made by `cargo xtask
+gpu-test`:
+
+    python3 benches/first_step.py --models mlp_fused,transformer_fused --dtypes f32,bf16 \\
+        --out OUT [--modes first_step_eager,first_step_graphed,first_step] [--deadline 540]
+
+Each Burn row is three processes of `run.sh bench` (one model, one mode), every one with
+cubecl's compilation and autotune logs on, and each value-checks its graphed step after the
+measurement (the eager step is the reference):
+
+1. cold: a fresh cubecl environment (kernel cache, autotune picks and the driver's PTX cache
+   empty): every kernel compiled, every autotuned operation tuned. It exports its autotune
+   picks (only those) after its check.
+2. picks: another fresh environment with those picks imported before the clock starts: every
+   kernel compiled, nothing tuned (a machine that imported a cluster's picks).
+3. warm: the first environment again: nothing compiled, nothing tuned.
+
+So tuning took about cold - picks (the candidates compiled and timed, the losers included),
+compiling the kept kernels about picks - warm, and warm is the rest (model, capture warm-ups,
+recording, validation, the step), split by the process itself into make, setup and step.
+PyTorch's rows (`first_step_eager`, `first_step`, `first_step_graphed`: one process each,
+compiles nothing) come from the same models. Every process's wall time is recorded too
+(`process_s`: its start, CUDA's and the framework's initialization included).
+
+Writes OUT/first_step.jsonl (a row per model, dtype, framework and mode) and each process's
+log under OUT/first_step_logs/; `benches/report.py` makes BENCHMARKS.md's table from it. A
+process that fails leaves a row with its error. `--deadline` stops starting Burn rows after that
+many seconds (a device command has ten minutes), saying which were not run.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BURN_MODES = ("first_step_eager", "first_step_graphed", "first_step")
+
+
+def bench(run_sh, model, mode, dtype, side, env, log):
+    """One `run.sh bench` process of one model and mode: its rows (JSON lines), its wall time
+    in seconds and its exit status. Its output goes to `log`."""
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(["bash", run_sh, "bench", "--models", model, "--modes", mode],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+        out.write(done.stdout)
+    wall = time.perf_counter() - started
+    rows = []
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows, wall, done.returncode
+
+
+def side_env(side, dtype, extra):
+    env = dict(os.environ)
+    env.pop("OUT", None)  # run.sh would empty OUT/bench.jsonl per call
+    env.update({"BURN_GRAPHED_SIDES": side, "BURN_GRAPHED_DTYPES": dtype,
+                # cubecl's default effort, what a user's first run gets (the bench's bf16 rows
+                # otherwise tune at `minimal`).
+                "CUBECL_AUTOTUNE_LEVEL": "balanced"})
+    env.update(extra)
+    return env
+
+
+def one_row(rows, mode):
+    """The row of `mode` among `rows` (the fused variants append `_fused_layers`)."""
+    for row in rows:
+        if row.get("mode", "").startswith(mode) and (
+                row.get("mode") == mode or row["mode"][len(mode):].startswith("_fused")):
+            return row
+    return None
+
+
+def burn_row(run_sh, model, dtype, mode, scratch, logs):
+    """The three processes of one Burn row, combined."""
+    tag = f"{model}-{dtype}-{mode}"
+    cold_env = os.path.join(scratch, tag + "-cold")
+    picks_env = os.path.join(scratch, tag + "-picks")
+    picks = os.path.join(scratch, tag + ".picks")
+    for path in (cold_env, picks_env):
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+    runs = {}
+    plan = [
+        ("cold", cold_env, {"BURN_GRAPHED_EXPORT_PICKS": picks}),
+        ("picks", picks_env, {"BURN_GRAPHED_IMPORT_PICKS": picks}),
+        ("warm", cold_env, {}),
+    ]
+    for name, env_dir, extra in plan:
+        extra = dict(extra)
+        extra.update({
+            "BURN_GRAPHED_CUBECL_ENV": env_dir,
+            "CUDA_CACHE_PATH": os.path.join(env_dir, "nv"),
+            "BURN_GRAPHED_COMPILE_LOG": os.path.join(env_dir, f"compile-{name}.log"),
+            "BURN_GRAPHED_AUTOTUNE_LOG": os.path.join(env_dir, f"autotune-{name}.log"),
+        })
+        log = os.path.join(logs, f"{tag}-{name}.log")
+        rows, wall, status = bench(run_sh, model, mode, dtype, "burn",
+                                   side_env("burn", dtype, extra), log)
+        row = one_row(rows, mode)
+        print(f"# {tag} {name}: {wall:.1f} s process, exit {status}, "
+              f"row {json.dumps(row) if row else None}", file=sys.stderr, flush=True)
+        if row is None or status != 0 or "median_us" not in row:
+            error = (row or {}).get("error") or f"exit {status}, no row: see {log}"
+            return {"framework": "burn", "model": model, "dtype": dtype, "mode": mode,
+                    "error": f"{name} process: {error}"}
+        row["process_s"] = round(wall, 2)
+        runs[name] = row
+        if name == "cold" and not os.path.exists(picks):
+            return {"framework": "burn", "model": model, "dtype": dtype, "mode": runs["cold"]["mode"],
+                    "error": f"cold process exported no picks: see {log}"}
+    out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
+           "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32")}
+    for name, row in runs.items():
+        for key in ("median_us", "make_us", "setup_us", "step_us", "kernels_compiled",
+                    "keys_tuned", "process_s", "check_passed", "check_param_off",
+                    "check_loss_off"):
+            if key in row:
+                out[f"{name}_{key}"] = row[key]
+    return out
+
+
+def torch_row(run_sh, model, dtype, mode, logs):
+    base = model[:-len("_fused")] if model.endswith("_fused") else model
+    log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}.log")
+    rows, wall, status = bench(run_sh, base, mode, dtype, "torch", side_env("torch", dtype, {}),
+                               log)
+    row = one_row(rows, mode)
+    if row is None or status != 0:
+        return {"framework": "torch", "model": base, "dtype": dtype, "mode": mode,
+                "error": f"exit {status}, no row: see {log}"}
+    row["process_s"] = round(wall, 2)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", required=True)
+    parser.add_argument("--dtypes", default="f32,bf16")
+    parser.add_argument("--modes", default=",".join(BURN_MODES))
+    parser.add_argument("--torch", default="on", choices=("on", "off"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--run-sh", default="target/gpu-bundle/run.sh")
+    parser.add_argument("--deadline", type=float, default=540)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in BURN_MODES:
+            parser.error(f"--modes takes {', '.join(BURN_MODES)}, not {mode}")
+    logs = os.path.join(args.out, "first_step_logs")
+    os.makedirs(logs, exist_ok=True)
+    started = time.perf_counter()
+    scratch = tempfile.mkdtemp(prefix="first-step-")
+    torch_done = set()
+    with open(os.path.join(args.out, "first_step.jsonl"), "a") as results:
+        def emit(row):
+            results.write(json.dumps(row) + "\n")
+            results.flush()
+            print(json.dumps(row), flush=True)
+
+        for dtype in args.dtypes.split(","):
+            for model in args.models.split(","):
+                for mode in modes:
+                    if time.perf_counter() - started > args.deadline:
+                        print(f"# not run (deadline): {model} {dtype} {mode}", flush=True)
+                        continue
+                    emit(burn_row(args.run_sh, model, dtype, mode, scratch, logs))
+                base = model[:-len("_fused")] if model.endswith("_fused") else model
+                if args.torch == "on" and (base, dtype) not in torch_done:
+                    torch_done.add((base, dtype))
+                    for mode in modes:
+                        emit(torch_row(args.run_sh, model, dtype, mode, logs))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
