@@ -5,7 +5,8 @@ Runs on the GPU machine, from the repository's root, over a bundle made by `carg
 gpu-test`:
 
     python3 benches/first_step.py --models mlp_fused,transformer_fused --dtypes f32,bf16 \\
-        --out OUT [--modes first_step_eager,first_step_graphed,first_step] [--deadline 540]
+        --out OUT [--modes first_step,first_step_eager,first_step_graphed] [--sides burn,torch]
+        [--deadline 540]
 
 Each Burn row is three processes of `run.sh bench` (one model, one mode), every one with
 cubecl's compilation and autotune logs on, and each value-checks its graphed step after the
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import time
 
-BURN_MODES = ("first_step_eager", "first_step_graphed", "first_step")
+BURN_MODES = ("first_step", "first_step_eager", "first_step_graphed")
 
 
 def bench(run_sh, model, mode, dtype, side, env, log):
@@ -121,8 +122,10 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs):
         if name == "cold" and not os.path.exists(picks):
             return {"framework": "burn", "model": model, "dtype": dtype, "mode": runs["cold"]["mode"],
                     "error": f"cold process exported no picks: see {log}"}
+    # `median_us` is the cold time: the row's figure where a table reads one number.
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
-           "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32")}
+           "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32"),
+           "median_us": runs["cold"]["median_us"], "single": True}
     for name, row in runs.items():
         for key in ("median_us", "make_us", "setup_us", "step_us", "kernels_compiled",
                     "keys_tuned", "process_s", "check_passed", "check_param_off",
@@ -150,7 +153,7 @@ def main():
     parser.add_argument("--models", required=True)
     parser.add_argument("--dtypes", default="f32,bf16")
     parser.add_argument("--modes", default=",".join(BURN_MODES))
-    parser.add_argument("--torch", default="on", choices=("on", "off"))
+    parser.add_argument("--sides", default="burn,torch")
     parser.add_argument("--out", required=True)
     parser.add_argument("--run-sh", default="target/gpu-bundle/run.sh")
     parser.add_argument("--deadline", type=float, default=540)
@@ -163,25 +166,33 @@ def main():
     os.makedirs(logs, exist_ok=True)
     started = time.perf_counter()
     scratch = tempfile.mkdtemp(prefix="first-step-")
-    torch_done = set()
+    sides = args.sides.split(",")
     with open(os.path.join(args.out, "first_step.jsonl"), "a") as results:
         def emit(row):
             results.write(json.dumps(row) + "\n")
             results.flush()
             print(json.dumps(row), flush=True)
 
+        # Mode by mode over the models, so that a deadline cuts the last mode's rows, not the
+        # last model's; PyTorch's rows after Burn's.
         for dtype in args.dtypes.split(","):
-            for model in args.models.split(","):
-                for mode in modes:
+            for mode in modes if "burn" in sides else []:
+                for model in args.models.split(","):
                     if time.perf_counter() - started > args.deadline:
-                        print(f"# not run (deadline): {model} {dtype} {mode}", flush=True)
+                        print(f"# not run (deadline): burn {model} {dtype} {mode}", flush=True)
                         continue
                     emit(burn_row(args.run_sh, model, dtype, mode, scratch, logs))
+            bases = []
+            for model in args.models.split(","):
                 base = model[:-len("_fused")] if model.endswith("_fused") else model
-                if args.torch == "on" and (base, dtype) not in torch_done:
-                    torch_done.add((base, dtype))
-                    for mode in modes:
-                        emit(torch_row(args.run_sh, model, dtype, mode, logs))
+                if base not in bases:
+                    bases.append(base)
+            for mode in modes if "torch" in sides else []:
+                for base in bases:
+                    if time.perf_counter() - started > args.deadline:
+                        print(f"# not run (deadline): torch {base} {dtype} {mode}", flush=True)
+                        continue
+                    emit(torch_row(args.run_sh, base, dtype, mode, logs))
     shutil.rmtree(scratch, ignore_errors=True)
 
 

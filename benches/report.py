@@ -23,10 +23,12 @@ of N" where a round's check failed (a failed check leaves a failure row with `"e
 times, counted against its key's rounds), "unchecked" where a round ran without one (rows
 from before every round was checked).
 
-"Time to the first trained step": rows of mode `first_step` (PyTorch: whole-network capture;
-Burn, if any: its whole step) and `first_step_graphed` (PyTorch: make_graphed_callables),
-marked `"single"`: one measurement each, in seconds, from model creation to the end of the
-first trained step, setup and capture included. Single rows enter no other table nor the plot.
+"Time to the first trained step": rows of `benches/first_step.py` (modes `first_step_eager`,
+`first_step_graphed`, `first_step`: eager, `Graphed` / make_graphed_callables, `GraphedStep` /
+whole-network capture), marked `"single"`: one measurement each, in seconds, from model
+creation to the end of the first trained step, setup included. A Burn row holds three
+processes (cold, autotune picks imported, warm), from which the table splits the cold time
+into tuning, compiling and the warm rest. Single rows enter no other table nor the plot.
 
 "Goal": per model and dtype, the best graphed Burn (static hand-outs with MultiTensorAdam, else
 the fastest graphed mode) against graphed PyTorch with fused Adam (else its default Adam), each
@@ -131,9 +133,6 @@ def load(paths):
                     # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
                     # neither replaces nor merges with the stock rows.
                     row["mode"] += f" without {row['fusion_removed']}"
-                if row.get("cache"):
-                    # A first step with cubecl's kernel cache cold or warm: one mode each.
-                    row["mode"] += f"_{row['cache']}"
                 # A data-parallel row's rank count is part of its key: 2 and 4 GPUs are
                 # different runs, not rounds of one.
                 rounds.setdefault((row["framework"], row["model"], row["dtype"], row["mode"],
@@ -426,32 +425,64 @@ def has_whole_step(rows):
     return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
 
 
-FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_cold", "first_step_warm")
+FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_eager")
+
+# The training loops a first step is timed in (`benches/first_step.py`): the mode and the
+# loop's name on each side.
+FIRST_STEP_LOOPS = (
+    ("first_step_eager", "eager", "eager"),
+    ("first_step_graphed", "`Graphed`", "make_graphed_callables"),
+    ("first_step", "`GraphedStep`", "whole-network capture"),
+)
 
 
 def first_step_table(rows):
-    # Model creation to the end of the first trained step (setup and capture included), one
-    # measurement per row ("single"), in seconds.
+    # Model creation to the end of the first trained step (setup included), one measurement
+    # per process, in seconds. A Burn row (`benches/first_step.py`) is three processes: cold
+    # (fresh cubecl environment), with the cold process's autotune picks imported, and warm;
+    # tuning is cold - picks, compiling picks - warm, and warm splits into make, setup, step.
     by = group(rows)
     out = header(
-        "| model | dtype | burn first step, kernel cache cold | burn, cache warm | burn checks "
-        "| torch whole step first step | torch make_graphed_callables first step |"
+        "| model | dtype | loop (Burn / PyTorch) | Burn cold | tuning | compiling | Burn warm "
+        "(make + setup + step) | kernels compiled / autotune keys tuned, cold | Burn cold process "
+        "| Burn checks | PyTorch first step | PyTorch process |"
     )
 
-    def seconds(r, framework, mode):
-        row = r.get((framework, mode))
-        return num(row["median_us"] / 1e6, ".2f", " s") if row else "n/a"
+    def s(us, fmt=".1f"):
+        return num(us / 1e6, fmt, " s")
 
     for (model, dtype), r in by.items():
-        if not any((f, m) in r for f in ("burn", "torch") for m in FIRST_STEP_MODES):
-            continue
-        out.append(
-            f"| {model} | {dtype} | {seconds(r, 'burn', 'first_step_cold')} "
-            f"| {seconds(r, 'burn', 'first_step_warm')} "
-            f"| {'; '.join(check_cell(r.get(('burn', m))) for m in ('first_step_cold', 'first_step_warm'))} "
-            f"| {seconds(r, 'torch', 'first_step')} "
-            f"| {seconds(r, 'torch', 'first_step_graphed')} |"
-        )
+        for mode, burn_loop, torch_loop in FIRST_STEP_LOOPS:
+            torch = r.get(("torch", mode))
+            burns = [(m, row) for (f, m), row in r.items()
+                     if f == "burn" and (m == mode or m.startswith(mode + "_fused"))]
+            if not burns and not torch:
+                continue
+            torch_cells = (f"| {s(torch['median_us'], '.2f')} | {torch.get('process_s', 'n/a')} s |"
+                           if torch else "| n/a | n/a |")
+            for m, b in burns or [(mode, None)]:
+                layers = " (fused layers)" if m != mode else ""
+                loop = f"{burn_loop}{layers} / {torch_loop}"
+                if not b or "cold_median_us" not in b:
+                    out.append(f"| {model} | {dtype} | {loop} | n/a | | | | | | n/a {torch_cells}")
+                    continue
+                cold, picks, warm = (b[f"{k}_median_us"] for k in ("cold", "picks", "warm"))
+                parts = " + ".join(s(b.get(f"warm_{p}_us", float("nan")), ".2f")
+                                   for p in ("make", "setup", "step"))
+                checks = [b.get(f"{k}_check_passed") for k in ("cold", "picks", "warm")]
+                if all(c is None for c in checks):
+                    check = "eager (the reference)"
+                elif all(c is True for c in checks):
+                    check = "passed 3/3"
+                else:
+                    check = f"FAILED {sum(1 for c in checks if c is not True)} of 3"
+                out.append(
+                    f"| {model} | {dtype} | {loop} | {s(cold)} | {s(cold - picks)} "
+                    f"| {s(picks - warm)} | {s(warm, '.2f')} ({parts}) "
+                    f"| {b.get('cold_kernels_compiled', 'n/a')} / {b.get('cold_keys_tuned', 'n/a')} "
+                    f"(picks imported: {b.get('picks_kernels_compiled', 'n/a')} / "
+                    f"{b.get('picks_keys_tuned', 'n/a')}) "
+                    f"| {b.get('cold_process_s', 'n/a')} s | {check} {torch_cells}")
     return "\n".join(out) + "\n"
 
 

@@ -168,8 +168,9 @@ where
     O: TensorGroup,
 {
     import_picks();
+    // A kernel's first line: "[Compiling kernel] NAME" at level basic, the marker at full.
     let compiled = LogCount::new("BURN_GRAPHED_COMPILE_LOG", |line| {
-        line == "[START_KERNEL_COMPILATION]"
+        line.starts_with("[Compiling kernel]") || line == "[START_KERNEL_COMPILATION]"
     });
     let tuned = LogCount::new("BURN_GRAPHED_AUTOTUNE_LOG", |line| {
         line.starts_with("Fastest result")
