@@ -427,62 +427,55 @@ def has_whole_step(rows):
 
 FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_eager")
 
-# The training loops a first step is timed in (`benches/first_step.py`): the mode and the
-# loop's name on each side.
-FIRST_STEP_LOOPS = (
-    ("first_step_eager", "eager", "eager"),
-    ("first_step_graphed", "`Graphed`", "make_graphed_callables"),
-    ("first_step", "`GraphedStep`", "whole-network capture"),
-)
+# The training loops a first step is timed in (`benches/first_step.py`), in column order.
+FIRST_STEP_LOOPS = ("first_step_eager", "first_step_graphed", "first_step")
 
 
 def first_step_table(rows):
     # Model creation to the end of the first trained step (setup included), one measurement
-    # per process, in seconds. A Burn row (`benches/first_step.py`) is three processes: cold
+    # per process, in seconds: a row per model, dtype and layers (burn-nn's, or the fused
+    # `_fused_layers`). A Burn measurement (`benches/first_step.py`) is three processes: cold
     # (fresh cubecl environment), with the cold process's autotune picks imported, and warm;
-    # tuning is cold - picks, compiling picks - warm, and warm splits into make, setup, step.
+    # for the whole step, tuning is cold - picks, compiling picks - warm.
     by = group(rows)
     out = header(
-        "| model | dtype | loop (Burn / PyTorch) | Burn cold | tuning | compiling | Burn warm "
-        "(make + setup + step) | kernels compiled / autotune keys tuned, cold | Burn cold process "
-        "| Burn checks | PyTorch first step | PyTorch process |"
+        "| model | dtype | layers | Burn eager, cold / warm | `Graphed`, cold / warm "
+        "| `GraphedStep`, cold / warm | its cold: tuning + compiling + rest "
+        "| its autotune keys / kernels compiled | Burn checks "
+        "| PyTorch eager / make_graphed_callables / whole-network capture |"
     )
 
     def s(us, fmt=".1f"):
         return num(us / 1e6, fmt, " s")
 
+    def pair(b):
+        if not b or "cold_median_us" not in b:
+            return "n/a"
+        return f"{s(b['cold_median_us'])} / {s(b['warm_median_us'], '.2f')}"
+
     for (model, dtype), r in by.items():
-        for mode, burn_loop, torch_loop in FIRST_STEP_LOOPS:
-            torch = r.get(("torch", mode))
-            burns = [(m, row) for (f, m), row in r.items()
-                     if f == "burn" and (m == mode or m.startswith(mode + "_fused"))]
-            if not burns and not torch:
+        torch = " / ".join(s(r[("torch", m)]["median_us"], ".1f") if ("torch", m) in r else "n/a"
+                           for m in FIRST_STEP_LOOPS)
+        for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers")):
+            burn = {m: r.get(("burn", m + suffix)) for m in FIRST_STEP_LOOPS}
+            if not any(burn.values()):
                 continue
-            torch_cells = (f"| {s(torch['median_us'], '.2f')} | {torch.get('process_s', 'n/a')} s |"
-                           if torch else "| n/a | n/a |")
-            for m, b in burns or [(mode, None)]:
-                layers = " (fused layers)" if m != mode else ""
-                loop = f"{burn_loop}{layers} / {torch_loop}"
-                if not b or "cold_median_us" not in b:
-                    out.append(f"| {model} | {dtype} | {loop} | n/a | | | | | | n/a {torch_cells}")
-                    continue
-                cold, picks, warm = (b[f"{k}_median_us"] for k in ("cold", "picks", "warm"))
-                parts = " + ".join(s(b.get(f"warm_{p}_us", float("nan")), ".2f")
-                                   for p in ("make", "setup", "step"))
-                checks = [b.get(f"{k}_check_passed") for k in ("cold", "picks", "warm")]
-                if all(c is None for c in checks):
-                    check = "eager (the reference)"
-                elif all(c is True for c in checks):
-                    check = "passed 3/3"
-                else:
-                    check = f"FAILED {sum(1 for c in checks if c is not True)} of 3"
-                out.append(
-                    f"| {model} | {dtype} | {loop} | {s(cold)} | {s(cold - picks)} "
-                    f"| {s(picks - warm)} | {s(warm, '.2f')} ({parts}) "
-                    f"| {b.get('cold_kernels_compiled', 'n/a')} / {b.get('cold_keys_tuned', 'n/a')} "
-                    f"(picks imported: {b.get('picks_kernels_compiled', 'n/a')} / "
-                    f"{b.get('picks_keys_tuned', 'n/a')}) "
-                    f"| {b.get('cold_process_s', 'n/a')} s | {check} {torch_cells}")
+            whole = burn["first_step"]
+            if whole and "cold_median_us" in whole:
+                cold, picks, warm = (whole[f"{k}_median_us"] for k in ("cold", "picks", "warm"))
+                split = f"{s(cold - picks)} + {s(picks - warm)} + {s(warm, '.2f')}"
+                counts = (f"{whole.get('cold_keys_tuned', 'n/a')} / "
+                          f"{whole.get('cold_kernels_compiled', 'n/a')}")
+            else:
+                split = counts = "n/a"
+            checks = [b.get(f"{k}_check_passed") for m, b in burn.items()
+                      if b and m != "first_step_eager" for k in ("cold", "picks", "warm")]
+            failed = sum(1 for c in checks if c is not True)
+            check = f"FAILED {failed} of {len(checks)}" if failed else f"passed {len(checks)}/{len(checks)}"
+            out.append(
+                f"| {model} | {dtype} | {layers} | {pair(burn['first_step_eager'])} "
+                f"| {pair(burn['first_step_graphed'])} | {pair(whole)} | {split} | {counts} "
+                f"| {check} | {torch} |")
     return "\n".join(out) + "\n"
 
 
