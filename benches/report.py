@@ -464,8 +464,12 @@ def first_step_table(rows):
             if whole and "cold_median_us" in whole:
                 cold, picks, warm = (whole[f"{k}_median_us"] for k in ("cold", "picks", "warm"))
                 split = f"{s(cold - picks)} + {s(picks - warm)} + {s(warm, '.2f')}"
-                counts = (f"{whole.get('cold_keys_tuned', 'n/a')} / "
-                          f"{whole.get('cold_kernels_compiled', 'n/a')}")
+                compiled = whole.get("cold_kernels_compiled")
+                kept = whole.get("picks_kernels_compiled")
+                # The kernels compiled cold that a process with the picks did not compile: the
+                # tuning's candidates that lost.
+                losers = f" ({compiled - kept} candidates)" if None not in (compiled, kept) else ""
+                counts = f"{whole.get('cold_keys_tuned', 'n/a')} / {compiled}{losers}"
             else:
                 split = counts = "n/a"
             checks = [b.get(f"{k}_check_passed") for m, b in burn.items()
