@@ -119,6 +119,7 @@ use burn_graphed::{
 use burn_graphed_testkit::{StepCheck, deep_copy, param_values, read_flat, require_finite};
 
 mod checks;
+mod ddp_check;
 mod first_step;
 #[cfg(feature = "host-profile")]
 mod host_profile;
@@ -134,6 +135,7 @@ mod timing;
 mod warn_log;
 
 use checks::*;
+use ddp_check::*;
 use first_step::*;
 use models::*;
 use modes::*;
@@ -472,6 +474,7 @@ fn main() {
                         call_loss: |m, x| mean_square(mlp_forward(m, x)),
                         input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
                         forward_input: Some(mlp_forward_batch),
+                        shard: negate_odd,
                         batch,
                         variant: "",
                     },
@@ -494,6 +497,7 @@ fn main() {
                     call_loss: |m, x| mean_square(fused_mlp_forward(m, x)),
                     input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
                     forward_input: Some(mlp_forward_batch),
+                    shard: negate_odd,
                     batch: 32,
                     variant: "_fused_layers",
                 },
@@ -513,6 +517,7 @@ fn main() {
                     call_loss: |m, x| mean_square(encoder_forward(m, x)),
                     input: |d, rows| Tensor::random([rows, 128, 256], Distribution::Default, d),
                     forward_input: None,
+                    shard: negate_odd,
                     batch: 8,
                     variant: "",
                 },
@@ -535,6 +540,7 @@ fn main() {
                     call_loss: |m, x| mean_square(fused_encoder_forward(m, x)),
                     input: |d, rows| Tensor::random([rows, 128, 256], Distribution::Default, d),
                     forward_input: None,
+                    shard: negate_odd,
                     batch: 8,
                     variant: "_fused_layers",
                 },
@@ -550,6 +556,7 @@ fn main() {
                     call_loss: |m, x| mean_square(cnn_forward(m, x)),
                     input: cnn_input,
                     forward_input: Some(cnn_forward_batch),
+                    shard: negate_odd,
                     batch: 32,
                     variant: "",
                 },
@@ -578,6 +585,7 @@ fn main() {
                     call_loss: |m, x| mean_square(fused_cnn_forward(m, x)),
                     input: cnn_input,
                     forward_input: Some(cnn_forward_batch),
+                    shard: negate_odd,
                     batch: 32,
                     variant: "_fused_layers",
                 },
@@ -596,6 +604,7 @@ fn main() {
                     },
                     input: lm_batch,
                     forward_input: Some(lm_forward_batch),
+                    shard: lm_shard,
                     batch: LM_BATCH,
                     variant: "",
                 },
@@ -614,6 +623,7 @@ fn main() {
                     },
                     input: lm_batch,
                     forward_input: Some(lm_forward_batch),
+                    shard: lm_shard,
                     batch: LM_BATCH,
                     variant: "_fused_layers",
                 },

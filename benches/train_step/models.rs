@@ -212,6 +212,19 @@ pub(crate) fn fused_lm_forward(m: &FusedLm, (ids, mask, _targets): LmBatch) -> T
     m.head.forward(m.norm.forward(x))
 }
 
+/// Rank `rank`'s language-model batch made from a draw (a data-parallel value check): every id
+/// and target shifted by `rank * 97` in the vocabulary, so that the ranks train other rows of
+/// the embedding and the head.
+pub(crate) fn lm_shard((ids, mask, targets): LmBatch, rank: usize) -> LmBatch {
+    let shift = (rank * 97) as i64;
+    let vocab = LM_VOCAB as i64;
+    (
+        (ids + shift).remainder_scalar(vocab),
+        mask,
+        (targets + shift).remainder_scalar(vocab),
+    )
+}
+
 /// The logits of the ids under the mask (the targets are the loss's).
 pub(crate) fn lm_forward(m: &Lm, (ids, mask, _targets): LmBatch) -> Tensor<3> {
     let [_, length] = ids.dims();

@@ -22,6 +22,10 @@ pub(crate) struct Case<M, I, O> {
     /// [`mlp_forward_batch`](crate::models::mlp_forward_batch));
     /// `None`: [`input`](Self::input).
     pub(crate) forward_input: Option<fn(&Device, usize) -> I>,
+    /// Rank `r`'s batch of a data-parallel value check made from a draw of [`input`](Self::input)
+    /// that every rank makes alike: shards that differ by construction
+    /// ([`negate_odd`](crate::ddp_check::negate_odd), [`lm_shard`](crate::models::lm_shard)).
+    pub(crate) shard: fn(I, usize) -> I,
     /// The training batch size.
     pub(crate) batch: usize,
     /// Appended to every row's mode: `_fused_layers` for the models whose layers are

@@ -105,6 +105,11 @@ where
         )
         .unwrap_or_else(|error| panic!("{label}: {error}"));
     eprintln!("# {label}: replicas bitwise equal after the run: true");
+    drop(step);
+    let check = options
+        .check
+        .then(|| check_data_parallel(case, &dp, device, options, &label))
+        .flatten();
     if copy {
         std::process::exit(0);
     }
@@ -114,6 +119,7 @@ where
     }
     let mut row = Row::timed(case, mode, per_step, device, before, options, 0);
     row.ranks = Some((options.ranks, case.batch));
+    row.check = check.map(Check::Steps);
     row
 }
 

@@ -37,7 +37,7 @@ where
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
     let model = (case.make)(device);
-    let ranks: Vec<(Vec<f64>, ParamValues)> = std::thread::scope(|scope| {
+    let ranks: Vec<(Vec<f64>, ParamValues, Option<StepCheck>)> = std::thread::scope(|scope| {
         let ranks: Vec<_> = group
             .into_iter()
             .zip(&devices)
@@ -56,6 +56,7 @@ where
                     let replica = replica_on(&model, device);
                     let inputs: Vec<I> = (0..4).map(|_| (case.input)(device, case.batch)).collect();
                     let rank_label = format!("{label}, rank {}", dp.ranks().rank());
+                    let mut check = None;
                     let (per_step, values) = match ddp {
                         DdpStep::WholeStep
                         | DdpStep::InGraph
@@ -70,7 +71,13 @@ where
                                 device,
                                 options,
                             );
-                            (per_step, param_values(&step.module()))
+                            let values = param_values(&step.module());
+                            drop(step);
+                            check = options
+                                .check
+                                .then(|| check_data_parallel(case, &dp, device, options, label))
+                                .flatten();
+                            (per_step, values)
                         }
                         DdpStep::Graphed => {
                             let config = GraphedConfig::new().with_outputs(OutputPolicy::Static);
@@ -123,7 +130,7 @@ where
                     });
                     require_finite(&values)
                         .unwrap_or_else(|error| panic!("{label}: not a result: {error}"));
-                    (per_step, values)
+                    (per_step, values, check)
                 })
             })
             .collect();
@@ -135,7 +142,7 @@ where
     let identical = ranks.windows(2).all(|pair| pair[0].1 == pair[1].1);
     eprintln!("# {label}: replicas bitwise equal after the run: {identical}");
     assert!(identical, "{label}: the replicas' parameters differ");
-    let per_step = ranks.into_iter().next().map(|(t, _)| t).unwrap_or_default();
+    let (per_step, _, check) = ranks.into_iter().next().unwrap_or_default();
     let mut row = Row::timed(
         case,
         mode,
@@ -146,6 +153,7 @@ where
         unmeasured_before,
     );
     row.ranks = Some((devices.len(), case.batch));
+    row.check = check.map(Check::Steps);
     row
 }
 

@@ -1,0 +1,129 @@
+//! The value check of the data-parallel whole steps (`ddp_whole_step*`), run by the ranks that
+//! timed them, after the timed steps.
+//!
+//! Every rank makes one model and [`CHECK_STEPS`] draws alike (seeded, one rank at a time where
+//! the ranks are threads of one process), and rank `r` trains on `Case::shard` of each draw:
+//! batches that differ by construction (odd ranks' float inputs negated, the language model's
+//! ids shifted). Shards drawn apart from one distribution do not do: on the bench's models
+//! (inputs in `[0, 1)`, a loss that pulls every output to 0) Adam's first steps, about `lr` times
+//! the gradient's sign, came out the same from one rank's gradient as from the ranks' mean, and
+//! a check that left the average out passed (`h200x2_ddp_check_blind_294b4e9_logs.tar.xz`).
+//!
+//! Rank 0 then trains one model eagerly on every rank's shards (each step's loss the mean of
+//! the ranks' losses, so its gradient is the mean of theirs, what the all-reduce computes) and
+//! compares its own replica with it by [`StepCheck`]. The control: the same eager training on
+//! rank 0's shards alone must fail the comparison, or the check could not see a missing
+//! all-reduce and the run ends there.
+
+use super::*;
+
+/// Rank `rank`'s batch made from a draw of the bench's odd-rank-negated float input.
+pub(crate) fn negate_odd<const D: usize>(batch: Tensor<D>, rank: usize) -> Tensor<D> {
+    if rank % 2 == 1 { -batch } else { batch }
+}
+
+/// The value check of a data-parallel whole step on `dp` (see the module docs): rank 0's
+/// [`StepCheck`], `None` on the other ranks. Panics where the control passes.
+pub(crate) fn check_data_parallel<M, I, O>(
+    case: &Case<M, I, O>,
+    dp: &DataParallel,
+    device: &Device,
+    options: &Options,
+    label: &str,
+) -> Option<StepCheck>
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
+    let (rank, ranks) = (dp.ranks().rank(), dp.ranks().size());
+    let (initial, draws) = dp
+        .in_turn("the check's draws", device, || {
+            device.seed(CHECK_SEED);
+            let model = (case.make)(device).map(&mut Unconstant);
+            let draws: Vec<I> = (0..CHECK_STEPS)
+                .map(|_| (case.input)(device, case.batch))
+                .collect();
+            Ok((model, draws))
+        })
+        .unwrap_or_else(|error| panic!("{label}: the check's draws: {error}"));
+    let initial = dp
+        .broadcast(initial)
+        .unwrap_or_else(|error| panic!("{label}: the check's model: {error}"));
+    let shards: Vec<Vec<I>> = (0..ranks)
+        .map(|r| draws.iter().map(|d| (case.shard)(d.clone(), r)).collect())
+        .collect();
+    let mine = &shards[rank];
+    let mut step = GraphedStep::data_parallel(
+        dp,
+        deep_copy(&initial),
+        case.call_loss,
+        &AdamConfig::new(),
+        vec![mine[0].clone()],
+        &GraphedConfig::new(),
+    )
+    .unwrap_or_else(|error| panic!("{label}: the check's capture: {error}"));
+    let graphed_losses: Vec<f64> = mine
+        .iter()
+        .map(|batch| {
+            let loss = step
+                .run(batch.clone(), CHECK_LR)
+                .unwrap_or_else(|error| panic!("{label}: the check's step: {error}"));
+            loss.into_data().iter::<f64>().next().expect("a loss")
+        })
+        .collect();
+    let graphed: Vec<TensorData> = param_values(&step.module())
+        .expect("read back")
+        .into_iter()
+        .map(|(_, data)| data)
+        .collect();
+    if rank != 0 {
+        return None;
+    }
+    let eager = |shards: &[Vec<I>]| -> (Vec<f64>, Vec<TensorData>) {
+        let mut model = deep_copy(&initial);
+        let mut optimizer = Mode::WholeStep(false).optimizer();
+        let mut losses = Vec::with_capacity(CHECK_STEPS);
+        for i in 0..CHECK_STEPS {
+            let per_rank: Vec<Tensor<1>> = shards
+                .iter()
+                .map(|batches| (case.call_loss)(&model, batches[i].clone()))
+                .collect();
+            // The loss the whole step returns: rank 0's own.
+            losses.push(
+                per_rank[0]
+                    .clone()
+                    .into_data()
+                    .iter::<f64>()
+                    .next()
+                    .expect("a loss"),
+            );
+            let mean = Tensor::cat(per_rank, 0).mean();
+            let grads = GradientsParams::from_grads(mean.backward(), &model);
+            model = optimizer.step(CHECK_LR, model, grads);
+        }
+        let params = param_values(&model).expect("read back");
+        (losses, params.into_iter().map(|(_, data)| data).collect())
+    };
+    // As the one-GPU check ([`check`]): TF32 products in one run and not the other, bf16's
+    // rounding; the ranks' mean adds one rounding of the averaged gradient.
+    let noise_rel = if options.dtype == "bf16" { 2e-2 } else { 2e-3 };
+    let compare = |(losses, params): &(Vec<f64>, Vec<TensorData>)| {
+        StepCheck::new(
+            CHECK_LR,
+            noise_rel,
+            (losses, &graphed_losses),
+            (params, &graphed),
+        )
+    };
+    let check = compare(&eager(&shards));
+    let control = compare(&eager(&shards[..1]));
+    eprintln!("# {label}: value check against one model on every rank's shards: {check}");
+    eprintln!("# {label}: control, one model on rank 0's shards alone (must fail): {control}");
+    assert!(
+        !control.passed(),
+        "{label}: the check is blind: one model trained without the ranks' average passed it \
+         ({control})"
+    );
+    Some(check)
+}
