@@ -43,6 +43,9 @@ import time
 
 BURN_MODES = ("first_step", "first_step_eager", "first_step_graphed")
 
+# The `# device:` lines the processes printed, written once into the results.
+DEVICES = set()
+
 
 def bench(run_sh, model, mode, dtype, side, env, log):
     """One `run.sh bench` process of one model and mode: its rows (JSON lines), its wall time
@@ -56,7 +59,9 @@ def bench(run_sh, model, mode, dtype, side, env, log):
     wall = time.perf_counter() - started
     rows = []
     for line in done.stdout.splitlines():
-        if line.startswith("{"):
+        if line.startswith("# device:"):
+            DEVICES.add(line.strip())
+        elif line.startswith("{"):
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
@@ -64,9 +69,18 @@ def bench(run_sh, model, mode, dtype, side, env, log):
     return rows, wall, done.returncode
 
 
+# What the caller's environment must not bring into a measured process: run.sh's per-call
+# output file, rounds, both TF32 regimes, tuning kept from nowhere, removed fusions, or another
+# row's picks and logs.
+NOT_INHERITED = ("OUT", "BURN_GRAPHED_ROUNDS", "BURN_GRAPHED_TF32", "BURN_GRAPHED_TUNE",
+                 "CUBECL_AUTOTUNE_CACHE", "BURN_GRAPHED_FUSION_REMOVE",
+                 "BURN_GRAPHED_IMPORT_PICKS", "BURN_GRAPHED_EXPORT_PICKS",
+                 "BURN_GRAPHED_COMPILE_LOG", "BURN_GRAPHED_AUTOTUNE_LOG", "BURN_GRAPHED_SIDES",
+                 "BURN_GRAPHED_DTYPES", "CUDA_CACHE_PATH")
+
+
 def side_env(side, dtype, extra):
-    env = dict(os.environ)
-    env.pop("OUT", None)  # run.sh would empty OUT/bench.jsonl per call
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update({"BURN_GRAPHED_SIDES": side, "BURN_GRAPHED_DTYPES": dtype,
                 # cubecl's default effort, what a user's first run gets (the bench's bf16 rows
                 # otherwise tune at `minimal`).
@@ -115,7 +129,9 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs):
               f"row {json.dumps(row) if row else None}", file=sys.stderr, flush=True)
         if row is None or status != 0 or "median_us" not in row:
             error = (row or {}).get("error") or f"exit {status}, no row: see {log}"
-            return {"framework": "burn", "model": model, "dtype": dtype, "mode": mode,
+            # The row's own names where it printed one, so that the table's cell shows it.
+            return {"framework": "burn", "model": (row or {}).get("model", model),
+                    "dtype": dtype, "mode": (row or {}).get("mode", mode),
                     "error": f"{name} process: {error}"}
         row["process_s"] = round(wall, 2)
         runs[name] = row
@@ -126,6 +142,11 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs):
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
            "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32"),
            "median_us": runs["cold"]["median_us"], "single": True}
+    # The split holds only where the picks process tuned nothing and the warm one compiled and
+    # tuned nothing: otherwise the row says so and the table shows no split.
+    out["split_valid"] = (runs["picks"].get("keys_tuned") == 0
+                          and runs["warm"].get("keys_tuned") == 0
+                          and runs["warm"].get("kernels_compiled") == 0)
     for name, row in runs.items():
         for key in ("median_us", "make_us", "setup_us", "step_us", "kernels_compiled",
                     "keys_tuned", "process_s", "check_passed", "check_param_off",
@@ -167,8 +188,12 @@ def main():
     started = time.perf_counter()
     scratch = tempfile.mkdtemp(prefix="first-step-")
     sides = args.sides.split(",")
+    written_devices = set()
     with open(os.path.join(args.out, "first_step.jsonl"), "a") as results:
         def emit(row):
+            for device in sorted(DEVICES - written_devices):
+                results.write(device + "\n")
+                written_devices.add(device)
             results.write(json.dumps(row) + "\n")
             results.flush()
             print(json.dumps(row), flush=True)

@@ -129,6 +129,10 @@ def load(paths):
                 if "error" in row or "median_us" not in row:
                     failed.append(row)
                     continue
+                if row.get("cache"):
+                    # A first step of an older file with cubecl's kernel cache cold or warm: one
+                    # mode each.
+                    row["mode"] += f"_{row['cache']}"
                 if row.get("fusion_removed"):
                     # A variant of burn (BURN_GRAPHED_FUSION_REMOVE): its own mode, so that it
                     # neither replaces nor merges with the stock rows.
@@ -425,7 +429,9 @@ def has_whole_step(rows):
     return any(r["framework"] == "burn" and r["mode"] == "whole_step" for r in rows)
 
 
-FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_eager")
+# (`first_step_cold`, `first_step_warm`: older files, a process each.)
+FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_eager", "first_step_cold",
+                    "first_step_warm")
 
 # The training loops a first step is timed in (`benches/first_step.py`), in column order.
 FIRST_STEP_LOOPS = ("first_step_eager", "first_step_graphed", "first_step")
@@ -449,33 +455,54 @@ def first_step_table(rows):
         return num(us / 1e6, fmt, " s")
 
     def pair(b):
-        if not b or "cold_median_us" not in b:
+        if not b:
             return "n/a"
+        if "cold_median_us" not in b:
+            # A row of one process (`run.sh bench --modes first_step`): cold or warm as its
+            # cache was.
+            return f"{s(b['median_us'], '.2f')} (one process)"
         return f"{s(b['cold_median_us'])} / {s(b['warm_median_us'], '.2f')}"
+
+    def checks_of(b):
+        if "cold_median_us" in b:
+            return [b.get(f"{k}_check_passed") for k in ("cold", "picks", "warm")]
+        return b.get("checks", [b.get("check_passed")])
 
     for (model, dtype), r in by.items():
         torch = " / ".join(s(r[("torch", m)]["median_us"], ".1f") if ("torch", m) in r else "n/a"
                            for m in FIRST_STEP_LOOPS)
-        for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers")):
-            burn = {m: r.get(("burn", m + suffix)) for m in FIRST_STEP_LOOPS}
-            if not any(burn.values()):
-                continue
+        variants = [(layers, {m: r.get(("burn", m + suffix)) for m in FIRST_STEP_LOOPS})
+                    for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers"))]
+        variants = [(layers, burn) for layers, burn in variants if any(burn.values())]
+        if not variants and any(("torch", m) in r for m in FIRST_STEP_LOOPS):
+            variants = [("-", dict.fromkeys(FIRST_STEP_LOOPS))]
+        for layers, burn in variants:
             whole = burn["first_step"]
-            if whole and "cold_median_us" in whole:
+            split = counts = "n/a"
+            if whole and "cold_median_us" in whole and whole.get("split_valid", True):
                 cold, picks, warm = (whole[f"{k}_median_us"] for k in ("cold", "picks", "warm"))
                 split = f"{s(cold - picks)} + {s(picks - warm)} + {s(warm, '.2f')}"
                 compiled = whole.get("cold_kernels_compiled")
                 kept = whole.get("picks_kernels_compiled")
-                # The kernels compiled cold that a process with the picks did not compile: the
-                # tuning's candidates that lost.
-                losers = f" ({compiled - kept} candidates)" if None not in (compiled, kept) else ""
-                counts = f"{whole.get('cold_keys_tuned', 'n/a')} / {compiled}{losers}"
+                tuned = whole.get("cold_keys_tuned")
+                if None not in (compiled, kept, tuned):
+                    # The kernels compiled cold that a process with the picks did not compile:
+                    # those only the tuning compiled (its candidates).
+                    counts = f"{tuned} / {compiled} ({compiled - kept} candidates)"
+            elif whole and "cold_median_us" in whole:
+                split = counts = "n/a (the picks process tuned, or the warm one compiled)"
+            # Eager Burn is the reference: no check. A missing check is "unchecked", not failed.
+            checks = [c for m, b in burn.items() if b and m != "first_step_eager"
+                      for c in checks_of(b)]
+            failed = sum(1 for c in checks if c is False)
+            if failed:
+                check = f"FAILED {failed} of {len(checks)}"
+            elif any(c is None for c in checks):
+                check = "unchecked"
+            elif checks:
+                check = f"passed {len(checks)}/{len(checks)}"
             else:
-                split = counts = "n/a"
-            checks = [b.get(f"{k}_check_passed") for m, b in burn.items()
-                      if b and m != "first_step_eager" for k in ("cold", "picks", "warm")]
-            failed = sum(1 for c in checks if c is not True)
-            check = f"FAILED {failed} of {len(checks)}" if failed else f"passed {len(checks)}/{len(checks)}"
+                check = "-"
             out.append(
                 f"| {model} | {dtype} | {layers} | {pair(burn['first_step_eager'])} "
                 f"| {pair(burn['first_step_graphed'])} | {pair(whole)} | {split} | {counts} "
@@ -950,7 +977,8 @@ def sections(paths):
         out["whole_step"] = ("Whole step", whole_step_table(rows))
     if has_modes(rows, ("whole_step" + FUSED,)):
         out["fused_layers"] = ("Whole step with fused layers", fused_layers_table(rows))
-    if has_modes(singles, FIRST_STEP_MODES):
+    if has_modes([dict(r, mode=r["mode"].removesuffix(FUSED)) for r in singles],
+                 FIRST_STEP_MODES):
         out["first_step"] = ("Time to the first trained step", first_step_table(singles))
     if has_modes(rows, GOAL_MODES):
         out["goal"] = ("Goal", goal_table(rows))

@@ -13,7 +13,11 @@
 //! the ranks' losses, so its gradient is the mean of theirs, what the all-reduce computes) and
 //! compares its own replica with it by [`StepCheck`]. The control: the same eager training on
 //! rank 0's shards alone must fail the comparison, or the check could not see a missing
-//! all-reduce and the run ends there.
+//! all-reduce and the run ends there. What it cannot see: a wrong scale of the average (a sum
+//! for a mean), which Adam's update divides away; the GPU suite's data-parallel tests train
+//! with SGD too, whose update scales with the gradient (`tests/scenarios/data_parallel.rs`).
+//! Every rank waits at a barrier until rank 0 has compared, so that no rank ends its process
+//! (and its communicator) while rank 0 still works.
 
 use super::*;
 
@@ -37,6 +41,11 @@ where
     O: TensorGroup,
 {
     let (rank, ranks) = (dp.ranks().rank(), dp.ranks().size());
+    if ranks < 2 {
+        // One rank averages nothing: its control would be its check.
+        eprintln!("# {label}: no data-parallel value check with one rank");
+        return None;
+    }
     let (initial, draws) = dp
         .in_turn("the check's draws", device, || {
             device.seed(CHECK_SEED);
@@ -77,11 +86,45 @@ where
         .into_iter()
         .map(|(_, data)| data)
         .collect();
-    if rank != 0 {
-        return None;
-    }
+    let compared = (rank == 0).then(|| {
+        compare_with_eager(
+            case,
+            options,
+            &initial,
+            &shards,
+            (&graphed_losses, &graphed),
+        )
+    });
+    dp.ranks()
+        .barrier("the value check's end")
+        .unwrap_or_else(|error| panic!("{label}: {error}"));
+    let (check, control) = compared?;
+    eprintln!("# {label}: value check against one model on every rank's shards: {check}");
+    eprintln!("# {label}: control, one model on rank 0's shards alone (must fail): {control}");
+    assert!(
+        !control.passed(),
+        "{label}: the check is blind: one model trained without the ranks' average passed it \
+         ({control})"
+    );
+    Some(check)
+}
+
+/// Rank 0's comparisons: its replica's `graphed` losses and parameters against one model
+/// trained eagerly on every rank's `shards` (the check), and on rank 0's alone (the control).
+fn compare_with_eager<M, I, O>(
+    case: &Case<M, I, O>,
+    options: &Options,
+    initial: &M,
+    shards: &[Vec<I>],
+    (graphed_losses, graphed): (&[f64], &[TensorData]),
+) -> (StepCheck, StepCheck)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+    O: TensorGroup,
+{
     let eager = |shards: &[Vec<I>]| -> (Vec<f64>, Vec<TensorData>) {
-        let mut model = deep_copy(&initial);
+        let mut model = deep_copy(initial);
         let mut optimizer = Mode::WholeStep(false).optimizer();
         let mut losses = Vec::with_capacity(CHECK_STEPS);
         for i in 0..CHECK_STEPS {
@@ -112,18 +155,9 @@ where
         StepCheck::new(
             CHECK_LR,
             noise_rel,
-            (losses, &graphed_losses),
-            (params, &graphed),
+            (losses, graphed_losses),
+            (params, graphed),
         )
     };
-    let check = compare(&eager(&shards));
-    let control = compare(&eager(&shards[..1]));
-    eprintln!("# {label}: value check against one model on every rank's shards: {check}");
-    eprintln!("# {label}: control, one model on rank 0's shards alone (must fail): {control}");
-    assert!(
-        !control.passed(),
-        "{label}: the check is blind: one model trained without the ranks' average passed it \
-         ({control})"
-    );
-    Some(check)
+    (compare(&eager(shards)), compare(&eager(&shards[..1])))
 }

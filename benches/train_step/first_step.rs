@@ -8,7 +8,9 @@
 //! cubecl compiled and how many autotune keys it tuned during the measurement.
 //! `BURN_GRAPHED_IMPORT_PICKS=FILE` imports a bundle of autotune picks before the clock starts
 //! (the measurement then compiles but does not tune); `BURN_GRAPHED_EXPORT_PICKS=FILE` writes
-//! this process's autotune picks, and only those, after the value check. `benches/first_step.py`
+//! the cubecl environment's autotune picks, and only those (no compiled kernels), after the
+//! value check: in a fresh environment, this process's. Making the model enqueues its
+//! initialization, whose kernels run (and compile) in the setup or the step. `benches/first_step.py`
 //! combines three processes per row into the cold time's parts: tuning, compiling, the rest.
 
 use std::path::Path;
@@ -124,7 +126,7 @@ fn import_picks() {
     );
 }
 
-/// Writes this process's autotune picks (no compiled kernels) to the bundle
+/// Writes the cubecl environment's autotune picks (no compiled kernels) to the bundle
 /// `BURN_GRAPHED_EXPORT_PICKS` names, if any.
 fn export_picks() {
     let Some(path) = std::env::var_os("BURN_GRAPHED_EXPORT_PICKS") else {
@@ -168,6 +170,7 @@ where
     O: TensorGroup,
 {
     import_picks();
+    let unmeasured_before = warn_log::unmeasured();
     // A kernel's first line: "[Compiling kernel] NAME" at level basic, the marker at full.
     let compiled = LogCount::new("BURN_GRAPHED_COMPILE_LOG", |line| {
         line.starts_with("[Compiling kernel]") || line == "[START_KERNEL_COMPILATION]"
@@ -179,17 +182,19 @@ where
     let model = (case.make)(device);
     let input = (case.input)(device, case.batch);
     let made = started.elapsed();
+    // What each step made stays alive until after the sync, as in a training loop.
+    let (mut eager, mut graphed, mut whole) = (None, None, None);
     let set_up = match first {
         First::Eager => {
             let mut optimizer = first.timed().optimizer();
             let loss = (case.loss)((case.call)(&model, input.clone()), &input);
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let _model = optimizer.step(1e-4, model, grads);
+            eager = Some((optimizer.step(1e-4, model, grads), optimizer));
             made
         }
         First::Graphed => {
             let mut optimizer = first.timed().optimizer();
-            let graphed = Graphed::new(
+            let graphed_model = Graphed::new(
                 model,
                 case.call_loss,
                 input.clone(),
@@ -197,20 +202,22 @@ where
             )
             .expect("capture");
             let set_up = started.elapsed();
-            let loss = graphed.forward(input).expect("graphed call");
-            let grads = GradientsParams::from_grads(loss.backward(), &graphed);
-            let _model = optimizer.step(1e-4, graphed, grads);
+            let loss = graphed_model.forward(input).expect("graphed call");
+            let grads = GradientsParams::from_grads(loss.backward(), &graphed_model);
+            graphed = Some((optimizer.step(1e-4, graphed_model, grads), optimizer));
             set_up
         }
         First::WholeStep => {
             let mut step = whole_step(model, case.call_loss, &input, first.timed());
             let set_up = started.elapsed();
-            let _loss = step.run(input, 1e-4).expect("whole step");
+            let loss = step.run(input, 1e-4).expect("whole step");
+            whole = Some((step, loss));
             set_up
         }
     };
     device.sync().expect("sync");
     let elapsed = started.elapsed();
+    drop((eager, graphed, whole));
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let parts = FirstParts {
         make_us: us(made),
@@ -244,7 +251,7 @@ where
         fusion_removed: options.fusion_removed.clone(),
         check,
         expect_failure: false,
-        autotune_unmeasured: 0,
+        autotune_unmeasured: warn_log::unmeasured() - unmeasured_before,
         single: true,
         ranks: None,
         graph_kernel_nodes: None,

@@ -3,8 +3,9 @@
 //! itself per other rank (the same arguments, the launcher's variables, GPU `r` alone), as
 //! `cargo xtask launch` would; every rank joins with NCCL (`Collective::Nccl`), starts from rank
 //! 0's parameters, trains on batches of its own, and after the timed steps the ranks agree that
-//! their replicas are bitwise equal (a digest of every parameter's bytes), or the run fails.
-//! Rank 0 prints the row; the others exit.
+//! their replicas are bitwise equal (a digest of every parameter's bytes), or the run fails;
+//! then every rank takes part in the value check (`ddp_check.rs`). Rank 0 prints the row; the
+//! others exit.
 
 use std::hash::{Hash, Hasher};
 use std::process::{Child, Command};
