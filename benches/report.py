@@ -487,8 +487,8 @@ def first_step_table(rows):
                 tuned = whole.get("cold_keys_tuned")
                 if None not in (compiled, kept, tuned):
                     # The kernels compiled cold that a process with the picks did not compile:
-                    # those only the tuning compiled (its candidates).
-                    counts = f"{tuned} / {compiled} ({compiled - kept} candidates)"
+                    # those only the tuning compiled (its candidates, their helpers).
+                    counts = f"{tuned} / {compiled} ({compiled - kept} for tuning only)"
             elif whole and "cold_median_us" in whole:
                 split = counts = "n/a (the picks process tuned, or the warm one compiled)"
             # Eager Burn is the reference: no check. A missing check is "unchecked", not failed.
