@@ -1082,6 +1082,55 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The first-step table reads `benches/first_step.py`'s rows (three processes a Burn row):
+    /// the cold time's split is cold - picks and picks - warm, with the kernels compiled only
+    /// for tuning; a process whose check failed shows as FAILED; a row whose split does not
+    /// hold (its picks process tuned) shows none; PyTorch's first step sits beside it.
+    #[test]
+    fn report_py_first_step_table_splits_and_counts_checks() {
+        let dir = std::env::temp_dir().join(format!("xtask-first-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let burn = |mode: &str, valid: bool, warm_check: bool| {
+            format!(
+                "{{\"framework\": \"burn\", \"model\": \"m\", \"dtype\": \"f32\", \
+                 \"tf32\": false, \"mode\": \"{mode}\", \"median_us\": 9000000, \
+                 \"single\": true, \"split_valid\": {valid}, \"cold_median_us\": 9000000, \
+                 \"picks_median_us\": 5000000, \"warm_median_us\": 300000, \
+                 \"cold_kernels_compiled\": 40, \"picks_kernels_compiled\": 30, \
+                 \"cold_keys_tuned\": 3, \"cold_check_passed\": true, \
+                 \"picks_check_passed\": true, \"warm_check_passed\": {warm_check}}}\n"
+            )
+        };
+        let torch = "{\"framework\": \"torch\", \"model\": \"m\", \"dtype\": \"f32\", \
+                     \"mode\": \"first_step\", \"median_us\": 4200000, \"single\": true}\n";
+        let file = dir.join("first.jsonl");
+        let rows = [
+            burn("first_step", true, true),
+            burn("first_step_fused_layers", false, false),
+            torch.to_string(),
+        ];
+        std::fs::write(&file, rows.concat()).expect("results file");
+        let table = report_py_table(&file, "first_step");
+        let line = |layers: &str| {
+            table
+                .lines()
+                .find(|line| line.starts_with(&format!("| m | f32 | {layers} |")))
+                .unwrap_or_else(|| panic!("a {layers} line: {table}"))
+                .to_string()
+        };
+        let plain = line("burn-nn");
+        assert!(plain.contains("| 9.0 s / 0.30 s |"), "{plain}");
+        assert!(plain.contains("| 4.0 s + 4.7 s + 0.30 s |"), "{plain}");
+        assert!(plain.contains("| 3 / 40 (10 for tuning only) |"), "{plain}");
+        assert!(plain.contains("| passed 3/3 |"), "{plain}");
+        assert!(plain.contains("| n/a / n/a / 4.2 s |"), "{plain}");
+        let fused = line("fused");
+        assert!(fused.contains("FAILED 1 of 3"), "{fused}");
+        assert!(fused.contains("n/a (the picks process tuned"), "{fused}");
+        assert!(!fused.contains("4.0 s + 4.7 s"), "{fused}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `benches/report.py` reads every committed results file into its tables, and keeps the
     /// plot that BENCHMARKS.md's commands ask of it (`--plot`): a refactor once dropped the
     /// plot function and nothing but a `--plot` run noticed. Draws the plot where matplotlib
