@@ -494,15 +494,7 @@ def first_step_table(rows):
             # Eager Burn is the reference: no check. A missing check is "unchecked", not failed.
             checks = [c for m, b in burn.items() if b and m != "first_step_eager"
                       for c in checks_of(b)]
-            failed = sum(1 for c in checks if c is False)
-            if failed:
-                check = f"FAILED {failed} of {len(checks)}"
-            elif any(c is None for c in checks):
-                check = "unchecked"
-            elif checks:
-                check = f"passed {len(checks)}/{len(checks)}"
-            else:
-                check = "-"
+            check = check_cell({"checks": checks}) if checks else "-"
             out.append(
                 f"| {model} | {dtype} | {layers} | {pair(burn['first_step_eager'])} "
                 f"| {pair(burn['first_step_graphed'])} | {pair(whole)} | {split} | {counts} "

@@ -399,16 +399,33 @@ where
     M: Module,
     I: TensorGroup + Clone,
 {
-    let mut step = whole_step(model, loss, &inputs[0], mode);
+    check_whole_steps(whole_step(model, loss, &inputs[0], mode), inputs)
+}
+
+/// [`CHECK_STEPS`] runs of `step` at [`CHECK_LR`] on `inputs` in turn: every step's loss and the
+/// trained parameters (a one-GPU whole step, or a rank's data-parallel one).
+pub(crate) fn check_whole_steps<M, I>(
+    mut step: GraphedStep<M, I>,
+    inputs: &[I],
+) -> (Vec<f64>, Vec<(ParamId, TensorData)>)
+where
+    M: Module,
+    I: TensorGroup + Clone,
+{
     let losses = (0..CHECK_STEPS)
         .map(|i| {
             let loss = step
                 .run(inputs[i % inputs.len()].clone(), CHECK_LR)
                 .expect("whole step");
-            loss.into_data().iter::<f64>().next().expect("a loss")
+            loss_value(loss)
         })
         .collect();
     (losses, param_values(&step.module()).expect("read back"))
+}
+
+/// A loss (one element) as a number.
+pub(crate) fn loss_value(loss: Tensor<1>) -> f64 {
+    loss.into_data().iter::<f64>().next().expect("a loss")
 }
 
 /// [`CHECK_STEPS`] untimed steps at [`CHECK_LR`]: every step's loss and the trained model.
@@ -424,13 +441,7 @@ pub(crate) fn check_steps<M: Module, I: Clone, O>(
     for i in 0..CHECK_STEPS {
         let input = &inputs[i % inputs.len()];
         let loss = loss_of(call(&model, input.clone()), input);
-        losses.push(
-            loss.clone()
-                .into_data()
-                .iter::<f64>()
-                .next()
-                .expect("a loss"),
-        );
+        losses.push(loss_value(loss.clone()));
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optimizer.step(CHECK_LR, model, grads);
     }

@@ -63,7 +63,7 @@ where
         .map(|r| draws.iter().map(|d| (case.shard)(d.clone(), r)).collect())
         .collect();
     let mine = &shards[rank];
-    let mut step = GraphedStep::data_parallel(
+    let step = GraphedStep::data_parallel(
         dp,
         deep_copy(&initial),
         case.call_loss,
@@ -72,20 +72,8 @@ where
         &GraphedConfig::new(),
     )
     .unwrap_or_else(|error| panic!("{label}: the check's capture: {error}"));
-    let graphed_losses: Vec<f64> = mine
-        .iter()
-        .map(|batch| {
-            let loss = step
-                .run(batch.clone(), CHECK_LR)
-                .unwrap_or_else(|error| panic!("{label}: the check's step: {error}"));
-            loss.into_data().iter::<f64>().next().expect("a loss")
-        })
-        .collect();
-    let graphed: Vec<TensorData> = param_values(&step.module())
-        .expect("read back")
-        .into_iter()
-        .map(|(_, data)| data)
-        .collect();
+    let (graphed_losses, graphed) = check_whole_steps(step, mine);
+    let graphed: Vec<TensorData> = graphed.into_iter().map(|(_, data)| data).collect();
     let compared = (rank == 0).then(|| {
         compare_with_eager(
             case,
@@ -133,14 +121,7 @@ where
                 .map(|batches| (case.call_loss)(&model, batches[i].clone()))
                 .collect();
             // The loss the whole step returns: rank 0's own.
-            losses.push(
-                per_rank[0]
-                    .clone()
-                    .into_data()
-                    .iter::<f64>()
-                    .next()
-                    .expect("a loss"),
-            );
+            losses.push(loss_value(per_rank[0].clone()));
             let mean = Tensor::cat(per_rank, 0).mean();
             let grads = GradientsParams::from_grads(mean.backward(), &model);
             model = optimizer.step(CHECK_LR, model, grads);
