@@ -333,7 +333,7 @@ fn key_blocks(
 
 /// Forward: rows `block * ROWS..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`: `out` and `lse`.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn forward_kernel<F: Float>(
+pub(in crate::cube) fn attention_forward_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -532,7 +532,7 @@ pub(in crate::cube) fn score_gradient(
 
 /// dQ and `delta`: rows `block * ROWS..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn query_grad_kernel<F: Float>(
+pub(in crate::cube) fn attention_query_grad_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -687,7 +687,7 @@ pub(in crate::cube) fn query_grad_kernel<F: Float>(
 
 /// dK and dV: keys `block * KEYS..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn key_grad_kernel<F: Float>(
+pub(in crate::cube) fn attention_key_grad_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],

@@ -461,7 +461,7 @@ fn key_blocks(
 /// dependent work is a `SPLIT`th of a whole row's, and a cube of 16 rows leaves four times the
 /// planes of 32-row cubes on the device to hide each other's latency.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn forward_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -753,7 +753,7 @@ pub(in crate::cube) fn forward_tc_kernel<F: Float>(
 /// dQ and `delta`: rows `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
 /// `attention_kernels::query_grad_kernel`.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn query_grad_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -1000,7 +1000,7 @@ pub(in crate::cube) fn query_grad_tc_kernel<F: Float>(
 /// dK and dV: keys `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
 /// `attention_kernels::key_grad_kernel`.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn key_grad_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     q: &[F],
     k: &[F],
     v: &[F],

@@ -160,7 +160,7 @@ fn accumulate(
 /// by every unit at the same address.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::cube) fn forward_kernel<F: Float>(
+pub(in crate::cube) fn conv_forward_kernel<F: Float>(
     input: &[F],
     weight: &[F],
     bias: &[F],
@@ -294,7 +294,7 @@ pub(in crate::cube) fn forward_kernel<F: Float>(
 /// weights are staged in shared memory, `chunk` output channels at a time.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::cube) fn input_grad_kernel<F: Float>(
+pub(in crate::cube) fn conv_input_grad_kernel<F: Float>(
     grad: &[F],
     weight: &[F],
     dx: &mut [F],
@@ -448,7 +448,7 @@ fn cube_sums(shared: &mut Shared<[f32]>, #[comptime] sums: usize, #[comptime] th
 /// and batch index from one to the next (no division per pixel).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::cube) fn weight_grad_kernel<F: Float>(
+pub(in crate::cube) fn conv_weight_grad_kernel<F: Float>(
     grad: &[F],
     input: &[F],
     partial: &mut [f32],
@@ -609,7 +609,7 @@ pub(in crate::cube) fn weight_grad_kernel<F: Float>(
 /// The weight and bias gradients from their partial sums: element `i` of `weight_grad` (and of
 /// `bias_grad`, for `i < out_channels`) summed over the chunks' rows in order, rounded once.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn chunk_sum_kernel<F: Float>(
+pub(in crate::cube) fn conv_chunk_sum_kernel<F: Float>(
     partial: &[f32],
     bias_partial: &[f32],
     weight_grad: &mut [F],

@@ -70,7 +70,7 @@ pub(in crate::cube) fn rows_per_cube(rows: usize, processors: usize) -> Option<u
 /// `k * LANES + l` of the row (`vector` elements each).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::cube) fn forward_plane_kernel<F: Float>(
+pub(in crate::cube) fn norm_forward_plane_kernel<F: Float>(
     input: &[F],
     gamma: &[F],
     beta: &[F],

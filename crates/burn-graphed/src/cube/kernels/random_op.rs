@@ -55,7 +55,7 @@ fn unit(key: u32, call: u32, index: u32) -> f32 {
 /// probability `a`, else 0), uniform in `[a, b)`, or normal with mean `a` and standard
 /// deviation `b` (Box–Muller from uniform numbers `2i` and `2i + 1`).
 #[cube(launch_unchecked)]
-fn draw_kernel(state: &[u32], out: &mut [f32], a: f32, b: f32, #[comptime] draw: Draw) {
+fn rng_draw_kernel(state: &[u32], out: &mut [f32], a: f32, b: f32, #[comptime] draw: Draw) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let key = mix32(state[0] ^ mix32(state[1] ^ 0x9e37_79b9u32));
@@ -100,7 +100,7 @@ fn draw_kernel(state: &[u32], out: &mut [f32], a: f32, b: f32, #[comptime] draw:
 
 /// Advances the call counter (words 2 and 3, a 64-bit counter) by one.
 #[cube(launch_unchecked)]
-fn advance_kernel(state: &mut [u32]) {
+fn rng_advance_kernel(state: &mut [u32]) {
     if ABSOLUTE_POS == 0 {
         let next = state[2] + 1u32;
         state[2] = next;
@@ -150,7 +150,7 @@ impl GraphRandomOps for CubeBackend {
         // (4 elements of 4 bytes: asserted above) and writes `out`, a dense f32 buffer (the
         // kernel's element type), only below its length.
         unsafe {
-            draw_kernel::launch_unchecked(
+            rng_draw_kernel::launch_unchecked(
                 &state.client,
                 CubeCount::Static(cubes, 1, 1),
                 CubeDim::new_1d(CUBE_THREADS),
@@ -164,7 +164,7 @@ impl GraphRandomOps for CubeBackend {
         // SAFETY: one thread writes words 2 and 3 of the same 4-word buffer; launched after the
         // draw kernel on the same stream, so the draw read the counter before it moves.
         unsafe {
-            advance_kernel::launch_unchecked(
+            rng_advance_kernel::launch_unchecked(
                 &state.client,
                 CubeCount::Static(1, 1, 1),
                 CubeDim::new_1d(1),

@@ -49,12 +49,12 @@ use cubecl::prelude::*;
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::attention_kernels::{
-    Blocks, KEYS, MaskStridesLaunch, OperandsLaunch, ROWS, THREADS, forward_kernel,
-    key_grad_kernel, query_grad_kernel,
+    Blocks, KEYS, MaskStridesLaunch, OperandsLaunch, ROWS, THREADS, attention_forward_kernel,
+    attention_key_grad_kernel, attention_query_grad_kernel,
 };
 use super::super::kernels::attention_tc_kernels::{
-    BLOCK, LANES, PLANES, SPLIT, TILE, TensorBlocks, forward_tc_kernel, key_grad_tc_kernel,
-    query_grad_tc_kernel, staging_width,
+    BLOCK, LANES, PLANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
+    attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
 use super::super::update::update_kernel::{checked_elem, kernel_elem};
@@ -472,7 +472,7 @@ fn launch_forward(
         // staging vectors of `staging_width` elements divide the rows, the offsets and the
         // buffers' starts, so each is one aligned read of elements the scalar reads covered.
         unsafe {
-            forward_tc_kernel::launch_unchecked(
+            attention_forward_tc_kernel::launch_unchecked(
                 &client,
                 call.grid(call.q_len, TILE),
                 CubeDim::new_2d(LANES as u32, SPLIT as u32),
@@ -510,7 +510,7 @@ fn launch_forward(
     // `i < q_len` of its own block of out and lse, new allocations distinct from the read
     // buffers. Shared memory: `Blocks::for_dim` sized the blocks within the device's limit.
     unsafe {
-        forward_kernel::launch_unchecked(
+        attention_forward_kernel::launch_unchecked(
             &client,
             call.grid(call.q_len, ROWS),
             CubeDim::new_1d(THREADS as u32),
@@ -573,7 +573,7 @@ fn launch_backward(
         // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`, the staging
         // vectors as in the forward, `width` computed over every operand they read).
         unsafe {
-            query_grad_tc_kernel::launch_unchecked(
+            attention_query_grad_tc_kernel::launch_unchecked(
                 &client,
                 call.grid(call.q_len, BLOCK),
                 CubeDim::new_2d(LANES as u32, PLANES as u32),
@@ -600,7 +600,7 @@ fn launch_backward(
                 causal,
                 elem,
             );
-            key_grad_tc_kernel::launch_unchecked(
+            attention_key_grad_tc_kernel::launch_unchecked(
                 &client,
                 call.grid(call.k_len, BLOCK),
                 CubeDim::new_2d(LANES as u32, PLANES as u32),
@@ -639,7 +639,7 @@ fn launch_backward(
     // only its own operand's heads (offsets `heads * dim` apart, `dim` elements each), so no
     // element is written twice or through two bindings.
     unsafe {
-        query_grad_kernel::launch_unchecked(
+        attention_query_grad_kernel::launch_unchecked(
             &client,
             call.grid(call.q_len, ROWS),
             CubeDim::new_1d(THREADS as u32),
@@ -665,7 +665,7 @@ fn launch_backward(
             causal,
             elem,
         );
-        key_grad_kernel::launch_unchecked(
+        attention_key_grad_kernel::launch_unchecked(
             &client,
             call.grid(call.k_len, KEYS),
             CubeDim::new_1d(THREADS as u32),

@@ -31,8 +31,8 @@ use cubecl::prelude::*;
 use super::super::buffers::FusedTensor;
 use super::super::dense::Dense;
 use super::super::kernels::conv_kernels::{
-    Geometry, GeometryLaunch, PIXEL_THREADS, Taps, WEIGHT_THREADS, chunk_sum_kernel,
-    forward_kernel, input_grad_kernel, weight_grad_kernel,
+    Geometry, GeometryLaunch, PIXEL_THREADS, Taps, WEIGHT_THREADS, conv_chunk_sum_kernel,
+    conv_forward_kernel, conv_input_grad_kernel, conv_weight_grad_kernel,
 };
 use super::super::kernels::row_kernels::count_forward;
 use super::super::update::update_kernel::checked_elem;
@@ -281,7 +281,7 @@ impl ConvKernels for CubeBackend {
         // caller; not read without it), and writes output `(n, co, oy, ox)` inside `out`. The
         // output is a new allocation, distinct from the read buffers.
         unsafe {
-            forward_kernel::launch_unchecked(
+            conv_forward_kernel::launch_unchecked(
                 &client,
                 tiling.grid,
                 CubeDim::new_1d(PIXEL_THREADS as u32),
@@ -320,7 +320,7 @@ impl ConvKernels for CubeBackend {
         // `group_in` and taps below `taps`, and writes dx `(n, ci, y, x)` inside the input's
         // shape. dx is a new allocation, distinct from the read buffers.
         unsafe {
-            input_grad_kernel::launch_unchecked(
+            conv_input_grad_kernel::launch_unchecked(
                 &client,
                 tiling.grid,
                 CubeDim::new_1d(PIXEL_THREADS as u32),
@@ -378,7 +378,7 @@ impl ConvKernels for CubeBackend {
         // element `i` of the two new gradients, `i` below their lengths. The written buffers are
         // new allocations, distinct from each other and from the read ones.
         unsafe {
-            weight_grad_kernel::launch_unchecked(
+            conv_weight_grad_kernel::launch_unchecked(
                 &client,
                 CubeCount::Static(cube_blocks as u32, group_in as u32, chunks as u32),
                 CubeDim::new_1d(WEIGHT_THREADS as u32),
@@ -393,7 +393,7 @@ impl ConvKernels for CubeBackend {
                 WEIGHT_THREADS,
                 elem,
             );
-            chunk_sum_kernel::launch_unchecked(
+            conv_chunk_sum_kernel::launch_unchecked(
                 &client,
                 CubeCount::Static(weights.div_ceil(PIXEL_THREADS).max(1) as u32, 1, 1),
                 CubeDim::new_1d(PIXEL_THREADS as u32),

@@ -36,7 +36,7 @@ type FusedInt = IntTensor<Cube>;
 /// `nan` is a NaN from the host (WGSL has no NaN literal), the loss of a row whose target lies
 /// outside `0..classes`.
 #[cube(launch_unchecked)]
-fn forward_kernel<F: Float>(
+fn cross_entropy_forward_kernel<F: Float>(
     logits: &[F],
     targets: &[i32],
     loss: &mut [F],
@@ -84,7 +84,7 @@ fn forward_kernel<F: Float>(
 /// Backward: row `r` of `dx` from the row's log-sum-exp, target and incoming gradient.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn backward_kernel<F: Float>(
+fn cross_entropy_backward_kernel<F: Float>(
     grad: &[F],
     logits: &[F],
     targets: &[i32],
@@ -168,7 +168,7 @@ impl CrossEntropyKernels for CubeBackend {
         // caller), and writes element `r` of loss and lse, new allocations distinct from the
         // read buffers.
         unsafe {
-            forward_kernel::launch_unchecked(
+            cross_entropy_forward_kernel::launch_unchecked(
                 &client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),
@@ -207,7 +207,7 @@ impl CrossEntropyKernels for CubeBackend {
         // cube reads row `r < rows` (and element `r` of grad, targets and lse) and writes row
         // `r` of dx, a new allocation.
         unsafe {
-            backward_kernel::launch_unchecked(
+            cross_entropy_backward_kernel::launch_unchecked(
                 &client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),

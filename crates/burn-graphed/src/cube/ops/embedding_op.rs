@@ -55,7 +55,7 @@ const THREADS: usize = 256;
 
 /// Sets every element of `out` to 0.
 #[cube(launch_unchecked)]
-fn zero_kernel<F: Float>(out: &mut [F], #[define(F)] _dtype: ElemType) {
+fn embedding_zero_kernel<F: Float>(out: &mut [F], #[define(F)] _dtype: ElemType) {
     let i = row_of_cube() * THREADS + UNIT_POS as usize;
     if i < out.len() {
         out[i] = F::cast_from(0.0f32);
@@ -65,7 +65,7 @@ fn zero_kernel<F: Float>(out: &mut [F], #[define(F)] _dtype: ElemType) {
 /// The lookup: row `row_of_cube()` of `out` (`[tokens, dim]`), dimensions `CUBE_POS_Z *
 /// THREADS..`, is row `ids[token]` of `table` (`[rows, dim]`); 0 for an id outside `0..rows`.
 #[cube(launch_unchecked)]
-fn gather_kernel<F: Float>(
+fn embedding_gather_kernel<F: Float>(
     table: &[F],
     ids: &[i32],
     out: &mut [F],
@@ -96,7 +96,7 @@ fn gather_kernel<F: Float>(
 /// unit adds those tokens' rows at its dimension. So a cube's work grows with the tokens over
 /// [`THREADS`] plus its id's occurrences, not with the tokens on every unit.
 #[cube(launch_unchecked)]
-fn grad_kernel<F: Float>(
+fn embedding_grad_kernel<F: Float>(
     grad: &[F],
     ids: &[i32],
     out: &mut [F],
@@ -226,7 +226,7 @@ impl EmbeddingKernels for CubeBackend {
         // writes `out` element `(token, d)` inside `[tokens, dim]`, a new allocation distinct
         // from the read buffers.
         unsafe {
-            gather_kernel::launch_unchecked(
+            embedding_gather_kernel::launch_unchecked(
                 &client,
                 row_grid_by(tokens, dim.div_ceil(THREADS)),
                 CubeDim::new_1d(THREADS as u32),
@@ -257,14 +257,14 @@ impl EmbeddingKernels for CubeBackend {
         // dimension block (the first occurrence's), after the zero kernel on the same stream.
         // `out` is a new allocation, distinct from the read buffers.
         unsafe {
-            zero_kernel::launch_unchecked(
+            embedding_zero_kernel::launch_unchecked(
                 &client,
                 row_grid((rows * dim).div_ceil(THREADS)),
                 CubeDim::new_1d(THREADS as u32),
                 out.arg(),
                 elem,
             );
-            grad_kernel::launch_unchecked(
+            embedding_grad_kernel::launch_unchecked(
                 &client,
                 row_grid_by(tokens, dim.div_ceil(THREADS)),
                 CubeDim::new_1d(THREADS as u32),

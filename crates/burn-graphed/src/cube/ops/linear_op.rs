@@ -47,7 +47,7 @@ const SLICES: usize = 8;
 /// unit `(c, 0)` adds the eight partial sums in order, the bias, the residual.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn small_linear_kernel<F: Float>(
+fn linear_small_rows_kernel<F: Float>(
     x: &[F],
     w: &[F],
     bias: &[F],
@@ -169,7 +169,7 @@ impl LinearKernels for CubeBackend {
         // out, a new allocation; the shared array holds `COLUMNS * SLICES` values, indexed by
         // the unit's position in the cube of that size.
         unsafe {
-            small_linear_kernel::launch_unchecked(
+            linear_small_rows_kernel::launch_unchecked(
                 &client,
                 CubeCount::Static(d_out.div_ceil(COLUMNS) as u32, rows as u32, 1),
                 CubeDim::new_2d(COLUMNS as u32, SLICES as u32),

@@ -41,14 +41,14 @@ use super::super::values::OpInputs;
 type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
 /// Chunks of rows the parameter gradients are summed over by the second backward kernel (each
-/// chunk's sum is one row of partial sums; [`chunk_sum_kernel`] adds the chunks).
+/// chunk's sum is one row of partial sums; [`norm_chunk_sum_kernel`] adds the chunks).
 const GRAD_CHUNKS: usize = 128;
 
 /// Forward: row `r` of `input` normalized into `output`, its mean and `rstd` into `mean[r]`
 /// and `rstd[r]`. `beta` is read only with `has_beta`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn forward_kernel<F: Float>(
+fn norm_forward_kernel<F: Float>(
     input: &[F],
     gamma: &[F],
     beta: &[F],
@@ -109,7 +109,7 @@ fn forward_kernel<F: Float>(
 /// Backward of the input: row `r` of `dx` from the same row of `grad` and `input`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn input_grad_kernel<F: Float>(
+fn norm_input_grad_kernel<F: Float>(
     grad: &[F],
     input: &[F],
     gamma: &[F],
@@ -160,7 +160,7 @@ fn input_grad_kernel<F: Float>(
 /// (`[chunks, width]`, `f32`).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn param_grad_kernel<F: Float>(
+fn norm_param_grad_kernel<F: Float>(
     grad: &[F],
     input: &[F],
     mean: &[f32],
@@ -195,9 +195,9 @@ fn param_grad_kernel<F: Float>(
     }
 }
 
-/// Columns of the parameter gradients one cube of [`chunk_sum_kernel`] finishes.
+/// Columns of the parameter gradients one cube of [`norm_chunk_sum_kernel`] finishes.
 const SUM_COLUMNS: usize = 32;
-/// Units per column of [`chunk_sum_kernel`], each summing every `SUM_LANES`-th chunk.
+/// Units per column of [`norm_chunk_sum_kernel`], each summing every `SUM_LANES`-th chunk.
 const SUM_LANES: usize = 8;
 
 /// The parameter gradients from their partial sums: column `c` of `dgamma` and `dbeta`
@@ -205,7 +205,7 @@ const SUM_LANES: usize = 8;
 /// rounded once to `F`. Unit `(x, y)` of cube `b` sums column `b * SUM_COLUMNS + x` over
 /// chunks `y, y + SUM_LANES, ...` in order; unit `(x, 0)` adds the lanes' sums in lane order.
 #[cube(launch_unchecked)]
-fn chunk_sum_kernel<F: Float>(
+fn norm_chunk_sum_kernel<F: Float>(
     dgamma: &[f32],
     dbeta: &[f32],
     gamma_grad: &mut [F],
@@ -296,7 +296,7 @@ pub(crate) fn grad_rows_per_chunk(rows: usize) -> usize {
     grad_chunks(rows).1
 }
 
-/// Lanes of [`chunk_sum_kernel`]: lane `l` adds chunks `l, l + lanes, ...` in order, then the
+/// Lanes of [`norm_chunk_sum_kernel`]: lane `l` adds chunks `l, l + lanes, ...` in order, then the
 /// lanes are added in order (`burn_graphed::testing`, for the tests' rounding bound).
 #[cfg(feature = "testing")]
 pub(crate) fn grad_sum_lanes() -> usize {
@@ -379,7 +379,7 @@ impl LayerNormKernels for CubeBackend {
             // caller); the cube is `LANES x per_cube` units, lane `l` taking vectors `k * LANES + l`
             // for `k` below `width / (LANES * vector)`.
             unsafe {
-                norm_plane_kernel::forward_plane_kernel::launch_unchecked(
+                norm_plane_kernel::norm_forward_plane_kernel::launch_unchecked(
                     client,
                     row_grid(rows.div_ceil(per_cube)),
                     CubeDim::new_2d(norm_plane_kernel::LANES as u32, per_cube as u32),
@@ -408,7 +408,7 @@ impl LayerNormKernels for CubeBackend {
         // (their length, checked by the caller); the written buffers are new allocations,
         // distinct from each other and from the read ones.
         unsafe {
-            forward_kernel::launch_unchecked(
+            norm_forward_kernel::launch_unchecked(
                 client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),
@@ -460,7 +460,7 @@ impl LayerNormKernels for CubeBackend {
         // and indexes its shared arrays below `SUM_COLUMNS * SUM_LANES` (the cube's units). The written buffers are new allocations, distinct from each other and
         // from the read ones; the third kernel runs after the second on the same stream.
         unsafe {
-            input_grad_kernel::launch_unchecked(
+            norm_input_grad_kernel::launch_unchecked(
                 client,
                 row_grid(rows),
                 CubeDim::new_1d(threads as u32),
@@ -475,7 +475,7 @@ impl LayerNormKernels for CubeBackend {
                 centered,
                 elem,
             );
-            param_grad_kernel::launch_unchecked(
+            norm_param_grad_kernel::launch_unchecked(
                 client,
                 CubeCount::Static(width.div_ceil(MAX_THREADS).max(1) as u32, chunks as u32, 1),
                 CubeDim::new_1d(MAX_THREADS as u32),
@@ -489,7 +489,7 @@ impl LayerNormKernels for CubeBackend {
                 per_chunk as u32,
                 elem,
             );
-            chunk_sum_kernel::launch_unchecked(
+            norm_chunk_sum_kernel::launch_unchecked(
                 client,
                 CubeCount::Static(width.div_ceil(SUM_COLUMNS).max(1) as u32, 1, 1),
                 CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32),

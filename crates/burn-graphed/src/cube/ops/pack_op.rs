@@ -30,7 +30,7 @@ const THREADS: usize = 256;
 /// Row `row_of_cube()` of `out` (`[rows, 3 * cols]`) from the same row of `a`, `b` and `c`
 /// (`[rows, cols]` each) side by side.
 #[cube(launch_unchecked)]
-fn join_kernel<F: Float>(
+fn pack_join_kernel<F: Float>(
     a: &[F],
     b: &[F],
     c: &[F],
@@ -61,7 +61,7 @@ fn join_kernel<F: Float>(
 /// Row `row_of_cube()` of `joined` (`[rows, 3 * cols]`) split into the same row of `a`, `b` and
 /// `c` (`[rows, cols]` each).
 #[cube(launch_unchecked)]
-fn split_kernel<F: Float>(
+fn pack_split_kernel<F: Float>(
     joined: &[F],
     a: &mut [F],
     b: &mut [F],
@@ -143,7 +143,7 @@ impl PackKernels for CubeBackend {
         // writes elements `r * 3 cols..(r + 1) * 3 cols` of out (`rows * 3 cols`, a new
         // allocation); cubes past `rows` do nothing.
         unsafe {
-            join_kernel::launch_unchecked(
+            pack_join_kernel::launch_unchecked(
                 &client,
                 row_grid(rows),
                 CubeDim::new_1d(THREADS as u32),
@@ -180,7 +180,7 @@ impl PackKernels for CubeBackend {
         // joined (`rows * 3 cols`, dense) and writes elements `r * cols..(r + 1) * cols` of a,
         // b and c (`rows * cols` each, three new allocations); cubes past `rows` do nothing.
         unsafe {
-            split_kernel::launch_unchecked(
+            pack_split_kernel::launch_unchecked(
                 &client,
                 row_grid(rows),
                 CubeDim::new_1d(THREADS as u32),

@@ -17,7 +17,7 @@ use super::super::update::update_kernel::schedule_arg;
 
 /// Counts one more update: word 1 of the schedule.
 #[cube(launch_unchecked)]
-fn advance_kernel(schedule: &mut [f32]) {
+fn schedule_advance_kernel(schedule: &mut [f32]) {
     if ABSOLUTE_POS == 0 {
         schedule[1] += 1.0f32;
     }
@@ -26,7 +26,7 @@ fn advance_kernel(schedule: &mut [f32]) {
 /// Writes the step count (word 1), where a loaded optimizer state says how many updates were
 /// done.
 #[cube(launch_unchecked)]
-fn count_kernel(schedule: &mut [f32], count: f32) {
+fn schedule_count_kernel(schedule: &mut [f32], count: f32) {
     if ABSOLUTE_POS == 0 {
         schedule[1] = count;
     }
@@ -34,7 +34,7 @@ fn count_kernel(schedule: &mut [f32], count: f32) {
 
 /// Writes the learning-rate words of the schedule (0 and 2).
 #[cube(launch_unchecked)]
-fn write_kernel(schedule: &mut [f32], lr: f32, keep: f32) {
+fn schedule_write_kernel(schedule: &mut [f32], lr: f32, keep: f32) {
     if ABSOLUTE_POS == 0 {
         schedule[0] = lr;
         schedule[2] = keep;
@@ -62,7 +62,7 @@ impl ScheduleOps for CubeBackend {
     fn advance_schedule(schedule: &CubeTensor) -> CubeTensor {
         // SAFETY: one thread writes word 1 of the schedule (`schedule_arg` checked its size).
         unsafe {
-            advance_kernel::launch_unchecked(
+            schedule_advance_kernel::launch_unchecked(
                 &schedule.client,
                 CubeCount::Static(1, 1, 1),
                 CubeDim::new_1d(1),
@@ -75,7 +75,7 @@ impl ScheduleOps for CubeBackend {
     fn write_schedule(schedule: &CubeTensor, lr: f32, keep: f32) -> CubeTensor {
         // SAFETY: one thread writes words 0 and 2 (`schedule_arg` checked the size).
         unsafe {
-            write_kernel::launch_unchecked(
+            schedule_write_kernel::launch_unchecked(
                 &schedule.client,
                 CubeCount::Static(1, 1, 1),
                 CubeDim::new_1d(1),
@@ -90,7 +90,7 @@ impl ScheduleOps for CubeBackend {
     fn write_count(schedule: &CubeTensor, count: f32) -> CubeTensor {
         // SAFETY: one thread writes word 1 (`schedule_arg` checked the size).
         unsafe {
-            count_kernel::launch_unchecked(
+            schedule_count_kernel::launch_unchecked(
                 &schedule.client,
                 CubeCount::Static(1, 1, 1),
                 CubeDim::new_1d(1),
