@@ -49,7 +49,8 @@
 #   bash run.sh nccl       say which NCCL library runs on several GPUs use (exit 1 when none)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
-#                          runs the ones it knows) in PROFILE_DTYPE (default f32) with
+#                          runs the ones it knows; PROFILE_SIDES="burn torch" picks
+#                          the sides, as PyTorch names modes and models of its own) in PROFILE_DTYPE (default f32) with
 #                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
 #                          Nsight Compute where nsys is missing (the range's first
 #                          PROFILE_COUNT=300 launches, each graph one launch unless
@@ -632,7 +633,7 @@ PY
     done
     for mode in ${PROFILE_MODES:-eager graphed}; do
       if command -v nsys >/dev/null 2>&1; then
-        for side in burn torch; do
+        for side in ${PROFILE_SIDES:-burn torch}; do
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           nsys profile --trace=cuda --cuda-graph-trace=node --force-overwrite=true \
             --capture-range=cudaProfilerApi --capture-range-end=stop \
@@ -642,7 +643,7 @@ PY
             --output "$dest/${side}_$mode" "$work/${side}_$mode.nsys-rep" >/dev/null 2>&1
         done
       elif command -v ncu >/dev/null 2>&1; then
-        for side in burn torch; do
+        for side in ${PROFILE_SIDES:-burn torch}; do
           if [ "$side" = burn ]; then cmd=("$bin" --in-process); else cmd=(python3 "$here/torch_reference.py" --in-process); fi
           ncu --graph-profiling "${PROFILE_GRAPHS:-graph}" --metrics gpu__time_duration.sum --csv \
             --profile-from-start off --clock-control "${PROFILE_CLOCKS:-base}" --cache-control none --launch-count "${PROFILE_COUNT:-300}" \
