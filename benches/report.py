@@ -69,6 +69,12 @@ and `ddp_whole_step_processes`); PyTorch: `eager_fused_adam`, `graphed_fused_ada
 `whole_step_fused_adam` for `ddp_whole_step`), "-" where that row is missing. Data-parallel rows enter no other table nor the
 plot.
 
+"Kernel families": rows of `benches/ncu_summary.py --rows` (`"kind": "kernel_families"`, one
+per profiled process): per model, dtype and what was profiled (whole step, inference call),
+each side's device time and launches per step by kernel family, at ncu's base clocks with
+launches serialized (a map of where device time goes, not a step's time), with the profiled
+Burn process's value check. They enter no other table.
+
 "Failed runs": rows with an `error` (a run that printed its failure instead of times: a failed
 value check, a run that ended before its row, a capture PyTorch refused), which enter no
 table.
@@ -101,12 +107,12 @@ from collections import OrderedDict
 
 
 def load(paths):
-    # Rows of all files, the devices named, and the failed runs' rows (`error`, no times; the
-    # last one of a key). Within a file, rows of the same (framework, model, dtype, mode) are
-    # rounds (`BURN_GRAPHED_ROUNDS`, a data-parallel row's rank count included in the key) and
-    # are merged by `merge_rounds`; a later file's rows
-    # replace an earlier file's of the same key, keeping the first one's place.
-    by, devices, failed = OrderedDict(), [], []
+    # Rows of all files, the devices named, the failed runs' rows (`error`, no times; the last
+    # one of a key) and the profiles' kernel-family rows (their own table). Within a file, rows
+    # of the same (framework, model, dtype, mode) are rounds (`BURN_GRAPHED_ROUNDS`, a
+    # data-parallel row's rank count included in the key) and are merged by `merge_rounds`; a
+    # later file's rows replace an earlier file's of the same key, keeping the first one's place.
+    by, devices, failed, families = OrderedDict(), [], [], []
     for path in paths:
         rounds = OrderedDict()
         for line in open(path):
@@ -117,6 +123,10 @@ def load(paths):
                     devices.append(device)
             elif line.startswith("{"):
                 row = json.loads(line)
+                if row.get("kind") == "kernel_families":
+                    # A profile's device time by kernel family: its own table only.
+                    families.append(row)
+                    continue
                 if row.get("tf32"):
                     # PyTorch with TF32 matrix products (`--tf32`): its own mode beside the
                     # plain-f32 row of the same run.
@@ -150,7 +160,7 @@ def load(paths):
              row.get("ranks"))
         if k in by:
             by[k]["failed_rounds"] = by[k].get("failed_rounds", 0) + 1
-    return list(by.values()), "; ".join(devices) or None, failed
+    return list(by.values()), "; ".join(devices) or None, failed, families
 
 
 def merge_rounds(rows):
@@ -435,6 +445,52 @@ FIRST_STEP_MODES = ("first_step", "first_step_graphed", "first_step_eager", "fir
 
 # The training loops a first step is timed in (`benches/first_step.py`), in column order.
 FIRST_STEP_LOOPS = ("first_step_eager", "first_step_graphed", "first_step")
+
+
+# Kernel families in column order (benches/ncu_summary.py's FAMILIES, then "other").
+FAMILY_COLUMNS = ("matmuls", "attention", "norms", "convolutions", "loss", "embedding",
+                  "elementwise", "reductions", "copies", "update", "other")
+
+def families_table(rows):
+    # Device time (us) and launches per step of each kernel family, a row per model, dtype,
+    # what was profiled and side: Burn with burn-nn's layers, Burn with `burn_graphed::nn`'s
+    # (`_fused_layers` modes), PyTorch. "launches" also names the graph's kernel nodes (a step
+    # launches them all, plus the input copies outside the graph). A Burn process's check is
+    # the bench's value check of the row it profiled.
+    out = header("| model | dtype | what | side | " + " | ".join(FAMILY_COLUMNS)
+                 + " | total | launches (graph nodes) | check |")
+
+    def what(mode):
+        base = mode.removesuffix(FUSED)
+        if base.startswith("inference"):
+            return "inference, batch 1" if base.endswith("_b1") else "inference"
+        return base.replace("_fused_adam", "").replace("_", " ")
+
+    def side(r):
+        if r["framework"] == "torch":
+            return "PyTorch"
+        return "Burn, fused layers" if r["mode"].endswith(FUSED) else "Burn, burn-nn layers"
+
+    order = {"Burn, burn-nn layers": 0, "Burn, fused layers": 1, "PyTorch": 2}
+    keyed = sorted(rows, key=lambda r: (r["model"], r["dtype"], what(r["mode"]), order[side(r)]))
+    for r in keyed:
+        fams = r.get("families", {})
+        cells = []
+        for f in FAMILY_COLUMNS:
+            c = fams.get(f)
+            cells.append(f"{c['us']:.0f} ({c['launches']:g})" if c else "-")
+        nodes = r.get("graph_kernel_nodes")
+        launches = f"{r['launches_per_step']:g}" + (f" ({nodes})" if nodes is not None else "")
+        if "error" in r:
+            check = "FAILED"
+        elif r["framework"] == "burn":
+            check = check_cell({"checks": [r.get("check_passed")]})
+        else:
+            check = "-"
+        out.append(f"| {r['model']} | {r['dtype']} | {what(r['mode'])} | {side(r)} | "
+                   + " | ".join(cells)
+                   + f" | {r['device_us_per_step']:.0f} | {launches} | {check} |")
+    return "\n".join(out) + "\n"
 
 
 def first_step_table(rows):
@@ -954,7 +1010,7 @@ def plot(rows, device, path):
 def sections(paths):
     """Every table the rows of the results files `paths` hold, in order: an OrderedDict of
     name -> (title, markdown table), plus the rows and the device for the plot."""
-    rows, device, failed = load(paths)
+    rows, device, failed, families = load(paths)
     # One-off measurements (first steps, `"single"`; a first-step mode counts as one even
     # without the flag): their own table only, not the per-step tables nor the plot.
     is_single = lambda r: r.get("single") or r["mode"] in FIRST_STEP_MODES
@@ -999,6 +1055,9 @@ def sections(paths):
     if any("graph_kernel_nodes" in r for r in rows + inference):
         out["launches"] = ("Kernel nodes per graph (launches per replay)",
                            launches_table(rows + inference))
+    if families:
+        out["families"] = ("Device time by kernel family (Nsight Compute, base clocks, per step)",
+                           families_table(families))
     if failed:
         out["failed"] = ("Failed runs", failed_table(failed))
     return out, rows, device

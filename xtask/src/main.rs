@@ -1131,6 +1131,96 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// `benches/ncu_summary.py --rows` sums a profile's launches per step by kernel family (Burn's
+    /// prefixed kernels, burn-cubecl's and PyTorch's library names), labels the row with the
+    /// profiled process's bench row (its value check included), and refuses a profile capped
+    /// below the graph's kernel nodes; `benches/report.py`'s families table prints the row.
+    #[test]
+    fn ncu_summary_sums_families_and_report_py_prints_them() {
+        let dir = std::env::temp_dir().join(format!("xtask-families-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let launch = |id: usize, name: &str, ns: &str| {
+            format!(
+                "\"{id}\",\"1\",\"bench\",\"h\",\"{name}\",\"1\",\"14\",\"(256, 1, 1)\",\
+                 \"(32, 1, 1)\",\"0\",\"9.0\",\"m\",\"gpu__time_duration.sum\",\"ns\",\"{ns}\"\n"
+            )
+        };
+        let step = [
+            ("attention_forward_tc_kernel_f_bf16_0a", "10,000"),
+            ("nvjet_sm90_tst_64x48_64x15_2x4_h_bz_bias_NNT", "4,000"),
+            (
+                "void at::vectorized_elementwise_kernel<4, at::FillFunctor<float>>(int)",
+                "1,000",
+            ),
+            ("norm_forward_kernel_f_bf16_0b", "2,000"),
+            ("mystery_kernel", "500"),
+        ];
+        let profile = |nodes: usize, steps: usize| {
+            let mut text = String::from(
+                "==PROF== Connected\n{\"framework\": \"burn\", \"model\": \"m\", \
+                 \"dtype\": \"bf16\", \"mode\": \"whole_step_fused_layers\", \
+                 \"median_us\": 1.0, \"check_passed\": true, ",
+            );
+            text += &format!("\"graph_kernel_nodes\": {nodes}}}\n");
+            text += "\"ID\",\"Process ID\",\"Process Name\",\"Host Name\",\"Kernel Name\",\
+                     \"Context\",\"Stream\",\"Block Size\",\"Grid Size\",\"Device\",\"CC\",\
+                     \"Section Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\n";
+            for s in 0..steps {
+                for (i, (name, ns)) in step.iter().enumerate() {
+                    text += &launch(s * step.len() + i, name, ns);
+                }
+            }
+            text
+        };
+        let summary = |file: &Path, steps: &str| {
+            Command::new("python3")
+                .arg(root().join("benches/ncu_summary.py"))
+                .args(["--steps", steps, "--rows"])
+                .arg(file)
+                .output()
+                .expect("python3")
+        };
+        let good = dir.join("good.ncu.csv");
+        std::fs::write(&good, profile(5, 2)).expect("profile");
+        let out = summary(&good, "2");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let row = String::from_utf8_lossy(&out.stdout).into_owned();
+        for part in [
+            "\"attention\": {\"us\": 10.0, \"launches\": 1.0}",
+            "\"matmuls\": {\"us\": 4.0",
+            "\"copies\": {\"us\": 1.0",
+            "\"norms\": {\"us\": 2.0",
+            "\"other\": {\"us\": 0.5",
+            "\"device_us_per_step\": 17.5",
+            "\"check_passed\": true",
+            "\"other_kernels\": [\"mystery_kernel\"]",
+        ] {
+            assert!(row.contains(part), "{part} in {row}");
+        }
+        let results = dir.join("families.jsonl");
+        std::fs::write(&results, &row).expect("results");
+        let table = report_py_table(&results, "families");
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("| m | bf16 | whole step | Burn, fused layers |"))
+            .unwrap_or_else(|| panic!("a row: {table}"));
+        assert!(line.contains("| 4 (1) | 10 (1) | 2 (1) |"), "{line}");
+        assert!(line.contains("| 18 | 5 (5) | passed 1/1 |"), "{line}");
+        // A profile capped below a step's graph nodes (2 steps of a 7-node graph in 10
+        // launches) is refused, and so is a graph profiled whole.
+        let capped = dir.join("capped.ncu.csv");
+        std::fs::write(&capped, profile(7, 2)).expect("profile");
+        assert!(!summary(&capped, "2").status.success());
+        let whole = dir.join("whole.ncu.csv");
+        std::fs::write(&whole, profile(5, 2).replace("mystery_kernel", "graph")).expect("profile");
+        assert!(!summary(&whole, "2").status.success());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `benches/report.py` reads every committed results file into its tables, and keeps the
     /// plot that BENCHMARKS.md's commands ask of it (`--plot`): a refactor once dropped the
     /// plot function and nothing but a `--plot` run noticed. Draws the plot where matplotlib
