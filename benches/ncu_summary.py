@@ -39,14 +39,17 @@ import sys
 FAMILIES = (
     ("attention", r"attention_|sdpa|flash|fmha"),
     ("norms", r"norm_|layer_norm|rms_norm|gammabeta"),
-    ("convolutions", r"conv_|conv2d|fprop|dgrad|wgrad|convolve|implicit_gemm"),
+    ("convolutions", r"conv_|conv2d|fprop|dgrad|wgrad|convolve|implicit_gemm|col2im|im2col"),
     ("matmuls", r"matmul|nvjet|gemm|gemv|cublas|cutlass|linear_small_rows"),
     ("loss", r"cross_entropy_|nll_loss|softmax"),
     # PyTorch's embedding backward sorts the ids (cub's radix sort), then sums per segment.
     ("embedding", r"embedding_|indexselect|compute_grad_weight|sum_and_scatter|segment|radix"),
     ("update", r"update_kernel|adam|multi_tensor_apply|schedule_"),
     ("reductions", r"reduce|chunk_sum|pool"),
-    ("copies", r"copy|pack_|slice|select_assign|fill|full_kernel|zero_kernel|cat_|concat"),
+    # Data movement: copies, fills, gathers and scatters (burn-nn's cross-entropy and
+    # embedding), cuDNN's layout changes around its convolutions.
+    ("copies", r"copy|pack_|slice|select_assign|fill|full_kernel|zero_kernel|cat_|concat|"
+               r"gather|scatter|nchwtonhwc|nhwctonchw|transpose"),
     ("elementwise", r"elemwise|elementwise|binop|unary|cast|relu|gelu|where|mask"),
 )
 
