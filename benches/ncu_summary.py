@@ -37,7 +37,8 @@ import sys
 # elementwise), cuBLASLt's split-K reduction belongs to its product, and burn-nn's attention
 # and norms have no kernel of their own (matmuls, reductions and elementwise kernels).
 FAMILIES = (
-    ("attention", r"attention_|sdpa|flash|fmha"),
+    # (cuDNN's flash backward adds its `compute_dot_do_o` prepass and `convert_dq_to_16bits`.)
+    ("attention", r"attention_|sdpa|flash|fmha|compute_dot_do_o|convert_dq"),
     ("norms", r"norm_|layer_norm|rms_norm|gammabeta"),
     ("convolutions", r"conv_|conv2d|fprop|dgrad|wgrad|convolve|implicit_gemm|col2im|im2col"),
     ("matmuls", r"matmul|nvjet|gemm|gemv|cublas|cutlass|linear_small_rows"),
