@@ -49,8 +49,8 @@
 #   bash run.sh nccl       say which NCCL library runs on several GPUs use (exit 1 when none)
 #   bash run.sh profile    trace the timed steps (both sides open the CUDA profiler's range
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
-#                          runs the ones it knows; PROFILE_SIDES="burn torch" picks
-#                          the sides, as PyTorch names modes and models of its own) in PROFILE_DTYPE (default f32) with
+#                          runs the ones it knows) on the PROFILE_SIDES (default "burn torch":
+#                          PyTorch names modes and models its own way) in PROFILE_DTYPE (f32) with
 #                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
 #                          Nsight Compute where nsys is missing (the range's first
 #                          PROFILE_COUNT=300 launches, each graph one launch unless
