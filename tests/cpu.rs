@@ -222,8 +222,9 @@ fn flex_runs_eagerly() {
 /// and cubecl's warnings to capture phases with them, among them the autotune keys cubecl had to
 /// decide unmeasured because they first came up inside a recording. The sequence of one
 /// callable's capture, snapshotted. And a capture that takes long says so: `info` lines of
-/// target `burn_graphed::progress` with the phase and the time so far, then the time it took
-/// (here after no time at all, `testing::set_capture_progress`).
+/// target `burn_graphed::progress` with the phase, the time and the kernels launched so far,
+/// then the time it took and the kernels it launched (here after no time at all,
+/// `testing::set_capture_progress`).
 #[test]
 fn capture_announces_its_phases() {
     use std::sync::Mutex;
@@ -295,6 +296,16 @@ fn capture_announces_its_phases() {
         matches!((report, end), (Some(r), Some(e)) if r < e),
         "{progress:#?}"
     );
+    // The end line counts the distinct kernels launched while the capture ran (its warm-ups'
+    // and recording's, and any other test's meanwhile): a capture of a linear layer's forward
+    // and backward launches some.
+    let end_line = &progress[end.expect("an end line")];
+    let kernels: usize = end_line
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" distinct kernels launched"))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("a kernel count in {end_line:?}"));
+    assert!(kernels > 0, "{end_line:?}");
     let me = std::thread::current().id();
     let phases: Vec<String> = EVENTS
         .lock()

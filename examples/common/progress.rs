@@ -1,8 +1,9 @@
 //! The examples' logger for burn-graphed's capture progress (`log` target
 //! `burn_graphed::progress`: a capture that compiles and tunes kernels for more than a second
-//! says what it is doing, then how long it took). On a terminal each capture is a spinner
-//! (indicatif) that shows the latest line and keeps turning; elsewhere (a pipe, a CI log) the
-//! lines are printed as they come. `BURN_GRAPHED_PROGRESS=off` silences them.
+//! says what it is doing and how many kernels it launched, then how long it took). On a
+//! terminal each capture is a spinner (indicatif) that shows the latest line and keeps turning;
+//! elsewhere (a pipe, a CI log) the lines are printed as they come. `BURN_GRAPHED_PROGRESS=off`
+//! silences them.
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -5,10 +5,18 @@
 //!
 //! While a capture is under way, a watcher thread of its own writes an `info` line of target
 //! [`TARGET`] after [`FIRST_REPORT`] and every [`EVERY`] after that: what is being captured,
-//! the phase it is in (the phases [`super::lifecycle::announce`] names) and the time so far;
-//! and, when a capture that reported ends, the time it took. The lines go through `log`, so the
-//! logger's configuration silences them (filter the target out) or shows them; with no logger
-//! that would show them, no watcher is started.
+//! the phase it is in (the phases [`super::lifecycle::announce`] names), the time so far and
+//! the distinct kernels launched so far; and, when a capture that reported ends, the time it
+//! took and the kernels it launched. The lines go through `log`, so the logger's configuration
+//! silences them (filter the target out) or shows them; with no logger that would show them,
+//! no watcher is started and nothing is counted.
+//!
+//! The kernels are counted by cubecl's own collection of launched kernels
+//! (`cubecl_runtime::launched::LaunchedKernels`, by each compiled kernel's stable hash, on every
+//! thread: another capture's launches meanwhile count too). A kernel is compiled, or loaded
+//! from the kernel cache, at its first launch in a process, and tuning launches every
+//! candidate, so a cold capture's count climbs while it compiles and tunes. How many it will
+//! need is not known before its callable has run: the lines give the count, not a fraction.
 
 use std::cell::RefCell;
 use std::fmt::Display;
@@ -16,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use cubecl_runtime::launched::LaunchedKernels;
 
 use crate::sync::lock;
 
@@ -46,6 +56,8 @@ struct State {
     phase: String,
     done: bool,
     reports: usize,
+    /// Distinct kernels launched since the capture started, as of the last line.
+    kernels: usize,
 }
 
 /// A capture under way, from [`CaptureProgress::start`] until it is dropped (the capture
@@ -98,9 +110,11 @@ impl CaptureProgress {
         });
         let watcher = log::log_enabled!(target: TARGET, log::Level::Info).then(|| {
             let shared = shared.clone();
+            // Opened here, before the capture's first launch, not on the watcher's thread.
+            let launched = LaunchedKernels::new();
             std::thread::Builder::new()
                 .name("burn-graphed-progress".into())
-                .spawn(move || watch(&shared, first, every))
+                .spawn(move || watch(&shared, first, every, launched))
         });
         // A thread that cannot start leaves the capture silent, not failed.
         let watcher = watcher.and_then(Result::ok);
@@ -128,11 +142,14 @@ impl Drop for CaptureProgress {
             // The watcher wakes at once and returns: a join costs no waiting.
             let _ = watcher.join();
         }
-        let reports = lock(&self.shared.state).reports;
+        let (reports, kernels) = {
+            let state = lock(&self.shared.state);
+            (state.reports, state.kernels)
+        };
         if reports > 0 {
             log::info!(
                 target: TARGET,
-                "{}: done in {:.1} s",
+                "{}: done in {:.1} s, {kernels} distinct kernels launched",
                 self.shared.what,
                 self.shared.started.elapsed().as_secs_f64()
             );
@@ -149,9 +166,20 @@ pub(crate) fn phase(phase: impl Display) {
     });
 }
 
-/// The watcher: waits `first`, then reports every `every` until the capture is done. The line
-/// is written with the state unlocked, so that a slow logger never holds up the capture.
-fn watch(shared: &Shared, first: Duration, every: Duration) {
+/// The watcher: waits `first`, then reports every `every` until the capture is done, counting
+/// the kernels `launched` collects (and, when the capture ends, leaving the count in the state
+/// for its last line). The line is written with the state unlocked, so that a slow logger never
+/// holds up the capture.
+fn watch(shared: &Shared, first: Duration, every: Duration, launched: LaunchedKernels) {
+    // A collection hands its kernels back only when it finishes: each count finishes it and
+    // continues in a new one, opened first so that no launch falls between the two.
+    let mut collection = launched;
+    let mut seen = std::collections::HashSet::new();
+    let mut count = |collection: &mut LaunchedKernels| {
+        let finished = std::mem::replace(collection, LaunchedKernels::new());
+        seen.extend(finished.finish());
+        seen.len()
+    };
     let mut next = first;
     loop {
         let (phase, first_report) = {
@@ -159,6 +187,7 @@ fn watch(shared: &Shared, first: Duration, every: Duration) {
             loop {
                 let waited = shared.started.elapsed();
                 if state.done {
+                    state.kernels = count(&mut collection);
                     return;
                 }
                 if waited >= next {
@@ -170,6 +199,7 @@ fn watch(shared: &Shared, first: Duration, every: Duration) {
                 };
             }
             state.reports += 1;
+            state.kernels = count(&mut collection);
             (state.phase.clone(), state.reports == 1)
         };
         let waited = shared.started.elapsed();
@@ -178,9 +208,10 @@ fn watch(shared: &Shared, first: Duration, every: Duration) {
         } else {
             String::new()
         };
+        let kernels = lock(&shared.state).kernels;
         log::info!(
             target: TARGET,
-            "{}: {phase}, {:.0} s so far{hint}",
+            "{}: {phase}, {:.0} s so far, {kernels} distinct kernels launched{hint}",
             shared.what,
             waited.as_secs_f64()
         );
@@ -256,6 +287,7 @@ mod tests {
         assert!(reports >= 2, "{lines:?}");
         assert!(
             lines[0].starts_with("test capture A: forward warm-up, ")
+                && lines[0].contains(" distinct kernels launched")
                 && lines[0].contains("for the next run"),
             "{lines:?}"
         );
