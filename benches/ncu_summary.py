@@ -61,17 +61,25 @@ def family_of(name):
     return next((family for family, pattern in FAMILIES if re.search(pattern, lower)), "other")
 
 
-def summarize(path, steps=None):
-    # The file also holds the profiled program's own output (ncu passes its stdout through);
-    # the table starts at ncu's header row.
+def launches(path):
+    """ncu's header row, its launch rows and their kernel names in `path`, or None where it
+    profiled none. The file also holds the profiled program's own output (ncu passes its
+    stdout through); the table starts at ncu's header row."""
     lines = list(csv.reader(open(path, errors="replace")))
     start = next((i for i, r in enumerate(lines) if "Kernel Name" in r), None)
     if start is None:
-        print(f"{path}: no profiled launches")
-        return
+        return None
     header = lines[start]
     rows = [r for r in lines[start + 1:] if len(r) == len(header)]
-    names = [r[header.index("Kernel Name")] for r in rows]
+    return header, rows, [r[header.index("Kernel Name")] for r in rows]
+
+
+def summarize(path, steps=None):
+    table = launches(path)
+    if table is None:
+        print(f"{path}: no profiled launches")
+        return
+    header, rows, names = table
     short = [n.split("(")[0][:48] for n in names]
     counts = collections.Counter(short)
     print(f"{path}: {len(rows)} launches, {len(counts)} distinct")
@@ -136,13 +144,10 @@ def bench_row(path):
 def family_row(path, steps):
     """`path`'s launches per step by family as one JSON row labelled with its bench row; raises
     ValueError where the file cannot give one (no launches, a whole graph, no bench row)."""
-    lines = list(csv.reader(open(path, errors="replace")))
-    start = next((i for i, r in enumerate(lines) if "Kernel Name" in r), None)
-    if start is None:
+    table = launches(path)
+    if table is None:
         raise ValueError(f"{path}: no profiled launches")
-    header = lines[start]
-    rows = [r for r in lines[start + 1:] if len(r) == len(header)]
-    names = [r[header.index("Kernel Name")] for r in rows]
+    header, rows, names = table
     if any(n.split("(")[0] == "graph" for n in names):
         raise ValueError(f"{path}: graphs profiled whole (PROFILE_GRAPHS=node gives their kernels)")
     busy = durations_us(header, rows)
@@ -158,10 +163,14 @@ def family_row(path, steps):
         raise ValueError(f"{path}: {len(rows)} launches for {steps} steps of a graph of {nodes} "
                          "kernel nodes: raise PROFILE_COUNT, or give the range's steps")
     families = collections.defaultdict(lambda: {"us": 0.0, "launches": 0})
+    others = set()
     for name, t in zip(names, busy):
-        cell = families[family_of(name)]
+        family = family_of(name)
+        cell = families[family]
         cell["us"] += t
         cell["launches"] += 1
+        if family == "other":
+            others.add(name.split("(")[0][:80])
     out = {"kind": "kernel_families", "profiler": "ncu, base clocks, a graph's kernels each"}
     for k in ("framework", "model", "dtype", "tf32", "mode", "check_passed", "graph_kernel_nodes",
               "error"):
@@ -172,7 +181,7 @@ def family_row(path, steps):
     out["device_us_per_step"] = round(sum(busy) / steps, 1)
     out["families"] = {f: {"us": round(c["us"] / steps, 1), "launches": round(c["launches"] / steps, 2)}
                        for f, c in sorted(families.items())}
-    out["other_kernels"] = sorted({n.split("(")[0][:80] for n in names if family_of(n) == "other"})
+    out["other_kernels"] = sorted(others)
     return out
 
 

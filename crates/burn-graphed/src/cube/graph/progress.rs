@@ -182,7 +182,7 @@ fn watch(shared: &Shared, first: Duration, every: Duration, launched: LaunchedKe
     };
     let mut next = first;
     loop {
-        let (phase, first_report) = {
+        let (phase, first_report, kernels) = {
             let mut state = lock(&shared.state);
             loop {
                 let waited = shared.started.elapsed();
@@ -200,7 +200,7 @@ fn watch(shared: &Shared, first: Duration, every: Duration, launched: LaunchedKe
             }
             state.reports += 1;
             state.kernels = count(&mut collection);
-            (state.phase.clone(), state.reports == 1)
+            (state.phase.clone(), state.reports == 1, state.kernels)
         };
         let waited = shared.started.elapsed();
         let hint = if first_report {
@@ -208,7 +208,6 @@ fn watch(shared: &Shared, first: Duration, every: Duration, launched: LaunchedKe
         } else {
             String::new()
         };
-        let kernels = lock(&shared.state).kernels;
         log::info!(
             target: TARGET,
             "{}: {phase}, {:.0} s so far, {kernels} distinct kernels launched{hint}",
