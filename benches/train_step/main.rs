@@ -225,15 +225,23 @@ fn options() -> Options {
                 }
             }
             // Diagnostic: every fused convolution's forward and input gradient at one tiling
-            // (`PIXELSxCHANNELS` per unit), to compare tilings; its rows name no tiling, so
+            // (`PIXELSxCHANNELS[xSPLITS]` per unit; the forward's summed channels split in
+            // SPLITS parts, 1 if not given), to compare tilings; its rows name no tiling, so
             // keep each tiling's rows apart.
             "--conv-tiling" => {
-                let (pixels, channels) = value
-                    .split_once('x')
-                    .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
-                    .expect("--conv-tiling takes PIXELSxCHANNELS, such as 4x8");
-                burn_graphed::testing::force_conv_tiling(Some((pixels, channels)));
-                eprintln!("# conv tiling forced: {pixels} pixels x {channels} channels per unit");
+                let parts: Vec<usize> = value
+                    .split('x')
+                    .map(|p| p.parse().expect("--conv-tiling takes numbers"))
+                    .collect();
+                let (pixels, channels, splits) = match parts[..] {
+                    [p, c] => (p, c, 1),
+                    [p, c, s] => (p, c, s),
+                    _ => panic!("--conv-tiling takes PIXELSxCHANNELS[xSPLITS], such as 4x8 or 1x4x8"),
+                };
+                burn_graphed::testing::force_conv_tiling(Some((pixels, channels, splits)));
+                eprintln!(
+                    "# conv tiling forced: {pixels} pixels x {channels} channels per unit, {splits} splits"
+                );
                 options.conv_tiling = Some(value);
             }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),

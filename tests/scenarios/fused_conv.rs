@@ -250,15 +250,18 @@ pub fn conv_matches_exact(device: &Device, dtype: FloatDType) {
         skip(&format!("{device:?} has no {dtype:?}"));
         return;
     }
-    // The kernels' tilings (pixels and channels per unit) in turn, one per case (by size, a
-    // small shape would always take the smallest): every tiling meets several cases.
+    // The kernels' tilings (pixels and channels per unit, and the forward's split of the
+    // summed channels), one per case (by size, a small shape would always take a split one):
+    // the splits meet a case with fewer input channels than parts (3 in 8) and one with more
+    // (6 in 4), and the choice by size a case with 12.
     let tilings = [
-        Some((4, 8)),
-        Some((2, 16)),
-        Some((2, 4)),
-        Some((1, 1)),
-        Some((4, 2)),
+        Some((4, 8, 1)),
+        Some((2, 16, 1)),
+        Some((1, 4, 8)),
+        Some((2, 4, 1)),
+        Some((2, 2, 4)),
         None,
+        Some((4, 2, 1)),
     ];
     for (seed, case) in cases().into_iter().enumerate() {
         check_case(
@@ -276,7 +279,7 @@ fn check_case(
     dtype: FloatDType,
     case: &Case,
     seed: u64,
-    tiling: Option<(usize, usize)>,
+    tiling: Option<(usize, usize, usize)>,
 ) {
     let [n, c, h, w] = case.input;
     let made = |values: Vec<f32>| {

@@ -392,7 +392,7 @@ pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
 
 /// Without cubecl no convolution is fused: there is no tiling to force.
 #[cfg(feature = "testing")]
-pub(crate) fn force_conv_tiling(_tiling: Option<(usize, usize)>) {}
+pub(crate) fn force_conv_tiling(_tiling: Option<(usize, usize, usize)>) {}
 
 /// Without cubecl one chunk: one lane adds it.
 #[cfg(feature = "testing")]

@@ -3,7 +3,8 @@
 //! of channels with the block's weights staged in shared memory (forward, input gradient), and
 //! the weight gradient's partial sums per chunk of pixels with the sum over the chunks. The
 //! kernel's size, stride and dilation are compile-time constants of each kernel ([`Taps`]).
-//! Every sum runs in a fixed order, whatever the tiling: a replay equals the eager call bit for
+//! Every sum runs in an order fixed by the shape (the forward's split of its summed channels
+//! changes it; the pixels and channels per unit do not): a replay equals the eager call bit for
 //! bit.
 //!
 //! Over 600 lines: the four kernels of one op, the two helpers the forward and the input
@@ -60,24 +61,28 @@ fn chunk_channels(per_channel: usize) -> usize {
 /// one gets this row, so that every bounds check of its loads fails.
 const OUTSIDE: u32 = 1 << 30;
 
-/// The pixels of this unit: `count` pixels `PIXEL_THREADS` apart, starting at the cube's tile,
-/// as `(plane, row, column)` of `[batch, rows, columns]`, where `plane` is the batch index; a
-/// pixel past `batch * rows * columns` gets row [`OUTSIDE`].
+/// The pixels of this unit: `count` pixels `slots` apart, starting at the cube's tile of
+/// `slots * count` pixels at the unit's `slot` (`slot < slots`), as `(plane, row, column)` of
+/// `[batch, rows, columns]`, where `plane` is the batch index; a pixel past
+/// `batch * rows * columns` gets row [`OUTSIDE`].
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn unit_pixels(
     batch: u32,
     rows: u32,
     columns: u32,
+    slot: u32,
     planes: &mut Array<u32>,
     ys: &mut Array<u32>,
     xs: &mut Array<u32>,
+    #[comptime] slots: usize,
     #[comptime] count: usize,
 ) {
-    let tile = (CUBE_POS_Z * CUBE_COUNT_X + CUBE_POS_X) * comptime!((PIXEL_THREADS * count) as u32);
+    let tile = (CUBE_POS_Z * CUBE_COUNT_X + CUBE_POS_X) * comptime!((slots * count) as u32);
     let total = batch * rows * columns;
     #[unroll]
     for i in 0..count {
-        let p = tile + UNIT_POS_X + (i * PIXEL_THREADS) as u32;
+        let p = tile + slot + (i * slots) as u32;
         if p < total {
             xs[i] = p % columns;
             ys[i] = (p / columns) % rows;
@@ -154,10 +159,49 @@ fn accumulate(
     }
 }
 
-/// Forward: `pixels` output pixels per unit (`PIXEL_THREADS` apart) for the `block` output
-/// channels of cube row `CUBE_POS_Y` (blocks within each group), plus the bias with `has_bias`.
-/// The block's weights are staged in shared memory, `chunk` input channels at a time, and read
-/// by every unit at the same address.
+/// Adds the `splits` parts' `sums` values per slot into part 0's `acc`, in part order (part
+/// 0's own first), through shared memory; the other parts' `acc` are left as they were. Meets
+/// the cube at a barrier; every unit of the cube must call it.
+#[cube]
+fn add_parts(
+    acc: &mut Array<f32>,
+    slot: u32,
+    part: u32,
+    #[comptime] slots: usize,
+    #[comptime] sums: usize,
+    #[comptime] splits: usize,
+) {
+    let mut parts = Shared::<[f32]>::new_slice(comptime!(PIXEL_THREADS * sums));
+    let own = ((part as usize) * slots + slot as usize) * sums;
+    #[unroll]
+    for a in 0..sums {
+        parts[own + a] = acc[a];
+    }
+    sync_cube();
+    if part == 0 {
+        #[unroll]
+        for q in 1..splits {
+            let other = (q * slots + slot as usize) * sums;
+            #[unroll]
+            for a in 0..sums {
+                acc[a] += parts[other + a];
+            }
+        }
+    }
+}
+
+/// Forward: `pixels` output pixels per unit for the `block` output channels of cube row
+/// `CUBE_POS_Y` (blocks within each group), plus the bias with `has_bias`. The block's weights
+/// are staged in shared memory, `chunk` input channels at a time, and read by every unit at the
+/// same address.
+///
+/// With `splits` above 1 the cube's units are `splits` parts of `PIXEL_THREADS / splits` pixel
+/// slots: part `q` sums the input channels `c` with `c % splits == q` within each staged
+/// chunk, for its slot's pixels, and part 0 adds the parts' sums in order `0, 1, ...,
+/// splits - 1` from shared memory and writes. So a small convolution's unit walks `1 / splits`
+/// of the input channels (a shorter chain of dependent loads) where too few pixels would leave
+/// the GPU idle. The sums' order is fixed by the split, which the shape fixes: a replay
+/// computes what the eager call computed.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::cube) fn conv_forward_kernel<F: Float>(
@@ -169,6 +213,7 @@ pub(in crate::cube) fn conv_forward_kernel<F: Float>(
     #[comptime] taps: Taps,
     #[comptime] block: usize,
     #[comptime] pixels: usize,
+    #[comptime] splits: usize,
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -189,13 +234,18 @@ pub(in crate::cube) fn conv_forward_kernel<F: Float>(
     let mut planes = Array::<u32>::new(pixels);
     let mut ys = Array::<u32>::new(pixels);
     let mut xs = Array::<u32>::new(pixels);
+    let slots = comptime!(PIXEL_THREADS / splits);
+    let slot = UNIT_POS_X % slots as u32;
+    let part = UNIT_POS_X / slots as u32;
     unit_pixels(
         g.batch,
         g.out_height,
         g.out_width,
+        slot,
         &mut planes,
         &mut ys,
         &mut xs,
+        slots,
         pixels,
     );
     // Each pixel's first input row and column (`- padding`, wrapping below 0 to values no
@@ -237,7 +287,8 @@ pub(in crate::cube) fn conv_forward_kernel<F: Float>(
         if count > chunk as u32 {
             count = chunk as u32;
         }
-        for c in 0..count {
+        let mut c = part;
+        while c < count {
             let mut bases = Array::<u32>::new(pixels);
             #[unroll]
             for i in 0..pixels {
@@ -263,12 +314,16 @@ pub(in crate::cube) fn conv_forward_kernel<F: Float>(
                     accumulate(&mut acc, &values, &shared, base, block, pixels);
                 }
             }
+            c += splits as u32;
         }
         ci0 += chunk as u32;
     }
+    if comptime!(splits > 1) {
+        add_parts(&mut acc, slot, part, slots, comptime!(pixels * block), splits);
+    }
     #[unroll]
     for i in 0..pixels {
-        if ys[i] != OUTSIDE {
+        if ys[i] != OUTSIDE && part == 0 {
             let oy = ys[i];
             let ox = xs[i];
             let n = (planes[i] - group * group_in) / g.in_channels;
@@ -325,9 +380,11 @@ pub(in crate::cube) fn conv_input_grad_kernel<F: Float>(
         g.batch,
         g.height,
         g.width,
+        UNIT_POS_X,
         &mut planes,
         &mut ys,
         &mut xs,
+        PIXEL_THREADS,
         pixels,
     );
     // Each pixel's padded row and column, and its batch's first output channel of the group.

@@ -151,74 +151,116 @@ impl Geometry {
 }
 
 /// How the forward or the input gradient covers `pixels` pixels of `groups` groups of
-/// `channels` channels: pixels and channels per unit, and the grid.
+/// `channels` channels: pixels and channels per unit, the parts the summed channels are split
+/// into (the forward only; 1 otherwise: `conv_forward_kernel`), and the grid.
 struct PixelTiling {
     per_unit: usize,
     block: usize,
+    splits: usize,
     grid: CubeCount,
 }
 
 /// The most products per staged weight read and per input read (pixels times channels per
 /// unit) that still gives [`PIXEL_CUBES`] cubes, so that a small convolution still spreads over
-/// the whole GPU; the fewest otherwise. The forward (`forward`) first tries
-/// [`WIDE_FORWARD`]: two pixels of up to 16 channels, each input value read once per 16
-/// channels, where that gives [`WIDE_FORWARD_CUBES`] cubes.
-fn pixel_tiling(pixels: usize, groups: usize, channels: usize, forward: bool) -> PixelTiling {
+/// the whole GPU. The forward (`summed`: the input channels a unit sums over, per group) first
+/// tries [`WIDE_FORWARD`]: two pixels of up to 16 channels, each input value read once per 16
+/// channels, where that gives [`WIDE_FORWARD_CUBES`] cubes; where not even one pixel of two
+/// channels per unit gives [`PIXEL_CUBES`], it splits the summed channels
+/// ([`split_forward`]). The input gradient (`summed` 0) takes one pixel of one channel there.
+fn pixel_tiling(pixels: usize, groups: usize, channels: usize, summed: usize) -> PixelTiling {
     const TILINGS: [(usize, usize); 7] = [(4, 8), (4, 4), (2, 8), (2, 4), (1, 8), (1, 4), (1, 2)];
     let channels = channels.max(1);
-    // Pixel cubes along x and channel blocks along y for a tiling.
-    let cubes = |(per_unit, block): (usize, usize)| {
+    let forward = summed > 0;
+    // Pixel cubes along x and channel blocks along y for a tiling and a split.
+    let cubes = |(per_unit, block): (usize, usize), splits: usize| {
         let block = block.min(channels);
         (
-            pixels.div_ceil(PIXEL_THREADS * per_unit).max(1),
+            pixels.div_ceil(PIXEL_THREADS / splits * per_unit).max(1),
             groups * channels.div_ceil(block),
         )
     };
     let wide = |tiling| {
-        let (x, y) = cubes(tiling);
+        let (x, y) = cubes(tiling, 1);
         forward && x * y >= WIDE_FORWARD_CUBES
     };
-    let chosen = Some(WIDE_FORWARD)
-        .filter(|&tiling| wide(tiling))
+    let chosen = Some((WIDE_FORWARD, 1))
+        .filter(|&(tiling, _)| wide(tiling))
         .or_else(|| {
-            TILINGS.into_iter().find(|&tiling| {
-                let (x, y) = cubes(tiling);
+            TILINGS.into_iter().map(|tiling| (tiling, 1)).find(|&(tiling, _)| {
+                let (x, y) = cubes(tiling, 1);
                 x * y >= PIXEL_CUBES
             })
         })
-        .unwrap_or((1, 1));
+        .or_else(|| split_forward(summed, |splits| cubes(SPLIT_TILING, splits)))
+        .unwrap_or(((1, 1), 1));
     #[cfg(feature = "testing")]
-    let chosen = forced_tiling().unwrap_or(chosen);
-    let (per_unit, block) = (chosen.0, chosen.1.min(channels));
-    let (x, blocks) = cubes((per_unit, block));
+    let chosen = forced_tiling().map_or(chosen, |(per_unit, block, splits)| {
+        ((per_unit, block), if forward { splits } else { 1 })
+    });
+    let ((per_unit, block), splits) = chosen;
+    let block = block.min(channels);
+    let (x, blocks) = cubes((per_unit, block), splits);
     let across = x.min(MAX_CUBES);
     PixelTiling {
         per_unit,
         block,
+        splits,
         grid: CubeCount::Static(across as u32, blocks as u32, x.div_ceil(across) as u32),
     }
 }
 
-/// A tiling every forward and input gradient takes, `per_unit << 8 | block`, or 0 (chosen by
-/// size): `burn_graphed::testing::force_conv_tiling`, so that small test shapes run every
-/// tiling (each computes every sum in the same order: the values do not depend on it).
+/// The forward's tiling where it splits the summed channels: one pixel of up to four channels
+/// per unit.
+const SPLIT_TILING: (usize, usize) = (1, 4);
+
+/// The parts a small forward splits its `summed` input channels into (a power of two, at most
+/// [`MAX_SPLITS`] and no more than the channels, so that no part is idle): the fewest that give
+/// [`PIXEL_CUBES`] cubes by `cubes` (the grid at a split), the most otherwise; `None` with one
+/// channel.
+fn split_forward(
+    summed: usize,
+    cubes: impl Fn(usize) -> (usize, usize),
+) -> Option<((usize, usize), usize)> {
+    let candidates: Vec<usize> = std::iter::successors(Some(2), |s| Some(s * 2))
+        .take_while(|&s| s <= MAX_SPLITS && s <= summed)
+        .collect();
+    let enough = |&s: &usize| {
+        let (x, y) = cubes(s);
+        x * y >= PIXEL_CUBES
+    };
+    let splits = candidates
+        .iter()
+        .copied()
+        .find(enough)
+        .or(candidates.last().copied())?;
+    Some((SPLIT_TILING, splits))
+}
+
+/// Parts of a split forward at most: a cube keeps 16 pixels of [`PIXEL_THREADS`] units.
+const MAX_SPLITS: usize = 16;
+
+/// A tiling every forward and input gradient takes, `splits << 16 | per_unit << 8 | block`, or
+/// 0 (chosen by size): `burn_graphed::testing::force_conv_tiling`, so that small test shapes run
+/// every tiling (the input gradient takes no split).
 #[cfg(feature = "testing")]
 static FORCED_TILING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Sets (or with `None` clears) the tiling of [`FORCED_TILING`].
+/// Sets (or with `None` clears) the tiling of [`FORCED_TILING`]: `(pixels, channels, splits)`
+/// per unit; `splits` is taken down to a power of two of at most [`MAX_SPLITS`].
 #[cfg(feature = "testing")]
-pub(crate) fn force_tiling(tiling: Option<(usize, usize)>) {
-    let code = tiling.map_or(0, |(per_unit, block)| {
-        (per_unit.clamp(1, 255) << 8) | block.clamp(1, 255)
+pub(crate) fn force_tiling(tiling: Option<(usize, usize, usize)>) {
+    let code = tiling.map_or(0, |(per_unit, block, splits)| {
+        let splits = 1 << splits.clamp(1, MAX_SPLITS).ilog2();
+        (splits << 16) | (per_unit.clamp(1, 255) << 8) | block.clamp(1, 255)
     });
     FORCED_TILING.store(code, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(feature = "testing")]
-fn forced_tiling() -> Option<(usize, usize)> {
+fn forced_tiling() -> Option<(usize, usize, usize)> {
     match FORCED_TILING.load(std::sync::atomic::Ordering::Relaxed) {
         0 => None,
-        code => Some((code >> 8, code & 0xff)),
+        code => Some(((code >> 8) & 0xff, code & 0xff, code >> 16)),
     }
 }
 
@@ -271,7 +313,12 @@ impl ConvKernels for CubeBackend {
         );
         let (input, weight, bias) = (Dense::of(&input), Dense::of(&weight), Dense::of(&bias));
         let pixels = out[0] * out[2] * out[3];
-        let tiling = pixel_tiling(pixels, spec.groups, g.group_out as usize, true);
+        let tiling = pixel_tiling(
+            pixels,
+            spec.groups,
+            g.group_out as usize,
+            g.group_in as usize,
+        );
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, the weight and
         // the bias (one dtype, checked by the caller) and of the output (made with it). A unit
         // with pixel `p < batch * out_h * out_w` reads input elements `(n, c, iy, ix)` with
@@ -293,6 +340,7 @@ impl ConvKernels for CubeBackend {
                 taps,
                 tiling.block,
                 tiling.per_unit,
+                tiling.splits,
                 spec.has_bias,
                 elem,
             );
@@ -312,7 +360,7 @@ impl ConvKernels for CubeBackend {
         let dx = Dense::empty_like(&input);
         let (grad, weight) = (Dense::of(&grad), Dense::of(&weight));
         let pixels = (g.batch * g.height * g.width) as usize;
-        let tiling = pixel_tiling(pixels, spec.groups, g.group_in as usize, false);
+        let tiling = pixel_tiling(pixels, spec.groups, g.group_in as usize, 0);
         // SAFETY: one dtype `elem` for grad, weight and dx (checked by the caller). A unit with
         // input pixel `p < batch * height * width` reads grad elements `(n, co, oy, ox)` with
         // `co < out_channels`, `oy < out_h`, `ox < out_w` (checked; grad has the forward's
@@ -534,22 +582,36 @@ pub(crate) fn conv2d(
 
 #[cfg(test)]
 mod tests {
-    use super::pixel_tiling;
+    use super::{PIXEL_CUBES, pixel_tiling};
 
-    /// `(pixels, channels)` per unit of a tiling, forced tilings aside.
-    fn chosen(pixels: usize, channels: usize, forward: bool) -> (usize, usize) {
-        let tiling = pixel_tiling(pixels, 1, channels, forward);
-        (tiling.per_unit, tiling.block)
+    /// `(pixels, channels, splits)` per unit of a tiling of `summed` input channels (0: the
+    /// input gradient), forced tilings aside.
+    fn chosen(pixels: usize, channels: usize, summed: usize) -> (usize, usize, usize) {
+        let tiling = pixel_tiling(pixels, 1, channels, summed);
+        (tiling.per_unit, tiling.block, tiling.splits)
     }
 
     #[test]
     fn the_forward_takes_wide_units_where_they_still_fill_the_gpu() {
         // The bench CNN at batch 32: 32 x 32 x 32 output pixels of 16, then 32 channels.
-        assert_eq!(chosen(32 * 32 * 32, 16, true), (2, 16));
-        assert_eq!(chosen(32 * 32 * 32, 32, true), (2, 16));
+        assert_eq!(chosen(32 * 32 * 32, 16, 3), (2, 16, 1));
+        assert_eq!(chosen(32 * 32 * 32, 32, 16), (2, 16, 1));
         // Its input gradients keep the tilings that give 256 cubes.
-        assert_eq!(chosen(32 * 32 * 32, 16, false), (2, 4));
-        // At batch 1 wide units would leave most of the GPU idle.
-        assert_eq!(chosen(32 * 32, 32, true), chosen(32 * 32, 32, false));
+        assert_eq!(chosen(32 * 32 * 32, 16, 0), (2, 4, 1));
+    }
+
+    #[test]
+    fn a_small_forward_splits_its_summed_channels_to_fill_the_gpu() {
+        // The bench CNN at batch 1: 32 x 32 pixels of 16 channels from 3, of 32 from 16. No
+        // unsplit tiling gives PIXEL_CUBES cubes (one pixel of two channels: 4 x 16 cubes).
+        assert!(PIXEL_CUBES > (32 * 32 / 256) * 16);
+        // 16 channels in 8 parts of 2: 32 x 8 cubes.
+        assert_eq!(chosen(32 * 32, 32, 16), (1, 4, 8));
+        // No more parts than channels, even short of PIXEL_CUBES.
+        assert_eq!(chosen(32 * 32, 16, 3), (1, 4, 2));
+        // One input channel: nothing to split, one pixel of one channel per unit.
+        assert_eq!(chosen(32 * 32, 32, 1), (1, 1, 1));
+        // The input gradient never splits.
+        assert_eq!(chosen(32 * 32, 16, 0), (1, 1, 1));
     }
 }
