@@ -876,6 +876,13 @@ fn data_parallel_example_trains() {
     );
 }
 
+/// Ranks that are threads of one process, on two GPUs, draw alike in turn (skipped on one GPU).
+#[test]
+fn data_parallel_draws_in_turn_are_alike() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::draws_in_turn_are_alike(&devices);
+}
+
 /// Two data-parallel whole steps on two GPUs, each step's bucket averaged with burn's NCCL
 /// all-reduce between its two graphs, equal one model on the whole batches (skipped on one
 /// GPU).

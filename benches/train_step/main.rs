@@ -236,7 +236,9 @@ fn options() -> Options {
                 let (pixels, channels, splits) = match parts[..] {
                     [p, c] => (p, c, 1),
                     [p, c, s] => (p, c, s),
-                    _ => panic!("--conv-tiling takes PIXELSxCHANNELS[xSPLITS], such as 4x8 or 1x4x8"),
+                    _ => {
+                        panic!("--conv-tiling takes PIXELSxCHANNELS[xSPLITS], such as 4x8 or 1x4x8")
+                    }
                 };
                 burn_graphed::testing::force_conv_tiling(Some((pixels, channels, splits)));
                 eprintln!(

@@ -57,6 +57,67 @@ fn on_group<T: Send>(
     })
 }
 
+/// Ranks that are threads of one process draw alike in turn: each rank seeds burn's generator
+/// and draws the bench's check draws (four `[8, 128, 256]` tensors) inside
+/// `DataParallel::in_turn`, and every rank's draws must equal rank 0's, bit for bit. burn's
+/// cubecl backends take a draw's seed from one process-wide generator when the draw's kernel
+/// launches, and fusion launches lazily: a turn that ended before its draws ran would let the
+/// next rank's seeding land between them (the data-parallel bench check's shards then differed
+/// from the ones rank 0 compared with, on 2 GPUs). The control: the same turns without the
+/// drain at their end (barriers in rank order) must give draws that are not all alike, or the
+/// test cannot see the difference on this machine and says so (on one wgpu device shared by
+/// the ranks, and on Flex, the draws come out alike either way).
+pub fn draws_in_turn_are_alike(devices: &[Device]) {
+    const SEED: u64 = 2024;
+    let draws = |device: &Device| {
+        device.seed(SEED);
+        (0..4)
+            .map(|_| {
+                Tensor::<3>::random([8, 128, 256], burn::tensor::Distribution::Default, device)
+            })
+            .collect::<Vec<_>>()
+    };
+    let values = |tensors: Vec<Tensor<3>>| -> Vec<f32> {
+        tensors
+            .into_iter()
+            .flat_map(|t| t.into_data().try_to_vec::<f32>().expect("f32 values"))
+            .collect()
+    };
+    let in_turn: Vec<Vec<f32>> = on_group(devices.len(), &Collective::Host, |dp| {
+        let device = &devices[dp.ranks().rank()];
+        let mine = dp
+            .in_turn("the draws", device, || Ok(draws(device)))
+            .expect("in turn");
+        values(mine)
+    });
+    for (rank, drawn) in in_turn.iter().enumerate() {
+        assert!(
+            drawn == &in_turn[0],
+            "rank {rank}'s draws in turn differ from rank 0's"
+        );
+    }
+    // Control: turns in rank order that end at a barrier without draining the device.
+    let undrained: Vec<Vec<f32>> = on_group(devices.len(), &Collective::Host, |dp| {
+        let (rank, size) = (dp.ranks().rank(), dp.ranks().size());
+        let device = &devices[rank];
+        let mut mine = None;
+        for turn in 0..size {
+            if turn == rank {
+                mine = Some(draws(device));
+            }
+            dp.ranks().barrier("a turn").expect("barrier");
+        }
+        values(mine.expect("this rank's turn came"))
+    });
+    if undrained.iter().all(|drawn| drawn == &undrained[0]) {
+        super::skip::skip(&format!(
+            "{:?}: draws in turns without the drain came out alike too, so the control cannot \
+             fail on this machine",
+            devices[0]
+        ));
+    }
+}
+
 /// Trains a graphed replica of `model` per rank, rank `i` on `devices[i]` and its shard, for
 /// [`STEPS`] steps with burn's `Adam`, the gradients averaged by `DataParallel` with
 /// `collective` unless `average` is off; the replicas, in rank order. Each rank captures its

@@ -263,7 +263,9 @@ impl DataParallel {
     /// for captures, which on CUDA must not overlap anything else the process runs (cubecl
     /// records in CUDA's global capture mode), and which every rank must have made before any
     /// replays. First every rank drains `device`, its own, and waits for the others; then each
-    /// rank's turn comes while the others wait at a barrier. Ranks that are processes of their
+    /// rank's turn comes while the others wait at a barrier, and ends when `device` has run
+    /// what `work` queued (so that seeded draws in turn come out alike: burn's cubecl backends
+    /// seed a draw from one process-wide generator when it launches). Ranks that are processes of their
     /// own ([`DataParallel::join`]) share no process, so they run `work` all at once. Returns
     /// this rank's value when every rank's `work` succeeded.
     ///
@@ -290,7 +292,20 @@ impl DataParallel {
             let mut mine = None;
             for turn in 0..self.ranks.size() {
                 if turn == self.ranks.rank() {
-                    mine = work.take().map(|work| work());
+                    mine = work.take().map(|work| {
+                        let value = work()?;
+                        // The turn ends when its device work has run, not when it is queued:
+                        // fusion launches lazily, and nothing this turn queued may run in the
+                        // next rank's (a capture there, or burn's random draws, which take
+                        // their seeds from one process-wide generator at launch).
+                        device.sync().map_err(|error| GraphedError::Capture {
+                            phase: CapturePhase::StaticBuffers,
+                            reason: format!(
+                                "the rank's device did not drain at the end of its turn: {error}"
+                            ),
+                        })?;
+                        Ok(value)
+                    });
                 }
                 self.ranks.barrier(what)?;
             }

@@ -319,7 +319,14 @@ pub(in crate::cube) fn conv_forward_kernel<F: Float>(
         ci0 += chunk as u32;
     }
     if comptime!(splits > 1) {
-        add_parts(&mut acc, slot, part, slots, comptime!(pixels * block), splits);
+        add_parts(
+            &mut acc,
+            slot,
+            part,
+            slots,
+            comptime!(pixels * block),
+            splits,
+        );
     }
     #[unroll]
     for i in 0..pixels {

@@ -186,10 +186,13 @@ fn pixel_tiling(pixels: usize, groups: usize, channels: usize, summed: usize) ->
     let chosen = Some((WIDE_FORWARD, 1))
         .filter(|&(tiling, _)| wide(tiling))
         .or_else(|| {
-            TILINGS.into_iter().map(|tiling| (tiling, 1)).find(|&(tiling, _)| {
-                let (x, y) = cubes(tiling, 1);
-                x * y >= PIXEL_CUBES
-            })
+            TILINGS
+                .into_iter()
+                .map(|tiling| (tiling, 1))
+                .find(|&(tiling, _)| {
+                    let (x, y) = cubes(tiling, 1);
+                    x * y >= PIXEL_CUBES
+                })
         })
         .or_else(|| split_forward(summed, |splits| cubes(SPLIT_TILING, splits)))
         .unwrap_or(((1, 1), 1));
