@@ -80,7 +80,7 @@ pub(crate) use self::{
         hold_tensor_cores_always as hold_attention_tensor_cores,
         packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
     },
-    ops::conv_op::force_tiling as force_conv_tiling,
+    ops::conv_tiling::force_tiling as force_conv_tiling,
     ops::norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
     ops::vendor_matmul::gemms as vendor_gemms,
 };

@@ -4,6 +4,7 @@
 
 pub(super) mod attention_op;
 pub(super) mod conv_op;
+pub(super) mod conv_tiling;
 pub(super) mod cross_entropy_op;
 pub(super) mod embedding_op;
 pub(super) mod linear_op;
