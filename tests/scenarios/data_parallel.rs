@@ -83,12 +83,14 @@ pub fn draws_in_turn_are_alike(devices: &[Device]) {
             .flat_map(|t| t.into_data().try_to_vec::<f32>().expect("f32 values"))
             .collect()
     };
+    // Each rank's body under `run`: a rank that fails ends the group, not its peers' wait.
     let in_turn: Vec<Vec<f32>> = on_group(devices.len(), &Collective::Host, |dp| {
-        let device = &devices[dp.ranks().rank()];
-        let mine = dp
-            .in_turn("the draws", device, || Ok(draws(device)))
-            .expect("in turn");
-        values(mine)
+        dp.run(|dp| {
+            let device = &devices[dp.ranks().rank()];
+            let mine = dp.in_turn("the draws", device, || Ok(draws(device)))?;
+            Ok(values(mine))
+        })
+        .expect("draws in turn")
     });
     for (rank, drawn) in in_turn.iter().enumerate() {
         assert!(
@@ -98,16 +100,19 @@ pub fn draws_in_turn_are_alike(devices: &[Device]) {
     }
     // Control: turns in rank order that end at a barrier without draining the device.
     let undrained: Vec<Vec<f32>> = on_group(devices.len(), &Collective::Host, |dp| {
-        let (rank, size) = (dp.ranks().rank(), dp.ranks().size());
-        let device = &devices[rank];
-        let mut mine = None;
-        for turn in 0..size {
-            if turn == rank {
-                mine = Some(draws(device));
+        dp.run(|dp| {
+            let (rank, size) = (dp.ranks().rank(), dp.ranks().size());
+            let device = &devices[rank];
+            let mut mine = None;
+            for turn in 0..size {
+                if turn == rank {
+                    mine = Some(draws(device));
+                }
+                dp.ranks().barrier("a turn")?;
             }
-            dp.ranks().barrier("a turn").expect("barrier");
-        }
-        values(mine.expect("this rank's turn came"))
+            Ok(values(mine.expect("this rank's turn came")))
+        })
+        .expect("draws in turns without the drain")
     });
     if undrained.iter().all(|drawn| drawn == &undrained[0]) {
         super::skip::skip(&format!(

@@ -252,16 +252,17 @@ pub fn conv_matches_exact(device: &Device, dtype: FloatDType) {
     }
     // The kernels' tilings (pixels and channels per unit, and the forward's split of the
     // summed channels), one per case (by size, a small shape would always take a split one):
-    // the splits meet a case with fewer input channels than parts (3 in 8) and one with more
-    // (6 in 4), and the choice by size a case with 12.
+    // the splits meet cases with fewer input channels per group than parts (3 in 8; grouped, 1
+    // in 4) and one with more (12 in 4, 8 output channels a unit, over two staged chunks of 10
+    // and 2 input channels), and the choice by size a channels-last case (5 in 4).
     let tilings = [
         Some((4, 8, 1)),
         Some((2, 16, 1)),
         Some((1, 4, 8)),
         Some((2, 4, 1)),
         Some((2, 2, 4)),
+        Some((1, 8, 4)),
         None,
-        Some((4, 2, 1)),
     ];
     for (seed, case) in cases().into_iter().enumerate() {
         check_case(

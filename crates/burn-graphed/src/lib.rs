@@ -358,7 +358,8 @@ pub mod testing {
     /// Makes every fused convolution's forward and input gradient (`burn_graphed::nn::conv2d`)
     /// compute `(per_unit, block, splits)`: `per_unit` pixels of `block` channels per unit, the
     /// forward's summed channels split in `splits` parts of a cube (a power of two up to 16;
-    /// the input gradient takes no split), whatever the shapes (`None`: chosen by size again),
+    /// the input gradient takes no split, nor a forward of over 32 sums a unit, whose parts
+    /// would not fit a cube's shared memory), whatever the shapes (`None`: chosen by size again),
     /// so that small test shapes run every tiling. Process-wide. The values depend on the
     /// split only (it changes the order of the sums), within the tests' bound.
     pub fn force_conv_tiling(tiling: Option<(usize, usize, usize)>) {

@@ -265,9 +265,9 @@ impl DataParallel {
     /// replays. First every rank drains `device`, its own, and waits for the others; then each
     /// rank's turn comes while the others wait at a barrier, and ends when `device` has run
     /// what `work` queued (so that seeded draws in turn come out alike: burn's cubecl backends
-    /// seed a draw from one process-wide generator when it launches). Ranks that are processes of their
-    /// own ([`DataParallel::join`]) share no process, so they run `work` all at once. Returns
-    /// this rank's value when every rank's `work` succeeded.
+    /// seed a draw from one process-wide generator when it launches). Ranks that are processes
+    /// of their own ([`DataParallel::join`]) share no process, so they run `work` all at once.
+    /// Returns this rank's value when every rank's `work` succeeded.
     ///
     /// # Errors
     ///
@@ -293,18 +293,19 @@ impl DataParallel {
             for turn in 0..self.ranks.size() {
                 if turn == self.ranks.rank() {
                     mine = work.take().map(|work| {
-                        let value = work()?;
-                        // The turn ends when its device work has run, not when it is queued:
-                        // fusion launches lazily, and nothing this turn queued may run in the
-                        // next rank's (a capture there, or burn's random draws, which take
-                        // their seeds from one process-wide generator at launch).
-                        device.sync().map_err(|error| GraphedError::Capture {
+                        let value = work();
+                        // The turn ends when its device work has run, not when it is queued,
+                        // whether the work succeeded or not: fusion launches lazily, and nothing
+                        // this turn queued may run in the next rank's (a capture there, or
+                        // burn's random draws, which take their seeds from one process-wide
+                        // generator at launch). The work's own error comes first.
+                        let drained = device.sync().map_err(|error| GraphedError::Capture {
                             phase: CapturePhase::StaticBuffers,
                             reason: format!(
                                 "the rank's device did not drain at the end of its turn: {error}"
                             ),
-                        })?;
-                        Ok(value)
+                        });
+                        value.and_then(|value| drained.map(|()| value))
                     });
                 }
                 self.ranks.barrier(what)?;

@@ -165,6 +165,9 @@ impl ConvKernels for CubeBackend {
             g.group_out as usize,
             g.group_in as usize,
         );
+        // The kernel's parts are `PIXEL_THREADS / splits` slots each (`pixel_tiling` gives
+        // powers of two up to 16).
+        debug_assert_eq!(PIXEL_THREADS % tiling.splits, 0, "splits {}", tiling.splits);
         // SAFETY: the kernel is instantiated for `elem`, the dtype of the input, the weight and
         // the bias (one dtype, checked by the caller) and of the output (made with it). A unit
         // with pixel `p < batch * out_h * out_w` reads input elements `(n, c, iy, ix)` with

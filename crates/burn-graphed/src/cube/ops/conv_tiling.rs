@@ -73,7 +73,11 @@ pub(super) fn pixel_tiling(
         .unwrap_or(((1, 1), 1));
     #[cfg(feature = "testing")]
     let chosen = forced_tiling().map_or(chosen, |(per_unit, block, splits)| {
-        ((per_unit, block), if forward { splits } else { 1 })
+        // A split adds `PIXEL_THREADS * per_unit * block` sums of shared memory (`add_parts`)
+        // beside the staged weights (8 KiB): a forced split past [`SPLIT_SUMS`] runs unsplit.
+        let fits = per_unit * block.min(channels) <= SPLIT_SUMS;
+        let split = forward && fits;
+        ((per_unit, block), if split { splits } else { 1 })
     });
     let ((per_unit, block), splits) = chosen;
     let block = block.min(channels);
@@ -116,6 +120,12 @@ fn split_forward(
 
 /// Parts of a split forward at most: a cube keeps 16 pixels of [`PIXEL_THREADS`] units.
 const MAX_SPLITS: usize = 16;
+
+/// Sums per unit a split forward may hold (pixels times channels): its parts' sums take
+/// `PIXEL_THREADS` times this in shared memory, 32 KiB at 32, which with the staged weights' 8
+/// KiB stays within CUDA's 48 KiB a cube. The split chosen by size holds 4 ([`SPLIT_TILING`]).
+#[cfg(feature = "testing")]
+const SPLIT_SUMS: usize = 32;
 
 /// A tiling every forward and input gradient takes, `splits << 16 | per_unit << 8 | block`, or
 /// 0 (chosen by size): `burn_graphed::testing::force_conv_tiling`, so that small test shapes run
