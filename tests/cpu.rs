@@ -81,7 +81,6 @@ on_devices! {
     col_layout_weights_match_eager => scenarios::col_layout_weights_match_eager;
     inference_buckets_replay => scenarios::inference_buckets_replay;
     data_parallel_replicas_match_one_model => |d| scenarios::data_parallel::replicas_match_one_model(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
-    data_parallel_draws_in_turn_are_alike => |d| scenarios::data_parallel::draws_in_turn_are_alike(&[d.clone(), d.clone()]);
     data_parallel_example_trains => |d| scenarios::data_parallel::example_trains_equal_replicas(&[d.clone(), d.clone()], burn_graphed::Collective::Host);
     data_parallel_mismatched_ranks_fail => scenarios::data_parallel::mismatched_ranks_fail_on_every_rank;
     data_parallel_failed_capture_fails_every_rank => |d| scenarios::data_parallel::failed_capture_fails_every_rank(&[d.clone(), d.clone()], burn_graphed::Collective::Host), needs_graphs: "Flex cannot capture: a rank's failed capture";

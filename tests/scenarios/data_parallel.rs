@@ -65,8 +65,11 @@ fn on_group<T: Send>(
 /// next rank's seeding land between them (the data-parallel bench check's shards then differed
 /// from the ones rank 0 compared with, on 2 GPUs). The control: the same turns without the
 /// drain at their end (barriers in rank order) must give draws that are not all alike, or the
-/// test cannot see the difference on this machine and says so (on one wgpu device shared by
-/// the ranks, and on Flex, the draws come out alike either way).
+/// test cannot see the difference on this machine and says so. In the GPU suite only, which
+/// runs one test at a time in a process: any other thread's draw between a rank's seeding and
+/// its draws would change them too (the CPU suite's parallel tests did, on Flex), and on the
+/// CPU backends (one wgpu device shared by the ranks, Flex) the draws come out alike either
+/// way.
 pub fn draws_in_turn_are_alike(devices: &[Device]) {
     const SEED: u64 = 2024;
     let draws = |device: &Device| {
