@@ -280,11 +280,15 @@ impl DataParallel {
         device: &Device,
         work: impl FnOnce() -> Result<T, GraphedError>,
     ) -> Result<T, GraphedError> {
-        let drained = device.sync().map_err(|error| GraphedError::Capture {
-            phase: CapturePhase::StaticBuffers,
-            reason: format!("the rank's device did not drain before the captures: {error}"),
-        });
-        self.ranks.agree(what, drained)?;
+        // The rank's device drained, or why not (`when`: before the captures, or at the end of
+        // its turn).
+        let drain = |when: &str| {
+            device.sync().map_err(|error| GraphedError::Capture {
+                phase: CapturePhase::StaticBuffers,
+                reason: format!("the rank's device did not drain {when}: {error}"),
+            })
+        };
+        self.ranks.agree(what, drain("before the captures"))?;
         let mine = if self.ranks.is_process_group() {
             work()
         } else {
@@ -299,12 +303,7 @@ impl DataParallel {
                         // this turn queued may run in the next rank's (a capture there, or
                         // burn's random draws, which take their seeds from one process-wide
                         // generator at launch). The work's own error comes first.
-                        let drained = device.sync().map_err(|error| GraphedError::Capture {
-                            phase: CapturePhase::StaticBuffers,
-                            reason: format!(
-                                "the rank's device did not drain at the end of its turn: {error}"
-                            ),
-                        });
+                        let drained = drain("at the end of its turn");
                         value.and_then(|value| drained.map(|()| value))
                     });
                 }

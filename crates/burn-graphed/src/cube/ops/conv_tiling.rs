@@ -54,22 +54,20 @@ pub(super) fn pixel_tiling(
             groups * channels.div_ceil(block),
         )
     };
-    let wide = |tiling| {
-        let (x, y) = cubes(tiling, 1);
-        forward && x * y >= WIDE_FORWARD_CUBES
+    // The cubes of a tiling and a split, all told.
+    let count = |tiling, splits| {
+        let (x, y) = cubes(tiling, splits);
+        x * y
     };
     let chosen = Some((WIDE_FORWARD, 1))
-        .filter(|&(tiling, _)| wide(tiling))
+        .filter(|&(tiling, splits)| forward && count(tiling, splits) >= WIDE_FORWARD_CUBES)
         .or_else(|| {
             TILINGS
                 .into_iter()
                 .map(|tiling| (tiling, 1))
-                .find(|&(tiling, _)| {
-                    let (x, y) = cubes(tiling, 1);
-                    x * y >= PIXEL_CUBES
-                })
+                .find(|&(tiling, splits)| count(tiling, splits) >= PIXEL_CUBES)
         })
-        .or_else(|| split_forward(summed, |splits| cubes(SPLIT_TILING, splits)))
+        .or_else(|| split_forward(summed, |splits| count(SPLIT_TILING, splits)))
         .unwrap_or(((1, 1), 1));
     #[cfg(feature = "testing")]
     let chosen = forced_tiling().map_or(chosen, |(per_unit, block, splits)| {
@@ -97,23 +95,16 @@ const SPLIT_TILING: (usize, usize) = (1, 4);
 
 /// The parts a small forward splits its `summed` input channels into (a power of two, at most
 /// [`MAX_SPLITS`] and no more than the channels, so that no part is idle): the fewest that give
-/// [`PIXEL_CUBES`] cubes by `cubes` (the grid at a split), the most otherwise; `None` with one
-/// channel.
-fn split_forward(
-    summed: usize,
-    cubes: impl Fn(usize) -> (usize, usize),
-) -> Option<((usize, usize), usize)> {
+/// [`PIXEL_CUBES`] cubes by `cubes` (the grid's cubes at a split), the most otherwise; `None`
+/// with one channel.
+fn split_forward(summed: usize, cubes: impl Fn(usize) -> usize) -> Option<((usize, usize), usize)> {
     let candidates: Vec<usize> = std::iter::successors(Some(2), |s| Some(s * 2))
         .take_while(|&s| s <= MAX_SPLITS && s <= summed)
         .collect();
-    let enough = |&s: &usize| {
-        let (x, y) = cubes(s);
-        x * y >= PIXEL_CUBES
-    };
     let splits = candidates
         .iter()
         .copied()
-        .find(enough)
+        .find(|&s| cubes(s) >= PIXEL_CUBES)
         .or(candidates.last().copied())?;
     Some((SPLIT_TILING, splits))
 }
