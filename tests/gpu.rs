@@ -1367,7 +1367,7 @@ in_parts!(scenarios::fused_linear::linear_add_matches_exact_in {
     linear_add_matches_exact_bf16_case_3 => BF16, 3..4;
 });
 
-// The fused attention's `f16` and `bf16` cases, four parts each (cases 1 and 4 to 6 on tensor
+// The fused attention's `f16` and `bf16` cases, five parts each (cases 1 and 4 to 7 on tensor
 // cores). Cases 5 and 6 (a padding and a full mask at head dimensions 16 and 32) take their
 // bound from burn's composition without the mask: with it, on CUDA in these dtypes, burn's
 // composition and its flash attention were 1.26 and 1.24 of the output's magnitude off the
@@ -1379,6 +1379,8 @@ in_parts!(scenarios::fused_attention::attention_matches_exact_in {
     attention_matches_exact_bf16_cases_0_1 => BF16, 0..2;
     attention_matches_exact_bf16_cases_2_3 => BF16, 2..4;
     attention_matches_exact_bf16_case_4 => BF16, 4..5;
+    attention_matches_exact_f16_case_7 => F16, 7..8;
+    attention_matches_exact_bf16_case_7 => BF16, 7..8;
 });
 
 in_parts!(scenarios::fused_attention::attention_matches_exact_unmasked_reference_in {

@@ -57,10 +57,12 @@ struct Case {
 }
 
 /// The cases: odd lengths, other query and key lengths, lengths over several key blocks
-/// (64 keys per block at most) and query blocks (16 or 32 rows). Head dimensions 16 and 32 (cases
-/// 1 and 4 to 6) are what the tensor-core kernels take in `f16` and `bf16` on CUDA, with each
-/// kind of mask.
-const CASES: [Case; 7] = [
+/// (64 keys per block at most) and query blocks (16 or 32 rows). Head dimensions 16, 32 and 64
+/// (cases 1 and 4 to 7) are what the tensor-core kernels take in `f16` and `bf16` on CUDA, with
+/// each kind of mask; case 7 (head dimension 64) leaves one of a dK/dV cube's four planes
+/// without a block of query rows (three blocks of 16) and gives dQ's planes unequal shares
+/// of the keys (five blocks of 16).
+const CASES: [Case; 8] = [
     Case {
         dims: [2, 2, 5, 7, 8],
         masking: Masking::None,
@@ -91,6 +93,10 @@ const CASES: [Case; 7] = [
     Case {
         dims: [2, 1, 20, 70, 32],
         masking: Masking::Full,
+    },
+    Case {
+        dims: [2, 2, 48, 70, 64],
+        masking: Masking::None,
     },
 ];
 

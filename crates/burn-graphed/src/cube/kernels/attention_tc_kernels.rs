@@ -4,13 +4,14 @@
 //! `f32` (CUDA). Launched by `attention_op.rs`, which states the arithmetic; the cases these
 //! kernels do not take (`f32`, a head dimension not a multiple of 16) run the others.
 //!
-//! Work split: the forward's cube takes 16 query rows with [`SPLIT`] planes, each over its own
-//! share of the keys, combined at the end; a dQ or dK/dV cube has [`PLANES`] planes, and a plane
-//! takes 16 query rows (dQ) or 16 keys (dK and dV). Operands are staged in shared memory in the
-//! dtype, in vectors of up to 16 bytes ([`staging_width`]); a plane's products land in
-//! its own `f32` tiles in shared memory, where the two units of a row take the row's softmax or
-//! gradient arithmetic in `f32`, its even and its odd columns, and combine through a plane
-//! shuffle. Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
+//! Work split: a cube has [`SPLIT`] planes and takes 16 query rows (the forward, dQ) or 16 keys
+//! (dK and dV); each plane takes its own share of the other side (the keys, or the query rows)
+//! and the cube combines the planes' parts at the end, in plane order. Operands are staged in
+//! shared memory in the dtype, in vectors of up to 16 bytes ([`staging_width`]); a plane's
+//! scores land in its own `f32` tiles in shared memory, where the two units of a row take the
+//! row's softmax or gradient arithmetic in `f32`, its even and its odd columns, and combine
+//! through a plane shuffle. The forward's output accumulates in shared memory (the softmax
+//! rescales it), the gradients' in registers (`cmma` accumulator tiles). Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
 //! tile's rows fall into different banks.
 //! Rounding: the probabilities and the scores' gradients are rounded to the dtype before they
 //! multiply (FlashAttention's choice; burn's composition rounds them too); every sum is `f32`.
@@ -33,25 +34,19 @@
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::attention_kernels::{
-    MaskStrides, Operands, mask_at, probability, row_value, score_gradient,
-};
+use super::attention_kernels::{MaskStrides, Operands, mask_at, probability, score_gradient};
 
 /// Units of a plane; the kernels need exactly this many (two per row of a 16-row tile).
 pub(in crate::cube) const LANES: usize = 32;
-/// Planes of a cube.
-pub(in crate::cube) const PLANES: usize = 2;
-/// The edge of a tensor-core tile; query rows of a forward cube.
+/// The edge of a tensor-core tile; query rows of a forward or dQ cube, keys of a dK/dV cube.
 pub(in crate::cube) const TILE: usize = 16;
-/// Query rows of a dQ cube, keys of a dK/dV cube; the unit of `fills_device`'s count.
-pub(in crate::cube) const BLOCK: usize = PLANES * TILE;
-/// Units of a dQ or dK/dV cube.
-const UNITS: usize = PLANES * LANES;
-/// Planes of a forward cube: they share its 16 query rows, each taking every `SPLIT`th block
-/// of keys, and combine their rows' partial softmaxes at the end.
+/// The rows of the cubes `fills_device` counts: the 32-row cubes its rule was measured with.
+pub(in crate::cube) const BLOCK: usize = 2 * TILE;
+/// Planes of a cube: they share its 16 rows (or keys), each taking every `SPLIT`th block of
+/// keys (or query rows), and combine their parts at the end.
 pub(in crate::cube) const SPLIT: usize = 4;
-/// Units of a forward cube.
-const FORWARD_UNITS: usize = SPLIT * LANES;
+/// Units of a cube.
+const UNITS: usize = SPLIT * LANES;
 /// The largest head dimension taken.
 const MAX_DIM: usize = 64;
 /// The most shared memory a cube asks for (bytes), 1 KiB below CUDA's static limit of 48 KiB.
@@ -99,13 +94,18 @@ impl TensorBlocks {
             2 * (TILE + SPLIT * 2 * keys) * op
                 + SPLIT * TILE * (scores(keys) + weights(keys) + acc + 8)
         };
+        // dQ: a tile of queries and of output gradients, and per plane a block of keys and
+        // values, its scores, their gradients and the gradients in the dtype.
         let query = |keys: usize| {
-            2 * (2 * BLOCK + 2 * keys) * op + BLOCK * (2 * scores(keys) + weights(keys) + acc)
+            2 * (2 * TILE + SPLIT * 2 * keys) * op
+                + SPLIT * TILE * (2 * scores(keys) + weights(keys))
         };
+        // dK/dV: a tile of keys and of values, and per plane a block of query rows and output
+        // gradients, the transposed scores and their gradients (f32 and the dtype) and the
+        // rows' `lse` and `delta`.
         let key = |rows: usize| {
-            2 * (2 * BLOCK + 2 * rows) * op
-                + 8 * rows
-                + BLOCK * (2 * scores(rows) + 2 * weights(rows) + 2 * acc)
+            2 * (2 * TILE + SPLIT * 2 * rows) * op
+                + SPLIT * (8 * rows + TILE * (2 * scores(rows) + 2 * weights(rows)))
         };
         let fit =
             |size: &dyn Fn(usize) -> usize| [64, 32, TILE].into_iter().find(|&n| size(n) <= budget);
@@ -328,28 +328,9 @@ fn product_tile<F: Float>(
             MatrixLayout::RowMajor,
         );
     }
-    #[unroll]
-    for s in 0..steps {
-        let a_tile = cmma::Matrix::<F>::from_slice(
-            MatrixIdent::A,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::RowMajor,
-            &a.slice(a_at + s * a_step, a.len()),
-            a_stride as u32,
-        );
-        let b_tile = cmma::Matrix::<F>::from_slice(
-            MatrixIdent::B,
-            TILE,
-            TILE,
-            TILE,
-            b_layout,
-            &b.slice(b_at + s * b_step, b.len()),
-            b_stride as u32,
-        );
-        cmma::execute::<F, F, f32, f32, cmma::Plane>(&a_tile, &b_tile, &acc, &acc);
-    }
+    accumulate_tile::<F>(
+        &acc, a, a_at, a_stride, a_step, b, b_at, b_stride, b_step, steps, b_layout,
+    );
     cmma::store(
         &mut out.slice_mut(out_at, out.len()),
         &acc,
@@ -558,17 +539,7 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
         );
     }
     stage_rows::<F, W>(
-        q,
-        &mut qs,
-        b,
-        h,
-        first,
-        q_len,
-        q_at,
-        stride,
-        FORWARD_UNITS,
-        TILE,
-        dim,
+        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim,
     );
     for c in 0..comptime!(dim / 2) {
         os[o_at + r * ap + 2 * c + half] = 0.0f32;
@@ -710,8 +681,8 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     // The combine: the cube's units in eights, one eight a row, each unit `dim / 8` of its
     // columns. The planes' parts of a row, scaled to the largest of their maxima, summed.
     let unit = UNIT_POS as usize;
-    let row = unit / comptime!(FORWARD_UNITS / TILE);
-    let part = unit % comptime!(FORWARD_UNITS / TILE);
+    let row = unit / comptime!(UNITS / TILE);
+    let part = unit % comptime!(UNITS / TILE);
     let ci = first + row;
     let mut m = f32::min_value();
     #[unroll]
@@ -733,7 +704,7 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
             inv = 1.0f32 / total;
         }
         let at = ((b * q_len + ci) * heads + h) * dim;
-        let columns = comptime!(dim / (FORWARD_UNITS / TILE));
+        let columns = comptime!(dim / (UNITS / TILE));
         #[unroll]
         for c in 0..columns {
             let d = part * columns + c;
@@ -750,8 +721,125 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     }
 }
 
-/// dQ and `delta`: rows `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
-/// `attention_kernels::query_grad_kernel`.
+/// The steps of plane `plane` over `blocks` blocks, the plane taking blocks `plane`,
+/// `plane + SPLIT`, ..: the count of those below `blocks`.
+#[cube]
+fn plane_steps(blocks: usize, plane: usize) -> usize {
+    let mut steps = 0usize;
+    if plane < blocks {
+        steps = (blocks - plane + SPLIT - 1) / SPLIT;
+    }
+    steps
+}
+
+/// The `count` zeroed `f32` accumulator tiles of a plane, kept in registers across a kernel's
+/// loop (`accumulate_tile`) and summed over the planes at its end (`add_planes`).
+#[cube]
+fn zero_tiles(#[comptime] count: usize) -> Sequence<cmma::Matrix<f32>> {
+    let mut tiles = Sequence::<cmma::Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..count {
+        tiles.push(cmma::Matrix::<f32>::from_value(
+            MatrixIdent::Accumulator,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::Undefined,
+            0.0f32,
+        ));
+    }
+    tiles
+}
+
+/// Adds a plane's product `A B` to the accumulator tile `acc` (registers): `steps` tiles of
+/// `A` (row-major, rows `a_stride` apart, the `s`th at `a_at + s * a_step`) times those of `B`
+/// (`b_layout`, the `s`th at `b_at + s * b_step`), in order. Every unit of the plane calls it.
+#[cube]
+fn accumulate_tile<F: Float>(
+    acc: &cmma::Matrix<f32>,
+    a: &Shared<[F]>,
+    a_at: usize,
+    a_stride: usize,
+    a_step: usize,
+    b: &Shared<[F]>,
+    b_at: usize,
+    b_stride: usize,
+    b_step: usize,
+    #[comptime] steps: usize,
+    #[comptime] b_layout: MatrixLayout,
+) {
+    #[unroll]
+    for s in 0..steps {
+        let a_tile = cmma::Matrix::<F>::from_slice(
+            MatrixIdent::A,
+            TILE,
+            TILE,
+            TILE,
+            MatrixLayout::RowMajor,
+            &a.slice(a_at + s * a_step, a.len()),
+            a_stride as u32,
+        );
+        let b_tile = cmma::Matrix::<F>::from_slice(
+            MatrixIdent::B,
+            TILE,
+            TILE,
+            TILE,
+            b_layout,
+            &b.slice(b_at + s * b_step, b.len()),
+            b_stride as u32,
+        );
+        cmma::execute::<F, F, f32, f32, cmma::Plane>(&a_tile, &b_tile, acc, acc);
+    }
+}
+
+/// The sum over the cube's [`SPLIT`] planes of their accumulator tile `tile`, times `factor`,
+/// into `target`: row `rr` and column `cc` of the sum at `at + rr * stride + cc`, rows from
+/// `valid` on left out. Each plane stores its tile in its own region of `scratch` (at
+/// `plane * TILE * pitch`, rows `pitch` apart, `pitch >= TILE`); after a barrier each unit
+/// adds its elements' parts in plane order (a fixed order: a replay sums as the eager call),
+/// and a second barrier frees `scratch`. Every unit of the cube calls it.
+#[cube]
+fn add_planes<F: Float>(
+    tile: &cmma::Matrix<f32>,
+    scratch: &mut Shared<[f32]>,
+    target: &mut [F],
+    at: usize,
+    stride: usize,
+    valid: usize,
+    factor: f32,
+    #[comptime] pitch: usize,
+) {
+    let plane = UNIT_POS_Y as usize;
+    let unit = UNIT_POS as usize;
+    cmma::store(
+        &mut scratch.slice_mut(plane * TILE * pitch, scratch.len()),
+        tile,
+        pitch as u32,
+        MatrixLayout::RowMajor,
+    );
+    sync_cube();
+    #[unroll]
+    for t in 0..comptime!(TILE * TILE / UNITS) {
+        let e = unit + t * UNITS;
+        let rr = e / TILE;
+        let cc = e % TILE;
+        let mut sum = 0.0f32;
+        #[unroll]
+        for p in 0..SPLIT {
+            sum += scratch[(p * TILE + rr) * pitch + cc];
+        }
+        if rr < valid {
+            target[at + rr * stride + cc] = F::cast_from(sum * factor);
+        }
+    }
+    sync_cube();
+}
+
+/// dQ and `delta`: rows `CUBE_POS_X * TILE..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
+/// `attention_kernels::query_grad_kernel`. Plane `p` of the [`SPLIT`] takes the key blocks
+/// `p, p + SPLIT, ..` (as the forward) and sums its part of dQ in its own tiles, held in
+/// registers; at the end the cube adds the planes' parts in plane order (`add_planes`). Each
+/// part is a sum over keys, so the parts add without rescaling.
 #[cube(launch_unchecked)]
 pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     q: &[F],
@@ -786,61 +874,67 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     let q_at = operands.q_at as usize;
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
-    let first = CUBE_POS_X as usize * BLOCK;
+    let first = CUBE_POS_X as usize * TILE;
     let plane = UNIT_POS_Y as usize;
     let lane = UNIT_POS_X as usize;
-    let r = plane * TILE + lane / 2;
+    let r = lane / 2;
     let half = lane % 2;
     let i = first + r;
     let op = comptime!(dim + PAD);
     let sp = comptime!(keys + PAD32);
     let pp = comptime!(keys + PAD);
-    let ap = comptime!(dim + PAD32);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(keys * (dim + PAD)), ALIGN);
-    let mut ss = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
-    let mut dps = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD32)), ALIGN);
-    let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (keys + PAD)), ALIGN);
-    let mut acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
-    // The first block's keys and values are in flight while the rows are staged.
-    let blocks = key_blocks(first, k_len, BLOCK, keys, causal);
-    let mut k_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, UNITS)));
-    let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, UNITS)));
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
+    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    let mut ss =
+        Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
+    let mut dps =
+        Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
+    let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD)), ALIGN);
+    // This plane's regions of the shared arrays.
+    let kv_at = plane * keys * op;
+    let s_at = plane * TILE * sp;
+    let p_at = plane * TILE * pp;
+    let steps = plane_steps(key_blocks(first, k_len, TILE, keys, causal), plane);
+    // The plane's first block's keys and values are in flight while the rows are staged.
+    let mut k_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
+    let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
-    load_keys_values::<F, W>(
-        k,
-        v,
-        &mut k_next,
-        &mut v_next,
-        b,
-        h,
-        0,
-        k_len,
-        &operands,
-        UNIT_POS as usize,
-        UNITS,
-        keys,
-        dim,
-    );
-    fetch_mask(
-        mask,
-        &strides,
-        &mut mask_next,
-        b,
-        h,
-        i,
-        0,
-        half,
-        q_len,
-        k_len,
-        keys,
-        true,
-        masked,
-    );
+    if steps > 0 {
+        load_keys_values::<F, W>(
+            k,
+            v,
+            &mut k_next,
+            &mut v_next,
+            b,
+            h,
+            plane * keys,
+            k_len,
+            &operands,
+            lane,
+            LANES,
+            keys,
+            dim,
+        );
+        fetch_mask(
+            mask,
+            &strides,
+            &mut mask_next,
+            b,
+            h,
+            i,
+            plane * keys,
+            half,
+            q_len,
+            k_len,
+            keys,
+            true,
+            masked,
+        );
+    }
     stage_rows::<F, W>(
-        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, BLOCK, dim,
+        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim,
     );
     stage_rows::<F, W>(
         dout,
@@ -852,12 +946,10 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         0,
         heads * dim,
         UNITS,
-        BLOCK,
+        TILE,
         dim,
     );
-    for c in 0..comptime!(dim / 2) {
-        acc[r * ap + 2 * c + half] = 0.0f32;
-    }
+    // Every plane takes its rows' `delta` (the same sum in each); plane 0 writes it.
     let row = (b * q_len + i) * heads + h;
     let mut part = 0.0f32;
     let mut row_lse = 0.0f32;
@@ -870,20 +962,21 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         row_lse = lse[row];
     }
     let row_delta = part + plane_shuffle_xor(part, 1);
-    if i < q_len && half == 0 {
+    if i < q_len && half == 0 && plane == 0 {
         delta[row] = row_delta;
     }
-    for block in 0..blocks {
-        let base = block * keys;
-        sync_cube();
-        store_rows::<F, W>(&k_next, &mut ks, 0, UNIT_POS as usize, UNITS, keys, dim);
-        store_rows::<F, W>(&v_next, &mut vs, 0, UNIT_POS as usize, UNITS, keys, dim);
+    let dq_tiles = zero_tiles(comptime!(dim / TILE));
+    sync_cube();
+    for step in 0..steps {
+        let base = (plane + step * SPLIT) * keys;
+        store_rows::<F, W>(&k_next, &mut ks, kv_at, lane, LANES, keys, dim);
+        store_rows::<F, W>(&v_next, &mut vs, kv_at, lane, LANES, keys, dim);
         let bits = mask_bits(&mask_next, keys, masked);
-        sync_cube();
-        // The next block's keys, values and mask entries, in flight while this block is worked
-        // on.
-        if block + 1 < blocks {
-            let next = base + keys;
+        sync_plane();
+        // The plane's next block's keys, values and mask entries, in flight while this block
+        // is worked on.
+        if step + 1 < steps {
+            let next = base + SPLIT * keys;
             load_keys_values::<F, W>(
                 k,
                 v,
@@ -894,8 +987,8 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
                 next,
                 k_len,
                 &operands,
-                UNIT_POS as usize,
-                UNITS,
+                lane,
+                LANES,
                 keys,
                 dim,
             );
@@ -920,15 +1013,15 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         for n in 0..comptime!(keys / TILE) {
             product_tile::<F>(
                 &qs,
-                plane * TILE * op,
+                0,
                 op,
                 TILE,
                 &ks,
-                n * TILE * op,
+                kv_at + n * TILE * op,
                 op,
                 TILE,
                 &mut ss,
-                plane * TILE * sp + n * TILE,
+                s_at + n * TILE,
                 sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
@@ -936,15 +1029,15 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
             );
             product_tile::<F>(
                 &dos,
-                plane * TILE * op,
+                0,
                 op,
                 TILE,
                 &vs,
-                n * TILE * op,
+                kv_at + n * TILE * op,
                 op,
                 TILE,
                 &mut dps,
-                plane * TILE * sp + n * TILE,
+                s_at + n * TILE,
                 sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
@@ -956,49 +1049,56 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
             let j = 2 * c + half;
             let kj = base + j;
             let valid = i < q_len && kj < k_len;
-            let mut s = ss[r * sp + j] * scale;
+            let mut s = ss[s_at + r * sp + j] * scale;
             let hide = valid && hides(bits, c, i, kj, masked, causal);
             if hide {
                 s = fill;
             }
             let p = probability(s, row_lse, valid);
-            let grad = score_gradient(p, dps[r * sp + j], row_delta, hide, valid);
-            dss[r * pp + j] = F::cast_from(grad);
+            let grad = score_gradient(p, dps[s_at + r * sp + j], row_delta, hide, valid);
+            dss[p_at + r * pp + j] = F::cast_from(grad);
         }
         sync_plane();
-        // dQ += dS k.
+        // The plane's part of dQ += dS k.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
-            product_tile::<F>(
+            accumulate_tile::<F>(
+                dq_tiles.index(n),
                 &dss,
-                plane * TILE * pp,
+                p_at,
                 pp,
                 TILE,
                 &ks,
-                n * TILE,
+                kv_at + n * TILE,
                 op,
                 TILE * op,
-                &mut acc,
-                plane * TILE * ap + n * TILE,
-                ap,
                 comptime!(keys / TILE),
                 MatrixLayout::RowMajor,
-                true,
             );
         }
         sync_plane();
     }
-    if i < q_len {
-        for c in 0..comptime!(dim / 2) {
-            let d = 2 * c + half;
-            dq[q_at + (b * q_len + i) * stride + h * dim + d] =
-                F::cast_from(acc[r * ap + d] * scale);
-        }
+    let at = q_at + (b * q_len + first) * stride + h * dim;
+    #[unroll]
+    for n in 0..comptime!(dim / TILE) {
+        add_planes::<F>(
+            dq_tiles.index(n),
+            &mut ss,
+            dq,
+            at + n * TILE,
+            stride,
+            q_len - first,
+            scale,
+            sp,
+        );
     }
 }
 
-/// dK and dV: keys `CUBE_POS_X * BLOCK..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
-/// `attention_kernels::key_grad_kernel`.
+/// dK and dV: keys `CUBE_POS_X * TILE..` of batch `CUBE_POS_Z`, head `CUBE_POS_Y`, as
+/// `attention_kernels::key_grad_kernel`. Plane `p` of the [`SPLIT`] takes the query blocks
+/// `p, p + SPLIT, ..` (from the first a causal mask lets see the keys) and sums its parts of
+/// dK and dV in its own tiles, held in registers; at the end the cube adds the planes' parts
+/// in plane order (`add_planes`).
 #[cube(launch_unchecked)]
 pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     q: &[F],
@@ -1037,30 +1137,33 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     );
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
-    let first = CUBE_POS_X as usize * BLOCK;
-    let unit = UNIT_POS as usize;
+    let first = CUBE_POS_X as usize * TILE;
     let plane = UNIT_POS_Y as usize;
     let lane = UNIT_POS_X as usize;
-    let j = plane * TILE + lane / 2;
+    let j = lane / 2;
     let half = lane % 2;
     let kj = first + j;
     let op = comptime!(dim + PAD);
     let sp = comptime!(rows + PAD32);
     let pp = comptime!(rows + PAD);
-    let ap = comptime!(dim + PAD32);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD)), ALIGN);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(rows * (dim + PAD)), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(rows * (dim + PAD)), ALIGN);
-    let mut sts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD32)), ALIGN);
-    let mut dpts = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD32)), ALIGN);
-    let mut pts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD)), ALIGN);
-    let mut dsts = Shared::<[F]>::new_aligned_slice(comptime!(BLOCK * (rows + PAD)), ALIGN);
-    let mut dk_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
-    let mut dv_acc = Shared::<[f32]>::new_aligned_slice(comptime!(BLOCK * (dim + PAD32)), ALIGN);
-    let mut lses = Shared::<[f32]>::new_slice(rows);
-    let mut deltas = Shared::<[f32]>::new_slice(rows);
-    // With `causal`, query rows before the block's first key see none of its keys.
+    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
+    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
+    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * rows * (dim + PAD)), ALIGN);
+    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * rows * (dim + PAD)), ALIGN);
+    let mut sts =
+        Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD32)), ALIGN);
+    let mut dpts =
+        Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD32)), ALIGN);
+    let mut pts = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD)), ALIGN);
+    let mut dsts = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD)), ALIGN);
+    let mut lses = Shared::<[f32]>::new_slice(comptime!(SPLIT * rows));
+    let mut deltas = Shared::<[f32]>::new_slice(comptime!(SPLIT * rows));
+    // This plane's regions of the shared arrays.
+    let q_off = plane * rows * op;
+    let s_at = plane * TILE * sp;
+    let p_at = plane * TILE * pp;
+    let r_at = plane * rows;
+    // With `causal`, query rows before the cube's first key see none of its keys.
     let mut start = 0usize;
     if causal {
         let mut skipped = first;
@@ -1069,82 +1172,85 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
         }
         start = skipped / rows;
     }
-    let blocks = (q_len + rows - 1) / rows;
-    // The first block's rows (queries, output gradients, their `lse` and `delta`; a unit per
-    // row, `rows` <= UNITS) are in flight while the keys and values are staged.
-    let mut q_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, UNITS)));
-    let mut do_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, UNITS)));
+    let steps = plane_steps((q_len + rows - 1) / rows - start, plane);
+    // The plane's first block's rows (queries, output gradients, their `lse` and `delta`, a
+    // lane per row: `rows` <= LANES) are in flight while the keys and values are staged.
+    let mut q_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, LANES)));
+    let mut do_next = Array::<Vector<F, W>>::new(comptime!(share(rows, dim, width, LANES)));
     let mut mask_next = Array::<i32>::new(comptime!(rows / 2));
-    let first_row = start * rows;
-    load_rows::<F, W>(
-        q,
-        &mut q_next,
-        b,
-        h,
-        first_row,
-        q_len,
-        q_at,
-        stride,
-        unit,
-        UNITS,
-        rows,
-        dim,
-    );
-    load_rows::<F, W>(
-        dout,
-        &mut do_next,
-        b,
-        h,
-        first_row,
-        q_len,
-        0,
-        heads * dim,
-        unit,
-        UNITS,
-        rows,
-        dim,
-    );
-    fetch_mask(
-        mask,
-        &strides,
-        &mut mask_next,
-        b,
-        h,
-        kj,
-        first_row,
-        half,
-        q_len,
-        k_len,
-        rows,
-        false,
-        masked,
-    );
-    let mut lse_next = row_value(lse, b, h, first_row, q_len, heads);
-    let mut delta_next = row_value(delta, b, h, first_row, q_len, heads);
-    stage_rows::<F, W>(
-        k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, BLOCK, dim,
-    );
-    stage_rows::<F, W>(
-        v, &mut vs, b, h, first, k_len, v_at, stride, UNITS, BLOCK, dim,
-    );
-    for c in 0..comptime!(dim / 2) {
-        dk_acc[j * ap + 2 * c + half] = 0.0f32;
-        dv_acc[j * ap + 2 * c + half] = 0.0f32;
+    let mut lse_next = 0.0f32;
+    let mut delta_next = 0.0f32;
+    if steps > 0 {
+        let first_row = (start + plane) * rows;
+        load_rows::<F, W>(
+            q,
+            &mut q_next,
+            b,
+            h,
+            first_row,
+            q_len,
+            q_at,
+            stride,
+            lane,
+            LANES,
+            rows,
+            dim,
+        );
+        load_rows::<F, W>(
+            dout,
+            &mut do_next,
+            b,
+            h,
+            first_row,
+            q_len,
+            0,
+            heads * dim,
+            lane,
+            LANES,
+            rows,
+            dim,
+        );
+        fetch_mask(
+            mask,
+            &strides,
+            &mut mask_next,
+            b,
+            h,
+            kj,
+            first_row,
+            half,
+            q_len,
+            k_len,
+            rows,
+            false,
+            masked,
+        );
+        lse_next = lane_value(lse, b, h, first_row + lane, q_len, heads);
+        delta_next = lane_value(delta, b, h, first_row + lane, q_len, heads);
     }
-    for block in start..blocks {
-        let base = block * rows;
-        sync_cube();
-        store_rows::<F, W>(&q_next, &mut qs, 0, unit, UNITS, rows, dim);
-        store_rows::<F, W>(&do_next, &mut dos, 0, unit, UNITS, rows, dim);
-        if unit < rows {
-            lses[unit] = lse_next;
-            deltas[unit] = delta_next;
+    stage_rows::<F, W>(
+        k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, TILE, dim,
+    );
+    stage_rows::<F, W>(
+        v, &mut vs, b, h, first, k_len, v_at, stride, UNITS, TILE, dim,
+    );
+    let dk_tiles = zero_tiles(comptime!(dim / TILE));
+    let dv_tiles = zero_tiles(comptime!(dim / TILE));
+    sync_cube();
+    for step in 0..steps {
+        let base = (start + plane + step * SPLIT) * rows;
+        store_rows::<F, W>(&q_next, &mut qs, q_off, lane, LANES, rows, dim);
+        store_rows::<F, W>(&do_next, &mut dos, q_off, lane, LANES, rows, dim);
+        if lane < rows {
+            lses[r_at + lane] = lse_next;
+            deltas[r_at + lane] = delta_next;
         }
         let bits = mask_bits(&mask_next, rows, masked);
-        sync_cube();
-        // The next block's rows and mask entries, in flight while this block is worked on.
-        if block + 1 < blocks {
-            let next = base + rows;
+        sync_plane();
+        // The plane's next block's rows and mask entries, in flight while this block is
+        // worked on.
+        if step + 1 < steps {
+            let next = base + SPLIT * rows;
             load_rows::<F, W>(
                 q,
                 &mut q_next,
@@ -1154,8 +1260,8 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 q_len,
                 q_at,
                 stride,
-                unit,
-                UNITS,
+                lane,
+                LANES,
                 rows,
                 dim,
             );
@@ -1168,8 +1274,8 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 q_len,
                 0,
                 heads * dim,
-                unit,
-                UNITS,
+                lane,
+                LANES,
                 rows,
                 dim,
             );
@@ -1188,23 +1294,23 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 false,
                 masked,
             );
-            lse_next = row_value(lse, b, h, next, q_len, heads);
-            delta_next = row_value(delta, b, h, next, q_len, heads);
+            lse_next = lane_value(lse, b, h, next + lane, q_len, heads);
+            delta_next = lane_value(delta, b, h, next + lane, q_len, heads);
         }
-        // The plane's transposed scores (k q^T) and (v dO^T).
+        // The transposed scores (k q^T) and (v dO^T) of the cube's keys and the plane's rows.
         #[unroll]
         for n in 0..comptime!(rows / TILE) {
             product_tile::<F>(
                 &ks,
-                plane * TILE * op,
+                0,
                 op,
                 TILE,
                 &qs,
-                n * TILE * op,
+                q_off + n * TILE * op,
                 op,
                 TILE,
                 &mut sts,
-                plane * TILE * sp + n * TILE,
+                s_at + n * TILE,
                 sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
@@ -1212,15 +1318,15 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
             );
             product_tile::<F>(
                 &vs,
-                plane * TILE * op,
+                0,
                 op,
                 TILE,
                 &dos,
-                n * TILE * op,
+                q_off + n * TILE * op,
                 op,
                 TILE,
                 &mut dpts,
-                plane * TILE * sp + n * TILE,
+                s_at + n * TILE,
                 sp,
                 comptime!(dim / TILE),
                 MatrixLayout::ColMajor,
@@ -1232,63 +1338,83 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
             let ii = 2 * c + half;
             let qi = base + ii;
             let valid = qi < q_len && kj < k_len;
-            let mut s = sts[j * sp + ii] * scale;
+            let mut s = sts[s_at + j * sp + ii] * scale;
             let hide = valid && hides(bits, c, qi, kj, masked, causal);
             if hide {
                 s = fill;
             }
-            let p = probability(s, lses[ii], valid);
-            pts[j * pp + ii] = F::cast_from(p);
-            let grad = score_gradient(p, dpts[j * sp + ii], deltas[ii], hide, valid);
-            dsts[j * pp + ii] = F::cast_from(grad);
+            let p = probability(s, lses[r_at + ii], valid);
+            pts[p_at + j * pp + ii] = F::cast_from(p);
+            let grad = score_gradient(p, dpts[s_at + j * sp + ii], deltas[r_at + ii], hide, valid);
+            dsts[p_at + j * pp + ii] = F::cast_from(grad);
         }
         sync_plane();
-        // dV += P^T dO, dK += dS^T q.
+        // The plane's parts: dV += P^T dO, dK += dS^T q.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
-            product_tile::<F>(
+            accumulate_tile::<F>(
+                dv_tiles.index(n),
                 &pts,
-                plane * TILE * pp,
+                p_at,
                 pp,
                 TILE,
                 &dos,
-                n * TILE,
+                q_off + n * TILE,
                 op,
                 TILE * op,
-                &mut dv_acc,
-                plane * TILE * ap + n * TILE,
-                ap,
                 comptime!(rows / TILE),
                 MatrixLayout::RowMajor,
-                true,
             );
-            product_tile::<F>(
+            accumulate_tile::<F>(
+                dk_tiles.index(n),
                 &dsts,
-                plane * TILE * pp,
+                p_at,
                 pp,
                 TILE,
                 &qs,
-                n * TILE,
+                q_off + n * TILE,
                 op,
                 TILE * op,
-                &mut dk_acc,
-                plane * TILE * ap + n * TILE,
-                ap,
                 comptime!(rows / TILE),
                 MatrixLayout::RowMajor,
-                true,
             );
         }
         sync_plane();
     }
-    if kj < k_len {
-        let at = (b * k_len + kj) * stride + h * dim;
-        for c in 0..comptime!(dim / 2) {
-            let d = 2 * c + half;
-            dk[k_at + at + d] = F::cast_from(dk_acc[j * ap + d] * scale);
-            dv[v_at + at + d] = F::cast_from(dv_acc[j * ap + d]);
-        }
+    let at = (b * k_len + first) * stride + h * dim;
+    #[unroll]
+    for n in 0..comptime!(dim / TILE) {
+        add_planes::<F>(
+            dv_tiles.index(n),
+            &mut sts,
+            dv,
+            v_at + at + n * TILE,
+            stride,
+            k_len - first,
+            1.0f32,
+            sp,
+        );
+        add_planes::<F>(
+            dk_tiles.index(n),
+            &mut sts,
+            dk,
+            k_at + at + n * TILE,
+            stride,
+            k_len - first,
+            scale,
+            sp,
+        );
     }
+}
+
+/// `values` at query row `qi` of batch `b`, head `h` (`[batch, len, heads]`), or 0 past `len`.
+#[cube]
+fn lane_value(values: &[f32], b: usize, h: usize, qi: usize, len: usize, heads: usize) -> f32 {
+    let mut value = 0.0f32;
+    if qi < len {
+        value = values[(b * len + qi) * heads + h];
+    }
+    value
 }
 
 #[cfg(test)]
@@ -1302,15 +1428,15 @@ mod tests {
             TensorBlocks::for_dim(32, cuda),
             Some(TensorBlocks {
                 forward_keys: 32,
-                grad_keys: 64,
-                rows: 32
+                grad_keys: 32,
+                rows: 16
             })
         );
         assert_eq!(
             TensorBlocks::for_dim(64, cuda),
             Some(TensorBlocks {
                 forward_keys: 16,
-                grad_keys: 32,
+                grad_keys: 16,
                 rows: 16
             })
         );
@@ -1336,9 +1462,9 @@ mod tests {
     fn shares_cover_every_vector_once() {
         // 16 rows of 32 in 8-element vectors among a forward cube's 128 units: 64 vectors,
         // one round, half the units idle; among a plane's 32: two rounds each.
-        assert_eq!(share(TILE, 32, 8, FORWARD_UNITS), 1);
+        assert_eq!(share(TILE, 32, 8, UNITS), 1);
         assert_eq!(share(32, 32, 8, LANES), 4);
-        assert_eq!(share(16, 48, 8, UNITS), 2);
+        assert_eq!(share(16, 48, 8, 64), 2);
         for (count, dim, width, units) in [(16, 48, 8, 64), (16, 16, 8, 128), (64, 32, 1, 64)] {
             let rounds = share(count, dim, width, units);
             let vectors = count * dim / width;

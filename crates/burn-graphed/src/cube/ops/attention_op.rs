@@ -53,7 +53,7 @@ use super::super::kernels::attention_kernels::{
     attention_key_grad_kernel, attention_query_grad_kernel,
 };
 use super::super::kernels::attention_tc_kernels::{
-    BLOCK, LANES, PLANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
+    BLOCK, LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
     attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
@@ -287,12 +287,12 @@ impl Call {
 }
 
 /// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube
-/// per streaming multiprocessor. A dQ or dK/dV tensor-core cube takes 32 query rows (or keys)
-/// with 64 units where a CUDA-core cube takes 16 with 256, so on a small grid (one sequence of
-/// 128 at batch 1: 4 cubes a head) the CUDA-core kernels keep more of the device busy and
-/// finish first (docs/decisions.md, "Attention on tensor cores"). The forward's cubes now take
-/// 16 rows, but the count is still of 32-row cubes: the forward's choice at batch 1 has not
-/// been timed since. A device that does not say how many multiprocessors it has takes the
+/// per streaming multiprocessor. The rule was measured when a dQ or dK/dV tensor-core cube
+/// took 32 query rows (or keys) with 64 units where a CUDA-core cube takes 16 with 256: on a
+/// small grid (one sequence of 128 at batch 1: 4 cubes a head) the CUDA-core kernels kept more
+/// of the device busy and finished first (docs/decisions.md, "Attention on tensor cores").
+/// Every tensor-core cube now takes 16 rows (or keys) with 128 units, but the count is still
+/// of 32-row cubes ([`BLOCK`]): the choice at batch 1 has not been timed since. A device that does not say how many multiprocessors it has takes the
 /// tensor cores on any grid; so does a test holding `attention_tensor_cores_always` when the
 /// call's kernels launch.
 fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
@@ -568,15 +568,15 @@ fn launch_backward(
     if let Some(blocks) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
         let width = call.staging_width(&[q, k, v, dout]);
-        // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`PLANES` planes
-        // of `LANES` units, `BLOCK` rows or keys each; the device checked by
+        // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`SPLIT` planes
+        // of `LANES` units, `TILE` rows or keys each; the device checked by
         // `tensor_cores`, the shared arrays sized by `TensorBlocks::for_dim`, the staging
         // vectors as in the forward, `width` computed over every operand they read).
         unsafe {
             attention_query_grad_tc_kernel::launch_unchecked(
                 &client,
-                call.grid(call.q_len, BLOCK),
-                CubeDim::new_2d(LANES as u32, PLANES as u32),
+                call.grid(call.q_len, TILE),
+                CubeDim::new_2d(LANES as u32, SPLIT as u32),
                 q.arg(),
                 k.arg(),
                 v.arg(),
@@ -602,8 +602,8 @@ fn launch_backward(
             );
             attention_key_grad_tc_kernel::launch_unchecked(
                 &client,
-                call.grid(call.k_len, BLOCK),
-                CubeDim::new_2d(LANES as u32, PLANES as u32),
+                call.grid(call.k_len, TILE),
+                CubeDim::new_2d(LANES as u32, SPLIT as u32),
                 q.arg(),
                 k.arg(),
                 v.arg(),
