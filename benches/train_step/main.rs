@@ -15,7 +15,7 @@
 //!                     ddp_eager,ddp_graphed,ddp_whole_step,ddp_whole_step_in_graph,
 //!                     ddp_whole_step_processes,ddp_whole_step_in_graph_sockets]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
-//!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8]
+//!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8] [--attention-blocks 16x16]
 //! ```
 //!
 //! `mlp_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`, `transformer`, `lm`
@@ -173,6 +173,9 @@ struct Options {
     tf32: bool,
     /// `--conv-tiling PIXELSxCHANNELS`: every fused convolution at that tiling (diagnostic).
     conv_tiling: Option<String>,
+    /// `--attention-blocks KEYSxROWS`: the attention backward's blocks on tensor cores
+    /// (diagnostic).
+    attention_blocks: Option<String>,
 }
 
 fn options() -> Options {
@@ -197,6 +200,7 @@ fn options() -> Options {
         ranks: 2,
         tf32: false,
         conv_tiling: None,
+        attention_blocks: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -245,6 +249,21 @@ fn options() -> Options {
                     "# conv tiling forced: {pixels} pixels x {channels} channels per unit, {splits} splits"
                 );
                 options.conv_tiling = Some(value);
+            }
+            // Diagnostic: the attention backward's blocks on tensor cores (`KEYSxROWS`: keys per
+            // block of a dQ plane, query rows per block of a dK/dV plane), where they fit; its
+            // rows name no blocks, so keep each choice's rows apart.
+            "--attention-blocks" => {
+                let parts: Vec<usize> = value
+                    .split('x')
+                    .map(|p| p.parse().expect("--attention-blocks takes numbers"))
+                    .collect();
+                let [keys, rows] = parts[..] else {
+                    panic!("--attention-blocks takes KEYSxROWS, such as 16x16")
+                };
+                burn_graphed::testing::force_attention_blocks(Some((keys, rows)));
+                eprintln!("# attention backward blocks forced: {keys} keys x {rows} rows");
+                options.attention_blocks = Some(value);
             }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
@@ -338,6 +357,9 @@ fn run_isolated(options: &Options) {
             }
             if let Some(tiling) = &options.conv_tiling {
                 command.args(["--conv-tiling", tiling]);
+            }
+            if let Some(blocks) = &options.attention_blocks {
+                command.args(["--attention-blocks", blocks]);
             }
             let status = command.status().expect("spawning a bench run");
             if !status.success() {

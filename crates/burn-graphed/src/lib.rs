@@ -355,6 +355,15 @@ pub mod testing {
         }
     }
 
+    /// Makes the attention's backward on tensor cores take `(grad_keys, rows)`: keys per block of
+    /// a dQ cube's plane and query rows per block of a dK/dV cube's plane, each where it is 16,
+    /// 32 or 64 and no larger than the block chosen for the head dimension (the largest that
+    /// fits the shared memory); `None`: as chosen. Process-wide, read when a call's kernels
+    /// launch. The values depend on it only through the order of the sums.
+    pub fn force_attention_blocks(blocks: Option<(usize, usize)>) {
+        crate::cube::force_attention_blocks(blocks);
+    }
+
     /// Makes every fused convolution's forward and input gradient (`burn_graphed::nn::conv2d`)
     /// compute `(per_unit, block, splits)`: `per_unit` pixels of `block` channels per unit, the
     /// forward's summed channels split in `splits` parts of a cube (a power of two up to 16;

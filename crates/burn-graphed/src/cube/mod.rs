@@ -77,6 +77,7 @@ pub(crate) use self::{
     graph::progress::set_intervals as set_progress_intervals,
     kernels::row_kernels::forwards as fused_norm_forwards,
     ops::attention_op::{
+        force_blocks as force_attention_blocks,
         hold_tensor_cores_always as hold_attention_tensor_cores,
         packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
     },
@@ -98,9 +99,10 @@ pub(crate) use stand_in::{
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
-    attention_tensor_core_calls, driver_copies, force_conv_tiling, fused_norm_forwards,
-    hold_attention_tensor_cores, nccl_inject_error, nccl_set_abort, norm_rows_per_chunk,
-    norm_sum_lanes, packed_attention_calls, set_progress_intervals, vendor_gemms,
+    attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
+    fused_norm_forwards, hold_attention_tensor_cores, nccl_inject_error, nccl_set_abort,
+    norm_rows_per_chunk, norm_sum_lanes, packed_attention_calls, set_progress_intervals,
+    vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -390,6 +390,10 @@ pub(crate) fn packed_attention_calls() -> usize {
 #[cfg(feature = "testing")]
 pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
 
+/// Without cubecl no attention is fused: there are no blocks to force.
+#[cfg(feature = "testing")]
+pub(crate) fn force_attention_blocks(_blocks: Option<(usize, usize)>) {}
+
 /// Without cubecl no convolution is fused: there is no tiling to force.
 #[cfg(feature = "testing")]
 pub(crate) fn force_conv_tiling(_tiling: Option<(usize, usize, usize)>) {}

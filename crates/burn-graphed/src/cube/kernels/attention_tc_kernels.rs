@@ -95,10 +95,11 @@ impl TensorBlocks {
                 + SPLIT * TILE * (scores(keys) + weights(keys) + acc + 8)
         };
         // dQ: a tile of queries and of output gradients, and per plane a block of keys and
-        // values, its scores, their gradients and the gradients in the dtype.
+        // values, its scores, their gradients and the gradients in the dtype; the rows' `delta`.
         let query = |keys: usize| {
             2 * (2 * TILE + SPLIT * 2 * keys) * op
                 + SPLIT * TILE * (2 * scores(keys) + weights(keys))
+                + 4 * TILE
         };
         // dK/dV: a tile of keys and of values, and per plane a block of query rows and output
         // gradients, the transposed scores and their gradients (f32 and the dtype) and the
@@ -892,6 +893,7 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     let mut dps =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
     let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD)), ALIGN);
+    let mut row_deltas = Shared::<[f32]>::new_slice(TILE);
     // This plane's regions of the shared arrays.
     let kv_at = plane * keys * op;
     let s_at = plane * TILE * sp;
@@ -949,24 +951,35 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         TILE,
         dim,
     );
-    // Every plane takes its rows' `delta` (the same sum in each); plane 0 writes it.
-    let row = (b * q_len + i) * heads + h;
+    // The rows' `delta` (the sum of `dO * out` over a row): eight units a row, each `dim / 8`
+    // consecutive columns in order, then over the eight by shuffles (each unit of the eight
+    // ends with the same sum: each step adds the same two values); kept for the row's units.
+    let unit = UNIT_POS as usize;
+    let d_row = unit / 8;
+    let d_part = unit % 8;
+    let d_i = first + d_row;
+    let d_at = ((b * q_len + d_i) * heads + h) * dim + d_part * comptime!(dim / 8);
     let mut part = 0.0f32;
+    if d_i < q_len {
+        #[unroll]
+        for c in 0..comptime!(dim / 8) {
+            part += f32::cast_from(dout[d_at + c]) * f32::cast_from(out[d_at + c]);
+        }
+    }
+    part += plane_shuffle_xor(part, 1);
+    part += plane_shuffle_xor(part, 2);
+    part += plane_shuffle_xor(part, 4);
+    if d_i < q_len && d_part == 0 {
+        row_deltas[d_row] = part;
+        delta[(b * q_len + d_i) * heads + h] = part;
+    }
     let mut row_lse = 0.0f32;
     if i < q_len {
-        #[unroll]
-        for c in 0..comptime!(dim / 2) {
-            let at = row * dim + 2 * c + half;
-            part += f32::cast_from(dout[at]) * f32::cast_from(out[at]);
-        }
-        row_lse = lse[row];
-    }
-    let row_delta = part + plane_shuffle_xor(part, 1);
-    if i < q_len && half == 0 && plane == 0 {
-        delta[row] = row_delta;
+        row_lse = lse[(b * q_len + i) * heads + h];
     }
     let dq_tiles = zero_tiles(comptime!(dim / TILE));
     sync_cube();
+    let row_delta = row_deltas[r];
     for step in 0..steps {
         let base = (plane + step * SPLIT) * keys;
         store_rows::<F, W>(&k_next, &mut ks, kv_at, lane, LANES, keys, dim);

@@ -84,6 +84,43 @@ pub(crate) fn packed_calls() -> usize {
 /// tensor-core kernels run on any grid.
 static TENSOR_CORES_ALWAYS: AtomicUsize = AtomicUsize::new(0);
 
+/// The backward's blocks on tensor cores where set, `grad_keys << 8 | rows` (0: as
+/// `TensorBlocks::for_dim` chooses): `burn_graphed::testing::force_attention_blocks`.
+#[cfg(feature = "testing")]
+static FORCED_BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets (or with `None` clears) [`FORCED_BLOCKS`]: `(grad_keys, rows)`.
+#[cfg(feature = "testing")]
+pub(crate) fn force_blocks(blocks: Option<(usize, usize)>) {
+    let code = blocks.map_or(0, |(keys, rows)| (keys.min(255) << 8) | rows.min(255));
+    FORCED_BLOCKS.store(code, Ordering::Relaxed);
+}
+
+/// `blocks` with the forced backward blocks where set, each taken only where it is a block
+/// size (`TILE`, 32 or 64) no larger than the one chosen: a smaller block needs less shared
+/// memory, so the kernels still fit.
+fn forced(blocks: TensorBlocks) -> TensorBlocks {
+    #[cfg(feature = "testing")]
+    {
+        let code = FORCED_BLOCKS.load(Ordering::Relaxed);
+        let pick = |forced: usize, chosen: usize| {
+            if [TILE, 32, 64].contains(&forced) && forced <= chosen {
+                forced
+            } else {
+                chosen
+            }
+        };
+        if code != 0 {
+            return TensorBlocks {
+                grad_keys: pick(code >> 8, blocks.grad_keys),
+                rows: pick(code & 0xff, blocks.rows),
+                ..blocks
+            };
+        }
+    }
+    blocks
+}
+
 /// Takes (`true`) or releases (`false`) one hold on the tensor-core kernels for any grid.
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) fn hold_tensor_cores_always(hold: bool) {
@@ -332,7 +369,7 @@ fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<TensorBlock
     if !q.client.features().matmul.cmma.contains(&tile) {
         return None;
     }
-    TensorBlocks::for_dim(dim, shared)
+    TensorBlocks::for_dim(dim, shared).map(forced)
 }
 
 impl AttentionKernels for CubeBackend {
