@@ -176,23 +176,32 @@ fn load_rows<F: Float, W: Size>(
     }
 }
 
-/// The keys and values of one block: `load_rows` of `k` and of `v` (rows `first..` of batch `b`, head
-/// `h`, rows past `k_len` as 0), laid out as `operands` says, into `k_next` and `v_next`.
+/// The keys, values and mask entries of one block of keys (the forward's and dQ's): `load_rows`
+/// of `k` and of `v` (rows `first..` of batch `b`, head `h`, rows past `k_len` as 0, laid out as
+/// `operands` says) into `k_next` and `v_next`, and with `masked` query row `i`'s entries
+/// (`fetch_mask` by row, the unit's `half`) into `mask_next`.
 #[cube]
-fn load_keys_values<F: Float, W: Size>(
+fn load_key_block<F: Float, W: Size>(
     k: &[F],
     v: &[F],
+    mask: &[i32],
+    strides: &MaskStrides,
+    operands: &Operands,
     k_next: &mut Array<Vector<F, W>>,
     v_next: &mut Array<Vector<F, W>>,
+    mask_next: &mut Array<i32>,
     b: usize,
     h: usize,
+    i: usize,
     first: usize,
+    half: usize,
+    q_len: usize,
     k_len: usize,
-    operands: &Operands,
     unit: usize,
     #[comptime] units: usize,
     #[comptime] keys: usize,
     #[comptime] dim: usize,
+    #[comptime] masked: bool,
 ) {
     let stride = operands.stride as usize;
     load_rows::<F, W>(
@@ -222,6 +231,71 @@ fn load_keys_values<F: Float, W: Size>(
         units,
         keys,
         dim,
+    );
+    fetch_mask(
+        mask, strides, mask_next, b, h, i, first, half, q_len, k_len, keys, true, masked,
+    );
+}
+
+/// The query rows, output gradients and mask entries of one block of query rows (dK/dV's):
+/// `load_rows` of `q` (laid out as `operands` says) and of `dout` (dense, `heads * dim` a row),
+/// rows `first..` of batch `b`, head `h`, rows past `q_len` as 0, into `q_next` and `do_next`,
+/// and with `masked` key `kj`'s entries (`fetch_mask` by key, the unit's `half`) into
+/// `mask_next`.
+#[cube]
+fn load_row_block<F: Float, W: Size>(
+    q: &[F],
+    dout: &[F],
+    mask: &[i32],
+    strides: &MaskStrides,
+    operands: &Operands,
+    q_next: &mut Array<Vector<F, W>>,
+    do_next: &mut Array<Vector<F, W>>,
+    mask_next: &mut Array<i32>,
+    b: usize,
+    h: usize,
+    kj: usize,
+    first: usize,
+    half: usize,
+    q_len: usize,
+    k_len: usize,
+    heads: usize,
+    unit: usize,
+    #[comptime] units: usize,
+    #[comptime] rows: usize,
+    #[comptime] dim: usize,
+    #[comptime] masked: bool,
+) {
+    load_rows::<F, W>(
+        q,
+        q_next,
+        b,
+        h,
+        first,
+        q_len,
+        operands.q_at as usize,
+        operands.stride as usize,
+        unit,
+        units,
+        rows,
+        dim,
+    );
+    load_rows::<F, W>(
+        dout,
+        do_next,
+        b,
+        h,
+        first,
+        q_len,
+        0,
+        heads * dim,
+        unit,
+        units,
+        rows,
+        dim,
+    );
+    fetch_mask(
+        mask, strides, mask_next, b, h, kj, first, half, q_len, k_len, rows, false, masked,
     );
 }
 
@@ -498,34 +572,20 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     let s_at = plane * TILE * sp;
     let p_at = plane * TILE * pp;
     let o_at = plane * TILE * ap;
-    let blocks = key_blocks(first, k_len, TILE, keys, causal);
-    let mut steps = 0usize;
-    if plane < blocks {
-        steps = (blocks - plane + SPLIT - 1) / SPLIT;
-    }
+    let steps = plane_steps(key_blocks(first, k_len, TILE, keys, causal), plane);
     // The plane's first block's keys and values are in flight while the queries are staged.
     let mut k_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
     let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
     if steps > 0 {
-        load_keys_values::<F, W>(
+        load_key_block::<F, W>(
             k,
             v,
-            &mut k_next,
-            &mut v_next,
-            b,
-            h,
-            plane * keys,
-            k_len,
-            &operands,
-            lane,
-            LANES,
-            keys,
-            dim,
-        );
-        fetch_mask(
             mask,
             &strides,
+            &operands,
+            &mut k_next,
+            &mut v_next,
             &mut mask_next,
             b,
             h,
@@ -534,8 +594,10 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
             half,
             q_len,
             k_len,
+            lane,
+            LANES,
             keys,
-            true,
+            dim,
             masked,
         );
     }
@@ -567,24 +629,14 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
         // is worked on.
         if step + 1 < steps {
             let next = base + SPLIT * keys;
-            load_keys_values::<F, W>(
+            load_key_block::<F, W>(
                 k,
                 v,
-                &mut k_next,
-                &mut v_next,
-                b,
-                h,
-                next,
-                k_len,
-                &operands,
-                lane,
-                LANES,
-                keys,
-                dim,
-            );
-            fetch_mask(
                 mask,
                 &strides,
+                &operands,
+                &mut k_next,
+                &mut v_next,
                 &mut mask_next,
                 b,
                 h,
@@ -593,8 +645,10 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
                 half,
                 q_len,
                 k_len,
+                lane,
+                LANES,
                 keys,
-                true,
+                dim,
                 masked,
             );
         }
@@ -904,24 +958,14 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     let mut v_next = Array::<Vector<F, W>>::new(comptime!(share(keys, dim, width, LANES)));
     let mut mask_next = Array::<i32>::new(comptime!(keys / 2));
     if steps > 0 {
-        load_keys_values::<F, W>(
+        load_key_block::<F, W>(
             k,
             v,
-            &mut k_next,
-            &mut v_next,
-            b,
-            h,
-            plane * keys,
-            k_len,
-            &operands,
-            lane,
-            LANES,
-            keys,
-            dim,
-        );
-        fetch_mask(
             mask,
             &strides,
+            &operands,
+            &mut k_next,
+            &mut v_next,
             &mut mask_next,
             b,
             h,
@@ -930,8 +974,10 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
             half,
             q_len,
             k_len,
+            lane,
+            LANES,
             keys,
-            true,
+            dim,
             masked,
         );
     }
@@ -990,24 +1036,14 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         // is worked on.
         if step + 1 < steps {
             let next = base + SPLIT * keys;
-            load_keys_values::<F, W>(
+            load_key_block::<F, W>(
                 k,
                 v,
-                &mut k_next,
-                &mut v_next,
-                b,
-                h,
-                next,
-                k_len,
-                &operands,
-                lane,
-                LANES,
-                keys,
-                dim,
-            );
-            fetch_mask(
                 mask,
                 &strides,
+                &operands,
+                &mut k_next,
+                &mut v_next,
                 &mut mask_next,
                 b,
                 h,
@@ -1016,8 +1052,10 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
                 half,
                 q_len,
                 k_len,
+                lane,
+                LANES,
                 keys,
-                true,
+                dim,
                 masked,
             );
         }
@@ -1143,11 +1181,7 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     let k_len = k_len as usize;
     let heads = heads as usize;
     let stride = operands.stride as usize;
-    let (q_at, k_at, v_at) = (
-        operands.q_at as usize,
-        operands.k_at as usize,
-        operands.v_at as usize,
-    );
+    let (k_at, v_at) = (operands.k_at as usize, operands.v_at as usize);
     let h = CUBE_POS_Y as usize;
     let b = CUBE_POS_Z as usize;
     let first = CUBE_POS_X as usize * TILE;
@@ -1195,37 +1229,14 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     let mut delta_next = 0.0f32;
     if steps > 0 {
         let first_row = (start + plane) * rows;
-        load_rows::<F, W>(
+        load_row_block::<F, W>(
             q,
-            &mut q_next,
-            b,
-            h,
-            first_row,
-            q_len,
-            q_at,
-            stride,
-            lane,
-            LANES,
-            rows,
-            dim,
-        );
-        load_rows::<F, W>(
             dout,
-            &mut do_next,
-            b,
-            h,
-            first_row,
-            q_len,
-            0,
-            heads * dim,
-            lane,
-            LANES,
-            rows,
-            dim,
-        );
-        fetch_mask(
             mask,
             &strides,
+            &operands,
+            &mut q_next,
+            &mut do_next,
             &mut mask_next,
             b,
             h,
@@ -1234,8 +1245,11 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
             half,
             q_len,
             k_len,
+            heads,
+            lane,
+            LANES,
             rows,
-            false,
+            dim,
             masked,
         );
         lse_next = lane_value(lse, b, h, first_row + lane, q_len, heads);
@@ -1264,37 +1278,14 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
         // worked on.
         if step + 1 < steps {
             let next = base + SPLIT * rows;
-            load_rows::<F, W>(
+            load_row_block::<F, W>(
                 q,
-                &mut q_next,
-                b,
-                h,
-                next,
-                q_len,
-                q_at,
-                stride,
-                lane,
-                LANES,
-                rows,
-                dim,
-            );
-            load_rows::<F, W>(
                 dout,
-                &mut do_next,
-                b,
-                h,
-                next,
-                q_len,
-                0,
-                heads * dim,
-                lane,
-                LANES,
-                rows,
-                dim,
-            );
-            fetch_mask(
                 mask,
                 &strides,
+                &operands,
+                &mut q_next,
+                &mut do_next,
                 &mut mask_next,
                 b,
                 h,
@@ -1303,8 +1294,11 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 half,
                 q_len,
                 k_len,
+                heads,
+                lane,
+                LANES,
                 rows,
-                false,
+                dim,
                 masked,
             );
             lse_next = lane_value(lse, b, h, next + lane, q_len, heads);
