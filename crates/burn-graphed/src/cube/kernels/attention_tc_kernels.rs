@@ -47,6 +47,10 @@ pub(in crate::cube) const BLOCK: usize = 2 * TILE;
 pub(in crate::cube) const SPLIT: usize = 4;
 /// Units of a cube.
 const UNITS: usize = SPLIT * LANES;
+
+// The kernels' fixed shares: dQ's `delta` takes eight units a row of a 16-row cube, and
+// `add_planes` gives each unit whole elements of a tile.
+const _: () = assert!(UNITS == 8 * TILE && (TILE * TILE).is_multiple_of(UNITS));
 /// The largest head dimension taken.
 const MAX_DIM: usize = 64;
 /// The most shared memory a cube asks for (bytes), 1 KiB below CUDA's static limit of 48 KiB.
@@ -108,12 +112,18 @@ impl TensorBlocks {
             2 * (2 * TILE + SPLIT * 2 * rows) * op
                 + SPLIT * (8 * rows + TILE * (2 * scores(rows) + 2 * weights(rows)))
         };
-        let fit =
-            |size: &dyn Fn(usize) -> usize| [64, 32, TILE].into_iter().find(|&n| size(n) <= budget);
+        // Each aligned `Shared` array may start up to `ALIGN - 1` bytes past the previous
+        // one's end: at most eight such arrays in a kernel.
+        let fit = |size: &dyn Fn(usize) -> usize, largest: usize| {
+            [64, 32, TILE]
+                .into_iter()
+                .find(|&n| n <= largest && size(n) + 8 * ALIGN <= budget)
+        };
         Some(Self {
-            forward_keys: fit(&forward)?,
-            grad_keys: fit(&query)?,
-            rows: fit(&key)?,
+            forward_keys: fit(&forward, 64)?,
+            grad_keys: fit(&query, 64)?,
+            // A lane per row loads the rows' `lse` and `delta`: at most `LANES` rows.
+            rows: fit(&key, LANES)?,
         })
     }
 }
@@ -1445,6 +1455,15 @@ mod tests {
                 forward_keys: 16,
                 grad_keys: 16,
                 rows: 16
+            })
+        );
+        // Head dimension 16: 32 query rows a dK/dV block, as many as a plane's lanes.
+        assert_eq!(
+            TensorBlocks::for_dim(16, cuda),
+            Some(TensorBlocks {
+                forward_keys: 32,
+                grad_keys: 32,
+                rows: 32
             })
         );
         // Not a multiple of the tile, none, or too large.
