@@ -294,18 +294,17 @@ fn load_rows<F: Float>(
     store_rows(&values, target, count, dim, pitch);
 }
 
-/// The entry of `values` (`[batch, len, heads]`: a row's `lse` or `delta`) for this unit's
-/// query row `first + UNIT_POS` (the unit's own row) of batch `b`, head `h`; 0 past `len`.
+/// The entry of `values` (`[batch, len, heads]`: a row's `lse` or `delta`) at query row `qi` of
+/// batch `b`, head `h`; 0 past `len`.
 #[cube]
 pub(in crate::cube) fn row_value(
     values: &[f32],
     b: usize,
     h: usize,
-    first: usize,
+    qi: usize,
     len: usize,
     heads: usize,
 ) -> f32 {
-    let qi = first + UNIT_POS as usize;
     let mut value = 0.0f32;
     if qi < len {
         value = values[(b * len + qi) * heads + h];
@@ -775,8 +774,8 @@ pub(in crate::cube) fn attention_key_grad_kernel<F: Float>(
         rows,
         dim,
     );
-    let mut lse_next = row_value(lse, b, h, start * rows, q_len, heads);
-    let mut delta_next = row_value(delta, b, h, start * rows, q_len, heads);
+    let mut lse_next = row_value(lse, b, h, start * rows + UNIT_POS as usize, q_len, heads);
+    let mut delta_next = row_value(delta, b, h, start * rows + UNIT_POS as usize, q_len, heads);
     load_rows::<F>(
         k, &mut ks, b, h, first, k_len, k_at, stride, KEYS, dim, pitch,
     );
@@ -825,8 +824,8 @@ pub(in crate::cube) fn attention_key_grad_kernel<F: Float>(
                 rows,
                 dim,
             );
-            lse_next = row_value(lse, b, h, base + rows, q_len, heads);
-            delta_next = row_value(delta, b, h, base + rows, q_len, heads);
+            lse_next = row_value(lse, b, h, base + rows + UNIT_POS as usize, q_len, heads);
+            delta_next = row_value(delta, b, h, base + rows + UNIT_POS as usize, q_len, heads);
         }
         let mut ii = t;
         while ii < rows {

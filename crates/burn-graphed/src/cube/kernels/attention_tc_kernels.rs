@@ -34,7 +34,9 @@
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
-use super::attention_kernels::{MaskStrides, Operands, mask_at, probability, score_gradient};
+use super::attention_kernels::{
+    MaskStrides, Operands, mask_at, probability, row_value, score_gradient,
+};
 
 /// Units of a plane; the kernels need exactly this many (two per row of a 16-row tile).
 pub(in crate::cube) const LANES: usize = 32;
@@ -1029,10 +1031,7 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         row_deltas[d_row] = part;
         delta[(b * q_len + d_i) * heads + h] = part;
     }
-    let mut row_lse = 0.0f32;
-    if i < q_len {
-        row_lse = lse[(b * q_len + i) * heads + h];
-    }
+    let row_lse = row_value(lse, b, h, i, q_len, heads);
     let dq_tiles = zero_tiles(comptime!(dim / TILE));
     sync_cube();
     let row_delta = row_deltas[r];
@@ -1262,8 +1261,8 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
             dim,
             masked,
         );
-        lse_next = lane_value(lse, b, h, first_row + lane, q_len, heads);
-        delta_next = lane_value(delta, b, h, first_row + lane, q_len, heads);
+        lse_next = row_value(lse, b, h, first_row + lane, q_len, heads);
+        delta_next = row_value(delta, b, h, first_row + lane, q_len, heads);
     }
     stage_rows::<F, W>(
         k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, TILE, dim,
@@ -1311,8 +1310,8 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 dim,
                 masked,
             );
-            lse_next = lane_value(lse, b, h, next + lane, q_len, heads);
-            delta_next = lane_value(delta, b, h, next + lane, q_len, heads);
+            lse_next = row_value(lse, b, h, next + lane, q_len, heads);
+            delta_next = row_value(delta, b, h, next + lane, q_len, heads);
         }
         // The transposed scores (k q^T) and (v dO^T) of the cube's keys and the plane's rows.
         #[unroll]
@@ -1422,16 +1421,6 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
             sp,
         );
     }
-}
-
-/// `values` at query row `qi` of batch `b`, head `h` (`[batch, len, heads]`), or 0 past `len`.
-#[cube]
-fn lane_value(values: &[f32], b: usize, h: usize, qi: usize, len: usize, heads: usize) -> f32 {
-    let mut value = 0.0f32;
-    if qi < len {
-        value = values[(b * len + qi) * heads + h];
-    }
-    value
 }
 
 #[cfg(test)]

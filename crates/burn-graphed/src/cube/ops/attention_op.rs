@@ -329,9 +329,9 @@ impl Call {
 /// small grid (one sequence of 128 at batch 1: 4 cubes a head) the CUDA-core kernels kept more
 /// of the device busy and finished first (docs/decisions.md, "Attention on tensor cores").
 /// Every tensor-core cube now takes 16 rows (or keys) with 128 units, but the count is still
-/// of 32-row cubes ([`BLOCK`]) (docs/decisions.md, "The tensor-core backward split"). A device that does not say how many multiprocessors it has takes the
-/// tensor cores on any grid; so does a test holding `attention_tensor_cores_always` when the
-/// call's kernels launch.
+/// of 32-row cubes ([`BLOCK`]) (docs/decisions.md, "The tensor-core backward split"). A device
+/// that does not say how many multiprocessors it has takes the tensor cores on any grid; so
+/// does a test holding `attention_tensor_cores_always` when the call's kernels launch.
 fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
     if TENSOR_CORES_ALWAYS.load(Ordering::Relaxed) > 0 {
         return true;
