@@ -16,7 +16,6 @@
 //!                     ddp_whole_step_processes,ddp_whole_step_in_graph_sockets]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8] [--attention-blocks 16x16]
-//!            [--attention-tensor-cores always]
 //! ```
 //!
 //! `mlp_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`, `transformer`, `lm`
@@ -177,9 +176,6 @@ struct Options {
     /// `--attention-blocks KEYSxROWS`: the attention backward's blocks on tensor cores
     /// (diagnostic).
     attention_blocks: Option<String>,
-    /// `--attention-tensor-cores always`: the attention on tensor cores on any grid
-    /// (diagnostic).
-    attention_tensor_cores: bool,
 }
 
 fn options() -> Options {
@@ -205,7 +201,6 @@ fn options() -> Options {
         tf32: false,
         conv_tiling: None,
         attention_blocks: None,
-        attention_tensor_cores: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -269,16 +264,6 @@ fn options() -> Options {
                 burn_graphed::testing::force_attention_blocks(Some((keys, rows)));
                 eprintln!("# attention backward blocks forced: {keys} keys x {rows} rows");
                 options.attention_blocks = Some(value);
-            }
-            // Diagnostic: the attention's tensor-core kernels on any grid (`always`), where the
-            // library takes them only on a grid with a cube per multiprocessor; its rows say
-            // nothing of it, so keep them apart.
-            "--attention-tensor-cores" => {
-                assert!(value == "always", "--attention-tensor-cores takes `always`");
-                // The hold lasts for the process: its guard is never dropped.
-                std::mem::forget(burn_graphed::testing::attention_tensor_cores_always());
-                eprintln!("# attention on tensor cores on any grid");
-                options.attention_tensor_cores = true;
             }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
@@ -375,9 +360,6 @@ fn run_isolated(options: &Options) {
             }
             if let Some(blocks) = &options.attention_blocks {
                 command.args(["--attention-blocks", blocks]);
-            }
-            if options.attention_tensor_cores {
-                command.args(["--attention-tensor-cores", "always"]);
             }
             let status = command.status().expect("spawning a bench run");
             if !status.success() {

@@ -275,8 +275,6 @@ fn matches_exact(
         skip(&format!("{device:?} has no {dtype:?}"));
         return;
     }
-    // The cases' grids are small: without this, CUDA would run them on CUDA cores.
-    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
     for (seed, case) in CASES.iter().enumerate() {
         if !cases.contains(&seed) {
             continue;
@@ -379,10 +377,10 @@ fn matches_exact(
 }
 
 /// On a device with tensor-core kernels for `f16` and `bf16` (CUDA), attention in those dtypes
-/// with a head dimension of 32 runs them, forward and backward (the exact comparisons above hold
-/// their values), and a second call computes the first's values bit for bit (no atomics, sums
-/// in a fixed order): what a graph's replay relies on. Which kernels run follows the grid: a
-/// small one (one short sequence) takes the CUDA-core kernels, a large one the tensor cores.
+/// with a head dimension of 32 runs them, forward and backward, on any grid (one short sequence
+/// of two heads as a large batch; the exact comparisons above hold their values), and a second
+/// call computes the first's values bit for bit (no atomics, sums in a fixed order): what a
+/// graph's replay relies on.
 pub fn attention_runs_on_tensor_cores(device: &Device) {
     let device = device.clone().autodiff();
     let options = AttentionModuleOptions {
@@ -390,18 +388,21 @@ pub fn attention_runs_on_tensor_cores(device: &Device) {
         ..Default::default()
     };
     let call = |q, k, v| attention(q, k, v, None, None, options);
-    for (dims, expected) in [([1, 2, 64, 32], 0), ([64, 8, 128, 32], 2)] {
-        let [q, k, v, w] =
-            [0, 1, 2, 3].map(|seed| tensor(dims, 80 + seed, FloatDType::F16, &device));
+    // The small grid and a large one on tensor cores; `f32` (the control) on CUDA cores.
+    for (dims, dtype, expected) in [
+        ([1, 2, 64, 32], FloatDType::F16, 2),
+        ([64, 8, 128, 32], FloatDType::F16, 2),
+        ([1, 2, 64, 32], FloatDType::F32, 0),
+    ] {
+        let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 80 + seed, dtype, &device));
         let before = burn_graphed::testing::attention_tensor_core_calls();
         let _ = run(&call, (&q, &k, &v, &w));
         let calls = burn_graphed::testing::attention_tensor_core_calls() - before;
         assert_eq!(
             calls, expected,
-            "{dims:?}: {calls} attention calls on tensor cores, not {expected}"
+            "{dims:?} {dtype:?}: {calls} attention calls on tensor cores, not {expected}"
         );
     }
-    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
     for dtype in [FloatDType::F16, FloatDType::BF16] {
         let dims = [2, 3, 40, 32];
         let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 70 + seed, dtype, &device));
@@ -429,8 +430,8 @@ pub fn attention_runs_on_tensor_cores(device: &Device) {
 /// of one `[batch, len, 3 * heads, dim]` tensor. The kernels' arithmetic does not depend on
 /// where they read, so the output and the three gradients (the packed one cut the same way)
 /// are equal bit for bit, causal and not, in `dtype`; on CUDA in `f16` and `bf16` on the
-/// tensor cores (`tensor_cores`: the caller knows the device has them, and the test holds the
-/// call to them). A backend without the fused kernels or the dtype skips, and says so.
+/// tensor cores (`tensor_cores`: the caller knows the device has them). A backend without the
+/// fused kernels or the dtype skips, and says so.
 pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, tensor_cores: bool) {
     if !supports_graphs(device) {
         return skip("packed attention: no fused kernels on this backend");
@@ -440,7 +441,6 @@ pub fn packed_attention_matches_separate(device: &Device, dtype: FloatDType, ten
     }
     let device = device.clone().autodiff();
     let [batch, len, heads, dim] = [2, 40, 3, 32];
-    let _tensor_cores = burn_graphed::testing::attention_tensor_cores_always();
     for causal in [false, true] {
         let qkv = tensor([batch, len, 3 * heads, dim], 90, dtype, &device).detach();
         let weights = tensor([batch, len, heads, dim], 91, dtype, &device);

@@ -306,9 +306,8 @@ pub mod testing {
 
     /// How many attention calls (forwards and backwards) this process ran on tensor cores
     /// (`burn_graphed::nn::attention` and its modules in `f16` or `bf16`, a head dimension a
-    /// multiple of 16, on a device with 16x16x16 tensor-core products, CUDA, and a grid with a
-    /// cube per multiprocessor or [`attention_tensor_cores_always`]): a test's proof that
-    /// those kernels ran.
+    /// multiple of 16 up to 64, on a device with 16x16x16 tensor-core products: CUDA): a test's
+    /// proof that those kernels ran.
     pub fn attention_tensor_core_calls() -> usize {
         crate::cube::attention_tensor_core_calls()
     }
@@ -330,29 +329,6 @@ pub mod testing {
         causal: bool,
     ) -> Option<burn::tensor::Tensor<4>> {
         crate::nn::attention::attention_packed(qkv, causal)
-    }
-
-    /// While any such guard lives in the process, attention takes its tensor-core kernels
-    /// wherever the dtype, head dimension and device allow, whatever its grid (without one, a
-    /// grid with fewer cubes than the device has multiprocessors runs the CUDA-core kernels):
-    /// for tests of those kernels on small shapes. Process-wide (a test running beside it
-    /// sees it too); read when a call's kernels launch, which burn-fusion may defer until its
-    /// results are read: hold the guard until then.
-    pub fn attention_tensor_cores_always() -> TensorCoresAlways {
-        crate::cube::hold_attention_tensor_cores(true);
-        TensorCoresAlways { _private: () }
-    }
-
-    /// See [`attention_tensor_cores_always`].
-    #[must_use = "the setting lasts while the guard lives"]
-    pub struct TensorCoresAlways {
-        _private: (),
-    }
-
-    impl Drop for TensorCoresAlways {
-        fn drop(&mut self) {
-            crate::cube::hold_attention_tensor_cores(false);
-        }
     }
 
     /// Makes the attention's backward on tensor cores take `(grad_keys, rows)`: keys per block of

@@ -77,9 +77,8 @@ pub(crate) use self::{
     graph::progress::set_intervals as set_progress_intervals,
     kernels::row_kernels::forwards as fused_norm_forwards,
     ops::attention_op::{
-        force_blocks as force_attention_blocks,
-        hold_tensor_cores_always as hold_attention_tensor_cores,
-        packed_calls as packed_attention_calls, tensor_core_calls as attention_tensor_core_calls,
+        force_blocks as force_attention_blocks, packed_calls as packed_attention_calls,
+        tensor_core_calls as attention_tensor_core_calls,
     },
     ops::conv_tiling::force_tiling as force_conv_tiling,
     ops::norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},

@@ -42,8 +42,6 @@ use super::attention_kernels::{
 pub(in crate::cube) const LANES: usize = 32;
 /// The edge of a tensor-core tile; query rows of a forward or dQ cube, keys of a dK/dV cube.
 pub(in crate::cube) const TILE: usize = 16;
-/// The rows of the cubes `fills_device` counts: the 32-row cubes its rule was measured with.
-pub(in crate::cube) const BLOCK: usize = 2 * TILE;
 /// Planes of a cube: they share its 16 rows (or keys), each taking every `SPLIT`th block of
 /// keys (or query rows), and combine their parts at the end.
 pub(in crate::cube) const SPLIT: usize = 4;

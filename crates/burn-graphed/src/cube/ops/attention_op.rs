@@ -53,8 +53,8 @@ use super::super::kernels::attention_kernels::{
     attention_key_grad_kernel, attention_query_grad_kernel,
 };
 use super::super::kernels::attention_tc_kernels::{
-    BLOCK, LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
-    attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, staging_width,
+    LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel, attention_key_grad_tc_kernel,
+    attention_query_grad_tc_kernel, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
 use super::super::update::update_kernel::{checked_elem, kernel_elem};
@@ -79,10 +79,6 @@ static PACKED_CALLS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) fn packed_calls() -> usize {
     PACKED_CALLS.load(Ordering::Relaxed)
 }
-
-/// Live guards of `burn_graphed::testing::attention_tensor_cores_always`: while any lives, the
-/// tensor-core kernels run on any grid.
-static TENSOR_CORES_ALWAYS: AtomicUsize = AtomicUsize::new(0);
 
 /// The backward's blocks on tensor cores where set, `grad_keys << 8 | rows` (0: as
 /// `TensorBlocks::for_dim` chooses): `burn_graphed::testing::force_attention_blocks`.
@@ -119,16 +115,6 @@ fn forced(blocks: TensorBlocks) -> TensorBlocks {
         }
     }
     blocks
-}
-
-/// Takes (`true`) or releases (`false`) one hold on the tensor-core kernels for any grid.
-#[cfg_attr(not(feature = "testing"), allow(dead_code))]
-pub(crate) fn hold_tensor_cores_always(hold: bool) {
-    if hold {
-        TENSOR_CORES_ALWAYS.fetch_add(1, Ordering::Relaxed);
-    } else {
-        TENSOR_CORES_ALWAYS.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The autodiff tensor of burn's cubecl backend.
@@ -268,8 +254,7 @@ impl Call {
                 "burn-graphed: attention kernel given head dimension {dim} (the caller checks it)"
             )
         });
-        let cubes = batch * heads * q_len.min(k_len).div_ceil(BLOCK);
-        let tensor = tensor_cores(q, dim, shared).filter(|_| fills_device(q, cubes));
+        let tensor = tensor_cores(q, dim, shared);
         let strides = if masked {
             let [mb, mh, mq, mk] = mask.meta.shape().dims::<4>();
             let stride = |size: usize, inner: usize| if size == 1 { 0 } else { inner as u32 };
@@ -321,28 +306,6 @@ impl Call {
             self.batch as u32,
         )
     }
-}
-
-/// Whether a tensor-core grid of `cubes` cubes is worth it on `q`'s device: at least one cube
-/// per streaming multiprocessor. The rule was measured when a dQ or dK/dV tensor-core cube
-/// took 32 query rows (or keys) with 64 units where a CUDA-core cube takes 16 with 256: on a
-/// small grid (one sequence of 128 at batch 1: 4 cubes a head) the CUDA-core kernels kept more
-/// of the device busy and finished first (docs/decisions.md, "Attention on tensor cores").
-/// Every tensor-core cube now takes 16 rows (or keys) with 128 units, but the count is still
-/// of 32-row cubes ([`BLOCK`]) (docs/decisions.md, "The tensor-core backward split"). A device
-/// that does not say how many multiprocessors it has takes the tensor cores on any grid; so
-/// does a test holding `attention_tensor_cores_always` when the call's kernels launch.
-fn fills_device(q: &CubeTensor, cubes: usize) -> bool {
-    if TENSOR_CORES_ALWAYS.load(Ordering::Relaxed) > 0 {
-        return true;
-    }
-    let processors = q
-        .client
-        .properties()
-        .hardware
-        .num_streaming_multiprocessors
-        .unwrap_or(0) as usize;
-    cubes >= processors
 }
 
 /// The tensor-core kernels' blocks for `q`'s dtype and head dimension `dim`, where the device
