@@ -6,8 +6,8 @@
 //!   spreads each output column's dot product over a cube, where cubecl's tuned matmul never
 //!   times its gemv candidates for a row-major weight (UPSTREAM.md 13). Products and sums in
 //!   `f32` whatever the dtype, one rounding at the store; each column's sum in a fixed order
-//!   (the cube's eight slices of `k`, each in order, then the slices in order), so a replay
-//!   equals the eager call bit for bit.
+//!   (the cube's slices of `k`, each in order, then the slices in order), so a replay equals
+//!   the eager call bit for bit.
 //! - On more rows where cuBLASLt is available (CUDA), one cuBLASLt product with the bias in its
 //!   epilogue and the residual as its `C` (`beta = 1`) (`vendor_matmul.rs`).
 //!
@@ -37,14 +37,17 @@ type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 
 /// The most rows the kernel takes (a cube row per input row; the weight is read once per row).
 pub(crate) const MAX_ROWS: usize = 8;
-/// Output columns per cube (one plane reads 32 consecutive weights of a row of `W`).
-const COLUMNS: usize = 32;
-/// Slices of `k` per cube: each column's dot product is split over this many units.
-const SLICES: usize = 8;
+/// Units of a cube.
+const UNITS: usize = 256;
+/// Bytes of each row of `W` a cube reads: one 32-byte memory sector, so that a cube's loads
+/// use every byte of the sectors they fetch, however few columns that is.
+const SEGMENT_BYTES: usize = 32;
 
 /// `out[r, c] = sum_k x[r, k] * w[k, c] (+ bias[c]) (+ residual[r, c])`: cube `(i, r)` computes
-/// columns `i * 32 ..` of row `r`; unit `(c, s)` sums `k = s, s + 8, ...` of column `c`, then
-/// unit `(c, 0)` adds the eight partial sums in order, the bias, the residual.
+/// columns `i * columns ..` of row `r`; unit `(c, s)` sums `k = s, s + slices, ...` of column
+/// `c` (`slices = UNITS / columns`), then unit `(c, 0)` adds the partial sums in slice order,
+/// the bias, the residual. A unit's loads are independent, so a few per unit (`d_in / slices`)
+/// are in flight at once: the kernel waits on the memory a couple of times, not once per load.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn linear_small_rows_kernel<F: Float>(
@@ -55,13 +58,16 @@ fn linear_small_rows_kernel<F: Float>(
     out: &mut [F],
     d_in: u32,
     d_out: u32,
+    #[comptime] columns: usize,
     #[comptime] has_bias: bool,
     #[comptime] has_residual: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    let slices = comptime!(UNITS / columns);
     let d_in = d_in as usize;
     let d_out = d_out as usize;
-    let column = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let lane = UNIT_POS_X as usize;
+    let column = CUBE_POS_X as usize * columns + lane;
     let row = CUBE_POS_Y as usize;
     let slice = UNIT_POS_Y as usize;
     let mut partial = 0.0f32;
@@ -69,17 +75,17 @@ fn linear_small_rows_kernel<F: Float>(
         let mut k = slice;
         while k < d_in {
             partial += f32::cast_from(x[row * d_in + k]) * f32::cast_from(w[k * d_out + column]);
-            k += SLICES;
+            k += slices;
         }
     }
-    let mut shared = Shared::<[f32]>::new_slice(COLUMNS * SLICES);
-    shared[slice * COLUMNS + UNIT_POS_X as usize] = partial;
+    let mut shared = Shared::<[f32]>::new_slice(UNITS);
+    shared[slice * columns + lane] = partial;
     sync_cube();
     if slice == 0 && column < d_out {
         let mut sum = 0.0f32;
         #[unroll]
-        for s in 0..SLICES {
-            sum += shared[s * COLUMNS + UNIT_POS_X as usize];
+        for s in 0..slices {
+            sum += shared[s * columns + lane];
         }
         if has_bias {
             sum += f32::cast_from(bias[column]);
@@ -152,6 +158,8 @@ impl LinearKernels for CubeBackend {
                 x.dtype
             )
         });
+        // 8 columns a cube in `f32`, 16 in `f16` and `bf16` (powers of two: they divide `UNITS`).
+        let columns = (SEGMENT_BYTES / x.dtype.size()).clamp(1, UNITS);
         let (client, device) = (x.client.clone(), x.device.clone());
         let out = Dense::new_empty(client.clone(), device, Shape::new([rows, d_out]), x.dtype);
         let (x, w, bias, residual) = (
@@ -166,13 +174,13 @@ impl LinearKernels for CubeBackend {
         // `d_out` (below `d_in * d_out`), bias below `d_out` (its length, checked by the caller,
         // read only with `has_bias`), residual below `rows * d_out` (its shape `[rows, d_out]`,
         // dense, checked by the caller, read only with `has_residual`) and writes row `r` of
-        // out, a new allocation; the shared array holds `COLUMNS * SLICES` values, indexed by
-        // the unit's position in the cube of that size.
+        // out, a new allocation; the shared array holds `UNITS` values, indexed by the unit's
+        // position in the cube of that size (`columns * slices`, `columns` dividing `UNITS`).
         unsafe {
             linear_small_rows_kernel::launch_unchecked(
                 &client,
-                CubeCount::Static(d_out.div_ceil(COLUMNS) as u32, rows as u32, 1),
-                CubeDim::new_2d(COLUMNS as u32, SLICES as u32),
+                CubeCount::Static(d_out.div_ceil(columns) as u32, rows as u32, 1),
+                CubeDim::new_2d(columns as u32, (UNITS / columns) as u32),
                 x.arg(),
                 w.arg(),
                 bias.arg(),
@@ -180,6 +188,7 @@ impl LinearKernels for CubeBackend {
                 out.arg(),
                 d_in as u32,
                 d_out as u32,
+                columns,
                 has_bias,
                 has_residual,
                 elem,
