@@ -30,6 +30,13 @@ const CARRIED: &[Carried] = &[
         copy: "vendor/cubecl-common",
         patch: "vendor/cubecl-common.patch",
     },
+    Carried {
+        name: "burn-cubecl-fusion",
+        version: "0.22.1",
+        sha256: "cc9bd97d88c053b3c4d62159b21681f6d67018fe1b63d48317cc15e8b349925d",
+        copy: "vendor/burn-cubecl-fusion",
+        patch: "vendor/burn-cubecl-fusion.patch",
+    },
 ];
 
 fn run(command: &mut Command) -> Result<String, String> {

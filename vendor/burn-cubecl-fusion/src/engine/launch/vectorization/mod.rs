@@ -1,0 +1,6 @@
+mod axis;
+mod base;
+mod planner;
+
+pub use base::*;
+pub use planner::*;

@@ -1,0 +1,7 @@
+pub mod block;
+
+mod base;
+mod fuser;
+
+pub use base::*;
+pub use fuser::*;
