@@ -52,6 +52,7 @@ on_devices! {
     conv_matches_burn_nn => scenarios::fused_conv::conv_matches_burn_nn;
     conv_graphed_matches_eager => scenarios::fused_conv::conv_graphed_matches_eager;
     conv_records_load_both_ways => scenarios::fused_conv::conv_records_load_both_ways;
+    global_pool_after_elementwise_matches_exact => scenarios::global_pool::global_pool_after_elementwise_matches_exact;
     embedding_matches_exact_f32 => |d| scenarios::fused_embedding::embedding_matches_exact(d, burn::tensor::FloatDType::F32);
     embedding_matches_exact_f16 => |d| scenarios::fused_embedding::embedding_matches_exact(d, burn::tensor::FloatDType::F16);
     embedding_matches_exact_bf16 => |d| scenarios::fused_embedding::embedding_matches_exact(d, burn::tensor::FloatDType::BF16);

@@ -1439,6 +1439,13 @@ fn conv_graphed_matches_eager() {
     scenarios::fused_conv::conv_graphed_matches_eager(&cuda());
 }
 
+/// burn's adaptive average pool after a fused ReLU, to `1x1` (no NHWC relayout with the carried
+/// burn-cubecl-fusion) and to `2x3`, within the `f32` sums' bound of the exact means.
+#[test]
+fn global_pool_after_elementwise_matches_exact() {
+    scenarios::global_pool::global_pool_after_elementwise_matches_exact(&cuda());
+}
+
 /// The fused embedding's output equals burn's gather and its table gradient the exact one, per
 /// dtype.
 #[test]

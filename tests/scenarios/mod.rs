@@ -14,6 +14,7 @@ pub mod fused_embedding;
 pub mod fused_linear;
 pub mod fused_loss;
 pub mod fused_norm;
+pub mod global_pool;
 pub mod group;
 pub mod guarded;
 pub mod inference;
