@@ -62,7 +62,7 @@ pub(crate) use self::{
     ops::embedding_op::embedding_rows,
     ops::linear_op::{MAX_ROWS as SMALL_LINEAR_ROWS, linear},
     ops::norm_op::norm,
-    ops::pack_op::join3,
+    ops::pack_op::{join3, join3_biased},
     ops::vendor_matmul::available as vendor_matmul_available,
     step::step_graph::{StepGraph, capture_step},
     step::step_state::StepState,
@@ -92,16 +92,15 @@ pub(crate) use stand_in::{
     AdamBatch, Admitted, Graphs, NCCL_ID_BYTES, ParamHandles, RandomState, StepGraph, StepState,
     adam_step, attention, attention_packed, attention_supports_dim, capture_group,
     capture_inference, capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows,
-    embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3,
+    embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3, join3_biased,
     kernel_cache_location, linear, nccl_end, nccl_failure, nccl_join, nccl_mean, nccl_unique_id,
     norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
-    fused_norm_forwards, hold_attention_tensor_cores, nccl_inject_error, nccl_set_abort,
-    norm_rows_per_chunk, norm_sum_lanes, packed_attention_calls, set_progress_intervals,
-    vendor_gemms,
+    fused_norm_forwards, nccl_inject_error, nccl_set_abort, norm_rows_per_chunk, norm_sum_lanes,
+    packed_attention_calls, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -386,10 +386,6 @@ pub(crate) fn packed_attention_calls() -> usize {
     0
 }
 
-/// Without cubecl no attention runs on tensor cores: nothing to hold.
-#[cfg(feature = "testing")]
-pub(crate) fn hold_attention_tensor_cores(_hold: bool) {}
-
 /// Without cubecl no attention is fused: there are no blocks to force.
 #[cfg(feature = "testing")]
 pub(crate) fn force_attention_blocks(_blocks: Option<(usize, usize)>) {}
@@ -444,6 +440,16 @@ pub(crate) fn attention_packed(
 pub(crate) fn join3(
     inputs: super::values::JoinInputs,
 ) -> Result<burn::backend::DispatchTensor, Box<super::values::JoinInputs>> {
+    Err(Box::new(inputs))
+}
+
+/// Without cubecl nothing is joined here: the tensors go back for burn's `cat`.
+pub(crate) fn join3_biased(
+    inputs: super::values::JoinBiasedInputs,
+) -> Result<
+    (burn::backend::DispatchTensor, burn::backend::DispatchTensor),
+    Box<super::values::JoinBiasedInputs>,
+> {
     Err(Box::new(inputs))
 }
 

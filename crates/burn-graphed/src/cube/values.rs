@@ -153,6 +153,10 @@ pub(crate) type JoinInputs = (
     burn::backend::DispatchTensor,
 );
 
+/// Three weights of one shape and their three biases, which a fused join puts side by side in
+/// one launch.
+pub(crate) type JoinBiasedInputs = (JoinInputs, JoinInputs);
+
 /// What a fused attention computes besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct AttentionSpec {

@@ -445,12 +445,20 @@ impl MultiHeadAttention {
             return None;
         }
         let [wq, wk, wv] = linears.map(|linear| linear.weight.val());
-        let weight = join3(wq, wk, wv)?;
-        let bias = match <[Tensor<1>; 3]>::try_from(biases) {
-            Ok([bq, bk, bv]) => Some(join3(bq, bk, bv)?),
-            Err(_) => None,
-        };
-        Some((weight, bias))
+        match <[Tensor<1>; 3]>::try_from(biases) {
+            Ok([bq, bk, bv]) => {
+                let (weight, bias) = cube::join3_biased((
+                    (wq.into_dispatch(), wk.into_dispatch(), wv.into_dispatch()),
+                    (bq.into_dispatch(), bk.into_dispatch(), bv.into_dispatch()),
+                ))
+                .ok()?;
+                Some((
+                    Tensor::from_dispatch(weight),
+                    Some(Tensor::from_dispatch(bias)),
+                ))
+            }
+            Err(_) => Some((join3(wq, wk, wv)?, None)),
+        }
     }
 
     /// This module as burn-nn's (the same parameters, burn-nn's forward).

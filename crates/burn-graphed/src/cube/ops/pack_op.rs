@@ -27,6 +27,33 @@ type AutodiffTensor = FloatTensor<Autodiff<Cube>>;
 /// Units of a cube; a cube takes one row of the side-by-side tensor.
 const THREADS: usize = 256;
 
+/// One row of the side-by-side tensor, by the cube's units in turn: `out[dst + j]` for `j <
+/// 3 * cols` from `a`, `b` and `c` at `src + j % cols`, the part by `j / cols`.
+#[cube]
+fn join_row<F: Float>(
+    a: &[F],
+    b: &[F],
+    c: &[F],
+    out: &mut [F],
+    src: usize,
+    dst: usize,
+    cols: usize,
+) {
+    let mut col = UNIT_POS as usize;
+    while col < 3 * cols {
+        let part = col / cols;
+        let at = src + col % cols;
+        let mut value = a[at];
+        if part == 1 {
+            value = b[at];
+        } else if part == 2 {
+            value = c[at];
+        }
+        out[dst + col] = value;
+        col += THREADS;
+    }
+}
+
 /// Row `row_of_cube()` of `out` (`[rows, 3 * cols]`) from the same row of `a`, `b` and `c`
 /// (`[rows, cols]` each) side by side.
 #[cube(launch_unchecked)]
@@ -42,19 +69,35 @@ fn pack_join_kernel<F: Float>(
     let row = row_of_cube();
     let cols = cols as usize;
     if row < rows as usize {
-        let mut col = UNIT_POS as usize;
-        while col < 3 * cols {
-            let part = col / cols;
-            let at = row * cols + col % cols;
-            let mut value = a[at];
-            if part == 1 {
-                value = b[at];
-            } else if part == 2 {
-                value = c[at];
-            }
-            out[row * 3 * cols + col] = value;
-            col += THREADS;
-        }
+        join_row::<F>(a, b, c, out, row * cols, row * 3 * cols, cols);
+    }
+}
+
+/// [`pack_join_kernel`] for weights `a`, `b`, `c` and their biases `bias_a`, `bias_b`,
+/// `bias_c` (`[cols]` each) in one launch: cube `rows` (one past the weights' rows) joins the
+/// biases into `out_bias` (`[3 * cols]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn pack_join_biased_kernel<F: Float>(
+    a: &[F],
+    b: &[F],
+    c: &[F],
+    bias_a: &[F],
+    bias_b: &[F],
+    bias_c: &[F],
+    out: &mut [F],
+    out_bias: &mut [F],
+    rows: u32,
+    cols: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = row_of_cube();
+    let cols = cols as usize;
+    let rows = rows as usize;
+    if row < rows {
+        join_row::<F>(a, b, c, out, row * cols, row * 3 * cols, cols);
+    } else if row == rows {
+        join_row::<F>(bias_a, bias_b, bias_c, out_bias, 0, 0, cols);
     }
 }
 
@@ -118,6 +161,25 @@ pub(crate) trait PackKernels: Backend {
     fn join3(a: FloatTensor<Self>, b: FloatTensor<Self>, c: FloatTensor<Self>)
     -> FloatTensor<Self>;
 
+    /// [`PackKernels::join3`] of weights `a`, `b`, `c` (`[.., cols]`) and of their biases
+    /// `bias_a`, `bias_b`, `bias_c` (`[cols]`; one dtype for all six, checked by the caller) in
+    /// one launch: `(weights, biases)`.
+    #[fusion(meta = |a, _b, _c, bias_a, _bias_b, _bias_c| {
+        let mut weights = a.clone();
+        weights.shape = with_last(&a.shape, 3 * rows_cols(&a.shape).1);
+        let mut biases = bias_a.clone();
+        biases.shape = with_last(&bias_a.shape, 3 * rows_cols(&bias_a.shape).1);
+        (weights, biases)
+    })]
+    fn join3_biased(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias_a: FloatTensor<Self>,
+        bias_b: FloatTensor<Self>,
+        bias_c: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// `joined` split into three along its last dimension (a multiple of 3).
     #[fusion(meta = |joined| {
         let mut spec = joined.clone();
@@ -157,6 +219,52 @@ impl PackKernels for CubeBackend {
             );
         }
         out.into_tensor()
+    }
+
+    fn join3_biased(
+        a: CubeTensor,
+        b: CubeTensor,
+        c: CubeTensor,
+        bias_a: CubeTensor,
+        bias_b: CubeTensor,
+        bias_c: CubeTensor,
+    ) -> (CubeTensor, CubeTensor) {
+        let elem = checked_elem(&a, "join");
+        let (rows, cols) = rows_cols(a.meta.shape());
+        let new = |like: &CubeTensor| {
+            let shape = with_last(like.meta.shape(), 3 * cols);
+            Dense::new_empty(like.client.clone(), like.device.clone(), shape, like.dtype)
+        };
+        let (out, out_bias) = (new(&a), new(&bias_a));
+        let client = a.client.clone();
+        let [a, b, c, bias_a, bias_b, bias_c] =
+            [&a, &b, &c, &bias_a, &bias_b, &bias_c].map(Dense::of);
+        // SAFETY: the kernel is instantiated for `elem`, the dtype of the six inputs (one
+        // dtype; a, b, c one shape, the biases `[cols]` each: checked by the caller) and of the
+        // two outputs (made with it). Cube `r < rows` reads elements `r * cols..(r + 1) * cols`
+        // of a, b and c (`rows * cols` each, dense) and writes elements `r * 3 cols..(r + 1) *
+        // 3 cols` of out; cube `rows` reads elements `0..cols` of the biases and writes
+        // `0..3 cols` of out_bias; both outputs are new allocations. Cubes past `rows` do
+        // nothing.
+        unsafe {
+            pack_join_biased_kernel::launch_unchecked(
+                &client,
+                row_grid(rows + 1),
+                CubeDim::new_1d(THREADS as u32),
+                a.arg(),
+                b.arg(),
+                c.arg(),
+                bias_a.arg(),
+                bias_b.arg(),
+                bias_c.arg(),
+                out.arg(),
+                out_bias.arg(),
+                rows as u32,
+                cols as u32,
+                elem,
+            );
+        }
+        (out.into_tensor(), out_bias.into_tensor())
     }
 
     fn split3(joined: CubeTensor) -> (CubeTensor, CubeTensor, CubeTensor) {
@@ -207,12 +315,35 @@ pub(crate) trait FusedPackOps: Backend {
         b: FloatTensor<Self>,
         c: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
+
+    /// [`FusedPackOps::fused_join3`] of weights and of their biases (`[cols]` each) in one
+    /// launch: `(weights, biases)`; the backward splits each gradient back.
+    fn fused_join3_biased(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias_a: FloatTensor<Self>,
+        bias_b: FloatTensor<Self>,
+        bias_c: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 impl FusedPackOps for Cube {
     fn fused_join3(a: FusedTensor, b: FusedTensor, c: FusedTensor) -> FusedTensor {
         count_forward();
         <Cube as PackKernels>::join3(a, b, c)
+    }
+
+    fn fused_join3_biased(
+        a: FusedTensor,
+        b: FusedTensor,
+        c: FusedTensor,
+        bias_a: FusedTensor,
+        bias_b: FusedTensor,
+        bias_c: FusedTensor,
+    ) -> (FusedTensor, FusedTensor) {
+        count_forward();
+        <Cube as PackKernels>::join3_biased(a, b, c, bias_a, bias_b, bias_c)
     }
 }
 
@@ -245,6 +376,34 @@ impl<C: CheckpointStrategy> FusedPackOps for Autodiff<Cube, C> {
         count_forward();
         prepared.stateless(<Cube as PackKernels>::join3(a, b, c))
     }
+
+    /// Two nodes, the weights' and the biases', each split back by its own backward; one
+    /// launch forward.
+    fn fused_join3_biased(
+        a: AutodiffTensor,
+        b: AutodiffTensor,
+        c: AutodiffTensor,
+        bias_a: AutodiffTensor,
+        bias_b: AutodiffTensor,
+        bias_c: AutodiffTensor,
+    ) -> (AutodiffTensor, AutodiffTensor) {
+        let [(a, a_node), (b, b_node), (c, c_node)] = [a, b, c].map(|t| t.into_parts());
+        let [
+            (bias_a, bias_a_node),
+            (bias_b, bias_b_node),
+            (bias_c, bias_c_node),
+        ] = [bias_a, bias_b, bias_c].map(|t| t.into_parts());
+        let weights = JoinBackward
+            .prepare::<C>([a_node, b_node, c_node])
+            .compute_bound();
+        let biases = JoinBackward
+            .prepare::<C>([bias_a_node, bias_b_node, bias_c_node])
+            .compute_bound();
+        count_forward();
+        let (joined, joined_bias) =
+            <Cube as PackKernels>::join3_biased(a, b, c, bias_a, bias_b, bias_c);
+        (weights.stateless(joined), biases.stateless(joined_bias))
+    }
 }
 
 /// `a`, `b` and `c` (one shape, one of `f32`, `f16`, `bf16`, burn's cubecl backend, autodiff
@@ -256,6 +415,21 @@ pub(crate) fn join3(
     Ok(<burn::backend::Dispatch as FusedPackOps>::fused_join3(
         a, b, c,
     ))
+}
+
+/// [`join3`] of weights and of their biases in one launch: `(weights, biases)`. Never `Err`
+/// here (see the stand-in).
+pub(crate) fn join3_biased(
+    ((a, b, c), (bias_a, bias_b, bias_c)): super::super::values::JoinBiasedInputs,
+) -> Result<
+    (burn::backend::DispatchTensor, burn::backend::DispatchTensor),
+    Box<super::super::values::JoinBiasedInputs>,
+> {
+    Ok(
+        <burn::backend::Dispatch as FusedPackOps>::fused_join3_biased(
+            a, b, c, bias_a, bias_b, bias_c,
+        ),
+    )
 }
 
 #[cfg(all(test, feature = "wgpu"))]
@@ -298,5 +472,27 @@ mod tests {
         let joined = <CubeBackend as PackKernels>::join3(a, b, c);
         let expected: Vec<f32> = parts.iter().flat_map(|p| p[..4].to_vec()).collect();
         assert_eq!(read(&joined), expected, "the joined biases");
+    }
+
+    /// Weights and biases joined in one launch are what two joins give.
+    #[test]
+    fn joined_weights_and_biases_in_one_launch() {
+        let parts: Vec<Vec<f32>> = (0..6)
+            .map(|p| (0..15).map(|i| (p * 100 + i) as f32).collect())
+            .collect();
+        let weights = || [0, 1, 2].map(|p| tensor(&parts[p], [3, 5]));
+        let biases = || [3, 4, 5].map(|p| tensor(&parts[p][..5], [5]));
+        let ([a, b, c], [bias_a, bias_b, bias_c]) = (weights(), biases());
+        let (joined, joined_bias) =
+            <CubeBackend as PackKernels>::join3_biased(a, b, c, bias_a, bias_b, bias_c);
+        assert_eq!(joined.meta.shape().dims::<2>(), [3, 15]);
+        assert_eq!(joined_bias.meta.shape().dims::<1>(), [15]);
+        let ([a, b, c], [bias_a, bias_b, bias_c]) = (weights(), biases());
+        let apart = <CubeBackend as PackKernels>::join3(a, b, c);
+        let apart_bias = <CubeBackend as PackKernels>::join3(bias_a, bias_b, bias_c);
+        assert_eq!(read(&joined), read(&apart), "the joined weights");
+        assert_eq!(read(&joined_bias), read(&apart_bias), "the joined biases");
+        let expected: Vec<f32> = parts[3..].iter().flat_map(|p| p[..5].to_vec()).collect();
+        assert_eq!(read(&joined_bias), expected, "the biases in order");
     }
 }
