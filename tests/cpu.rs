@@ -65,6 +65,9 @@ on_devices! {
     linear_add_matches_exact_f32 => |d| scenarios::fused_linear::linear_add_matches_exact(d, burn::tensor::FloatDType::F32);
     linear_add_matches_exact_f16 => |d| scenarios::fused_linear::linear_add_matches_exact(d, burn::tensor::FloatDType::F16);
     linear_add_matches_exact_bf16 => |d| scenarios::fused_linear::linear_add_matches_exact(d, burn::tensor::FloatDType::BF16);
+    linear_relu_matches_exact_f32 => |d| scenarios::fused_linear::linear_relu_matches_exact(d, burn::tensor::FloatDType::F32);
+    linear_relu_matches_exact_f16 => |d| scenarios::fused_linear::linear_relu_matches_exact(d, burn::tensor::FloatDType::F16);
+    linear_relu_matches_exact_bf16 => |d| scenarios::fused_linear::linear_relu_matches_exact(d, burn::tensor::FloatDType::BF16);
     cross_entropy_matches_exact_f32 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F32);
     cross_entropy_matches_exact_f16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::F16);
     cross_entropy_matches_exact_bf16 => |d| scenarios::fused_loss::cross_entropy_matches_exact(d, burn::tensor::FloatDType::BF16);

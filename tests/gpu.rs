@@ -1294,6 +1294,11 @@ per_dtype! {
     /// `C`) against the exact values and burn's composition, output and gradients.
     linear_add_matches_exact_f32 => scenarios::fused_linear::linear_add_matches_exact, F32;
     linear_add_matches_exact_f16 => scenarios::fused_linear::linear_add_matches_exact, F16;
+    /// The linear layer through a ReLU (`Linear::forward_relu`: the small kernel and cuBLASLt's
+    /// `RELU_BIAS` epilogue) against the exact values, output and gradients.
+    linear_relu_matches_exact_f32 => scenarios::fused_linear::linear_relu_matches_exact, F32;
+    linear_relu_matches_exact_f16 => scenarios::fused_linear::linear_relu_matches_exact, F16;
+    linear_relu_matches_exact_bf16 => scenarios::fused_linear::linear_relu_matches_exact, BF16;
 }
 
 /// The fused layer norm inside a graphed call equals its eager call, bit for bit.

@@ -17,16 +17,18 @@ pub(crate) fn mlp_of(layout: LinearLayout, device: &Device) -> Mlp {
     }
 }
 
-/// The `mlp` with `burn_graphed::nn::Linear` layers (`mlp_fused`): the same parameters; on at
-/// most 8 rows (the batch-1 inference modes) its layers run their own kernel.
+/// The `mlp` with `burn_graphed::nn::Linear` layers (`mlp_fused`): the same parameters; each
+/// layer's ReLU in its product's launch; on at most 8 rows (the batch-1 inference modes) its
+/// layers run their own kernel, on more cuBLASLt on CUDA.
 #[derive(Module, Debug)]
 pub(crate) struct FusedMlp {
     pub(crate) layers: Vec<burn_graphed::nn::Linear>,
 }
 
+/// [`mlp_forward`] with each layer's ReLU in its product's launch (`Linear::forward_relu`).
 pub(crate) fn fused_mlp_forward(m: &FusedMlp, mut x: Tensor<2>) -> Tensor<2> {
     for layer in &m.layers {
-        x = Relu::new().forward(layer.forward(x));
+        x = layer.forward_relu(x);
     }
     x
 }

@@ -449,3 +449,153 @@ fn linear_graphed_matches_eager_on(device: &Device, rows: usize) {
         assert_eq!(graphed.stats().forward_replays, 3, "{:?}", graphed.stats());
     }
 }
+
+/// `Linear::forward_relu` (`relu(x W + b)` in one launch where the layer runs fused: the small
+/// kernel on at most 8 rows, cuBLASLt's `RELU_BIAS` epilogue on more on CUDA, burn's
+/// `relu(forward(x))` elsewhere) against the exact values, the output and every gradient.
+///
+/// Tolerance, derived per element as for the convolutions (`fused_conv.rs`): each value is a sum
+/// of `K` terms (the output: `d_in` products and the bias; the input gradient: `d_out`; the
+/// weight gradient: one per row; the bias gradient: `rows`), summed in `f32` in any order, so
+/// it is off the exact sum by at most `gamma_K S` (`S` the sum of the terms' magnitudes,
+/// Higham 4.2), plus, for `f32` products on TF32 tensor cores, `(2 t + t^2) S` with `t =
+/// 2^-11`, plus one rounding of the dtype `u (|exact| + that)`. The ReLU moves no value
+/// further (`|relu(a) - relu(b)| <= |a - b|`). Its gradient passes where the fused output is
+/// above zero: the exact gradients are taken with that mask (the forward's own decision, which
+/// the backward must reuse). Negative controls, each at least ten bounds off somewhere: the
+/// output without its ReLU, and the input gradient of an unmasked output gradient (a backward
+/// that forgot the ReLU).
+pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
+    let device = device.clone().autodiff();
+    if !device.supports_dtype(DType::from(dtype)) {
+        skip(&format!("{device:?} has no {dtype:?}"));
+        return;
+    }
+    let products = if dtype == FloatDType::F32 && super::tf32_products(&device) {
+        let t = 2f64.powi(-11);
+        2.0 * t + t * t
+    } else {
+        0.0
+    };
+    let u = unit_roundoff(dtype);
+    // Each element's bound, from its exact value and the sum of its terms' magnitudes.
+    let bound = |exact: f64, magnitude: f64, terms: usize| {
+        let k = terms as f64 * 2f64.powi(-24);
+        let sums = (products + k / (1.0 - k)) * magnitude;
+        sums + u * (exact.abs() + sums)
+    };
+    // The largest `|got - exact|` over its bound.
+    let worst = |got: &[f64], exact: &[f64], magnitude: &[f64], terms: usize| {
+        got.iter()
+            .zip(exact)
+            .zip(magnitude)
+            .map(|((g, e), m)| (g - e).abs() / bound(*e, *m, terms).max(f64::MIN_POSITIVE))
+            .fold(0.0f64, f64::max)
+    };
+    // (rows, d_in, d_out, bias): the small kernel (1, 3 rows), then cuBLASLt on CUDA.
+    let cases: [(usize, usize, usize, bool); 4] = [
+        (1, 256, 256, true),
+        (3, 70, 33, false),
+        (48, 96, 130, true),
+        (64, 256, 256, false),
+    ];
+    for (seed, (rows, d_in, d_out, with_bias)) in cases.into_iter().enumerate() {
+        let seed = 700 + seed as u64 * 10;
+        let made = |values: Vec<f32>| {
+            let count = values.len();
+            Tensor::<1>::from_data(TensorData::new(values, [count]), &device).cast(dtype)
+        };
+        let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
+            .with_bias(with_bias)
+            .init(&device);
+        burn_linear.weight =
+            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
+        if with_bias {
+            burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
+        }
+        let fused: burn_graphed::nn::Linear = burn_linear.into();
+        let x = made(values(rows * d_in, seed + 2))
+            .reshape([rows, d_in])
+            .require_grad();
+        let dy = made(values(rows * d_out, seed + 3)).reshape([rows, d_out]);
+        let before = burn_graphed::testing::fused_ops();
+        let y = fused.forward_relu(x.clone());
+        let grads = (y.clone() * dy.clone()).sum().backward();
+        let got = [
+            host(y.into_data()),
+            host(x.grad(&grads).expect("the input's gradient").into_data()),
+            host(
+                fused
+                    .weight
+                    .val()
+                    .grad(&grads)
+                    .expect("the weight's gradient")
+                    .into_data(),
+            ),
+            fused.bias.as_ref().map_or_else(Vec::new, |b| {
+                host(
+                    b.val()
+                        .grad(&grads)
+                        .expect("the bias's gradient")
+                        .into_data(),
+                )
+            }),
+        ];
+        let ran_fused = burn_graphed::testing::fused_ops() > before;
+        let (xs, ws) = (host(x.into_data()), host(fused.weight.val().into_data()));
+        let bs = fused.bias.as_ref().map(|b| host(b.val().into_data()));
+        let dys = host(dy.into_data());
+        // The output gradient through the fused output's mask, and unmasked (the control).
+        let masked: Vec<f64> = dys
+            .iter()
+            .zip(&got[0])
+            .map(|(d, y)| if *y > 0.0 { *d } else { 0.0 })
+            .collect();
+        let truth = exact(&xs, &ws, bs.as_deref(), &masked, rows, d_in, d_out);
+        let unmasked = exact(&xs, &ws, bs.as_deref(), &dys, rows, d_in, d_out);
+        let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+        let magnitudes = exact(
+            &abs(&xs),
+            &abs(&ws),
+            bs.as_ref().map(|b| abs(b)).as_deref(),
+            &abs(&masked),
+            rows,
+            d_in,
+            d_out,
+        );
+        let relu_out: Vec<f64> = truth[0].iter().map(|v| v.max(0.0)).collect();
+        let label = format!("linear relu {dtype:?} {rows}x{d_in} -> {d_out} bias {with_bias}");
+        let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
+        let exact_values = [&relu_out, &truth[1], &truth[2], &truth[3]];
+        for (k, what) in [
+            "output",
+            "input gradient",
+            "weight gradient",
+            "bias gradient",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if k == 3 && !with_bias {
+                continue;
+            }
+            let ratio = worst(&got[k], exact_values[k], &magnitudes[k], terms[k]);
+            println!("{label} {what}: off {ratio:.3} of the bound");
+            assert!(
+                ratio <= 1.0,
+                "{label} {what}: off {ratio:.3e} bounds of the exact values"
+            );
+        }
+        let no_relu = worst(&truth[0], &relu_out, &magnitudes[0], terms[0]);
+        let unmasked_dx = worst(&unmasked[1], &truth[1], &magnitudes[1], terms[1]);
+        assert!(
+            no_relu >= 10.0 && unmasked_dx >= 10.0,
+            "control {label}: without the ReLU off {no_relu:.3e} bounds, unmasked input \
+             gradient {unmasked_dx:.3e}: both must be 10 or more"
+        );
+        let vendor = burn_graphed::testing::vendor_matmul_available(&device);
+        if supports_graphs(&device) && (rows <= 8 || vendor) {
+            assert!(ran_fused, "{label}: the fused layer did not run");
+        }
+    }
+}

@@ -462,6 +462,7 @@ pub(crate) fn attention_supports_dim(_device: &burn::tensor::Device, _dim: usize
 pub(crate) fn linear(
     inputs: super::values::LinearInputs,
     _vendor: bool,
+    _relu: bool,
 ) -> Result<burn::backend::DispatchTensor, Box<super::values::LinearInputs>> {
     Err(Box::new(inputs))
 }

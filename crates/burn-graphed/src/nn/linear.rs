@@ -63,12 +63,22 @@ impl Linear {
     /// When the input's last dimension is not `d_input`, or the residual's shape is not the
     /// output's (`[..., d_output]`).
     pub fn forward_add<const D: usize>(&self, input: Tensor<D>, residual: Tensor<D>) -> Tensor<D> {
-        linear_add(
-            input,
-            self.weight.val(),
-            self.bias.as_ref().map(Param::val),
-            Some(residual),
-        )
+        let (weight, bias) = (self.weight.val(), self.bias.as_ref().map(Param::val));
+        linear_then(input, weight, bias, Some(residual), false)
+    }
+
+    /// `relu(self.forward(input))`, the ReLU taken in the same launch where the layer runs
+    /// fused (cuBLASLt's `RELU_BIAS` epilogue, or the small kernel's store), before the
+    /// output's one rounding: an MLP's hidden layer in one launch where burn runs two. Its
+    /// backward passes the gradient where the output is above zero, as burn's ReLU does.
+    /// Elsewhere burn's `relu(forward(input))`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Linear::forward`].
+    pub fn forward_relu<const D: usize>(&self, input: Tensor<D>) -> Tensor<D> {
+        let (weight, bias) = (self.weight.val(), self.bias.as_ref().map(Param::val));
+        linear_then(input, weight, bias, None, true)
     }
 }
 
@@ -84,21 +94,23 @@ pub(crate) fn linear<const D: usize>(
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
 ) -> Tensor<D> {
-    linear_add(input, weight, bias, None)
+    linear_then(input, weight, bias, None, false)
 }
 
-/// [`linear`] plus `residual` (the output's shape), added before the one rounding where the
-/// layer runs fused; burn's composition (`linear(..) + residual`) elsewhere.
+/// [`linear`] plus `residual` (the output's shape), then a ReLU where `relu`, both before the
+/// one rounding where the layer runs fused; burn's composition (`relu(linear(..) + residual)`)
+/// elsewhere.
 ///
 /// # Panics
 ///
 /// When the input's last dimension is not `d_input` or the residual's shape is not the
 /// output's.
-pub(crate) fn linear_add<const D: usize>(
+fn linear_then<const D: usize>(
     input: Tensor<D>,
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
     residual: Option<Tensor<D>>,
+    relu: bool,
 ) -> Tensor<D> {
     let [d_input, d_output] = weight.dims();
     let dims = input.dims();
@@ -130,12 +142,17 @@ pub(crate) fn linear_add<const D: usize>(
         && bias.as_ref().is_none_or(|b| b.dtype() == dtype)
         && residual.as_ref().is_none_or(|r| r.dtype() == dtype)
         && cube::supports_graphs(&device);
-    // burn's composition: the product (and bias), then the residual.
+    // burn's composition: the product (and bias), then the residual, then the ReLU.
     let composed = |input: Tensor<D>, weight, bias, residual: Option<Tensor<D>>| {
         let out = burn::tensor::module::linear(input, weight, bias);
-        match residual {
+        let out = match residual {
             Some(residual) => out + residual,
             None => out,
+        };
+        if relu {
+            burn::tensor::activation::relu(out)
+        } else {
+            out
         }
     };
     if !fused {
@@ -149,7 +166,7 @@ pub(crate) fn linear_add<const D: usize>(
         ),
         residual.map(|r| r.reshape([rows, d_output]).into_dispatch()),
     );
-    match cube::linear(inputs, vendor) {
+    match cube::linear(inputs, vendor, relu) {
         Ok(out) => Tensor::<2>::from_dispatch(out).reshape(out_dims),
         Err(inputs) => {
             let ((x, weight, bias), residual) = *inputs;

@@ -1,6 +1,7 @@
 //! A linear layer with its own backward: `y = x W + b`, and `y = x W + b + r` with a residual
 //! `r` added before the one rounding (a transformer block's `x + proj(h)`: one launch where
-//! burn runs the product and the addition apart).
+//! burn runs the product and the addition apart), each through a ReLU where asked (an MLP's
+//! `relu(x W + b)`: one launch where burn runs two).
 //!
 //! - On at most [`MAX_ROWS`] rows (batch 1 inference, small batches), a kernel of ours that
 //!   spreads each output column's dot product over a cube, where cubecl's tuned matmul never
@@ -13,12 +14,13 @@
 //!
 //! The backward (`dx = dy Wᵀ`, `dW = xᵀ dy`, `db = 1ᵀ dy`, `dr = dy`): three products through
 //! cuBLASLt where available; burn's matmuls and sum elsewhere; the residual's gradient is `dy`
-//! itself (no kernel).
+//! itself (no kernel). Through a ReLU, `dy` first keeps only the elements whose output is above
+//! zero (the forward's own decision, read from its output: one elementwise kernel).
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::ops::FloatTensorOps;
+use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Cube, TensorMetadata, backend_extension};
 use burn::tensor::Shape;
@@ -46,7 +48,7 @@ const SEGMENT_BYTES: usize = 32;
 /// `out[r, c] = sum_k x[r, k] * w[k, c] (+ bias[c]) (+ residual[r, c])`: cube `(i, r)` computes
 /// columns `i * columns ..` of row `r`; unit `(c, s)` sums `k = s, s + slices, ...` of column
 /// `c` (`slices = UNITS / columns`), then unit `(c, 0)` adds the partial sums in slice order,
-/// the bias, the residual. A unit's loads are independent, so a few per unit (`d_in / slices`)
+/// the bias, the residual, and with `relu` takes the larger of the sum and zero. A unit's loads are independent, so a few per unit (`d_in / slices`)
 /// are in flight at once: the kernel waits on the memory a couple of times, not once per load.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
@@ -61,6 +63,7 @@ fn linear_small_rows_kernel<F: Float>(
     #[comptime] columns: usize,
     #[comptime] has_bias: bool,
     #[comptime] has_residual: bool,
+    #[comptime] relu: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let slices = comptime!(UNITS / columns);
@@ -93,6 +96,9 @@ fn linear_small_rows_kernel<F: Float>(
         if has_residual {
             sum += f32::cast_from(residual[row * d_out + column]);
         }
+        if relu {
+            sum = f32::max(sum, 0.0);
+        }
         out[row * d_out + column] = F::cast_from(sum);
     }
 }
@@ -100,15 +106,16 @@ fn linear_small_rows_kernel<F: Float>(
 /// The kernel as a lazy fusion operation on burn's cubecl backend.
 #[backend_extension(Cube, Fusion)]
 pub(crate) trait LinearKernels: Backend {
-    /// `x W (+ bias) (+ residual)` for `x` `[rows, d_in]` (`rows <= MAX_ROWS`), `W`
-    /// `[d_in, d_out]`, `bias` `[d_out]` read only with `has_bias`, `residual` `[rows, d_out]`
-    /// read only with `has_residual` (pass any tensor otherwise): `[rows, d_out]` in the dtype
-    /// of all four (checked by the caller).
-    #[fusion(meta = |x, w, _bias, _residual, _has_bias, _has_residual| {
+    /// `x W (+ bias) (+ residual)`, through a ReLU with `relu`, for `x` `[rows, d_in]` (`rows
+    /// <= MAX_ROWS`), `W` `[d_in, d_out]`, `bias` `[d_out]` read only with `has_bias`,
+    /// `residual` `[rows, d_out]` read only with `has_residual` (pass any tensor otherwise):
+    /// `[rows, d_out]` in the dtype of all four (checked by the caller).
+    #[fusion(meta = |x, w, _bias, _residual, _has_bias, _has_residual, _relu| {
         let mut spec = x.clone();
         spec.shape = Shape::new([x.shape[0], w.shape[1]]);
         spec
     })]
+    #[allow(clippy::too_many_arguments)]
     fn small_linear(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
@@ -116,12 +123,14 @@ pub(crate) trait LinearKernels: Backend {
         residual: FloatTensor<Self>,
         has_bias: bool,
         has_residual: bool,
+        relu: bool,
     ) -> FloatTensor<Self>;
 
-    /// `op(a) op(b) (+ bias where has_bias) (+ residual where has_residual)`, `op` transposing
-    /// where `ta` / `tb` say, through cuBLASLt (`[m, n]`, dense; the residual `[m, n]`); burn's
-    /// matmul and additions where cuBLASLt refuses the operands.
-    #[fusion(meta = |a, b, _bias, _residual, _has_bias, _has_residual, ta, tb| {
+    /// `op(a) op(b) (+ bias where has_bias) (+ residual where has_residual)`, through a ReLU
+    /// with `relu`, `op` transposing where `ta` / `tb` say, through cuBLASLt (`[m, n]`, dense;
+    /// the residual `[m, n]`); burn's matmul, additions and ReLU where cuBLASLt refuses the
+    /// operands.
+    #[fusion(meta = |a, b, _bias, _residual, _has_bias, _has_residual, ta, tb, _relu| {
         let mut spec = a.clone();
         let m = if *ta { a.shape[1] } else { a.shape[0] };
         let n = if *tb { b.shape[0] } else { b.shape[1] };
@@ -138,6 +147,7 @@ pub(crate) trait LinearKernels: Backend {
         has_residual: bool,
         ta: bool,
         tb: bool,
+        relu: bool,
     ) -> FloatTensor<Self>;
 }
 
@@ -149,6 +159,7 @@ impl LinearKernels for CubeBackend {
         residual: CubeTensor,
         has_bias: bool,
         has_residual: bool,
+        relu: bool,
     ) -> CubeTensor {
         let [rows, d_in] = x.meta.shape().dims::<2>();
         let [_, d_out] = w.meta.shape().dims::<2>();
@@ -191,6 +202,7 @@ impl LinearKernels for CubeBackend {
                 columns,
                 has_bias,
                 has_residual,
+                relu,
                 elem,
             );
         }
@@ -206,9 +218,11 @@ impl LinearKernels for CubeBackend {
         has_residual: bool,
         ta: bool,
         tb: bool,
+        relu: bool,
     ) -> CubeTensor {
         let residual = has_residual.then_some(residual);
-        match vendor_matmul::gemm(&a, &b, has_bias.then_some(&bias), residual.as_ref(), ta, tb) {
+        let bias_given = has_bias.then_some(&bias);
+        match vendor_matmul::gemm(&a, &b, bias_given, residual.as_ref(), (ta, tb), relu) {
             Ok(out) => out,
             Err(error) => {
                 static ONCE: std::sync::Once = std::sync::Once::new();
@@ -233,10 +247,13 @@ impl LinearKernels for CubeBackend {
                         CubeBackend::float_reshape(bias, Shape::new([1, n])),
                     );
                 }
-                match residual {
-                    Some(residual) => CubeBackend::float_add(out, residual),
-                    None => out,
+                if let Some(residual) = residual {
+                    out = CubeBackend::float_add(out, residual);
                 }
+                if relu {
+                    out = CubeBackend::relu(out);
+                }
+                out
             }
         }
     }
@@ -245,10 +262,10 @@ impl LinearKernels for CubeBackend {
 /// The linear layer with its own backward, reached from `Tensor` through burn's dispatch.
 #[backend_extension(Cube, Autodiff)]
 pub(crate) trait FusedLinearOps: Backend {
-    /// `x W (+ bias where has_bias) (+ residual where has_residual)`, `x` `[rows, d_in]`,
-    /// `residual` `[rows, d_out]`: the small kernel on at most [`MAX_ROWS`] rows, otherwise
-    /// cuBLASLt (the caller checked `vendor`); the backward's products through cuBLASLt where
-    /// `vendor`.
+    /// `x W (+ bias where has_bias) (+ residual where has_residual)`, through a ReLU where
+    /// `relu`, `x` `[rows, d_in]`, `residual` `[rows, d_out]`: the small kernel on at most
+    /// [`MAX_ROWS`] rows, otherwise cuBLASLt (the caller checked `vendor`); the backward's
+    /// products through cuBLASLt where `vendor`.
     #[allow(clippy::too_many_arguments)]
     fn fused_linear(
         x: FloatTensor<Self>,
@@ -258,16 +275,19 @@ pub(crate) trait FusedLinearOps: Backend {
         has_bias: bool,
         has_residual: bool,
         vendor: bool,
+        relu: bool,
     ) -> FloatTensor<Self>;
 }
 
-/// What one call adds to the product: the bias and the residual, each where it is given (an
-/// operand that is not given is a stand-in tensor the kernels never read).
+/// What one call does after the product: adds the bias and the residual, each where it is
+/// given (an operand that is not given is a stand-in tensor the kernels never read), then a
+/// ReLU where `relu`.
 struct Addends {
     bias: FusedTensor,
     residual: FusedTensor,
     has_bias: bool,
     has_residual: bool,
+    relu: bool,
 }
 
 /// The forward on the fused backend: the small kernel or one cuBLASLt product.
@@ -278,9 +298,10 @@ fn forward(x: FusedTensor, w: FusedTensor, add: Addends) -> FusedTensor {
         residual,
         has_bias,
         has_residual,
+        relu,
     } = add;
     if x.shape()[0] <= MAX_ROWS {
-        <Cube as LinearKernels>::small_linear(x, w, bias, residual, has_bias, has_residual)
+        <Cube as LinearKernels>::small_linear(x, w, bias, residual, has_bias, has_residual, relu)
     } else {
         <Cube as LinearKernels>::vendor_gemm(
             x,
@@ -291,6 +312,7 @@ fn forward(x: FusedTensor, w: FusedTensor, add: Addends) -> FusedTensor {
             has_residual,
             false,
             false,
+            relu,
         )
     }
 }
@@ -304,23 +326,27 @@ impl FusedLinearOps for Cube {
         has_bias: bool,
         has_residual: bool,
         _vendor: bool,
+        relu: bool,
     ) -> FusedTensor {
         let add = Addends {
             bias,
             residual,
             has_bias,
             has_residual,
+            relu,
         };
         forward(x, w, add)
     }
 }
 
-/// What the backward keeps: the input, the weight, and whether its products go to cuBLASLt.
+/// What the backward keeps: the input, the weight, whether its products go to cuBLASLt, and
+/// through a ReLU the output (whose zeros say where the gradient stops).
 #[derive(Debug, Clone)]
 struct Saved {
     x: FusedTensor,
     w: FusedTensor,
     vendor: bool,
+    relu_output: Option<FusedTensor>,
 }
 
 /// The backward node: parents x, W, the bias and the residual (untracked stand-ins where not
@@ -333,8 +359,18 @@ impl Backward<Cube, 4> for LinearBackward {
 
     fn backward(self, ops: Ops<Saved, 4>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x, node_w, node_bias, node_residual] = ops.parents;
+        let Saved {
+            x,
+            w,
+            vendor,
+            relu_output,
+        } = ops.state;
         let dy = grads.consume::<Cube>(&ops.node);
-        let Saved { x, w, vendor } = ops.state;
+        // Through the ReLU: the gradient where the output is above zero, zero elsewhere.
+        let dy = match relu_output {
+            Some(out) => Cube::relu_backward(out, dy),
+            None => dy,
+        };
         // `op(a) op(b)`: cuBLASLt reads the transposes in place; burn's matmul takes views.
         let product = |a: FusedTensor, b: FusedTensor, ta: bool, tb: bool| {
             if vendor {
@@ -347,6 +383,7 @@ impl Backward<Cube, 4> for LinearBackward {
                     false,
                     ta,
                     tb,
+                    false,
                 )
             } else {
                 let a = if ta { Cube::float_transpose(a) } else { a };
@@ -383,6 +420,7 @@ impl Backward<Cube, 4> for LinearBackward {
                     false,
                     false,
                     false,
+                    false,
                 )
             } else {
                 Cube::float_sum_dim(dy, 0)
@@ -401,6 +439,7 @@ impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
         has_bias: bool,
         has_residual: bool,
         vendor: bool,
+        relu: bool,
     ) -> AutodiffTensor {
         let (x, x_node) = x.into_parts();
         let (w, w_node) = w.into_parts();
@@ -426,16 +465,27 @@ impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
             residual,
             has_bias,
             has_residual,
+            relu,
         };
         let out = forward(x.clone(), w.clone(), add);
         match prepared {
-            OpsKind::Tracked(prep) => prep.finish(Saved { x, w, vendor }, out),
+            OpsKind::Tracked(prep) => {
+                let relu_output = relu.then(|| out.clone());
+                let saved = Saved {
+                    x,
+                    w,
+                    vendor,
+                    relu_output,
+                };
+                prep.finish(saved, out)
+            }
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
 }
 
-/// `x W (+ bias) (+ residual)` for `x` `[rows, d_in]` through burn's dispatch: the small
+/// `x W (+ bias) (+ residual)`, through a ReLU where `relu`, for `x` `[rows, d_in]` through
+/// burn's dispatch: the small
 /// kernel on at most [`MAX_ROWS`] rows, cuBLASLt on more (the caller checked
 /// [`vendor_matmul::available`] then). The caller checked the device (a cubecl one), the dtypes
 /// (one of `f32`, `f16`, `bf16` for all) and the shapes (the residual `[rows, d_out]`). Never
@@ -443,6 +493,7 @@ impl<C: CheckpointStrategy> FusedLinearOps for Autodiff<Cube, C> {
 pub(crate) fn linear(
     inputs: super::super::values::LinearInputs,
     vendor: bool,
+    relu: bool,
 ) -> Result<burn::backend::DispatchTensor, Box<super::super::values::LinearInputs>> {
     let ((x, w, bias), residual) = inputs;
     let (has_bias, has_residual) = (bias.is_some(), residual.is_some());
@@ -456,5 +507,6 @@ pub(crate) fn linear(
         has_bias,
         has_residual,
         vendor,
+        relu,
     ))
 }

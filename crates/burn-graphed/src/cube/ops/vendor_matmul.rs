@@ -15,7 +15,8 @@
 //! (`CUBLAS_COMPUTE_32F_FAST_TF32`), as cubecl's own products and PyTorch's `allow_tf32`;
 //! `f16` and `bf16` products with `f32` accumulation and one rounding at the store, the bias
 //! added in the epilogue and a residual read as the product's `C` (`beta = 1`), both before
-//! that rounding.
+//! that rounding, as is a ReLU where asked (`RELU_BIAS` or `RELU`: the sign taken of the `f32`
+//! value).
 //!
 //! Each stream gets a cuBLASLt handle and a workspace at its first product; the first product is
 //! always eager (every capture of this library follows eager warm-ups), because allocating
@@ -70,8 +71,9 @@ pub(crate) fn available(device: &Device) -> bool {
     }
 }
 
-/// `op(a) op(b) (+ bias) (+ residual)` into a new dense `[m, n]` tensor, `op` transposing where
-/// `ta` / `tb` say; `a`, `b`, `bias` (`[n]`) and `residual` (`[m, n]`) of one dtype (`f32`,
+/// `op(a) op(b) (+ bias) (+ residual)`, through a ReLU where `relu` says, into a new dense
+/// `[m, n]` tensor, `op` transposing where `ta` / `tb` say; `a`, `b`, `bias` (`[n]`) and
+/// `residual` (`[m, n]`) of one dtype (`f32`,
 /// `f16`, `bf16`), `a` and `b` in any 2-D layout (row-major with padded rows, or a transposed
 /// view, is read in place; other layouts are copied first), the bias and the residual made
 /// dense first where they are not.
@@ -80,18 +82,18 @@ pub(in crate::cube) fn gemm(
     b: &CubeTensor,
     bias: Option<&CubeTensor>,
     residual: Option<&CubeTensor>,
-    ta: bool,
-    tb: bool,
+    (ta, tb): (bool, bool),
+    relu: bool,
 ) -> Result<CubeTensor, VendorError> {
     #[cfg(feature = "cuda")]
     {
-        let out = lt::gemm(a, b, bias, residual, ta, tb)?;
+        let out = lt::gemm(a, b, bias, residual, (ta, tb), relu)?;
         GEMMS.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (a, b, bias, residual, ta, tb);
+        let _ = (a, b, bias, residual, ta, tb, relu);
         Err(VendorError::Unsupported("built without CUDA".into()))
     }
 }
@@ -151,6 +153,8 @@ mod lt {
         /// The alignments of cuBLASLt's A, B, D and C (C's is 0 without a residual).
         align: (u32, u32, u32, u32),
         bias: bool,
+        /// Whether the epilogue ends in a ReLU.
+        relu: bool,
         /// Whether `f32` operands may round to TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`).
         tf32: bool,
     }
@@ -216,8 +220,8 @@ mod lt {
         b: &CubeTensor,
         bias: Option<&CubeTensor>,
         residual: Option<&CubeTensor>,
-        ta: bool,
-        tb: bool,
+        (ta, tb): (bool, bool),
+        relu: bool,
     ) -> Result<CubeTensor, VendorError> {
         let dtype = a.dtype;
         let Some(cuda_type) = data_type(dtype) else {
@@ -327,6 +331,7 @@ mod lt {
                 c_ptr.map_or(0, alignment),
             ),
             bias: bias_ptr.is_some(),
+            relu,
             // Fixed for the process once a CUDA device exists (`allow_tf32` refuses a change).
             tf32: dtype == DType::F32 && super::super::super::tf32::allowed(),
         };
@@ -430,13 +435,21 @@ mod lt {
                 (&key.ops.1 as *const i32).cast(),
                 4,
             )?;
-            if let Some(bias) = bias {
-                let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+            use sys::cublasLtEpilogue_t as Epilogue;
+            let epilogue = match (bias.is_some(), key.relu) {
+                (true, true) => Some(Epilogue::CUBLASLT_EPILOGUE_RELU_BIAS),
+                (true, false) => Some(Epilogue::CUBLASLT_EPILOGUE_BIAS),
+                (false, true) => Some(Epilogue::CUBLASLT_EPILOGUE_RELU),
+                (false, false) => None,
+            };
+            if let Some(epilogue) = epilogue {
                 set(
                     Attr::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                    (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
-                    std::mem::size_of::<sys::cublasLtEpilogue_t>(),
+                    (&epilogue as *const Epilogue).cast(),
+                    std::mem::size_of::<Epilogue>(),
                 )?;
+            }
+            if let Some(bias) = bias {
                 set(
                     Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                     (&bias as *const u64).cast(),
