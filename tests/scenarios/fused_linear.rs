@@ -459,7 +459,9 @@ fn linear_graphed_matches_eager_on(device: &Device, rows: usize) {
 /// weight gradient: one per row; the bias gradient: `rows`), summed in `f32` in any order, so
 /// it is off the exact sum by at most `gamma_K S` (`S` the sum of the terms' magnitudes,
 /// Higham 4.2), plus, for `f32` products on TF32 tensor cores, `(2 t + t^2) S` with `t =
-/// 2^-11`, plus one rounding of the dtype `u (|exact| + that)`. The ReLU moves no value
+/// 2^-11`, plus one rounding of the dtype `u (|exact| + that)` (in `f16` below its normal
+/// range, half its subnormal spacing, `2^-25`: a weight gradient of one row is one product of
+/// two values below 1, often that small). The ReLU moves no value
 /// further (`|relu(a) - relu(b)| <= |a - b|`). Its gradient passes where the fused output is
 /// above zero: the exact gradients are taken with that mask (the forward's own decision, which
 /// the backward must reuse). Negative controls, each at least ten bounds off somewhere: the
@@ -478,11 +480,16 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
         0.0
     };
     let u = unit_roundoff(dtype);
+    let subnormal = if dtype == FloatDType::F16 {
+        2f64.powi(-25)
+    } else {
+        0.0
+    };
     // Each element's bound, from its exact value and the sum of its terms' magnitudes.
     let bound = |exact: f64, magnitude: f64, terms: usize| {
         let k = terms as f64 * 2f64.powi(-24);
         let sums = (products + k / (1.0 - k)) * magnitude;
-        sums + u * (exact.abs() + sums)
+        sums + u * (exact.abs() + sums) + subnormal
     };
     // The largest `|got - exact|` over its bound.
     let worst = |got: &[f64], exact: &[f64], magnitude: &[f64], terms: usize| {
