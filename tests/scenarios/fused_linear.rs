@@ -53,6 +53,20 @@ fn exact(
     [y, dx, dw, db]
 }
 
+/// The compared values by index (output, input, weight and, with a bias, the bias gradient)
+/// and their names.
+fn checked_parts(with_bias: bool) -> impl Iterator<Item = (usize, &'static str)> {
+    [
+        "output",
+        "input gradient",
+        "weight gradient",
+        "bias gradient",
+    ]
+    .into_iter()
+    .enumerate()
+    .filter(move |&(k, _)| k < 3 || with_bias)
+}
+
 /// Asserts that each of `ours`' output and gradients (output, input, weight, and with a bias
 /// the bias's) is within twice burn's error plus one rounding `u` of the exact `truth`, printing
 /// each; returns the output's bound.
@@ -65,18 +79,7 @@ fn within_bound(
     u: f64,
 ) -> f64 {
     let mut output_bound = 0.0;
-    for (k, what) in [
-        "output",
-        "input gradient",
-        "weight gradient",
-        "bias gradient",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if k == 3 && !with_bias {
-            continue;
-        }
+    for (k, what) in checked_parts(with_bias) {
         let (fused_error, burn_error) = (error(&ours[k], &truth[k]), error(&theirs[k], &truth[k]));
         let bound = 2.0 * burn_error + u;
         println!(
@@ -574,18 +577,7 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
         let label = format!("linear relu {dtype:?} {rows}x{d_in} -> {d_out} bias {with_bias}");
         let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
         let exact_values = [&relu_out, &truth[1], &truth[2], &truth[3]];
-        for (k, what) in [
-            "output",
-            "input gradient",
-            "weight gradient",
-            "bias gradient",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if k == 3 && !with_bias {
-                continue;
-            }
+        for (k, what) in checked_parts(with_bias) {
             let ratio = worst(&got[k], exact_values[k], &magnitudes[k], terms[k]);
             println!("{label} {what}: off {ratio:.3} of the bound");
             assert!(
