@@ -48,8 +48,9 @@ const SEGMENT_BYTES: usize = 32;
 /// `out[r, c] = sum_k x[r, k] * w[k, c] (+ bias[c]) (+ residual[r, c])`: cube `(i, r)` computes
 /// columns `i * columns ..` of row `r`; unit `(c, s)` sums `k = s, s + slices, ...` of column
 /// `c` (`slices = UNITS / columns`), then unit `(c, 0)` adds the partial sums in slice order,
-/// the bias, the residual, and with `relu` takes the larger of the sum and zero. A unit's loads are independent, so a few per unit (`d_in / slices`)
-/// are in flight at once: the kernel waits on the memory a couple of times, not once per load.
+/// the bias, the residual, and with `relu` takes the larger of the sum and zero. A unit's loads
+/// are independent, so a few per unit (`d_in / slices`) are in flight at once: the kernel waits
+/// on the memory a couple of times, not once per load.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn linear_small_rows_kernel<F: Float>(
