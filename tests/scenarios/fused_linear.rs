@@ -24,6 +24,64 @@ fn values(count: usize, seed: u64) -> Vec<f32> {
     seeded(count, seed, -1.0, 1.0)
 }
 
+/// `values(count, seed)` as a 1-D tensor of `dtype` on `device`.
+fn seeded_tensor(device: &Device, dtype: FloatDType, count: usize, seed: u64) -> Tensor<1> {
+    Tensor::<1>::from_data(TensorData::new(values(count, seed), [count]), device).cast(dtype)
+}
+
+/// burn-nn's `Linear` `[d_in, d_out]` in `dtype` with seeded values: the weight from `seed`,
+/// the bias (where `with_bias`) from `seed + 1`.
+fn seeded_linear(
+    device: &Device,
+    dtype: FloatDType,
+    (d_in, d_out): (usize, usize),
+    with_bias: bool,
+    seed: u64,
+) -> burn::nn::Linear {
+    let mut linear = burn::nn::LinearConfig::new(d_in, d_out)
+        .with_bias(with_bias)
+        .init(device);
+    let weight = seeded_tensor(device, dtype, d_in * d_out, seed).reshape([d_in, d_out]);
+    linear.weight = Param::from_tensor(weight);
+    if with_bias {
+        linear.bias = Some(Param::from_tensor(seeded_tensor(
+            device,
+            dtype,
+            d_out,
+            seed + 1,
+        )));
+    }
+    linear
+}
+
+/// `[y, dx, dW, db]` read back, the gradients from `grads` (`db` empty without a bias).
+fn output_and_grads(
+    y: Tensor<2>,
+    x: &Tensor<2>,
+    (weight, bias): (&Param<Tensor<2>>, Option<&Param<Tensor<1>>>),
+    grads: &burn::tensor::Gradients,
+) -> [Vec<f64>; 4] {
+    [
+        host(y.into_data()),
+        host(x.grad(grads).expect("the input's gradient").into_data()),
+        host(
+            weight
+                .val()
+                .grad(grads)
+                .expect("the weight's gradient")
+                .into_data(),
+        ),
+        bias.map_or_else(Vec::new, |b| {
+            host(
+                b.val()
+                    .grad(grads)
+                    .expect("the bias's gradient")
+                    .into_data(),
+            )
+        }),
+    ]
+}
+
 /// `(y, dx, dW, db)` exactly, for `x` `[rows, d_in]`, `w` `[d_in, d_out]`, output gradient `dy`.
 fn exact(
     x: &[f64],
@@ -392,17 +450,10 @@ pub fn linear_add_matches_exact_in(
             Tensor::<1>::from_data(TensorData::new(values, [count]), &device).cast(dtype)
         };
         let three = |t: Tensor<1>, width: usize| t.reshape([lead3[0], lead3[1], width]);
-        let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
-            .with_bias(with_bias)
-            .init(&device);
-        burn_linear.weight =
-            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
-        if with_bias {
-            burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
-        }
+        let burn_linear = seeded_linear(&device, dtype, (d_in, d_out), with_bias, seed);
         let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
-        let x = made(values(rows * d_in, seed + 2));
-        let dy = made(values(rows * d_out, seed + 3));
+        let x = seeded_tensor(&device, dtype, rows * d_in, seed + 2);
+        let dy = seeded_tensor(&device, dtype, rows * d_out, seed + 3);
         let x_host = host(x.clone().into_data());
         let w_host = host(burn_linear.weight.val().into_data());
         let b_host = burn_linear.bias.as_ref().map(|b| host(b.val().into_data()));
@@ -600,68 +651,22 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
     ];
     for (seed, (rows, d_in, d_out, with_bias)) in cases.into_iter().enumerate() {
         let seed = 700 + seed as u64 * 10;
-        let made = |values: Vec<f32>| {
-            let count = values.len();
-            Tensor::<1>::from_data(TensorData::new(values, [count]), &device).cast(dtype)
-        };
-        let mut burn_linear = burn::nn::LinearConfig::new(d_in, d_out)
-            .with_bias(with_bias)
-            .init(&device);
-        burn_linear.weight =
-            Param::from_tensor(made(values(d_in * d_out, seed)).reshape([d_in, d_out]));
-        if with_bias {
-            burn_linear.bias = Some(Param::from_tensor(made(values(d_out, seed + 1))));
-        }
+        let burn_linear = seeded_linear(&device, dtype, (d_in, d_out), with_bias, seed);
         let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
-        let x = made(values(rows * d_in, seed + 2))
+        let x = seeded_tensor(&device, dtype, rows * d_in, seed + 2)
             .reshape([rows, d_in])
             .require_grad();
-        let dy = made(values(rows * d_out, seed + 3)).reshape([rows, d_out]);
+        let dy = seeded_tensor(&device, dtype, rows * d_out, seed + 3).reshape([rows, d_out]);
         let before = burn_graphed::testing::fused_ops();
         let y = fused.forward_relu(x.clone());
         let grads = (y.clone() * dy.clone()).sum().backward();
-        let got = [
-            host(y.into_data()),
-            host(x.grad(&grads).expect("the input's gradient").into_data()),
-            host(
-                fused
-                    .weight
-                    .val()
-                    .grad(&grads)
-                    .expect("the weight's gradient")
-                    .into_data(),
-            ),
-            fused.bias.as_ref().map_or_else(Vec::new, |b| {
-                host(
-                    b.val()
-                        .grad(&grads)
-                        .expect("the bias's gradient")
-                        .into_data(),
-                )
-            }),
-        ];
+        let got = output_and_grads(y, &x, (&fused.weight, fused.bias.as_ref()), &grads);
         let ran_fused = burn_graphed::testing::fused_ops() > before;
         // burn-nn's composition on the same values: the reference off cuBLASLt.
         let burn_y = burn::tensor::activation::relu(burn_linear.forward(x.clone()));
         let burn_grads = (burn_y.clone() * dy.clone()).sum().backward();
-        let burn_grad = |p: Option<&Param<Tensor<2>>>, b: Option<&Param<Tensor<1>>>| {
-            let g = match (p, b) {
-                (Some(p), _) => p.val().grad(&burn_grads).map(|g| host(g.into_data())),
-                (_, Some(b)) => b.val().grad(&burn_grads).map(|g| host(g.into_data())),
-                _ => None,
-            };
-            g.unwrap_or_default()
-        };
-        let theirs = [
-            host(burn_y.into_data()),
-            host(
-                x.grad(&burn_grads)
-                    .expect("the input's gradient")
-                    .into_data(),
-            ),
-            burn_grad(Some(&burn_linear.weight), None),
-            burn_grad(None, burn_linear.bias.as_ref()),
-        ];
+        let burn_params = (&burn_linear.weight, burn_linear.bias.as_ref());
+        let theirs = output_and_grads(burn_y, &x, burn_params, &burn_grads);
         let (xs, ws) = (host(x.into_data()), host(fused.weight.val().into_data()));
         let bs = fused.bias.as_ref().map(|b| host(b.val().into_data()));
         let dys = host(dy.into_data());
