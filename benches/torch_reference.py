@@ -623,6 +623,13 @@ FASTPATH = os.environ.get("BURN_GRAPHED_TORCH_FASTPATH", "on") != "off"
 torch.backends.mha.set_fastpath_enabled(FASTPATH)
 
 
+# Half-precision products sum a split of k in f32 on both sides: Burn's cuBLASLt picks allow only
+# that reduction (vendor_matmul.rs), where PyTorch's default lets cuBLAS add the parts in the
+# dtype (`allow_{bf16,fp16}_reduced_precision_reduction`): off, for the same arithmetic.
+torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+
 def set_math(tf32):
     """f32 arithmetic of matrix products and convolutions: plain f32, or TF32 with `tf32`."""
     global TF32

@@ -13,7 +13,8 @@
 //! Arithmetic: `f32` products in `f32` (`CUBLAS_COMPUTE_32F`) where TF32 is turned off
 //! (`burn_graphed::allow_tf32(false)`), else with operands rounded to TF32 on tensor cores
 //! (`CUBLAS_COMPUTE_32F_FAST_TF32`), as cubecl's own products and PyTorch's `allow_tf32`;
-//! `f16` and `bf16` products with `f32` accumulation and one rounding at the store, the bias
+//! `f16` and `bf16` products with `f32` accumulation and one rounding at the store (a split of
+//! `k` too: the pick allows only the reduction that adds the parts in `f32`), the bias
 //! added in the epilogue and a residual read as the product's `C` (`beta = 1`), both before
 //! that rounding, as is a ReLU where asked (`RELU_BIAS` or `RELU`: the sign taken of the `f32`
 //! value).
@@ -475,7 +476,17 @@ mod lt {
             } else {
                 key.align.3
             };
+            // A split of `k` may only be summed in `f32`: its in-place and output-type schemes
+            // add the parts in the output's dtype (a second rounding per part in `f16`/`bf16`,
+            // outside the one-rounding contract above).
+            let reductions =
+                sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
             let prefs = [
+                (
+                    Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    (&reductions as *const u32).cast::<c_void>(),
+                    4,
+                ),
                 (
                     Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                     (&workspace as *const u64).cast::<c_void>(),
@@ -527,7 +538,43 @@ mod lt {
             });
             // SAFETY: made above, destroyed once.
             let _ = unsafe { lt::destroy_matmul_pref(pref) };
-            Ok(picked?.algo)
+            let algo = picked?.algo;
+            let (splits, scheme) = (
+                algo_config(&algo, Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)?,
+                algo_config(&algo, Config::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)?,
+            );
+            let f32_sums = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            if splits > 1 && scheme != f32_sums as u32 {
+                return Err(VendorError::Unsupported(format!(
+                    "cuBLASLt picked {splits} parts of k summed by scheme {scheme}, not in f32"
+                )));
+            }
+            Ok(algo)
+        }
+    }
+
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as Config;
+
+    /// One `u32` attribute of a picked algorithm's configuration.
+    fn algo_config(algo: &sys::cublasLtMatmulAlgo_t, attr: Config) -> Result<u32, VendorError> {
+        let mut value = 0u32;
+        let mut written = 0usize;
+        // SAFETY: `algo` is a configuration the heuristic filled in; `value` is the 4 bytes of
+        // the attribute's type (`uint32_t` for the split count and the reduction scheme).
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                (&mut value as *mut u32).cast(),
+                4,
+                &mut written,
+            )
+        };
+        match status {
+            sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(value),
+            status => Err(VendorError::Library(format!(
+                "cublasLtMatmulAlgoConfigGetAttribute({attr:?}): {status:?}"
+            ))),
         }
     }
 
