@@ -129,7 +129,10 @@ fn checked_parts(with_bias: bool) -> impl Iterator<Item = (usize, &'static str)>
 /// The bound of a value summed in `f32` from `K` terms, then rounded once to the dtype: what our
 /// kernel and cuBLASLt compute (derived in [`linear_relu_matches_exact`]'s doc: `gamma_K S`,
 /// TF32's `(2 t + t^2) S` where `f32` products may round, one rounding of the dtype, `f16`'s
-/// subnormal spacing).
+/// subnormal spacing). Where cuBLASLt's epilogue adds a bias, one rounding more: its kernels
+/// may round the product to the dtype before they add the bias (in `bf16` at `[9]x16 -> 12`
+/// the error is `round(round(x W) + b)`'s to five digits, calls CT and CU), `u (|P| + gamma_K
+/// S)` with `P` the exact value before the bias.
 struct F32Sums {
     products: f64,
     u: f64,
@@ -152,21 +155,33 @@ impl F32Sums {
     }
 
     /// The largest `|got - exact|` over its element's bound (`magnitude`: the sum of the terms'
-    /// magnitudes).
-    fn worst(&self, got: &[f64], exact: &[f64], magnitude: &[f64], terms: usize) -> f64 {
+    /// magnitudes; `before_bias`: the exact values before a bias that cuBLASLt's epilogue adds,
+    /// `None` where none does).
+    fn worst(
+        &self,
+        got: &[f64],
+        exact: &[f64],
+        magnitude: &[f64],
+        terms: usize,
+        before_bias: Option<&[f64]>,
+    ) -> f64 {
         let k = terms as f64 * 2f64.powi(-24);
         got.iter()
             .zip(exact)
             .zip(magnitude)
-            .map(|((g, e), m)| {
+            .enumerate()
+            .map(|(i, ((g, e), m))| {
                 let sums = (self.products + k / (1.0 - k)) * m;
-                let bound = sums + self.u * (e.abs() + sums) + self.subnormal;
+                let epilogue = before_bias.map_or(0.0, |p| self.u * (p[i].abs() + sums));
+                let bound = sums + self.u * (e.abs() + sums) + epilogue + self.subnormal;
                 (g - e).abs() / bound.max(f64::MIN_POSITIVE)
             })
             .fold(0.0f64, f64::max)
     }
 
-    /// Asserts each part of `got` within its bound of `exact`, printing each.
+    /// Asserts each part of `got` within its bound of `exact`, printing each (`before_bias`: the
+    /// output's, as [`Self::worst`]'s).
+    #[allow(clippy::too_many_arguments)]
     fn assert_within(
         &self,
         label: &str,
@@ -175,9 +190,11 @@ impl F32Sums {
         magnitudes: &[Vec<f64>],
         terms: [usize; 4],
         with_bias: bool,
+        before_bias: Option<&[f64]>,
     ) {
         for (k, what) in checked_parts(with_bias) {
-            let ratio = self.worst(&got[k], exact[k], &magnitudes[k], terms[k]);
+            let pre = if k == 0 { before_bias } else { None };
+            let ratio = self.worst(&got[k], exact[k], &magnitudes[k], terms[k], pre);
             println!("{label} {what}: off {ratio:.3} of the f32 sums' bound");
             assert!(
                 ratio <= 1.0,
@@ -185,6 +202,12 @@ impl F32Sums {
             );
         }
     }
+}
+
+/// Whether cuBLASLt's epilogue adds the output's bias (on CUDA, where the caller checked
+/// cuBLASLt): a bias, and more rows than the small kernel takes (8).
+fn epilogue_bias(with_bias: bool, rows: usize) -> bool {
+    with_bias && rows > 8
 }
 
 /// [`exact`] of the magnitudes: each value's sum of its terms' magnitudes.
@@ -367,8 +390,19 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
             let sums = F32Sums::new(&device, dtype);
             let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
             let exact_values = [&truth[0], &truth[1], &truth[2], &truth[3]];
-            sums.assert_within(&label, &ours, &exact_values, &sizes, terms, with_bias);
-            let control = sums.worst(&shifted, &truth[0], &sizes[0], terms[0]);
+            let before_bias = epilogue_bias(with_bias, rows)
+                .then(|| exact(&xs, &ws, None, &dys, rows, d_in, d_out)[0].clone());
+            let before = before_bias.as_deref();
+            sums.assert_within(
+                &label,
+                &ours,
+                &exact_values,
+                &sizes,
+                terms,
+                with_bias,
+                before,
+            );
+            let control = sums.worst(&shifted, &truth[0], &sizes[0], terms[0], before);
             assert!(
                 rows == 1 || control >= 10.0,
                 "control {label}: the neighbouring row is off {control:.3e} bounds, not 10"
@@ -549,8 +583,25 @@ pub fn linear_add_matches_exact_in(
             }
             let terms = [d_in + usize::from(with_bias) + 1, d_out, rows, rows];
             let exact_values = [&truth[0], &truth[1], &truth[2], &truth[3]];
-            sums.assert_within(&label, &ours, &exact_values, &sizes, terms, with_bias);
-            let control = sums.worst(&y, &with_residual, &sizes[0], terms[0]);
+            let before_bias = epilogue_bias(with_bias, rows).then(|| {
+                let product = exact(&x_host, &w_host, None, &dy_host, rows, d_in, d_out);
+                product[0]
+                    .iter()
+                    .zip(&r_host)
+                    .map(|(p, r)| p + r)
+                    .collect::<Vec<_>>()
+            });
+            let before = before_bias.as_deref();
+            sums.assert_within(
+                &label,
+                &ours,
+                &exact_values,
+                &sizes,
+                terms,
+                with_bias,
+                before,
+            );
+            let control = sums.worst(&y, &with_residual, &sizes[0], terms[0], before);
             assert!(
                 control >= 10.0,
                 "control {label}: the output without its residual is off {control:.3e} bounds, not 10"
@@ -711,9 +762,20 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
         if vendor {
             // Every product through our kernel or cuBLASLt, each summing in `f32`.
             let exact_values = [&relu_out, &truth[1], &truth[2], &truth[3]];
-            sums.assert_within(&label, &got, &exact_values, &magnitudes, terms, with_bias);
-            let no_relu = sums.worst(&truth[0], &relu_out, &magnitudes[0], terms[0]);
-            let unmasked_dx = sums.worst(&unmasked[1], &truth[1], &magnitudes[1], terms[1]);
+            let before_bias = epilogue_bias(with_bias, rows)
+                .then(|| exact(&xs, &ws, None, &masked, rows, d_in, d_out)[0].clone());
+            let before = before_bias.as_deref();
+            sums.assert_within(
+                &label,
+                &got,
+                &exact_values,
+                &magnitudes,
+                terms,
+                with_bias,
+                before,
+            );
+            let no_relu = sums.worst(&truth[0], &relu_out, &magnitudes[0], terms[0], before);
+            let unmasked_dx = sums.worst(&unmasked[1], &truth[1], &magnitudes[1], terms[1], None);
             assert!(
                 no_relu >= 10.0 && unmasked_dx >= 10.0,
                 "control {label}: without the ReLU off {no_relu:.3e} bounds, unmasked input \

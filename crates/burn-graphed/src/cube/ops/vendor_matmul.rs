@@ -13,11 +13,13 @@
 //! Arithmetic: `f32` products in `f32` (`CUBLAS_COMPUTE_32F`) where TF32 is turned off
 //! (`burn_graphed::allow_tf32(false)`), else with operands rounded to TF32 on tensor cores
 //! (`CUBLAS_COMPUTE_32F_FAST_TF32`), as cubecl's own products and PyTorch's `allow_tf32`;
-//! `f16` and `bf16` products with `f32` accumulation and one rounding at the store (a split of
-//! `k` too: the pick allows only the reduction that adds the parts in `f32`), the bias
-//! added in the epilogue and a residual read as the product's `C` (`beta = 1`), both before
-//! that rounding, as is a ReLU where asked (`RELU_BIAS` or `RELU`: the sign taken of the `f32`
-//! value).
+//! `f16` and `bf16` products with `f32` accumulation (a split of `k` too: the pick allows only
+//! the reduction that adds the parts in `f32`) and a residual read as the product's `C` (`beta =
+//! 1`), rounded once at the store; the bias added in the epilogue, a ReLU where asked
+//! (`RELU_BIAS` or `RELU`). cuBLASLt does not say in which precision its epilogue adds the
+//! bias, and some of its kernels add it to the product already rounded to the dtype (`bf16` at
+//! `[9]x16 -> 12`, `tests/scenarios/fused_linear.rs`: one rounding more, as PyTorch's
+//! `addmm` through the same epilogue).
 //!
 //! Each stream gets a cuBLASLt handle and a workspace at its first product; the first product is
 //! always eager (every capture of this library follows eager warm-ups), because allocating
@@ -476,11 +478,16 @@ mod lt {
             } else {
                 key.align.3
             };
-            // A split of `k` may only be summed in `f32`: its in-place and output-type schemes
-            // add the parts in the output's dtype (a second rounding per part in `f16`/`bf16`,
-            // outside the one-rounding contract above).
-            let reductions =
-                sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+            // In `f16` and `bf16` a split of `k` may only be summed in `f32`: the in-place and
+            // output-type schemes add the parts in the output's dtype (a rounding per part,
+            // outside the contract above). In `f32` every scheme sums in `f32`.
+            let f32_sums = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            let half = key.dtype != sys::cudaDataType::CUDA_R_32F as u32;
+            let reductions = if half {
+                f32_sums as u32
+            } else {
+                sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_MASK as u32
+            };
             let prefs = [
                 (
                     Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -543,8 +550,7 @@ mod lt {
                 algo_config(&algo, Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)?,
                 algo_config(&algo, Config::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)?,
             );
-            let f32_sums = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-            if splits > 1 && scheme != f32_sums as u32 {
+            if half && splits > 1 && scheme != f32_sums as u32 {
                 return Err(VendorError::Unsupported(format!(
                     "cuBLASLt picked {splits} parts of k summed by scheme {scheme}, not in f32"
                 )));
