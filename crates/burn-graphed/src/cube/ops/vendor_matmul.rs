@@ -481,13 +481,15 @@ mod lt {
             // In `f16` and `bf16` a split of `k` may only be summed in `f32`: the in-place and
             // output-type schemes add the parts in the output's dtype (a rounding per part,
             // outside the contract above). In `f32` every scheme sums in `f32`.
-            let f32_sums = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            use sys::cublasLtReductionScheme_t as Scheme;
+            let f32_sums = Scheme::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
             let half = key.dtype != sys::cudaDataType::CUDA_R_32F as u32;
             let reductions = if half {
-                f32_sums as u32
+                f32_sums
             } else {
-                sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_MASK as u32
+                Scheme::CUBLASLT_REDUCTION_SCHEME_MASK
             };
+            let reductions = reductions as u32;
             let prefs = [
                 (
                     Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -567,21 +569,13 @@ mod lt {
         let mut written = 0usize;
         // SAFETY: `algo` is a configuration the heuristic filled in; `value` is the 4 bytes of
         // the attribute's type (`uint32_t` for the split count and the reduction scheme).
-        let status = unsafe {
-            sys::cublasLtMatmulAlgoConfigGetAttribute(
-                algo,
-                attr,
-                (&mut value as *mut u32).cast(),
-                4,
-                &mut written,
-            )
-        };
-        match status {
-            sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(value),
-            status => Err(VendorError::Library(format!(
-                "cublasLtMatmulAlgoConfigGetAttribute({attr:?}): {status:?}"
-            ))),
+        unsafe {
+            let buf = (&mut value as *mut u32).cast();
+            sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, buf, 4, &mut written)
         }
+        .result()
+        .map_err(|e| library("cublasLtMatmulAlgoConfigGetAttribute", e))?;
+        Ok(value)
     }
 
     impl Drop for Descriptors {
