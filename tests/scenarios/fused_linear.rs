@@ -389,19 +389,11 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
             // bound (burn's error, one run's luck, can sit below cuBLASLt's order of sums).
             let sums = F32Sums::new(&device, dtype);
             let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
-            let exact_values = [&truth[0], &truth[1], &truth[2], &truth[3]];
+            let want = [&truth[0], &truth[1], &truth[2], &truth[3]];
             let before_bias = epilogue_bias(with_bias, rows)
                 .then(|| exact(&xs, &ws, None, &dys, rows, d_in, d_out)[0].clone());
             let before = before_bias.as_deref();
-            sums.assert_within(
-                &label,
-                &ours,
-                &exact_values,
-                &sizes,
-                terms,
-                with_bias,
-                before,
-            );
+            sums.assert_within(&label, &ours, &want, &sizes, terms, with_bias, before);
             let control = sums.worst(&shifted, &truth[0], &sizes[0], terms[0], before);
             assert!(
                 rows == 1 || control >= 10.0,
@@ -582,7 +574,7 @@ pub fn linear_add_matches_exact_in(
                 *size += r.abs();
             }
             let terms = [d_in + usize::from(with_bias) + 1, d_out, rows, rows];
-            let exact_values = [&truth[0], &truth[1], &truth[2], &truth[3]];
+            let want = [&truth[0], &truth[1], &truth[2], &truth[3]];
             let before_bias = epilogue_bias(with_bias, rows).then(|| {
                 let product = exact(&x_host, &w_host, None, &dy_host, rows, d_in, d_out);
                 product[0]
@@ -592,15 +584,7 @@ pub fn linear_add_matches_exact_in(
                     .collect::<Vec<_>>()
             });
             let before = before_bias.as_deref();
-            sums.assert_within(
-                &label,
-                &ours,
-                &exact_values,
-                &sizes,
-                terms,
-                with_bias,
-                before,
-            );
+            sums.assert_within(&label, &ours, &want, &sizes, terms, with_bias, before);
             let control = sums.worst(&y, &with_residual, &sizes[0], terms[0], before);
             assert!(
                 control >= 10.0,
@@ -761,19 +745,11 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
         let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
         if vendor {
             // Every product through our kernel or cuBLASLt, each summing in `f32`.
-            let exact_values = [&relu_out, &truth[1], &truth[2], &truth[3]];
+            let want = [&relu_out, &truth[1], &truth[2], &truth[3]];
             let before_bias = epilogue_bias(with_bias, rows)
                 .then(|| exact(&xs, &ws, None, &masked, rows, d_in, d_out)[0].clone());
             let before = before_bias.as_deref();
-            sums.assert_within(
-                &label,
-                &got,
-                &exact_values,
-                &magnitudes,
-                terms,
-                with_bias,
-                before,
-            );
+            sums.assert_within(&label, &got, &want, &magnitudes, terms, with_bias, before);
             let no_relu = sums.worst(&truth[0], &relu_out, &magnitudes[0], terms[0], before);
             let unmasked_dx = sums.worst(&unmasked[1], &truth[1], &magnitudes[1], terms[1], None);
             assert!(
