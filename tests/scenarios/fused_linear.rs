@@ -83,33 +83,77 @@ fn output_and_grads(
     ]
 }
 
-/// `(y, dx, dW, db)` exactly, for `x` `[rows, d_in]`, `w` `[d_in, d_out]`, output gradient `dy`.
-fn exact(
-    x: &[f64],
-    w: &[f64],
-    b: Option<&[f64]>,
-    dy: &[f64],
+/// A linear layer's values read back to the host (`x` `[rows, d_in]`, `w` `[d_in, d_out]`, the
+/// bias), for the exact values the tests compare with.
+struct HostLayer {
+    x: Vec<f64>,
+    w: Vec<f64>,
+    b: Option<Vec<f64>>,
     rows: usize,
     d_in: usize,
     d_out: usize,
-) -> [Vec<f64>; 4] {
-    let mut y = vec![0.0; rows * d_out];
-    let mut dx = vec![0.0; rows * d_in];
-    let mut dw = vec![0.0; d_in * d_out];
-    let mut db = vec![0.0; d_out];
-    for r in 0..rows {
-        for c in 0..d_out {
-            let mut sum = b.map_or(0.0, |b| b[c]);
-            for k in 0..d_in {
-                sum += x[r * d_in + k] * w[k * d_out + c];
-                dx[r * d_in + k] += dy[r * d_out + c] * w[k * d_out + c];
-                dw[k * d_out + c] += x[r * d_in + k] * dy[r * d_out + c];
-            }
-            y[r * d_out + c] = sum;
-            db[c] += dy[r * d_out + c];
+}
+
+impl HostLayer {
+    /// `linear`'s weight and bias, and its input `x` of `rows` rows, read back.
+    fn read(linear: &burn::nn::Linear, x: TensorData, rows: usize) -> Self {
+        let [d_in, d_out] = linear.weight.val().dims();
+        Self {
+            x: host(x),
+            w: host(linear.weight.val().into_data()),
+            b: linear.bias.as_ref().map(|b| host(b.val().into_data())),
+            rows,
+            d_in,
+            d_out,
         }
     }
-    [y, dx, dw, db]
+
+    /// `x W`, with `bias` plus the bias where the layer has one, exactly.
+    fn output(&self, bias: bool) -> Vec<f64> {
+        let (d_in, d_out) = (self.d_in, self.d_out);
+        let b = self.b.as_deref().filter(|_| bias);
+        let mut y = vec![0.0; self.rows * d_out];
+        for r in 0..self.rows {
+            for c in 0..d_out {
+                let mut sum = b.map_or(0.0, |b| b[c]);
+                for k in 0..d_in {
+                    sum += self.x[r * d_in + k] * self.w[k * d_out + c];
+                }
+                y[r * d_out + c] = sum;
+            }
+        }
+        y
+    }
+
+    /// `(y, dx, dW, db)` exactly, for the output gradient `dy`.
+    fn exact(&self, dy: &[f64]) -> [Vec<f64>; 4] {
+        let (d_in, d_out) = (self.d_in, self.d_out);
+        let mut dx = vec![0.0; self.rows * d_in];
+        let mut dw = vec![0.0; d_in * d_out];
+        let mut db = vec![0.0; d_out];
+        for r in 0..self.rows {
+            for c in 0..d_out {
+                for k in 0..d_in {
+                    dx[r * d_in + k] += dy[r * d_out + c] * self.w[k * d_out + c];
+                    dw[k * d_out + c] += self.x[r * d_in + k] * dy[r * d_out + c];
+                }
+                db[c] += dy[r * d_out + c];
+            }
+        }
+        [self.output(true), dx, dw, db]
+    }
+
+    /// [`Self::exact`] of the magnitudes: each value's sum of its terms' magnitudes.
+    fn magnitudes(&self, dy: &[f64]) -> [Vec<f64>; 4] {
+        let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+        let layer = HostLayer {
+            x: abs(&self.x),
+            w: abs(&self.w),
+            b: self.b.as_deref().map(abs),
+            ..*self
+        };
+        layer.exact(&abs(dy))
+    }
 }
 
 /// The compared values by index (output, input, weight and, with a bias, the bias gradient)
@@ -210,21 +254,6 @@ fn epilogue_bias(with_bias: bool, rows: usize) -> bool {
     with_bias && rows > 8
 }
 
-/// [`exact`] of the magnitudes: each value's sum of its terms' magnitudes.
-fn magnitudes(
-    x: &[f64],
-    w: &[f64],
-    b: Option<&[f64]>,
-    dy: &[f64],
-    rows: usize,
-    d_in: usize,
-    d_out: usize,
-) -> [Vec<f64>; 4] {
-    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
-    let b = b.map(abs);
-    exact(&abs(x), &abs(w), b.as_deref(), &abs(dy), rows, d_in, d_out)
-}
-
 /// Asserts that each of `ours`' output and gradients (output, input, weight, and with a bias
 /// the bias's) is within twice burn's error plus one rounding `u` of the exact `truth`, printing
 /// each; returns the output's bound.
@@ -311,14 +340,10 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
         let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
         let x2 = made(values(rows * d_in, seed + 2)).reshape([rows, d_in]);
         let dy2 = made(values(rows * d_out, seed + 3)).reshape([rows, d_out]);
-        let (xs, ws, dys) = (
-            host(x2.clone().into_data()),
-            host(burn_linear.weight.val().into_data()),
-            host(dy2.clone().into_data()),
-        );
-        let bs = burn_linear.bias.as_ref().map(|b| host(b.val().into_data()));
-        let truth = exact(&xs, &ws, bs.as_deref(), &dys, rows, d_in, d_out);
-        let sizes = magnitudes(&xs, &ws, bs.as_deref(), &dys, rows, d_in, d_out);
+        let layer = HostLayer::read(&burn_linear, x2.clone().into_data(), rows);
+        let dys = host(dy2.clone().into_data());
+        let truth = layer.exact(&dys);
+        let sizes = layer.magnitudes(&dys);
         // Both layers on the input in its own rank (2 or 3), gradients through `sum(y * dy)`.
         let run = |forward: &dyn Fn(Tensor<3>) -> Tensor<3>,
                    weight: &Param<Tensor<2>>,
@@ -390,8 +415,7 @@ pub fn linear_matches_exact_in(device: &Device, dtype: FloatDType, chosen: std::
             let sums = F32Sums::new(&device, dtype);
             let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
             let want = [&truth[0], &truth[1], &truth[2], &truth[3]];
-            let before_bias = epilogue_bias(with_bias, rows)
-                .then(|| exact(&xs, &ws, None, &dys, rows, d_in, d_out)[0].clone());
+            let before_bias = epilogue_bias(with_bias, rows).then(|| layer.output(false));
             let before = before_bias.as_deref();
             sums.assert_within(&label, &ours, &want, &sizes, terms, with_bias, before);
             let control = sums.worst(&shifted, &truth[0], &sizes[0], terms[0], before);
@@ -489,19 +513,9 @@ pub fn linear_add_matches_exact_in(
         let fused: burn_graphed::nn::Linear = burn_linear.clone().into();
         let x = seeded_tensor(&device, dtype, rows * d_in, seed + 2);
         let dy = seeded_tensor(&device, dtype, rows * d_out, seed + 3);
-        let x_host = host(x.clone().into_data());
-        let w_host = host(burn_linear.weight.val().into_data());
-        let b_host = burn_linear.bias.as_ref().map(|b| host(b.val().into_data()));
+        let layer = HostLayer::read(&burn_linear, x.clone().into_data(), rows);
         let dy_host = host(dy.clone().into_data());
-        let [y, dx, dw, db] = exact(
-            &x_host,
-            &w_host,
-            b_host.as_deref(),
-            &dy_host,
-            rows,
-            d_in,
-            d_out,
-        );
+        let [y, dx, dw, db] = layer.exact(&dy_host);
         let magnitude = y.iter().fold(0.0f64, |m, v| m.max(v.abs())) as f32;
         let r_values: Vec<f32> = values(rows * d_out, seed + 4)
             .into_iter()
@@ -561,23 +575,15 @@ pub fn linear_add_matches_exact_in(
             // As in `linear_matches_exact`: the derived bound of `f32` sums, the residual one
             // more term of the output's.
             let sums = F32Sums::new(&device, dtype);
-            let mut sizes = magnitudes(
-                &x_host,
-                &w_host,
-                b_host.as_deref(),
-                &dy_host,
-                rows,
-                d_in,
-                d_out,
-            );
+            let mut sizes = layer.magnitudes(&dy_host);
             for (size, r) in sizes[0].iter_mut().zip(&r_host) {
                 *size += r.abs();
             }
             let terms = [d_in + usize::from(with_bias) + 1, d_out, rows, rows];
             let want = [&truth[0], &truth[1], &truth[2], &truth[3]];
             let before_bias = epilogue_bias(with_bias, rows).then(|| {
-                let product = exact(&x_host, &w_host, None, &dy_host, rows, d_in, d_out);
-                product[0]
+                let product = layer.output(false);
+                product
                     .iter()
                     .zip(&r_host)
                     .map(|(p, r)| p + r)
@@ -725,11 +731,7 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
             })
         };
         let vendor = burn_graphed::testing::vendor_matmul_available(&device);
-        let (xs, ws) = (
-            host(x.clone().into_data()),
-            host(fused.weight.val().into_data()),
-        );
-        let bs = fused.bias.as_ref().map(|b| host(b.val().into_data()));
+        let layer = HostLayer::read(&burn_linear, x.clone().into_data(), rows);
         let dys = host(dy.clone().into_data());
         // The output gradient through the fused output's mask, and unmasked (the control).
         let masked: Vec<f64> = dys
@@ -737,17 +739,16 @@ pub fn linear_relu_matches_exact(device: &Device, dtype: FloatDType) {
             .zip(&got[0])
             .map(|(d, y)| if *y > 0.0 { *d } else { 0.0 })
             .collect();
-        let truth = exact(&xs, &ws, bs.as_deref(), &masked, rows, d_in, d_out);
-        let unmasked = exact(&xs, &ws, bs.as_deref(), &dys, rows, d_in, d_out);
-        let magnitudes = magnitudes(&xs, &ws, bs.as_deref(), &masked, rows, d_in, d_out);
+        let truth = layer.exact(&masked);
+        let unmasked = layer.exact(&dys);
+        let magnitudes = layer.magnitudes(&masked);
         let relu_out: Vec<f64> = truth[0].iter().map(|v| v.max(0.0)).collect();
         let label = format!("linear relu {dtype:?} {rows}x{d_in} -> {d_out} bias {with_bias}");
         let terms = [d_in + usize::from(with_bias), d_out, rows, rows];
         if vendor {
             // Every product through our kernel or cuBLASLt, each summing in `f32`.
             let want = [&relu_out, &truth[1], &truth[2], &truth[3]];
-            let before_bias = epilogue_bias(with_bias, rows)
-                .then(|| exact(&xs, &ws, None, &masked, rows, d_in, d_out)[0].clone());
+            let before_bias = epilogue_bias(with_bias, rows).then(|| layer.output(false));
             let before = before_bias.as_deref();
             sums.assert_within(&label, &got, &want, &magnitudes, terms, with_bias, before);
             let no_relu = sums.worst(&truth[0], &relu_out, &magnitudes[0], terms[0], before);
