@@ -1393,8 +1393,8 @@ in_parts!(scenarios::fused_attention::attention_matches_exact_unmasked_reference
     attention_matches_exact_bf16_cases_5_6 => BF16, 5..7;
 });
 
-/// Attention in `f16` and `bf16` with head dimension 32 runs on tensor cores, forward and
-/// backward, the same values on a second call.
+/// Attention in `f16`, `bf16` and `f32` with head dimension 32 runs on tensor cores, forward
+/// and backward, the same values on a second call.
 #[test]
 fn attention_runs_on_tensor_cores() {
     scenarios::fused_attention::attention_runs_on_tensor_cores(&cuda());
@@ -1404,7 +1404,7 @@ fn attention_runs_on_tensor_cores() {
 fn packed_attention_matches_separate() {
     use burn::tensor::FloatDType;
     for (dtype, tensor_cores) in [
-        (FloatDType::F32, false),
+        (FloatDType::F32, true),
         (FloatDType::F16, true),
         (FloatDType::BF16, true),
     ] {

@@ -25,7 +25,10 @@
 //! a reference no bound can be derived from (the controls caught it); and so was the
 //! composition itself (UPSTREAM.md 19). There the GPU suite takes the rounding cost from the
 //! composition on the same inputs without the mask
-//! ([`attention_matches_exact_unmasked_reference_in`]).
+//! ([`attention_matches_exact_unmasked_reference_in`]). `f32` on CUDA's tensor cores is 3xTF32:
+//! each product costs what [`SPLIT_TERMS`] more terms of a sum may, and a second control, the
+//! same attention of the operands rounded to TF32 (single TF32 products), must be off by more
+//! than twice the bound.
 
 use super::exact::{
     assert_graphed_equals_eager, host, relative_error as error, seeded, unit_roundoff,
@@ -35,6 +38,20 @@ use super::*;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, FloatDType};
 use burn_graphed::nn::attention::attention;
+
+/// What 3xTF32 costs a product, in terms of a sum: `f32` on tensor cores multiplies `hi` and
+/// `lo` TF32 parts (`lo_a hi_b + hi_a lo_b + hi_a hi_b`), each product off by at most
+/// `3 * 2^-22 = 12 * 2^-24` of its magnitude (the dropped `lo_a lo_b` and `lo`'s rounding),
+/// what twelve more terms of a sum may cost between two orders. The tile products' own sums
+/// truncate (up to `2^-23` a term where a sum of `f32` rounds by `2^-24`): the bound's factor two
+/// covers that.
+const SPLIT_TERMS: usize = 12;
+
+/// `x` rounded to TF32 (10 bits of fraction, to nearest, ties away from zero, as `cvt.rna`).
+fn tf32(x: f64) -> f64 {
+    let bits = (x as f32).to_bits();
+    f32::from_bits(bits.wrapping_add(0x1000) & !0x1fff) as f64
+}
 
 /// A mask of a case: which keys each query row sees.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -301,10 +318,14 @@ fn matches_exact(
         let truth = exact(case, inputs, scale, None, false);
 
         let before = burn_graphed::testing::fused_ops();
+        let tc_before = burn_graphed::testing::attention_tensor_core_calls();
         let fused = run(
             &|q, k, v| attention(q, k, v, mask.clone(), None, options),
             (&q, &k, &v, &w),
         );
+        // `f32` on tensor cores: 3xTF32 (see the module's tolerance).
+        let split = dtype == FloatDType::F32
+            && burn_graphed::testing::attention_tensor_core_calls() > tc_before;
         // Burn's composition and the exact values it is measured against.
         let (burn_mask, burn_options, burn_truth) = match reference {
             Reference::Composition => (mask.clone(), options, truth.clone()),
@@ -335,6 +356,21 @@ fn matches_exact(
             Masking::Full | Masking::Padding => exact(case, inputs, scale, Some(1), false),
             Masking::None => exact(case, inputs, 1.0 / dim as f64, None, false),
         };
+        // The split's control: single TF32 products, the operands rounded to TF32 (what the
+        // kernels would compute without the `lo` parts), must be off by more than twice the
+        // bound, so that the bound tells the split from them.
+        let single_tf32 = split.then(|| {
+            let rounded = values
+                .clone()
+                .map(|v| v.into_iter().map(tf32).collect::<Vec<_>>());
+            let inputs = (
+                &rounded[0][..],
+                &rounded[1][..],
+                &rounded[2][..],
+                &rounded[3][..],
+            );
+            exact(case, inputs, scale, None, false)
+        });
         let u = unit_roundoff(dtype);
         let label = format!("attention {dtype:?} {:?} {:?}", case.dims, case.masking);
         for (index, what) in ["output", "dq", "dk", "dv"].into_iter().enumerate() {
@@ -342,7 +378,8 @@ fn matches_exact(
                 error(&fused[index], &truth[index]),
                 error(&burn[index], &burn_truth[index]),
             );
-            let order = dim.max(q_len).max(k_len) as f64 * 2f64.powi(-24);
+            let terms = dim.max(q_len).max(k_len) + if split { SPLIT_TERMS } else { 0 };
+            let order = terms as f64 * 2f64.powi(-24);
             let bound = 2.0 * burn_error.max(order) + u;
             let missed = error(&control[index], &truth[index]);
             println!(
@@ -358,6 +395,14 @@ fn matches_exact(
                     missed > 10.0 * bound,
                     "control {label} {what}: the near miss is off {missed:.3e}, not 10x the bound {bound:.3e}"
                 );
+                if let Some(single) = &single_tf32 {
+                    let off = error(&single[index], &truth[index]);
+                    println!("{label} {what}: single TF32 products off {off:.3e}");
+                    assert!(
+                        off > 2.0 * bound,
+                        "control {label} {what}: single TF32 products are off {off:.3e}, not 2x the bound {bound:.3e}"
+                    );
+                }
             }
         }
         if supports_graphs(&device) && burn_graphed::testing::fused_ops() == before {
@@ -376,8 +421,8 @@ fn matches_exact(
     }
 }
 
-/// On a device with tensor-core kernels for `f16` and `bf16` (CUDA), attention in those dtypes
-/// with a head dimension of 32 runs them, forward and backward, on any grid (one short sequence
+/// On a device with tensor-core kernels (CUDA: `f16` and `bf16` tiles, `f32` as 3xTF32),
+/// attention with a head dimension of 32 runs them, forward and backward, on any grid (one short sequence
 /// of two heads as a large batch; the exact comparisons above hold their values), and a second
 /// call computes the first's values bit for bit (no atomics, sums in a fixed order): what a
 /// graph's replay relies on.
@@ -388,11 +433,13 @@ pub fn attention_runs_on_tensor_cores(device: &Device) {
         ..Default::default()
     };
     let call = |q, k, v| attention(q, k, v, None, None, options);
-    // The small grid and a large one on tensor cores; `f32` (the control) on CUDA cores.
+    // The small grid and a large one on tensor cores, `f32` too (3xTF32); a head dimension
+    // no tile divides (the control) on CUDA cores.
     for (dims, dtype, expected) in [
         ([1, 2, 64, 32], FloatDType::F16, 2),
         ([64, 8, 128, 32], FloatDType::F16, 2),
-        ([1, 2, 64, 32], FloatDType::F32, 0),
+        ([1, 2, 64, 32], FloatDType::F32, 2),
+        ([1, 2, 64, 24], FloatDType::F32, 0),
     ] {
         let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 80 + seed, dtype, &device));
         let before = burn_graphed::testing::attention_tensor_core_calls();
@@ -403,7 +450,7 @@ pub fn attention_runs_on_tensor_cores(device: &Device) {
             "{dims:?} {dtype:?}: {calls} attention calls on tensor cores, not {expected}"
         );
     }
-    for dtype in [FloatDType::F16, FloatDType::BF16] {
+    for dtype in [FloatDType::F16, FloatDType::BF16, FloatDType::F32] {
         let dims = [2, 3, 40, 32];
         let [q, k, v, w] = [0, 1, 2, 3].map(|seed| tensor(dims, 70 + seed, dtype, &device));
         let before = burn_graphed::testing::attention_tensor_core_calls();

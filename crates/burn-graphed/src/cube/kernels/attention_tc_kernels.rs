@@ -1,20 +1,27 @@
 //! The attention kernels on tensor cores (`#[cube]`, `cmma`): the forward, dQ and dK/dV kernels
-//! of `attention_kernels.rs` with every product as 16x16x16 tiles, for `f16` and `bf16` on a
-//! device whose planes are [`LANES`] units and that multiplies such tiles of the dtype into
-//! `f32` (CUDA). Launched by `attention_op.rs`, which states the arithmetic; the cases these
-//! kernels do not take (`f32`, a head dimension not a multiple of 16) run the others.
+//! of `attention_kernels.rs` with every product as tensor-core tiles into `f32`, on a device
+//! whose planes are [`LANES`] units (CUDA). `f16` and `bf16` multiply 16x16x16 tiles of the
+//! dtype. `f32` multiplies 16x16x8 TF32 tiles three times (3xTF32, [`Arithmetic::Split`]): each
+//! operand `x` is staged as `hi = tf32(x)` and `lo = tf32(x - hi)`, and a product is
+//! `lo_a hi_b + hi_a lo_b + hi_a hi_b`, `f32`'s accuracy but for the dropped `lo_a lo_b` and
+//! `lo`'s rounding (at most `3 * 2^-22` of `|a b|`); what PyTorch's `f32` attention computes on
+//! the same devices (CUTLASS's `OpMultiplyAddFastF32`), with TF32 allowed or not. Launched by
+//! `attention_op.rs`, which states the arithmetic; the cases these kernels do not take (a head
+//! dimension not a multiple of 16, a device without the tiles) run the others.
 //!
 //! Work split: a cube has [`SPLIT`] planes and takes 16 query rows (the forward, dQ) or 16 keys
 //! (dK and dV); each plane takes its own share of the other side (the keys, or the query rows)
 //! and the cube combines the planes' parts at the end, in plane order. Operands are staged in
-//! shared memory in the dtype, in vectors of up to 16 bytes ([`staging_width`]); a plane's
+//! shared memory in the multiplied dtype `M` (the dtype, or TF32 `hi` then `lo` in one array), in
+//! vectors of up to 16 bytes ([`staging_width`]); a plane's
 //! scores land in its own `f32` tiles in shared memory, where the two units of a row take the
 //! row's softmax or gradient arithmetic in `f32`, its even and its odd columns, and combine
 //! through a plane shuffle. The forward's output accumulates in shared memory (the softmax
 //! rescales it), the gradients' in registers (`cmma` accumulator tiles). Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
 //! tile's rows fall into different banks.
 //! Rounding: the probabilities and the scores' gradients are rounded to the dtype before they
-//! multiply (FlashAttention's choice; burn's composition rounds them too); every sum is `f32`.
+//! multiply (FlashAttention's choice; burn's composition rounds them too; in `f32` they are split
+//! as the operands are); every sum is `f32`.
 //!
 //! Over 600 lines: three kernels and the helpers only they use (staging, the tile product, the
 //! block sizes), kept together as `attention_kernels.rs` keeps the CUDA-core three.
@@ -53,18 +60,67 @@ const UNITS: usize = SPLIT * LANES;
 const _: () = assert!(UNITS == 8 * TILE && (TILE * TILE).is_multiple_of(UNITS));
 /// The largest head dimension taken.
 const MAX_DIM: usize = 64;
-/// The most shared memory a cube asks for (bytes), 1 KiB below CUDA's static limit of 48 KiB.
+/// The most shared memory a cube of the 2-byte dtypes asks for (bytes), 1 KiB below CUDA's
+/// static limit of 48 KiB.
 const MAX_SHARED: usize = 47 * 1024;
+/// The most a cube of split `f32` asks for: its operands take four times the bytes (two TF32
+/// copies), so blocks of 16 at head dimension 32 take 67-78 KiB (two or three cubes a
+/// multiprocessor on Hopper's 228 KiB) and head dimension 64 fits one.
+const MAX_SHARED_SPLIT: usize = 120 * 1024;
 /// Alignment of shared arrays (bytes): a tile's load and store need 32.
 const ALIGN: usize = 32;
-/// Padding of a shared row (elements): 16 bytes in the 2-byte dtype (8) and in `f32` (4), the
-/// least a tile's row stride may step by. Unpadded, the rows of a tile (64 or 128 bytes apart)
-/// start in the same banks and the units of a plane, one row pair each, read one bank at once.
-const PAD: usize = 8;
+/// Padding of a shared `f32` row (elements): 16 bytes, the least a tile's row stride may step
+/// by. Unpadded, the rows of a tile (64 or 128 bytes apart) start in the same banks and the
+/// units of a plane, one row pair each, read one bank at once.
 const PAD32: usize = 4;
-/// Elements of the widest staging load and store: 16 bytes of the 2-byte dtype, one
-/// instruction each way where a scalar copy takes eight.
-const VECTOR: usize = 8;
+
+/// How the kernels multiply: the dtype's own tiles, or `f32` split into two TF32 parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::cube) enum Arithmetic {
+    /// `f16` or `bf16` operands, 16x16x16 tiles of the dtype.
+    Half,
+    /// `f32` operands as TF32 `hi` and `lo` parts, three 16x16x8 tile products each.
+    Split,
+}
+
+impl Arithmetic {
+    /// Bytes of a staged element (one part).
+    const fn bytes(self) -> usize {
+        match self {
+            Self::Half => 2,
+            Self::Split => 4,
+        }
+    }
+
+    /// Parts staged per element.
+    const fn parts(self) -> usize {
+        match self {
+            Self::Half => 1,
+            Self::Split => 2,
+        }
+    }
+
+    /// Whether operands are split into TF32 parts; the kernels' compile-time flag.
+    pub(in crate::cube) const fn split(self) -> bool {
+        matches!(self, Self::Split)
+    }
+}
+
+/// Padding of a shared row of staged operands (elements): 16 bytes, as [`PAD32`].
+const fn pad(split: bool) -> usize {
+    if split { 4 } else { 8 }
+}
+
+/// The depth of a tile product: 16 for the 2-byte dtypes, 8 for TF32.
+const fn depth(split: bool) -> usize {
+    if split { 8 } else { 16 }
+}
+
+/// Elements between a staged array's `hi` part and its `lo` part: the array's length in one
+/// part, or 0 without the split (the one part is read twice over nothing).
+const fn lo_at(len: usize, split: bool) -> usize {
+    if split { len } else { 0 }
+}
 
 /// The block sizes of the three kernels for a head dimension: keys streamed per step of the
 /// forward and of the dQ kernel, query rows per step of the dK/dV kernel. Powers of two from
@@ -81,27 +137,33 @@ pub(in crate::cube) struct TensorBlocks {
 
 impl TensorBlocks {
     /// The blocks for head dimension `dim` within `shared` bytes per cube, or `None` where `dim`
-    /// is not a multiple of [`TILE`] up to [`MAX_DIM`] or the smallest blocks do not fit.
-    pub(in crate::cube) fn for_dim(dim: usize, shared: usize) -> Option<Self> {
+    /// is not a multiple of [`TILE`] up to [`MAX_DIM`] or the smallest blocks do not fit. Split
+    /// `f32` keeps blocks of [`TILE`]: its shared arrays are the largest, and the smallest
+    /// blocks leave the most cubes on a multiprocessor.
+    pub(in crate::cube) fn for_dim(dim: usize, shared: usize, arith: Arithmetic) -> Option<Self> {
         if dim == 0 || !dim.is_multiple_of(TILE) || dim > MAX_DIM {
             return None;
         }
-        let budget = shared.min(MAX_SHARED);
-        // Bytes of the kernels' shared arrays (padded rows): operands in the 2-byte dtype,
-        // products and accumulators in f32.
-        let (op, acc) = (dim + PAD, (dim + PAD32) * 4);
+        let (budget, largest) = match arith {
+            Arithmetic::Half => (shared.min(MAX_SHARED), 64),
+            Arithmetic::Split => (shared.min(MAX_SHARED_SPLIT), TILE),
+        };
+        // Bytes of the kernels' shared arrays (padded rows): operands in the staged dtype (one
+        // or two parts), products and accumulators in f32.
+        let pad = pad(arith.split());
+        let staged = arith.bytes() * arith.parts();
+        let (op, acc) = ((dim + pad) * staged, (dim + PAD32) * 4);
         let scores = |n: usize| (n + PAD32) * 4;
-        let weights = |n: usize| (n + PAD) * 2;
+        let weights = |n: usize| (n + pad) * staged;
         // The forward: a tile of queries, and per plane a block of keys and values, its
         // scores, weights, output accumulator and its rows' two statistics.
         let forward = |keys: usize| {
-            2 * (TILE + SPLIT * 2 * keys) * op
-                + SPLIT * TILE * (scores(keys) + weights(keys) + acc + 8)
+            (TILE + SPLIT * 2 * keys) * op + SPLIT * TILE * (scores(keys) + weights(keys) + acc + 8)
         };
         // dQ: a tile of queries and of output gradients, and per plane a block of keys and
         // values, its scores, their gradients and the gradients in the dtype; the rows' `delta`.
         let query = |keys: usize| {
-            2 * (2 * TILE + SPLIT * 2 * keys) * op
+            (2 * TILE + SPLIT * 2 * keys) * op
                 + SPLIT * TILE * (2 * scores(keys) + weights(keys))
                 + 4 * TILE
         };
@@ -109,7 +171,7 @@ impl TensorBlocks {
         // gradients, the transposed scores and their gradients (f32 and the dtype) and the
         // rows' `lse` and `delta`.
         let key = |rows: usize| {
-            2 * (2 * TILE + SPLIT * 2 * rows) * op
+            (2 * TILE + SPLIT * 2 * rows) * op
                 + SPLIT * (8 * rows + TILE * (2 * scores(rows) + 2 * weights(rows)))
         };
         // Each aligned `Shared` array may start up to `ALIGN - 1` bytes past the previous
@@ -120,19 +182,20 @@ impl TensorBlocks {
                 .find(|&n| n <= largest && size(n) + 8 * ALIGN <= budget)
         };
         Some(Self {
-            forward_keys: fit(&forward, 64)?,
-            grad_keys: fit(&query, 64)?,
+            forward_keys: fit(&forward, largest)?,
+            grad_keys: fit(&query, largest)?,
             // A lane per row loads the rows' `lse` and `delta`: at most `LANES` rows.
-            rows: fit(&key, LANES)?,
+            rows: fit(&key, largest.min(LANES))?,
         })
     }
 }
 
-/// The elements one staging load and store moves, for head dimension `dim` and operands whose
-/// rows and buffers start at multiples of `aligned` elements: the widest of [`VECTOR`], 4, 2
-/// and 1 that divides both, so that a vector lies whole in one row, aligned to its size.
-pub(in crate::cube) fn staging_width(dim: usize, aligned: usize) -> usize {
-    [VECTOR, 4, 2]
+/// The elements one staging load and store moves, for head dimension `dim`, operands of
+/// `bytes` a element whose rows and buffers start at multiples of `aligned` elements: the
+/// widest of 16 bytes' worth, 4, 2 and 1 elements that divides both, so that a vector lies
+/// whole in one row, aligned to its size.
+pub(in crate::cube) fn staging_width(dim: usize, aligned: usize, bytes: usize) -> usize {
+    [16 / bytes, 4, 2]
         .into_iter()
         .find(|&w| aligned.is_multiple_of(w) && dim.is_multiple_of(w))
         .unwrap_or(1)
@@ -310,42 +373,78 @@ fn load_row_block<F: Float, W: Size>(
 }
 
 /// Stores a share `load_rows` loaded (unit `unit` of `units`) into `target` from element `to`
-/// on, rows `dim + PAD` apart (`W` divides both and `to`, and the shared arrays are
-/// [`ALIGN`]ed: every vector lands whole and aligned).
+/// on, rows `dim + pad(split)` apart (`W` divides both and `to`, and the shared arrays are
+/// [`ALIGN`]ed: every vector lands whole and aligned), in the staged dtype `M`: with `split`,
+/// each element `x` as `hi = tf32(x)` there and `lo = tf32(x - hi)` `lo` elements further.
 #[cube]
-fn store_rows<F: Float, W: Size>(
+fn store_rows<F: Float, M: Float, W: Size>(
     values: &Array<Vector<F, W>>,
-    target: &mut Shared<[F]>,
+    target: &mut Shared<[M]>,
     to: usize,
     unit: usize,
     #[comptime] units: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
+    #[comptime] lo: usize,
+    #[comptime] split: bool,
 ) {
     let width = W::value().comptime();
     let vectors = comptime!(count * dim / width);
+    let pitch = comptime!(dim + pad(split));
     let lines = target.as_vectorized_mut().with_vector_size_mut::<W>();
     #[unroll]
     for n in 0..comptime!(share(count, dim, width, units)) {
         let vector = unit + n * units;
         let idx = vector * width;
-        let at = (to + (idx / dim) * comptime!(dim + PAD) + idx % dim) / width;
+        let at = (to + (idx / dim) * pitch + idx % dim) / width;
         let mut inside = true;
         if comptime!(!vectors.is_multiple_of(units)) {
             inside = vector < vectors;
         }
         if inside {
-            lines[at] = values[n];
+            if split {
+                let x = values[n];
+                let mut high = Vector::<M, W>::zeroed();
+                let mut low = Vector::<M, W>::zeroed();
+                #[unroll]
+                for e in 0..width {
+                    let xe = f32::cast_from(x.extract_dynamic(e));
+                    let he = M::cast_from(xe);
+                    high.insert_dynamic(e, he);
+                    low.insert_dynamic(e, M::cast_from(xe - f32::cast_from(he)));
+                }
+                lines[at] = high;
+                lines[at + comptime!(lo / width)] = low;
+            } else {
+                lines[at] = Vector::<M, W>::cast_from(values[n]);
+            }
         }
+    }
+}
+
+/// Stores `x` at `at` of `target` in the staged dtype `M`: with `split` as `hi` there and `lo`
+/// `lo` elements further (see `store_rows`).
+#[cube]
+fn put<M: Float>(
+    target: &mut Shared<[M]>,
+    at: usize,
+    x: f32,
+    #[comptime] lo: usize,
+    #[comptime] split: bool,
+) {
+    let high = M::cast_from(x);
+    target[at] = high;
+    if split {
+        target[at + lo] = M::cast_from(x - f32::cast_from(high));
     }
 }
 
 /// Stages `count` rows of `source` in `target` at once (`load_rows` then `store_rows`), the
 /// whole cube's units taking part.
 #[cube]
-fn stage_rows<F: Float, W: Size>(
+fn stage_rows<F: Float, M: Float, W: Size>(
     source: &[F],
-    target: &mut Shared<[F]>,
+    target: &mut Shared<[M]>,
     b: usize,
     h: usize,
     first: usize,
@@ -355,6 +454,7 @@ fn stage_rows<F: Float, W: Size>(
     #[comptime] units: usize,
     #[comptime] count: usize,
     #[comptime] dim: usize,
+    #[comptime] split: bool,
 ) {
     let width = W::value().comptime();
     let unit = UNIT_POS as usize;
@@ -373,38 +473,48 @@ fn stage_rows<F: Float, W: Size>(
         count,
         dim,
     );
-    store_rows::<F, W>(&values, target, 0, unit, units, count, dim);
+    let lo = comptime!(lo_at(count * (dim + pad(split)), split));
+    store_rows::<F, M, W>(&values, target, 0, unit, units, count, dim, lo, split);
 }
 
-/// One 16x16 `f32` tile of a plane's product `A B` into `out` at `out_at` (rows `out_stride`
-/// apart), added to what it holds with `accumulate`: `steps` tiles of `A` (row-major, rows
-/// `a_stride` apart, the `s`th at `a_at + s * a_step`) times those of `B` (`b_layout`, the
-/// `s`th at `b_at + s * b_step`). Every unit of the plane calls it.
+/// The accumulator tile of the products of `depth(split)`.
 #[cube]
-fn product_tile<F: Float>(
-    a: &Shared<[F]>,
-    a_at: usize,
-    a_stride: usize,
-    a_step: usize,
-    b: &Shared<[F]>,
-    b_at: usize,
-    b_stride: usize,
-    b_step: usize,
-    out: &mut Shared<[f32]>,
-    out_at: usize,
-    out_stride: usize,
-    #[comptime] steps: usize,
-    #[comptime] b_layout: MatrixLayout,
-    #[comptime] accumulate: bool,
-) {
-    let mut acc = cmma::Matrix::<f32>::from_value(
+fn accumulator(#[comptime] split: bool) -> cmma::Matrix<f32> {
+    cmma::Matrix::<f32>::from_value(
         MatrixIdent::Accumulator,
         TILE,
         TILE,
-        TILE,
+        comptime!(depth(split)),
         MatrixLayout::Undefined,
         0.0f32,
-    );
+    )
+}
+
+/// One 16x16 `f32` tile of a plane's product `A B` into `out` at `out_at` (rows `out_stride`
+/// apart), added to what it holds with `accumulate`: `A` row-major from `a_at` (rows
+/// `a_stride` apart) times `B` (`b_layout`, from `b_at`, rows `b_stride` apart, consecutive
+/// elements of the product's sum `b_k` apart), over `length` of the sum ([`accumulate_tile`]).
+/// Every unit of the plane calls it.
+#[cube]
+fn product_tile<M: Float>(
+    a: &Shared<[M]>,
+    a_at: usize,
+    a_stride: usize,
+    b: &Shared<[M]>,
+    b_at: usize,
+    b_stride: usize,
+    b_k: usize,
+    out: &mut Shared<[f32]>,
+    out_at: usize,
+    out_stride: usize,
+    #[comptime] length: usize,
+    #[comptime] b_layout: MatrixLayout,
+    #[comptime] accumulate: bool,
+    #[comptime] a_lo: usize,
+    #[comptime] b_lo: usize,
+    #[comptime] split: bool,
+) {
+    let mut acc = accumulator(split);
     if accumulate {
         cmma::load_with_layout(
             &mut acc,
@@ -413,8 +523,8 @@ fn product_tile<F: Float>(
             MatrixLayout::RowMajor,
         );
     }
-    accumulate_tile::<F>(
-        &acc, a, a_at, a_stride, a_step, b, b_at, b_stride, b_step, steps, b_layout,
+    accumulate_tile::<M>(
+        &acc, a, a_at, a_stride, b, b_at, b_stride, b_k, length, b_layout, a_lo, b_lo, split,
     );
     cmma::store(
         &mut out.slice_mut(out_at, out.len()),
@@ -527,7 +637,7 @@ fn key_blocks(
 /// dependent work is a `SPLIT`th of a whole row's, and a cube of 16 rows leaves four times the
 /// planes of 32-row cubes on the device to hide each other's latency.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -547,7 +657,8 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     #[comptime] masked: bool,
     #[comptime] causal: bool,
     #[comptime] quiet: bool,
-    #[define(F)] _dtype: ElemType,
+    #[comptime] split: bool,
+    #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
     // The staged operands move `width` elements a load and a store.
     let size!(W) = width;
@@ -565,16 +676,21 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     let half = lane % 2;
     let i = first + r;
     // Row pitches: operands, scores, weights, the output's accumulator.
-    let op = comptime!(dim + PAD);
+    let op = comptime!(dim + pad(split));
     let sp = comptime!(keys + PAD32);
-    let pp = comptime!(keys + PAD);
+    let pp = comptime!(keys + pad(split));
     let ap = comptime!(dim + PAD32);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    // The staged arrays' parts (`lo_at`) and their lengths in both.
+    let parts = comptime!(if split { 2 } else { 1 });
+    let q_lo = comptime!(lo_at(TILE * op, split));
+    let kv_lo = comptime!(lo_at(SPLIT * keys * op, split));
+    let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));
+    let mut qs = Shared::<[M]>::new_aligned_slice(comptime!(parts * TILE * op), ALIGN);
+    let mut ks = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * keys * op), ALIGN);
+    let mut vs = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * keys * op), ALIGN);
     let mut ss =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
-    let mut ps = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD)), ALIGN);
+    let mut ps = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * TILE * pp), ALIGN);
     let mut os = Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (dim + PAD32)), ALIGN);
     let mut stats = Shared::<[f32]>::new_slice(comptime!(SPLIT * TILE * 2));
     // This plane's regions of the shared arrays.
@@ -611,8 +727,8 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
             masked,
         );
     }
-    stage_rows::<F, W>(
-        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim,
+    stage_rows::<F, M, W>(
+        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim, split,
     );
     for c in 0..comptime!(dim / 2) {
         os[o_at + r * ap + 2 * c + half] = 0.0f32;
@@ -631,8 +747,12 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
     for step in 0..steps {
         let block = plane + step * SPLIT;
         let base = block * keys;
-        store_rows::<F, W>(&k_next, &mut ks, kv_at, lane, LANES, keys, dim);
-        store_rows::<F, W>(&v_next, &mut vs, kv_at, lane, LANES, keys, dim);
+        store_rows::<F, M, W>(
+            &k_next, &mut ks, kv_at, lane, LANES, keys, dim, kv_lo, split,
+        );
+        store_rows::<F, M, W>(
+            &v_next, &mut vs, kv_at, lane, LANES, keys, dim, kv_lo, split,
+        );
         let bits = mask_bits(&mask_next, keys, masked);
         sync_plane();
         // The plane's next block's keys, values and mask entries, in flight while this block
@@ -665,21 +785,23 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
         // The plane's scores: the 16 rows of q times its block's keys.
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
-            product_tile::<F>(
+            product_tile::<M>(
                 &qs,
                 0,
                 op,
-                TILE,
                 &ks,
                 kv_at + n * TILE * op,
                 op,
-                TILE,
+                1,
                 &mut ss,
                 s_at + n * TILE,
                 sp,
-                comptime!(dim / TILE),
+                dim,
                 MatrixLayout::ColMajor,
                 false,
+                q_lo,
+                kv_lo,
+                split,
             );
         }
         sync_plane();
@@ -705,7 +827,7 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
             if base + j < k_len {
                 p = (ss[s_at + r * sp + j] - new_max).exp();
             }
-            ps[p_at + r * pp + j] = F::cast_from(p);
+            put::<M>(&mut ps, p_at + r * pp + j, p, p_lo, split);
             part += p;
         }
         let block_sum = part + plane_shuffle_xor(part, 1);
@@ -719,21 +841,23 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float>(
         // The plane's output rows += its weights times its block's values.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
-            product_tile::<F>(
+            product_tile::<M>(
                 &ps,
                 p_at,
                 pp,
-                TILE,
                 &vs,
                 kv_at + n * TILE,
                 op,
-                TILE * op,
+                op,
                 &mut os,
                 o_at + n * TILE,
                 ap,
-                comptime!(keys / TILE),
+                keys,
                 MatrixLayout::RowMajor,
                 true,
+                p_lo,
+                kv_lo,
+                split,
             );
         }
         sync_plane();
@@ -800,60 +924,83 @@ fn plane_steps(blocks: usize, plane: usize) -> usize {
 /// The `count` zeroed `f32` accumulator tiles of a plane, kept in registers across a kernel's
 /// loop (`accumulate_tile`) and summed over the planes at its end (`add_planes`).
 #[cube]
-fn zero_tiles(#[comptime] count: usize) -> Sequence<cmma::Matrix<f32>> {
+fn zero_tiles(#[comptime] count: usize, #[comptime] split: bool) -> Sequence<cmma::Matrix<f32>> {
     let mut tiles = Sequence::<cmma::Matrix<f32>>::new();
     #[unroll]
     for _ in 0..count {
-        tiles.push(cmma::Matrix::<f32>::from_value(
-            MatrixIdent::Accumulator,
-            TILE,
-            TILE,
-            TILE,
-            MatrixLayout::Undefined,
-            0.0f32,
-        ));
+        tiles.push(accumulator(split));
     }
     tiles
 }
 
-/// Adds a plane's product `A B` to the accumulator tile `acc` (registers): `steps` tiles of
-/// `A` (row-major, rows `a_stride` apart, the `s`th at `a_at + s * a_step`) times those of `B`
-/// (`b_layout`, the `s`th at `b_at + s * b_step`), in order. Every unit of the plane calls it.
+/// Adds a plane's product `A B` to the accumulator tile `acc` (registers): `A` row-major from
+/// `a_at` (rows `a_stride` apart) times `B` (`b_layout`, from `b_at`, rows `b_stride` apart,
+/// consecutive elements of the sum `b_k` apart), over `length` of the sum in tiles of
+/// `depth(split)`, in order. With `split` each tile product is three, the small ones first:
+/// `A`'s `lo` part (`a_lo` elements past its `hi`) times `B`'s `hi`, `A`'s `hi` times `B`'s
+/// `lo` (`b_lo` past), then the `hi` parts. Every unit of the plane calls it.
 #[cube]
-fn accumulate_tile<F: Float>(
+fn accumulate_tile<M: Float>(
     acc: &cmma::Matrix<f32>,
-    a: &Shared<[F]>,
+    a: &Shared<[M]>,
     a_at: usize,
     a_stride: usize,
-    a_step: usize,
-    b: &Shared<[F]>,
+    b: &Shared<[M]>,
     b_at: usize,
     b_stride: usize,
-    b_step: usize,
-    #[comptime] steps: usize,
+    b_k: usize,
+    #[comptime] length: usize,
     #[comptime] b_layout: MatrixLayout,
+    #[comptime] a_lo: usize,
+    #[comptime] b_lo: usize,
+    #[comptime] split: bool,
 ) {
+    let depth = comptime!(depth(split));
     #[unroll]
-    for s in 0..steps {
-        let a_tile = cmma::Matrix::<F>::from_slice(
+    for s in 0..comptime!(length / depth) {
+        let a_from = a_at + s * depth;
+        let b_from = b_at + s * depth * b_k;
+        let a_high = cmma::Matrix::<M>::from_slice(
             MatrixIdent::A,
             TILE,
             TILE,
-            TILE,
+            depth,
             MatrixLayout::RowMajor,
-            &a.slice(a_at + s * a_step, a.len()),
+            &a.slice(a_from, a.len()),
             a_stride as u32,
         );
-        let b_tile = cmma::Matrix::<F>::from_slice(
+        let b_high = cmma::Matrix::<M>::from_slice(
             MatrixIdent::B,
             TILE,
             TILE,
-            TILE,
+            depth,
             b_layout,
-            &b.slice(b_at + s * b_step, b.len()),
+            &b.slice(b_from, b.len()),
             b_stride as u32,
         );
-        cmma::execute::<F, F, f32, f32, cmma::Plane>(&a_tile, &b_tile, acc, acc);
+        if split {
+            let a_low = cmma::Matrix::<M>::from_slice(
+                MatrixIdent::A,
+                TILE,
+                TILE,
+                depth,
+                MatrixLayout::RowMajor,
+                &a.slice(a_from + a_lo, a.len()),
+                a_stride as u32,
+            );
+            let b_low = cmma::Matrix::<M>::from_slice(
+                MatrixIdent::B,
+                TILE,
+                TILE,
+                depth,
+                b_layout,
+                &b.slice(b_from + b_lo, b.len()),
+                b_stride as u32,
+            );
+            cmma::execute::<M, M, f32, f32, cmma::Plane>(&a_low, &b_high, acc, acc);
+            cmma::execute::<M, M, f32, f32, cmma::Plane>(&a_high, &b_low, acc, acc);
+        }
+        cmma::execute::<M, M, f32, f32, cmma::Plane>(&a_high, &b_high, acc, acc);
     }
 }
 
@@ -906,7 +1053,7 @@ fn add_planes<F: Float>(
 /// registers; at the end the cube adds the planes' parts in plane order (`add_planes`). Each
 /// part is a sum over keys, so the parts add without rescaling.
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float, M: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -928,7 +1075,8 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     #[comptime] keys: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
-    #[define(F)] _dtype: ElemType,
+    #[comptime] split: bool,
+    #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
     // The staged operands move `width` elements a load and a store.
     let size!(W) = width;
@@ -945,18 +1093,23 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
     let r = lane / 2;
     let half = lane % 2;
     let i = first + r;
-    let op = comptime!(dim + PAD);
+    let op = comptime!(dim + pad(split));
     let sp = comptime!(keys + PAD32);
-    let pp = comptime!(keys + PAD);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * keys * (dim + PAD)), ALIGN);
+    let pp = comptime!(keys + pad(split));
+    // The staged arrays' parts (`lo_at`) and their lengths in both.
+    let parts = comptime!(if split { 2 } else { 1 });
+    let q_lo = comptime!(lo_at(TILE * op, split));
+    let kv_lo = comptime!(lo_at(SPLIT * keys * op, split));
+    let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));
+    let mut qs = Shared::<[M]>::new_aligned_slice(comptime!(parts * TILE * op), ALIGN);
+    let mut dos = Shared::<[M]>::new_aligned_slice(comptime!(parts * TILE * op), ALIGN);
+    let mut ks = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * keys * op), ALIGN);
+    let mut vs = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * keys * op), ALIGN);
     let mut ss =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
     let mut dps =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD32)), ALIGN);
-    let mut dss = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (keys + PAD)), ALIGN);
+    let mut dss = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * TILE * pp), ALIGN);
     let mut row_deltas = Shared::<[f32]>::new_slice(TILE);
     // This plane's regions of the shared arrays.
     let kv_at = plane * keys * op;
@@ -991,10 +1144,10 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
             masked,
         );
     }
-    stage_rows::<F, W>(
-        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim,
+    stage_rows::<F, M, W>(
+        q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim, split,
     );
-    stage_rows::<F, W>(
+    stage_rows::<F, M, W>(
         dout,
         &mut dos,
         b,
@@ -1006,6 +1159,7 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         UNITS,
         TILE,
         dim,
+        split,
     );
     // The rows' `delta` (the sum of `dO * out` over a row): eight units a row, each `dim / 8`
     // consecutive columns in order, then over the eight by shuffles (each unit of the eight
@@ -1030,13 +1184,17 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         delta[(b * q_len + d_i) * heads + h] = part;
     }
     let row_lse = row_value(lse, b, h, i, q_len, heads);
-    let dq_tiles = zero_tiles(comptime!(dim / TILE));
+    let dq_tiles = zero_tiles(comptime!(dim / TILE), split);
     sync_cube();
     let row_delta = row_deltas[r];
     for step in 0..steps {
         let base = (plane + step * SPLIT) * keys;
-        store_rows::<F, W>(&k_next, &mut ks, kv_at, lane, LANES, keys, dim);
-        store_rows::<F, W>(&v_next, &mut vs, kv_at, lane, LANES, keys, dim);
+        store_rows::<F, M, W>(
+            &k_next, &mut ks, kv_at, lane, LANES, keys, dim, kv_lo, split,
+        );
+        store_rows::<F, M, W>(
+            &v_next, &mut vs, kv_at, lane, LANES, keys, dim, kv_lo, split,
+        );
         let bits = mask_bits(&mask_next, keys, masked);
         sync_plane();
         // The plane's next block's keys, values and mask entries, in flight while this block
@@ -1069,37 +1227,41 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
         // The plane's scores (q k^T) and the output gradient's products with the values (dO v^T).
         #[unroll]
         for n in 0..comptime!(keys / TILE) {
-            product_tile::<F>(
+            product_tile::<M>(
                 &qs,
                 0,
                 op,
-                TILE,
                 &ks,
                 kv_at + n * TILE * op,
                 op,
-                TILE,
+                1,
                 &mut ss,
                 s_at + n * TILE,
                 sp,
-                comptime!(dim / TILE),
+                dim,
                 MatrixLayout::ColMajor,
                 false,
+                q_lo,
+                kv_lo,
+                split,
             );
-            product_tile::<F>(
+            product_tile::<M>(
                 &dos,
                 0,
                 op,
-                TILE,
                 &vs,
                 kv_at + n * TILE * op,
                 op,
-                TILE,
+                1,
                 &mut dps,
                 s_at + n * TILE,
                 sp,
-                comptime!(dim / TILE),
+                dim,
                 MatrixLayout::ColMajor,
                 false,
+                q_lo,
+                kv_lo,
+                split,
             );
         }
         sync_plane();
@@ -1114,24 +1276,26 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
             }
             let p = probability(s, row_lse, valid);
             let grad = score_gradient(p, dps[s_at + r * sp + j], row_delta, hide, valid);
-            dss[p_at + r * pp + j] = F::cast_from(grad);
+            put::<M>(&mut dss, p_at + r * pp + j, grad, p_lo, split);
         }
         sync_plane();
         // The plane's part of dQ += dS k.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
-            accumulate_tile::<F>(
+            accumulate_tile::<M>(
                 dq_tiles.index(n),
                 &dss,
                 p_at,
                 pp,
-                TILE,
                 &ks,
                 kv_at + n * TILE,
                 op,
-                TILE * op,
-                comptime!(keys / TILE),
+                op,
+                keys,
                 MatrixLayout::RowMajor,
+                p_lo,
+                kv_lo,
+                split,
             );
         }
         sync_plane();
@@ -1158,7 +1322,7 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float>(
 /// dK and dV in its own tiles, held in registers; at the end the cube adds the planes' parts
 /// in plane order (`add_planes`).
 #[cube(launch_unchecked)]
-pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
+pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float, M: Float>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -1180,7 +1344,8 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     #[comptime] rows: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
-    #[define(F)] _dtype: ElemType,
+    #[comptime] split: bool,
+    #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
     // The staged operands move `width` elements a load and a store.
     let size!(W) = width;
@@ -1197,19 +1362,24 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
     let j = lane / 2;
     let half = lane % 2;
     let kj = first + j;
-    let op = comptime!(dim + PAD);
+    let op = comptime!(dim + pad(split));
     let sp = comptime!(rows + PAD32);
-    let pp = comptime!(rows + PAD);
-    let mut ks = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
-    let mut vs = Shared::<[F]>::new_aligned_slice(comptime!(TILE * (dim + PAD)), ALIGN);
-    let mut qs = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * rows * (dim + PAD)), ALIGN);
-    let mut dos = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * rows * (dim + PAD)), ALIGN);
+    let pp = comptime!(rows + pad(split));
+    // The staged arrays' parts (`lo_at`) and their lengths in both.
+    let parts = comptime!(if split { 2 } else { 1 });
+    let k_lo = comptime!(lo_at(TILE * op, split));
+    let q_lo = comptime!(lo_at(SPLIT * rows * op, split));
+    let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));
+    let mut ks = Shared::<[M]>::new_aligned_slice(comptime!(parts * TILE * op), ALIGN);
+    let mut vs = Shared::<[M]>::new_aligned_slice(comptime!(parts * TILE * op), ALIGN);
+    let mut qs = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * rows * op), ALIGN);
+    let mut dos = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * rows * op), ALIGN);
     let mut sts =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD32)), ALIGN);
     let mut dpts =
         Shared::<[f32]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD32)), ALIGN);
-    let mut pts = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD)), ALIGN);
-    let mut dsts = Shared::<[F]>::new_aligned_slice(comptime!(SPLIT * TILE * (rows + PAD)), ALIGN);
+    let mut pts = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * TILE * pp), ALIGN);
+    let mut dsts = Shared::<[M]>::new_aligned_slice(comptime!(parts * SPLIT * TILE * pp), ALIGN);
     let mut lses = Shared::<[f32]>::new_slice(comptime!(SPLIT * rows));
     let mut deltas = Shared::<[f32]>::new_slice(comptime!(SPLIT * rows));
     // This plane's regions of the shared arrays.
@@ -1262,19 +1432,21 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
         lse_next = row_value(lse, b, h, first_row + lane, q_len, heads);
         delta_next = row_value(delta, b, h, first_row + lane, q_len, heads);
     }
-    stage_rows::<F, W>(
-        k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, TILE, dim,
+    stage_rows::<F, M, W>(
+        k, &mut ks, b, h, first, k_len, k_at, stride, UNITS, TILE, dim, split,
     );
-    stage_rows::<F, W>(
-        v, &mut vs, b, h, first, k_len, v_at, stride, UNITS, TILE, dim,
+    stage_rows::<F, M, W>(
+        v, &mut vs, b, h, first, k_len, v_at, stride, UNITS, TILE, dim, split,
     );
-    let dk_tiles = zero_tiles(comptime!(dim / TILE));
-    let dv_tiles = zero_tiles(comptime!(dim / TILE));
+    let dk_tiles = zero_tiles(comptime!(dim / TILE), split);
+    let dv_tiles = zero_tiles(comptime!(dim / TILE), split);
     sync_cube();
     for step in 0..steps {
         let base = (start + plane + step * SPLIT) * rows;
-        store_rows::<F, W>(&q_next, &mut qs, q_off, lane, LANES, rows, dim);
-        store_rows::<F, W>(&do_next, &mut dos, q_off, lane, LANES, rows, dim);
+        store_rows::<F, M, W>(&q_next, &mut qs, q_off, lane, LANES, rows, dim, q_lo, split);
+        store_rows::<F, M, W>(
+            &do_next, &mut dos, q_off, lane, LANES, rows, dim, q_lo, split,
+        );
         if lane < rows {
             lses[r_at + lane] = lse_next;
             deltas[r_at + lane] = delta_next;
@@ -1314,37 +1486,41 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
         // The transposed scores (k q^T) and (v dO^T) of the cube's keys and the plane's rows.
         #[unroll]
         for n in 0..comptime!(rows / TILE) {
-            product_tile::<F>(
+            product_tile::<M>(
                 &ks,
                 0,
                 op,
-                TILE,
                 &qs,
                 q_off + n * TILE * op,
                 op,
-                TILE,
+                1,
                 &mut sts,
                 s_at + n * TILE,
                 sp,
-                comptime!(dim / TILE),
+                dim,
                 MatrixLayout::ColMajor,
                 false,
+                k_lo,
+                q_lo,
+                split,
             );
-            product_tile::<F>(
+            product_tile::<M>(
                 &vs,
                 0,
                 op,
-                TILE,
                 &dos,
                 q_off + n * TILE * op,
                 op,
-                TILE,
+                1,
                 &mut dpts,
                 s_at + n * TILE,
                 sp,
-                comptime!(dim / TILE),
+                dim,
                 MatrixLayout::ColMajor,
                 false,
+                k_lo,
+                q_lo,
+                split,
             );
         }
         sync_plane();
@@ -1358,39 +1534,43 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float>(
                 s = fill;
             }
             let p = probability(s, lses[r_at + ii], valid);
-            pts[p_at + j * pp + ii] = F::cast_from(p);
+            put::<M>(&mut pts, p_at + j * pp + ii, p, p_lo, split);
             let grad = score_gradient(p, dpts[s_at + j * sp + ii], deltas[r_at + ii], hide, valid);
-            dsts[p_at + j * pp + ii] = F::cast_from(grad);
+            put::<M>(&mut dsts, p_at + j * pp + ii, grad, p_lo, split);
         }
         sync_plane();
         // The plane's parts: dV += P^T dO, dK += dS^T q.
         #[unroll]
         for n in 0..comptime!(dim / TILE) {
-            accumulate_tile::<F>(
+            accumulate_tile::<M>(
                 dv_tiles.index(n),
                 &pts,
                 p_at,
                 pp,
-                TILE,
                 &dos,
                 q_off + n * TILE,
                 op,
-                TILE * op,
-                comptime!(rows / TILE),
+                op,
+                rows,
                 MatrixLayout::RowMajor,
+                p_lo,
+                q_lo,
+                split,
             );
-            accumulate_tile::<F>(
+            accumulate_tile::<M>(
                 dk_tiles.index(n),
                 &dsts,
                 p_at,
                 pp,
-                TILE,
                 &qs,
                 q_off + n * TILE,
                 op,
-                TILE * op,
-                comptime!(rows / TILE),
+                op,
+                rows,
                 MatrixLayout::RowMajor,
+                p_lo,
+                q_lo,
+                split,
             );
         }
         sync_plane();
@@ -1429,7 +1609,7 @@ mod tests {
     fn tensor_blocks_fit_the_shared_memory() {
         let cuda = 48 * 1024;
         assert_eq!(
-            TensorBlocks::for_dim(32, cuda),
+            TensorBlocks::for_dim(32, cuda, Arithmetic::Half),
             Some(TensorBlocks {
                 forward_keys: 32,
                 grad_keys: 32,
@@ -1437,7 +1617,7 @@ mod tests {
             })
         );
         assert_eq!(
-            TensorBlocks::for_dim(64, cuda),
+            TensorBlocks::for_dim(64, cuda, Arithmetic::Half),
             Some(TensorBlocks {
                 forward_keys: 16,
                 grad_keys: 16,
@@ -1446,7 +1626,7 @@ mod tests {
         );
         // Head dimension 16: 32 query rows a dK/dV block, as many as a plane's lanes.
         assert_eq!(
-            TensorBlocks::for_dim(16, cuda),
+            TensorBlocks::for_dim(16, cuda, Arithmetic::Half),
             Some(TensorBlocks {
                 forward_keys: 32,
                 grad_keys: 32,
@@ -1454,21 +1634,57 @@ mod tests {
             })
         );
         // Not a multiple of the tile, none, or too large.
-        assert_eq!(TensorBlocks::for_dim(8, cuda), None);
-        assert_eq!(TensorBlocks::for_dim(0, cuda), None);
-        assert_eq!(TensorBlocks::for_dim(80, cuda), None);
+        assert_eq!(TensorBlocks::for_dim(8, cuda, Arithmetic::Half), None);
+        assert_eq!(TensorBlocks::for_dim(0, cuda, Arithmetic::Half), None);
+        assert_eq!(TensorBlocks::for_dim(80, cuda, Arithmetic::Half), None);
+    }
+
+    #[test]
+    fn split_blocks_are_tiles_within_their_budget() {
+        let tiles = Some(TensorBlocks {
+            forward_keys: TILE,
+            grad_keys: TILE,
+            rows: TILE,
+        });
+        // Hopper's opt-in limit (227 KiB): blocks of 16 at head dimensions 16 to 64.
+        let hopper = 227 * 1024;
+        for dim in [16, 32, 48, 64] {
+            assert_eq!(
+                TensorBlocks::for_dim(dim, hopper, Arithmetic::Split),
+                tiles,
+                "{dim}"
+            );
+        }
+        // Two parts of four bytes: at head dimension 32 the forward takes 66,560 bytes and the
+        // dK/dV kernel 77,312 (before alignment), over CUDA's static 48 KiB.
+        assert_eq!(
+            TensorBlocks::for_dim(32, 48 * 1024, Arithmetic::Split),
+            None
+        );
+        assert_eq!(
+            TensorBlocks::for_dim(32, 78 * 1024, Arithmetic::Split),
+            tiles
+        );
+        assert_eq!(
+            TensorBlocks::for_dim(32, 75 * 1024, Arithmetic::Split),
+            None
+        );
+        assert_eq!(TensorBlocks::for_dim(24, hopper, Arithmetic::Split), None);
     }
 
     #[test]
     fn staging_width_keeps_vectors_whole_and_aligned() {
         // The bench's heads (32) on aligned operands: 16-byte vectors.
-        assert_eq!(staging_width(32, 768), 8);
-        assert_eq!(staging_width(64, 0), 8);
+        assert_eq!(staging_width(32, 768, 2), 8);
+        assert_eq!(staging_width(64, 0, 2), 8);
         // An operand 4 elements off a 16-byte boundary: 8-byte vectors.
-        assert_eq!(staging_width(32, 4), 4);
+        assert_eq!(staging_width(32, 4, 2), 4);
         // Odd alignment: one element at a time.
-        assert_eq!(staging_width(32, 3), 1);
-        assert_eq!(staging_width(32, 6), 2);
+        assert_eq!(staging_width(32, 3, 2), 1);
+        assert_eq!(staging_width(32, 6, 2), 2);
+        // `f32`: 16 bytes are 4 elements.
+        assert_eq!(staging_width(32, 768, 4), 4);
+        assert_eq!(staging_width(32, 6, 4), 2);
     }
 
     #[test]

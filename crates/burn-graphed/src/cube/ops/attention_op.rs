@@ -53,8 +53,8 @@ use super::super::kernels::attention_kernels::{
     attention_key_grad_kernel, attention_query_grad_kernel,
 };
 use super::super::kernels::attention_tc_kernels::{
-    LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel, attention_key_grad_tc_kernel,
-    attention_query_grad_tc_kernel, staging_width,
+    Arithmetic, LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
+    attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
 use super::super::update::update_kernel::{checked_elem, kernel_elem};
@@ -227,8 +227,8 @@ struct Call {
     heads: usize,
     dim: usize,
     blocks: Blocks,
-    /// The tensor-core kernels' blocks where they take the call.
-    tensor: Option<TensorBlocks>,
+    /// The tensor-core kernels' blocks and arithmetic where they take the call.
+    tensor: Option<(TensorBlocks, Arithmetic)>,
     strides: [u32; 3],
     /// Where the operands lie: `OperandsLaunch`'s stride, then the queries', keys' and values'
     /// offsets.
@@ -295,7 +295,11 @@ impl Call {
     fn staging_width(&self, staged: &[&Dense]) -> usize {
         let counts = self.operands.iter().map(|&n| n as usize);
         let aligned = Dense::common_alignment(staged, counts.chain([self.heads * self.dim]));
-        staging_width(self.dim, aligned)
+        let bytes = match self.tensor {
+            Some((_, Arithmetic::Split)) => 4,
+            _ => 2,
+        };
+        staging_width(self.dim, aligned, bytes)
     }
 
     /// One cube per block of `per_cube` rows of `len`, per head, per batch.
@@ -308,19 +312,27 @@ impl Call {
     }
 }
 
-/// The tensor-core kernels' blocks for `q`'s dtype and head dimension `dim`, where the device
-/// takes them: `f16` or `bf16`, planes of exactly [`LANES`] units, 16x16x16 products of the
-/// dtype into `f32`, and a head dimension those kernels take within `shared` bytes.
-fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<TensorBlocks> {
+/// The tensor-core kernels' blocks and arithmetic for `q`'s dtype and head dimension `dim`,
+/// where the device takes them: planes of exactly [`LANES`] units, and for `f16` or `bf16`
+/// 16x16x16 products of the dtype into `f32`, for `f32` a CUDA device with 16x16x16 `bf16`
+/// products (Ampere on, which multiplies TF32 tiles too: the carried cubecl-cuda leaves the
+/// TF32 tiles out of the properties of a device made without TF32, which governs single TF32
+/// products, not the split's `f32` accuracy); and a head dimension those kernels take within
+/// `shared` bytes.
+fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBlocks, Arithmetic)> {
     use cubecl::features::MmaConfig;
-    if !matches!(q.dtype, DType::F16 | DType::BF16) {
-        return None;
-    }
+    let (arith, elem) = match q.dtype {
+        DType::F16 | DType::BF16 => (Arithmetic::Half, kernel_elem(q.dtype)?),
+        DType::F32 if cuda(q) => (
+            Arithmetic::Split,
+            ElemType::Float(cubecl::ir::FloatKind::BF16),
+        ),
+        _ => return None,
+    };
     let hardware = &q.client.properties().hardware;
     if hardware.plane_size_min != LANES as u32 || hardware.plane_size_max != LANES as u32 {
         return None;
     }
-    let elem = kernel_elem(q.dtype)?;
     let tile = MmaConfig {
         a_type: elem,
         b_type: elem,
@@ -332,7 +344,29 @@ fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<TensorBlock
     if !q.client.features().matmul.cmma.contains(&tile) {
         return None;
     }
-    TensorBlocks::for_dim(dim, shared).map(forced)
+    TensorBlocks::for_dim(dim, shared, arith).map(|blocks| (forced(blocks), arith))
+}
+
+/// Whether `q` lies on a CUDA device.
+fn cuda(q: &CubeTensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        matches!(q.device, cubecl::Device::Cuda(_))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = q;
+        false
+    }
+}
+
+/// The element types of the tensor-core kernels: the operands' `elem`, and what they multiply
+/// (`elem` itself, or TF32 for the split).
+fn tile_elems(elem: ElemType, arith: Arithmetic) -> [ElemType; 2] {
+    match arith {
+        Arithmetic::Half => [elem, elem],
+        Arithmetic::Split => [elem, ElemType::Float(cubecl::ir::FloatKind::TF32)],
+    }
 }
 
 impl AttentionKernels for CubeBackend {
@@ -463,11 +497,11 @@ fn launch_forward(
         Shape::new([call.batch, call.q_len, call.heads]),
         DType::F32,
     );
-    if let Some(blocks) = call.tensor {
+    if let Some((blocks, arith)) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as the kernel below, with the tensor-core kernel's cubes: `SPLIT` planes
         // of `LANES` units (`tensor_cores` checked the device's planes are that size and
-        // that it multiplies 16x16x16 tiles of `elem` into f32), `TILE` rows each, its
+        // that it multiplies the tiles of `arith` into f32), `TILE` rows each, its
         // shared arrays sized by `TensorBlocks::for_dim` within the device's limit; its
         // staging vectors of `staging_width` elements divide the rows, the offsets and the
         // buffers' starts, so each is one aligned read of elements the scalar reads covered.
@@ -495,7 +529,8 @@ fn launch_forward(
                 masked,
                 causal,
                 quiet,
-                elem,
+                arith.split(),
+                tile_elems(elem, arith),
             );
         }
         return (out.into_tensor(), lse.into_tensor());
@@ -565,7 +600,7 @@ fn launch_backward(
         lse.tensor().meta.shape().clone(),
         DType::F32,
     );
-    if let Some(blocks) = call.tensor {
+    if let Some((blocks, arith)) = call.tensor {
         TENSOR_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
         let width = call.staging_width(&[q, k, v, dout]);
         // SAFETY: as the kernels below, with the tensor-core kernels' cubes (`SPLIT` planes
@@ -598,7 +633,8 @@ fn launch_backward(
                 blocks.grad_keys,
                 masked,
                 causal,
-                elem,
+                arith.split(),
+                tile_elems(elem, arith),
             );
             attention_key_grad_tc_kernel::launch_unchecked(
                 &client,
@@ -625,7 +661,8 @@ fn launch_backward(
                 blocks.rows,
                 masked,
                 causal,
-                elem,
+                arith.split(),
+                tile_elems(elem, arith),
             );
         }
         return;
