@@ -108,13 +108,13 @@ impl DeviceService for CudaServer {
             version: arch_version,
             tensor_cores: CudaArchitecture::has_tensor_cores(arch_version, &probe.name),
         };
-        let mut supported_cmma_combinations =
-            CudaCmmaCompiler::Cpp.supported_cmma_combinations(&arch);
+        let supported_cmma_combinations = CudaCmmaCompiler::Cpp.supported_cmma_combinations(&arch);
         let mut supported_mma_combinations = cuda::supported_mma_combinations(&arch);
         let tf32 = crate::tf32::take_for_new_device();
         if !tf32 {
+            // The TF32 `cmma` tiles stay for kernels that ask for them by type (split `f32`
+            // products); matmuls reach them only through the TF32 type, left out below.
             let is_tf32 = |ty: ElemType| ty == ElemType::Float(FloatKind::TF32);
-            supported_cmma_combinations.retain(|c| !is_tf32(c.a_type) && !is_tf32(c.b_type));
             supported_mma_combinations.retain(|c| !is_tf32(c.a_type) && !is_tf32(c.b_type));
         }
         let supported_scaled_mma_combinations = cuda::supported_scaled_mma_combinations(&arch);

@@ -313,20 +313,15 @@ impl Call {
 }
 
 /// The tensor-core kernels' blocks and arithmetic for `q`'s dtype and head dimension `dim`,
-/// where the device takes them: planes of exactly [`LANES`] units, and for `f16` or `bf16`
-/// 16x16x16 products of the dtype into `f32`, for `f32` a CUDA device with 16x16x16 `bf16`
-/// products (Ampere on, which multiplies TF32 tiles too: the carried cubecl-cuda leaves the
-/// TF32 tiles out of the properties of a device made without TF32, which governs single TF32
-/// products, not the split's `f32` accuracy); and a head dimension those kernels take within
-/// `shared` bytes.
+/// where the device takes them: planes of exactly [`LANES`] units, products into `f32` of
+/// 16x16x16 tiles of `f16` or `bf16`, or for `f32` of 16x16x8 TF32 tiles (the carried
+/// cubecl-cuda keeps those tiles on a device made without TF32: the split is `f32`'s
+/// accuracy), and a head dimension those kernels take within `shared` bytes.
 fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBlocks, Arithmetic)> {
     use cubecl::features::MmaConfig;
-    let (arith, elem) = match q.dtype {
-        DType::F16 | DType::BF16 => (Arithmetic::Half, kernel_elem(q.dtype)?),
-        DType::F32 if cuda(q) => (
-            Arithmetic::Split,
-            ElemType::Float(cubecl::ir::FloatKind::BF16),
-        ),
+    let (arith, elem, depth) = match q.dtype {
+        DType::F16 | DType::BF16 => (Arithmetic::Half, kernel_elem(q.dtype)?, 16),
+        DType::F32 => (Arithmetic::Split, tf32_elem(), 8),
         _ => return None,
     };
     let hardware = &q.client.properties().hardware;
@@ -339,7 +334,7 @@ fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBloc
         cd_type: ElemType::Float(cubecl::ir::FloatKind::F32),
         m: 16,
         n: 16,
-        k: 16,
+        k: depth,
     };
     if !q.client.features().matmul.cmma.contains(&tile) {
         return None;
@@ -347,17 +342,9 @@ fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBloc
     TensorBlocks::for_dim(dim, shared, arith).map(|blocks| (forced(blocks), arith))
 }
 
-/// Whether `q` lies on a CUDA device.
-fn cuda(q: &CubeTensor) -> bool {
-    #[cfg(feature = "cuda")]
-    {
-        matches!(q.device, cubecl::Device::Cuda(_))
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = q;
-        false
-    }
+/// The TF32 element type.
+fn tf32_elem() -> ElemType {
+    ElemType::Float(cubecl::ir::FloatKind::TF32)
 }
 
 /// The element types of the tensor-core kernels: the operands' `elem`, and what they multiply
@@ -365,7 +352,7 @@ fn cuda(q: &CubeTensor) -> bool {
 fn tile_elems(elem: ElemType, arith: Arithmetic) -> [ElemType; 2] {
     match arith {
         Arithmetic::Half => [elem, elem],
-        Arithmetic::Split => [elem, ElemType::Float(cubecl::ir::FloatKind::TF32)],
+        Arithmetic::Split => [elem, tf32_elem()],
     }
 }
 
