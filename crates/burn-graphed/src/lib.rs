@@ -224,9 +224,11 @@ pub fn import_tuned(path: impl AsRef<std::path::Path>) -> Result<TunedBundle, Gr
 /// so two runs of one `f32` formula (eager and graphed, or two processes) may round
 /// differently. With `false`, `f32` products run in `f32` on CUDA cores: one formula rounds
 /// alike wherever it runs, up to the order of its sums, and compares with PyTorch's default
-/// (`allow_tf32 = False`). `f16` and `bf16` products, and burn-graphed's own cuBLASLt products
-/// ([`nn::Linear`], always `f32` arithmetic for `f32`), are not affected. The setting is read
-/// when a CUDA device is first used: call this first thing in `main`. NVIDIA's
+/// (`allow_tf32 = False`). [`nn::Linear`]'s cuBLASLt products follow it too; `f16` and `bf16`
+/// products are not affected, nor is [`nn::attention::attention`] in `f32`, which multiplies on
+/// TF32 tensor cores either way with each operand split into two TF32 parts (3xTF32, `f32`'s
+/// accuracy but for about `2^-20` of a product, as PyTorch's `f32` attention). The setting is
+/// read when a CUDA device is first used: call this first thing in `main`. NVIDIA's
 /// `NVIDIA_TF32_OVERRIDE=0` turns TF32 off whatever is set here. No effect without the `cuda`
 /// feature.
 ///
