@@ -84,19 +84,11 @@ pub(in crate::cube) enum Arithmetic {
 }
 
 impl Arithmetic {
-    /// Bytes of a staged element (one part).
-    const fn bytes(self) -> usize {
+    /// Bytes of an operand element: the dtype's, as many as a staged part's.
+    pub(in crate::cube) const fn bytes(self) -> usize {
         match self {
             Self::Half => 2,
             Self::Split => 4,
-        }
-    }
-
-    /// Parts staged per element.
-    const fn parts(self) -> usize {
-        match self {
-            Self::Half => 1,
-            Self::Split => 2,
         }
     }
 
@@ -104,6 +96,16 @@ impl Arithmetic {
     pub(in crate::cube) const fn split(self) -> bool {
         matches!(self, Self::Split)
     }
+
+    /// The depth of a tile product ([`depth`]).
+    pub(in crate::cube) const fn depth(self) -> usize {
+        depth(self.split())
+    }
+}
+
+/// Parts staged per operand element: `hi` and `lo` with the split, else the element itself.
+const fn parts(split: bool) -> usize {
+    if split { 2 } else { 1 }
 }
 
 /// Padding of a shared row of staged operands (elements): 16 bytes, as [`PAD32`].
@@ -151,7 +153,7 @@ impl TensorBlocks {
         // Bytes of the kernels' shared arrays (padded rows): operands in the staged dtype (one
         // or two parts), products and accumulators in f32.
         let pad = pad(arith.split());
-        let staged = arith.bytes() * arith.parts();
+        let staged = arith.bytes() * parts(arith.split());
         let (op, acc) = ((dim + pad) * staged, (dim + PAD32) * 4);
         let scores = |n: usize| (n + PAD32) * 4;
         let weights = |n: usize| (n + pad) * staged;
@@ -681,7 +683,7 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
     let pp = comptime!(keys + pad(split));
     let ap = comptime!(dim + PAD32);
     // The staged arrays' parts (`lo_at`) and their lengths in both.
-    let parts = comptime!(if split { 2 } else { 1 });
+    let parts = comptime!(parts(split));
     let q_lo = comptime!(lo_at(TILE * op, split));
     let kv_lo = comptime!(lo_at(SPLIT * keys * op, split));
     let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));
@@ -1097,7 +1099,7 @@ pub(in crate::cube) fn attention_query_grad_tc_kernel<F: Float, M: Float>(
     let sp = comptime!(keys + PAD32);
     let pp = comptime!(keys + pad(split));
     // The staged arrays' parts (`lo_at`) and their lengths in both.
-    let parts = comptime!(if split { 2 } else { 1 });
+    let parts = comptime!(parts(split));
     let q_lo = comptime!(lo_at(TILE * op, split));
     let kv_lo = comptime!(lo_at(SPLIT * keys * op, split));
     let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));
@@ -1366,7 +1368,7 @@ pub(in crate::cube) fn attention_key_grad_tc_kernel<F: Float, M: Float>(
     let sp = comptime!(rows + PAD32);
     let pp = comptime!(rows + pad(split));
     // The staged arrays' parts (`lo_at`) and their lengths in both.
-    let parts = comptime!(if split { 2 } else { 1 });
+    let parts = comptime!(parts(split));
     let k_lo = comptime!(lo_at(TILE * op, split));
     let q_lo = comptime!(lo_at(SPLIT * rows * op, split));
     let p_lo = comptime!(lo_at(SPLIT * TILE * pp, split));

@@ -295,10 +295,7 @@ impl Call {
     fn staging_width(&self, staged: &[&Dense]) -> usize {
         let counts = self.operands.iter().map(|&n| n as usize);
         let aligned = Dense::common_alignment(staged, counts.chain([self.heads * self.dim]));
-        let bytes = match self.tensor {
-            Some((_, Arithmetic::Split)) => 4,
-            _ => 2,
-        };
+        let bytes = self.tensor.map_or(2, |(_, arith)| arith.bytes());
         staging_width(self.dim, aligned, bytes)
     }
 
@@ -319,9 +316,9 @@ impl Call {
 /// accuracy), and a head dimension those kernels take within `shared` bytes.
 fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBlocks, Arithmetic)> {
     use cubecl::features::MmaConfig;
-    let (arith, elem, depth) = match q.dtype {
-        DType::F16 | DType::BF16 => (Arithmetic::Half, kernel_elem(q.dtype)?, 16),
-        DType::F32 => (Arithmetic::Split, tf32_elem(), 8),
+    let (arith, elem) = match q.dtype {
+        DType::F16 | DType::BF16 => (Arithmetic::Half, kernel_elem(q.dtype)?),
+        DType::F32 => (Arithmetic::Split, tf32_elem()),
         _ => return None,
     };
     let hardware = &q.client.properties().hardware;
@@ -334,7 +331,7 @@ fn tensor_cores(q: &CubeTensor, dim: usize, shared: usize) -> Option<(TensorBloc
         cd_type: ElemType::Float(cubecl::ir::FloatKind::F32),
         m: 16,
         n: 16,
-        k: depth,
+        k: arith.depth() as u32,
     };
     if !q.client.features().matmul.cmma.contains(&tile) {
         return None;
