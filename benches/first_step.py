@@ -6,7 +6,7 @@ gpu-test`:
 
     python3 benches/first_step.py --models mlp_fused,transformer_fused --dtypes f32,bf16 \\
         --out OUT [--modes first_step,first_step_eager,first_step_graphed] [--sides burn,torch]
-        [--deadline 540]
+        [--deadline 540] [--autotune-level balanced] [--process-timeout SECONDS]
 
 Each Burn row is three processes of `run.sh bench` (one model, one mode), every one with
 cubecl's compilation and autotune logs on, and each value-checks its graphed step after the
@@ -30,12 +30,17 @@ Writes OUT/first_step.jsonl (a row per model, dtype, framework and mode) and eac
 log under OUT/first_step_logs/; `benches/report.py` makes BENCHMARKS.md's table from it. A
 process that fails leaves a row with its error. `--deadline` stops starting Burn rows after that
 many seconds (a device command has ten minutes), saying which were not run.
+`--autotune-level` is cubecl's autotune effort for the Burn processes (default `balanced`,
+cubecl's own default: what a user's first run gets); a row at another level says so
+(`autotune_level`). `--process-timeout` stops a Burn process that runs longer (its process
+group killed) and leaves a row that says so (`stopped_after_s`): a lower bound, not a time.
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,18 +52,37 @@ BURN_MODES = ("first_step", "first_step_eager", "first_step_graphed")
 DEVICES = set()
 
 
-def bench(run_sh, model, mode, dtype, side, env, log):
+# The bench's names of its models (`train_step --models`), for a row of a process stopped
+# before it printed its own (`--process-timeout`).
+MODEL_NAMES = {"mlp": "mlp 8x256 b32", "mlp256": "mlp 8x256 b256",
+               "transformer": "transformer 2x256 s128 b8", "cnn": "cnn 2conv b32 32x32",
+               "lm": "lm 2x256 s128 b8 v512"}
+
+
+class Stopped(Exception):
+    """A process ran past `--process-timeout` and was stopped."""
+
+
+def bench(run_sh, model, mode, dtype, side, env, log, timeout=None):
     """One `run.sh bench` process of one model and mode: its rows (JSON lines), its wall time
-    in seconds and its exit status. Its output goes to `log`."""
+    in seconds and its exit status. Its output goes to `log`. Past `timeout` seconds its whole
+    process group (run.sh and the bench it started) is killed and `Stopped` raised."""
     started = time.perf_counter()
     with open(log, "w") as out:
-        done = subprocess.run(["bash", run_sh, "bench", "--models", model, "--modes", mode],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-        out.write(done.stdout)
+        child = subprocess.Popen(["bash", run_sh, "bench", "--models", model, "--modes", mode],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True)
+        try:
+            stdout, _ = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, _ = child.communicate()
+            out.write(stdout)
+            raise Stopped()
+        out.write(stdout)
     wall = time.perf_counter() - started
     rows = []
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("# device:"):
             DEVICES.add(line.strip())
         elif line.startswith("{"):
@@ -66,7 +90,7 @@ def bench(run_sh, model, mode, dtype, side, env, log):
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 pass
-    return rows, wall, done.returncode
+    return rows, wall, child.returncode
 
 
 # What the caller's environment must not bring into a measured process: run.sh's per-call
@@ -79,12 +103,12 @@ NOT_INHERITED = ("OUT", "BURN_GRAPHED_ROUNDS", "BURN_GRAPHED_TF32", "BURN_GRAPHE
                  "BURN_GRAPHED_DTYPES", "CUDA_CACHE_PATH")
 
 
-def side_env(side, dtype, extra):
+def side_env(side, dtype, extra, level="balanced"):
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update({"BURN_GRAPHED_SIDES": side, "BURN_GRAPHED_DTYPES": dtype,
-                # cubecl's default effort, what a user's first run gets (the bench's bf16 rows
-                # otherwise tune at `minimal`).
-                "CUBECL_AUTOTUNE_LEVEL": "balanced"})
+                # By default cubecl's default effort, what a user's first run gets (the bench's
+                # bf16 rows otherwise tune at `minimal`).
+                "CUBECL_AUTOTUNE_LEVEL": level})
     env.update(extra)
     return env
 
@@ -98,9 +122,9 @@ def one_row(rows, mode):
     return None
 
 
-def burn_row(run_sh, model, dtype, mode, scratch, logs):
+def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeout=None):
     """The three processes of one Burn row, combined."""
-    tag = f"{model}-{dtype}-{mode}"
+    tag = f"{model}-{dtype}-{mode}" + ("" if level == "balanced" else f"-{level}")
     cold_env = os.path.join(scratch, tag + "-cold")
     picks_env = os.path.join(scratch, tag + "-picks")
     picks = os.path.join(scratch, tag + ".picks")
@@ -122,8 +146,17 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs):
             "BURN_GRAPHED_AUTOTUNE_LOG": os.path.join(env_dir, f"autotune-{name}.log"),
         })
         log = os.path.join(logs, f"{tag}-{name}.log")
-        rows, wall, status = bench(run_sh, model, mode, dtype, "burn",
-                                   side_env("burn", dtype, extra), log)
+        try:
+            rows, wall, status = bench(run_sh, model, mode, dtype, "burn",
+                                       side_env("burn", dtype, extra, level), log, timeout)
+        except Stopped:
+            print(f"# {tag} {name}: stopped after {timeout} s", file=sys.stderr, flush=True)
+            base = model.removesuffix("_fused")
+            suffix = "_fused_layers" if model.endswith("_fused") else ""
+            return {"framework": "burn", "model": MODEL_NAMES.get(base, model), "dtype": dtype,
+                    "mode": mode + suffix, "single": True, "autotune_level": level,
+                    "stopped_after_s": timeout,
+                    "error": f"{name} process stopped after {timeout} s: see {log}"}
         row = one_row(rows, mode)
         print(f"# {tag} {name}: {wall:.1f} s process, exit {status}, "
               f"row {json.dumps(row) if row else None}", file=sys.stderr, flush=True)
@@ -141,7 +174,7 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs):
     # `median_us` is the cold time: the row's figure where a table reads one number.
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
            "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32"),
-           "median_us": runs["cold"]["median_us"], "single": True}
+           "median_us": runs["cold"]["median_us"], "single": True, "autotune_level": level}
     # The split holds only where the picks process tuned nothing and the warm one compiled and
     # tuned nothing: otherwise the row says so and the table shows no split.
     out["split_valid"] = (runs["picks"].get("keys_tuned") == 0
@@ -178,6 +211,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--run-sh", default="target/gpu-bundle/run.sh")
     parser.add_argument("--deadline", type=float, default=540)
+    parser.add_argument("--autotune-level", default="balanced",
+                        choices=("minimal", "balanced", "extensive", "full"))
+    parser.add_argument("--process-timeout", type=float, default=None)
     args = parser.parse_args()
     modes = args.modes.split(",")
     for mode in modes:
@@ -206,7 +242,8 @@ def main():
                     if time.perf_counter() - started > args.deadline:
                         print(f"# not run (deadline): burn {model} {dtype} {mode}", flush=True)
                         continue
-                    emit(burn_row(args.run_sh, model, dtype, mode, scratch, logs))
+                    emit(burn_row(args.run_sh, model, dtype, mode, scratch, logs,
+                                  args.autotune_level, args.process_timeout))
             bases = []
             for model in args.models.split(","):
                 base = model[:-len("_fused")] if model.endswith("_fused") else model

@@ -136,7 +136,15 @@ def load(paths):
                     # (BURN_GRAPHED_TORCH_FASTPATH=off: the exact GELU, as the model defines
                     # it): its own mode beside the default row.
                     row["mode"] += "_no_fastpath"
-                if "error" in row or "median_us" not in row:
+                if row.get("autotune_level", "balanced") != "balanced":
+                    # A first step at another cubecl autotune effort than cubecl's default
+                    # (`first_step.py --autotune-level`): its own row.
+                    row["mode"] += f" (autotune {row['autotune_level']})"
+                if "stopped_after_s" in row:
+                    # A first step stopped past `first_step.py --process-timeout`: a lower
+                    # bound, shown in its table, not a failure.
+                    row["median_us"] = float("nan")
+                elif "error" in row or "median_us" not in row:
                     failed.append(row)
                     continue
                 if row.get("cache"):
@@ -513,6 +521,8 @@ def first_step_table(rows):
     def pair(b):
         if not b:
             return "n/a"
+        if "stopped_after_s" in b:
+            return f"> {b['stopped_after_s']:.0f} s (stopped) / n/a"
         if "cold_median_us" not in b:
             # A row of one process (`run.sh bench --modes first_step`): cold or warm as its
             # cache was.
@@ -527,8 +537,14 @@ def first_step_table(rows):
     for (model, dtype), r in by.items():
         torch = " / ".join(s(r[("torch", m)]["median_us"], ".1f") if ("torch", m) in r else "n/a"
                            for m in FIRST_STEP_LOOPS)
-        variants = [(layers, {m: r.get(("burn", m + suffix)) for m in FIRST_STEP_LOOPS})
-                    for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers"))]
+        # cubecl's autotune efforts other than its default, each a row of its own.
+        levels = sorted({m.split(" (autotune ", 1)[1].rstrip(")") for _, m in r
+                         if " (autotune " in m})
+        variants = [(layers + (f", autotune `{level}`" if level else ""),
+                     {m: r.get(("burn", m + suffix + (f" (autotune {level})" if level else "")))
+                      for m in FIRST_STEP_LOOPS})
+                    for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers"))
+                    for level in [None] + levels]
         variants = [(layers, burn) for layers, burn in variants if any(burn.values())]
         if not variants and any(("torch", m) in r for m in FIRST_STEP_LOOPS):
             variants = [("-", dict.fromkeys(FIRST_STEP_LOOPS))]
@@ -548,7 +564,8 @@ def first_step_table(rows):
             elif whole and "cold_median_us" in whole:
                 split = counts = "n/a (the picks process tuned, or the warm one compiled)"
             # Eager Burn is the reference: no check. A missing check is "unchecked", not failed.
-            checks = [c for m, b in burn.items() if b and m != "first_step_eager"
+            checks = [c for m, b in burn.items()
+                      if b and m != "first_step_eager" and "stopped_after_s" not in b
                       for c in checks_of(b)]
             check = check_cell({"checks": checks}) if checks else "-"
             out.append(

@@ -1103,10 +1103,24 @@ mod tests {
         };
         let torch = "{\"framework\": \"torch\", \"model\": \"m\", \"dtype\": \"f32\", \
                      \"mode\": \"first_step\", \"median_us\": 4200000, \"single\": true}\n";
+        // At another autotune effort: a row of its own, next to cubecl's default's.
+        let minimal = burn("first_step", true, true)
+            .replace(
+                "\"single\": true",
+                "\"single\": true, \"autotune_level\": \"minimal\"",
+            )
+            .replace("\"cold_median_us\": 9000000", "\"cold_median_us\": 7000000");
+        // Stopped past `--process-timeout`: a lower bound, neither a time nor a failure.
+        let stopped = "{\"framework\": \"burn\", \"model\": \"m\", \"dtype\": \"f32\", \
+                       \"mode\": \"first_step_eager_fused_layers\", \"single\": true, \
+                       \"autotune_level\": \"full\", \"stopped_after_s\": 240, \
+                       \"error\": \"cold process stopped after 240 s\"}\n";
         let file = dir.join("first.jsonl");
         let rows = [
             burn("first_step", true, true),
             burn("first_step_fused_layers", false, false),
+            minimal,
+            stopped.to_string(),
             torch.to_string(),
         ];
         std::fs::write(&file, rows.concat()).expect("results file");
@@ -1128,6 +1142,19 @@ mod tests {
         assert!(fused.contains("FAILED 1 of 3"), "{fused}");
         assert!(fused.contains("n/a (the picks process tuned"), "{fused}");
         assert!(!fused.contains("4.0 s + 4.7 s"), "{fused}");
+        let quick = line("burn-nn, autotune `minimal`");
+        assert!(quick.contains("| 7.0 s / 0.30 s |"), "{quick}");
+        let bound = line("fused, autotune `full`");
+        assert!(bound.contains("| > 240 s (stopped) / n/a |"), "{bound}");
+        assert!(bound.contains("| - |"), "{bound}");
+        // Nor among the failed runs: no table of them at all.
+        let all = Command::new("python3")
+            .arg(root().join("benches/report.py"))
+            .arg(&file)
+            .output()
+            .expect("python3");
+        let all = String::from_utf8_lossy(&all.stdout);
+        assert!(!all.contains("stopped after 240 s"), "{all}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -259,6 +259,22 @@ pub fn write_graphs_as_dot(dir: Option<std::path::PathBuf>) {
     cube::write_graphs_as_dot(dir)
 }
 
+/// Runs `work` and, while it runs longer than a second, says so as a capture does: a line of
+/// log target `burn_graphed::progress` (level `info`) after a second and every five seconds,
+/// naming `what`, the time so far and the distinct kernels launched so far, then one when it
+/// ends. For the long work outside a capture: a model's first eager steps compile and tune
+/// every kernel they launch (a minute or more for a transformer's cold start), and silence
+/// reads as a hang. With no logger that shows the target, nothing is watched. Without a
+/// cubecl backend it runs `work` and says nothing.
+///
+/// ```
+/// let loss = burn_graphed::report_progress("first eager step", || 2.0 * 21.0);
+/// assert_eq!(loss, 42.0);
+/// ```
+pub fn report_progress<T>(what: &str, work: impl FnOnce() -> T) -> T {
+    cube::report_while(what, work)
+}
+
 /// Whether graphed calls on `device` capture and replay graphs (burn's cubecl backends, CUDA
 /// and wgpu) or run every call eagerly (Flex; any backend without the `cube` feature). It
 /// says what the backend can do: a capture can still fail on such a device, with an error.

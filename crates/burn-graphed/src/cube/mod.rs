@@ -51,6 +51,7 @@ pub(crate) use self::{
     graph::graphs::{Admitted, Graphs, ParamHandles},
     graph::inspect::write_graphs_as_dot,
     graph::lifecycle::supports_graphs,
+    graph::progress::report_while,
     graph::random_state::RandomState,
     kernel_cache::{
         enable as enable_kernel_cache, export_tuned, import_tuned,
@@ -94,7 +95,7 @@ pub(crate) use stand_in::{
     capture_inference, capture_step, check_written, collective_buffer, conv2d, cross_entropy_rows,
     embedding_rows, enable_kernel_cache, export_tuned, import_tuned, is_cuda, join3, join3_biased,
     kernel_cache_location, linear, nccl_end, nccl_failure, nccl_join, nccl_mean, nccl_unique_id,
-    norm, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
+    norm, report_while, supports_graphs, vendor_matmul_available, write_graphs_as_dot,
 };
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{

@@ -74,7 +74,7 @@ pub(crate) struct CaptureProgress {
 static INTERVALS_MS: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
 
 /// Captures from now on report after `first` and every `every` (`burn_graphed::testing`).
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn set_intervals(first: Duration, every: Duration) {
     for (slot, interval) in INTERVALS_MS.iter().zip([first, every]) {
         let ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX - 1);
@@ -155,6 +155,17 @@ impl Drop for CaptureProgress {
             );
         }
     }
+}
+
+/// Runs `work` on this thread under a watcher of its own, as a capture is watched: after
+/// [`FIRST_REPORT`] and every [`EVERY`] a line of target [`TARGET`] says `what`, that it is
+/// running, the time so far and the distinct kernels launched so far, and a last line when it
+/// ends. For the long work a capture does not cover: a model's first eager steps compile and
+/// tune their kernels as a capture's warm-ups do.
+pub(crate) fn report_while<T>(what: &str, work: impl FnOnce() -> T) -> T {
+    let _progress = CaptureProgress::start(what);
+    phase("running");
+    work()
 }
 
 /// The capture under way on this thread enters `phase` (a no-op without one).
@@ -294,6 +305,27 @@ mod tests {
         assert_eq!(lines.len(), reports + 1, "{lines:?}");
         assert!(
             lines[reports].starts_with("test capture A: done in "),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn work_reported_while_it_runs_says_what_and_when_it_ends() {
+        lines_of("");
+        set_intervals(Duration::from_millis(20), Duration::from_millis(40));
+        let answer = report_while("test work E", || {
+            std::thread::sleep(Duration::from_millis(120));
+            42
+        });
+        set_intervals(FIRST_REPORT, EVERY);
+        assert_eq!(answer, 42);
+        let lines = lines_of("test work E");
+        assert!(
+            lines.len() >= 3 && lines[0].starts_with("test work E: running, "),
+            "{lines:?}"
+        );
+        assert!(
+            lines[lines.len() - 1].starts_with("test work E: done in "),
             "{lines:?}"
         );
     }
