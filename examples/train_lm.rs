@@ -213,19 +213,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut eager_times, mut eager_losses) = (Vec::new(), Vec::new());
     for step in 0..steps + warmup {
         let start = Instant::now();
-        let mut one = |model: Lm| -> Result<_, Box<dyn std::error::Error>> {
-            let loss = lm_loss(&model, data[step % data.len()].clone());
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let model = optim.step(lr(step), model, grads);
-            device.sync()?;
-            Ok((model, loss))
-        };
-        // The first step compiles and tunes every kernel it launches: said while it works.
-        let (model, loss) = if step == 0 {
-            burn_graphed::report_progress("eager first step", || one(eager))?
-        } else {
-            one(eager)?
-        };
+        let (model, loss) =
+            progress::eager_step(step, || -> Result<_, Box<dyn std::error::Error>> {
+                let loss = lm_loss(&eager, data[step % data.len()].clone());
+                let grads = GradientsParams::from_grads(loss.backward(), &eager);
+                let model = optim.step(lr(step), eager, grads);
+                device.sync()?;
+                Ok((model, loss))
+            })?;
         eager = model;
         eager_times.push(start.elapsed().as_secs_f64() * 1e6);
         eager_losses.push(loss.into_scalar::<f32>());

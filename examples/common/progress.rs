@@ -19,6 +19,17 @@ static PROGRESS: Progress = Progress {
     spinner: Mutex::new(None),
 };
 
+/// Runs step `step` of an eager loop: the first (which compiles and tunes every kernel it
+/// launches) under burn-graphed's watcher, which says so while it works.
+#[allow(dead_code)] // not every example trains eagerly
+pub fn eager_step<T>(step: usize, work: impl FnOnce() -> T) -> T {
+    if step == 0 {
+        burn_graphed::report_progress("eager first step", work)
+    } else {
+        work()
+    }
+}
+
 /// Installs the logger (a no-op where another logger is installed already, or with
 /// `BURN_GRAPHED_PROGRESS=off`).
 pub fn install() {
