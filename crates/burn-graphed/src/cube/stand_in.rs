@@ -16,12 +16,12 @@ use crate::stats::{EagerReason, GraphStats};
 use crate::step_optim::StepOptimizer;
 use crate::tensors::FlatTensor;
 
-/// No backend captures graphs without the `cube` feature.
 /// Without cubecl no kernel is compiled or tuned: the work runs unwatched.
 pub(crate) fn report_while<T>(_what: &str, work: impl FnOnce() -> T) -> T {
     work()
 }
 
+/// No backend captures graphs without the `cube` feature.
 pub(crate) fn supports_graphs(_device: &Device) -> bool {
     false
 }
