@@ -33,7 +33,9 @@ many seconds (a device command has ten minutes), saying which were not run.
 `--autotune-level` is cubecl's autotune effort for the Burn processes (default `balanced`,
 cubecl's own default: what a user's first run gets); a row at another level says so
 (`autotune_level`). `--process-timeout` stops a Burn process that runs longer (its process
-group killed) and leaves a row that says so (`stopped_after_s`): a lower bound, not a time.
+group killed) and leaves a row that says so (`stopped_after_s`): a lower bound, not a time,
+with what cubecl's logs say the process had done by then (`kernels_compiled_so_far`,
+`keys_tuned_so_far`).
 """
 
 import argparse
@@ -57,6 +59,25 @@ DEVICES = set()
 MODEL_NAMES = {"mlp": "mlp 8x256 b32", "mlp256": "mlp 8x256 b256",
                "transformer": "transformer 2x256 s128 b8", "cnn": "cnn 2conv b32 32x32",
                "lm": "lm 2x256 s128 b8 v512"}
+
+
+def log_count(path, matches):
+    """How many lines of the log at `path` `matches` accepts (0 where there is none): the
+    bench's own counts (`benches/train_step/first_step.rs`, `LogCount`), read from outside for
+    a process stopped before it printed its row."""
+    try:
+        with open(path, errors="replace") as log:
+            return sum(1 for line in log if matches(line.rstrip("\n")))
+    except OSError:
+        return 0
+
+
+def compiled_line(line):
+    return line.startswith("[Compiling kernel]") or line == "[START_KERNEL_COMPILATION]"
+
+
+def tuned_line(line):
+    return line.startswith("Fastest result")
 
 
 class Stopped(Exception):
@@ -150,12 +171,18 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
             rows, wall, status = bench(run_sh, model, mode, dtype, "burn",
                                        side_env("burn", dtype, extra, level), log, timeout)
         except Stopped:
-            print(f"# {tag} {name}: stopped after {timeout} s", file=sys.stderr, flush=True)
+            # What cubecl's logs say it had done by then: kernels compiled (tuning's
+            # candidates among them) and keys tuned.
+            compiled = log_count(extra["BURN_GRAPHED_COMPILE_LOG"], compiled_line)
+            tuned = log_count(extra["BURN_GRAPHED_AUTOTUNE_LOG"], tuned_line)
+            print(f"# {tag} {name}: stopped after {timeout} s ({compiled} kernels compiled, "
+                  f"{tuned} keys tuned)", file=sys.stderr, flush=True)
             base = model.removesuffix("_fused")
             suffix = "_fused_layers" if model.endswith("_fused") else ""
             return {"framework": "burn", "model": MODEL_NAMES.get(base, model), "dtype": dtype,
                     "mode": mode + suffix, "single": True, "autotune_level": level,
-                    "stopped_after_s": timeout,
+                    "stopped_after_s": timeout, "stopped_process": name,
+                    "kernels_compiled_so_far": compiled, "keys_tuned_so_far": tuned,
                     "error": f"{name} process stopped after {timeout} s: see {log}"}
         row = one_row(rows, mode)
         print(f"# {tag} {name}: {wall:.1f} s process, exit {status}, "

@@ -522,7 +522,11 @@ def first_step_table(rows):
         if not b:
             return "n/a"
         if "stopped_after_s" in b:
-            return f"> {b['stopped_after_s']:.0f} s (stopped) / n/a"
+            done = ""
+            if "kernels_compiled_so_far" in b:
+                done = (f"; {b['kernels_compiled_so_far']} kernels compiled, "
+                        f"{b['keys_tuned_so_far']} keys tuned")
+            return f"> {b['stopped_after_s']:.0f} s (stopped{done}) / n/a"
         if "cold_median_us" not in b:
             # A row of one process (`run.sh bench --modes first_step`): cold or warm as its
             # cache was.

@@ -1158,6 +1158,94 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// `benches/first_step.py --process-timeout` stops a Burn process that runs past it, its
+    /// whole process group (the bench that run.sh started, and what the bench started), and
+    /// leaves a lower-bound row with what cubecl's logs say the process had done by then; the
+    /// first-step table shows it. A stand-in run.sh writes two compilation lines and one
+    /// autotune decision (and one line of each kind that must not count), starts a grandchild,
+    /// and sleeps.
+    #[test]
+    fn first_step_py_stops_a_process_and_counts_what_it_did() {
+        let dir = std::env::temp_dir().join(format!("xtask-stopped-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let grandchild = dir.join("grandchild.pid");
+        let run_sh = dir.join("run.sh");
+        std::fs::write(
+            &run_sh,
+            format!(
+                "printf '[Compiling kernel] a\\n[Compiling kernel] b\\nnot a kernel\\n' >> \"$BURN_GRAPHED_COMPILE_LOG\"\n\
+                 printf 'Fastest result k\\nslower result k\\n' >> \"$BURN_GRAPHED_AUTOTUNE_LOG\"\n\
+                 sleep 60 & echo $! > {}\n\
+                 wait\n",
+                grandchild.display()
+            ),
+        )
+        .expect("stand-in run.sh");
+        let out = dir.join("out");
+        let started = std::time::Instant::now();
+        let run = Command::new("python3")
+            .arg(root().join("benches/first_step.py"))
+            .args([
+                "--models",
+                "mlp",
+                "--dtypes",
+                "bf16",
+                "--modes",
+                "first_step",
+            ])
+            .args(["--sides", "burn", "--process-timeout", "2", "--run-sh"])
+            .arg(&run_sh)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("python3");
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        let rows = std::fs::read_to_string(out.join("first_step.jsonl")).expect("results");
+        let row = rows
+            .lines()
+            .find(|line| line.starts_with('{'))
+            .unwrap_or_else(|| panic!("a row: {rows}"));
+        for field in [
+            "\"model\": \"mlp 8x256 b32\"",
+            "\"stopped_after_s\": 2.0",
+            "\"stopped_process\": \"cold\"",
+            "\"kernels_compiled_so_far\": 2",
+            "\"keys_tuned_so_far\": 1",
+        ] {
+            assert!(row.contains(field), "{field} in {row}");
+        }
+        // The grandchild went with its process group: gone, or a zombie its new parent has
+        // not reaped yet (Linux's /proc: state `Z`).
+        let pid = std::fs::read_to_string(&grandchild).expect("the grandchild's pid");
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+                .ok()
+                .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.to_string()))
+                .is_some_and(|rest| !rest.starts_with('Z'))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while running() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            !running(),
+            "the grandchild {} outlived its group",
+            pid.trim()
+        );
+        let table = report_py_table(&out.join("first_step.jsonl"), "first_step");
+        assert!(
+            table.contains("| > 2 s (stopped; 2 kernels compiled, 1 keys tuned) / n/a |"),
+            "{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `benches/ncu_summary.py --rows` sums a profile's launches per step by kernel family (Burn's
     /// prefixed kernels, burn-cubecl's and PyTorch's library names), labels the row with the
     /// profiled process's bench row (its value check included), and refuses a profile capped
