@@ -80,6 +80,12 @@ def tuned_line(line):
     return line.startswith("Fastest result")
 
 
+def base_name(model):
+    """The bench model a fused variant is built from (`transformer_fused` -> `transformer`):
+    PyTorch's model of the same name."""
+    return model.removesuffix("_fused")
+
+
 class Stopped(Exception):
     """A process ran past `--process-timeout` and was stopped."""
 
@@ -93,14 +99,16 @@ def bench(run_sh, model, mode, dtype, side, env, log, timeout=None):
         child = subprocess.Popen(["bash", run_sh, "bench", "--models", model, "--modes", mode],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, start_new_session=True)
+        stopped = False
         try:
             stdout, _ = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             stdout, _ = child.communicate()
-            out.write(stdout)
-            raise Stopped()
+            stopped = True
         out.write(stdout)
+    if stopped:
+        raise Stopped()
     wall = time.perf_counter() - started
     rows = []
     for line in stdout.splitlines():
@@ -177,9 +185,9 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
             tuned = log_count(extra["BURN_GRAPHED_AUTOTUNE_LOG"], tuned_line)
             print(f"# {tag} {name}: stopped after {timeout} s ({compiled} kernels compiled, "
                   f"{tuned} keys tuned)", file=sys.stderr, flush=True)
-            base = model.removesuffix("_fused")
             suffix = "_fused_layers" if model.endswith("_fused") else ""
-            return {"framework": "burn", "model": MODEL_NAMES.get(base, model), "dtype": dtype,
+            return {"framework": "burn", "model": MODEL_NAMES.get(base_name(model), model),
+                    "dtype": dtype,
                     "mode": mode + suffix, "single": True, "autotune_level": level,
                     "stopped_after_s": timeout, "stopped_process": name,
                     "kernels_compiled_so_far": compiled, "keys_tuned_so_far": tuned,
@@ -217,7 +225,7 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
 
 
 def torch_row(run_sh, model, dtype, mode, logs):
-    base = model[:-len("_fused")] if model.endswith("_fused") else model
+    base = base_name(model)
     log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}.log")
     rows, wall, status = bench(run_sh, base, mode, dtype, "torch", side_env("torch", dtype, {}),
                                log)
@@ -273,7 +281,7 @@ def main():
                                   args.autotune_level, args.process_timeout))
             bases = []
             for model in args.models.split(","):
-                base = model[:-len("_fused")] if model.endswith("_fused") else model
+                base = base_name(model)
                 if base not in bases:
                     bases.append(base)
             for mode in modes if "torch" in sides else []:

@@ -136,10 +136,10 @@ def load(paths):
                     # (BURN_GRAPHED_TORCH_FASTPATH=off: the exact GELU, as the model defines
                     # it): its own mode beside the default row.
                     row["mode"] += "_no_fastpath"
-                if row.get("autotune_level", "balanced") != "balanced":
-                    # A first step at another cubecl autotune effort than cubecl's default
-                    # (`first_step.py --autotune-level`): its own row.
-                    row["mode"] += f" (autotune {row['autotune_level']})"
+                # A first step at another cubecl autotune effort than cubecl's default
+                # (`first_step.py --autotune-level`): its own row.
+                if autotune_suffix(row.get("autotune_level")):
+                    row["mode"] += autotune_suffix(row["autotune_level"])
                 if "stopped_after_s" in row:
                     # A first step stopped past `first_step.py --process-timeout`: a lower
                     # bound, shown in its table, not a failure.
@@ -501,6 +501,11 @@ def families_table(rows):
     return "\n".join(out) + "\n"
 
 
+def autotune_suffix(level):
+    # The mode suffix of a row at cubecl autotune effort `level`: none at cubecl's default.
+    return "" if level in (None, "balanced") else f" (autotune {level})"
+
+
 def first_step_table(rows):
     # Model creation to the end of the first trained step (setup included), one measurement
     # per process, in seconds: a row per model, dtype and layers (burn-nn's, or the fused
@@ -542,10 +547,10 @@ def first_step_table(rows):
         torch = " / ".join(s(r[("torch", m)]["median_us"], ".1f") if ("torch", m) in r else "n/a"
                            for m in FIRST_STEP_LOOPS)
         # cubecl's autotune efforts other than its default, each a row of its own.
-        levels = sorted({m.split(" (autotune ", 1)[1].rstrip(")") for _, m in r
-                         if " (autotune " in m})
+        levels = sorted({row["autotune_level"] for row in r.values()
+                         if autotune_suffix(row.get("autotune_level"))})
         variants = [(layers + (f", autotune `{level}`" if level else ""),
-                     {m: r.get(("burn", m + suffix + (f" (autotune {level})" if level else "")))
+                     {m: r.get(("burn", m + suffix + autotune_suffix(level)))
                       for m in FIRST_STEP_LOOPS})
                     for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers"))
                     for level in [None] + levels]

@@ -1021,12 +1021,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// `benches/report.py FILE --only TABLE`'s output (the run must succeed).
-    fn report_py_table(file: &Path, table: &str) -> String {
+    /// The output of `python3 benches/SCRIPT ARGS...` (the run must succeed).
+    fn bench_script(script: &str, args: &[&std::ffi::OsStr]) -> String {
         let out = Command::new("python3")
-            .arg(root().join("benches/report.py"))
-            .arg(file)
-            .args(["--only", table])
+            .arg(root().join("benches").join(script))
+            .args(args)
             .output()
             .expect("python3");
         assert!(
@@ -1035,6 +1034,14 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `benches/report.py FILE --only TABLE`'s output (the run must succeed).
+    fn report_py_table(file: &Path, table: &str) -> String {
+        bench_script(
+            "report.py",
+            &[file.as_os_str(), "--only".as_ref(), table.as_ref()],
+        )
     }
 
     /// A round whose value check failed leaves a failure row (`"error"`, no times, as the
@@ -1148,12 +1155,7 @@ mod tests {
         assert!(bound.contains("| > 240 s (stopped) / n/a |"), "{bound}");
         assert!(bound.contains("| - |"), "{bound}");
         // Nor among the failed runs: no table of them at all.
-        let all = Command::new("python3")
-            .arg(root().join("benches/report.py"))
-            .arg(&file)
-            .output()
-            .expect("python3");
-        let all = String::from_utf8_lossy(&all.stdout);
+        let all = bench_script("report.py", &[file.as_os_str()]);
         assert!(!all.contains("stopped after 240 s"), "{all}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1184,26 +1186,16 @@ mod tests {
         .expect("stand-in run.sh");
         let out = dir.join("out");
         let started = std::time::Instant::now();
-        let run = Command::new("python3")
-            .arg(root().join("benches/first_step.py"))
-            .args([
-                "--models",
-                "mlp",
-                "--dtypes",
-                "bf16",
-                "--modes",
-                "first_step",
-            ])
-            .args(["--sides", "burn", "--process-timeout", "2", "--run-sh"])
-            .arg(&run_sh)
-            .arg("--out")
-            .arg(&out)
-            .output()
-            .expect("python3");
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
+        let mut args: Vec<std::ffi::OsString> =
+            "--models mlp --dtypes bf16 --modes first_step --sides burn --process-timeout 2"
+                .split(' ')
+                .map(Into::into)
+                .collect();
+        args.extend(["--run-sh".into(), run_sh.clone().into(), "--out".into()]);
+        args.push(out.clone().into());
+        bench_script(
+            "first_step.py",
+            &args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>(),
         );
         assert!(started.elapsed() < std::time::Duration::from_secs(30));
         let rows = std::fs::read_to_string(out.join("first_step.jsonl")).expect("results");
