@@ -6,7 +6,7 @@ gpu-test`:
 
     python3 benches/first_step.py --models mlp_fused,transformer_fused --dtypes f32,bf16 \\
         --out OUT [--modes first_step,first_step_eager,first_step_graphed] [--sides burn,torch]
-        [--deadline 540] [--autotune-level balanced] [--process-timeout SECONDS]
+        [--deadline 540] [--autotune-level balanced] [--process-timeout SECONDS] [--tf32 off]
 
 Each Burn row is three processes of `run.sh bench` (one model, one mode), every one with
 cubecl's compilation and autotune logs on, and each value-checks its graphed step after the
@@ -35,7 +35,9 @@ cubecl's own default: what a user's first run gets); a row at another level says
 (`autotune_level`). `--process-timeout` stops a Burn process that runs longer (its process
 group killed) and leaves a row that says so (`stopped_after_s`): a lower bound, not a time,
 with what cubecl's logs say the process had done by then (`kernels_compiled_so_far`,
-`keys_tuned_so_far`).
+`keys_tuned_so_far`). `--tf32 on` lets both sides' `f32` products run on TF32 tensor cores
+(Burn's `--tf32 on`, the default of burn and of burn-graphed; PyTorch's `--tf32`); the rows say
+so (`tf32`). The default, `off`, is `f32` on both sides.
 """
 
 import argparse
@@ -132,12 +134,14 @@ NOT_INHERITED = ("OUT", "BURN_GRAPHED_ROUNDS", "BURN_GRAPHED_TF32", "BURN_GRAPHE
                  "BURN_GRAPHED_DTYPES", "CUDA_CACHE_PATH")
 
 
-def side_env(side, dtype, extra, level="balanced"):
+def side_env(side, dtype, extra, level="balanced", tf32="off"):
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update({"BURN_GRAPHED_SIDES": side, "BURN_GRAPHED_DTYPES": dtype,
                 # By default cubecl's default effort, what a user's first run gets (the bench's
                 # bf16 rows otherwise tune at `minimal`).
-                "CUBECL_AUTOTUNE_LEVEL": level})
+                "CUBECL_AUTOTUNE_LEVEL": level,
+                # run.sh's one TF32 setting for both sides (bf16 rows ignore it).
+                "BURN_GRAPHED_TF32": tf32})
     env.update(extra)
     return env
 
@@ -151,9 +155,12 @@ def one_row(rows, mode):
     return None
 
 
-def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeout=None):
+def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeout=None,
+             tf32="off"):
     """The three processes of one Burn row, combined."""
-    tag = f"{model}-{dtype}-{mode}" + ("" if level == "balanced" else f"-{level}")
+    tf32 = tf32 if dtype == "f32" else "off"
+    tag = (f"{model}-{dtype}-{mode}" + ("" if level == "balanced" else f"-{level}")
+           + ("-tf32" if tf32 == "on" else ""))
     cold_env = os.path.join(scratch, tag + "-cold")
     picks_env = os.path.join(scratch, tag + "-picks")
     picks = os.path.join(scratch, tag + ".picks")
@@ -177,7 +184,7 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
         log = os.path.join(logs, f"{tag}-{name}.log")
         try:
             rows, wall, status = bench(run_sh, model, mode, dtype, "burn",
-                                       side_env("burn", dtype, extra, level), log, timeout)
+                                       side_env("burn", dtype, extra, level, tf32), log, timeout)
         except Stopped:
             # What cubecl's logs say it had done by then: kernels compiled (tuning's
             # candidates among them) and keys tuned.
@@ -187,7 +194,7 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
                   f"{tuned} keys tuned)", file=sys.stderr, flush=True)
             suffix = "_fused_layers" if model.endswith("_fused") else ""
             return {"framework": "burn", "model": MODEL_NAMES.get(base_name(model), model),
-                    "dtype": dtype,
+                    "dtype": dtype, "tf32": tf32 == "on",
                     "mode": mode + suffix, "single": True, "autotune_level": level,
                     "stopped_after_s": timeout, "stopped_process": name,
                     "kernels_compiled_so_far": compiled, "keys_tuned_so_far": tuned,
@@ -199,12 +206,13 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
             error = (row or {}).get("error") or f"exit {status}, no row: see {log}"
             # The row's own names where it printed one, so that the table's cell shows it.
             return {"framework": "burn", "model": (row or {}).get("model", model),
-                    "dtype": dtype, "mode": (row or {}).get("mode", mode),
+                    "dtype": dtype, "tf32": tf32 == "on", "mode": (row or {}).get("mode", mode),
                     "error": f"{name} process: {error}"}
         row["process_s"] = round(wall, 2)
         runs[name] = row
         if name == "cold" and not os.path.exists(picks):
-            return {"framework": "burn", "model": model, "dtype": dtype, "mode": runs["cold"]["mode"],
+            return {"framework": "burn", "model": model, "dtype": dtype, "tf32": tf32 == "on",
+                    "mode": runs["cold"]["mode"],
                     "error": f"cold process exported no picks: see {log}"}
     # `median_us` is the cold time: the row's figure where a table reads one number.
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
@@ -224,14 +232,17 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
     return out
 
 
-def torch_row(run_sh, model, dtype, mode, logs):
+def torch_row(run_sh, model, dtype, mode, logs, tf32="off"):
     base = base_name(model)
-    log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}.log")
-    rows, wall, status = bench(run_sh, base, mode, dtype, "torch", side_env("torch", dtype, {}),
-                               log)
+    tf32 = tf32 if dtype == "f32" else "off"
+    log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}" + ("-tf32" if tf32 == "on" else "")
+                       + ".log")
+    rows, wall, status = bench(run_sh, base, mode, dtype, "torch",
+                               side_env("torch", dtype, {}, tf32=tf32), log)
     row = one_row(rows, mode)
     if row is None or status != 0:
-        return {"framework": "torch", "model": base, "dtype": dtype, "mode": mode,
+        return {"framework": "torch", "model": base, "dtype": dtype, "tf32": tf32 == "on",
+                "mode": mode,
                 "error": f"exit {status}, no row: see {log}"}
     row["process_s"] = round(wall, 2)
     return row
@@ -249,6 +260,7 @@ def main():
     parser.add_argument("--autotune-level", default="balanced",
                         choices=("minimal", "balanced", "extensive", "full"))
     parser.add_argument("--process-timeout", type=float, default=None)
+    parser.add_argument("--tf32", default="off", choices=("off", "on"))
     args = parser.parse_args()
     modes = args.modes.split(",")
     for mode in modes:
@@ -278,7 +290,7 @@ def main():
                         print(f"# not run (deadline): burn {model} {dtype} {mode}", flush=True)
                         continue
                     emit(burn_row(args.run_sh, model, dtype, mode, scratch, logs,
-                                  args.autotune_level, args.process_timeout))
+                                  args.autotune_level, args.process_timeout, args.tf32))
             bases = []
             for model in args.models.split(","):
                 base = base_name(model)
@@ -289,7 +301,7 @@ def main():
                     if time.perf_counter() - started > args.deadline:
                         print(f"# not run (deadline): torch {base} {dtype} {mode}", flush=True)
                         continue
-                    emit(torch_row(args.run_sh, base, dtype, mode, logs))
+                    emit(torch_row(args.run_sh, base, dtype, mode, logs, args.tf32))
     shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -544,20 +544,27 @@ def first_step_table(rows):
         return b.get("checks", [b.get("check_passed")])
 
     for (model, dtype), r in by.items():
-        torch = " / ".join(s(r[("torch", m)]["median_us"], ".1f") if ("torch", m) in r else "n/a"
-                           for m in FIRST_STEP_LOOPS)
-        # cubecl's autotune efforts other than its default, each a row of its own.
+        def torch(tf32):
+            return " / ".join(s(r[("torch", m + tf32)]["median_us"], ".1f")
+                              if ("torch", m + tf32) in r else "n/a" for m in FIRST_STEP_LOOPS)
+        # TF32 products (`first_step.py --tf32 on`: rows suffixed `_tf32`, beside PyTorch's
+        # TF32 rows) and cubecl's autotune efforts other than its default, each a row of its own.
         levels = sorted({row["autotune_level"] for row in r.values()
                          if autotune_suffix(row.get("autotune_level"))})
-        variants = [(layers + (f", autotune `{level}`" if level else ""),
-                     {m: r.get(("burn", m + suffix + autotune_suffix(level)))
+        variants = [(layers + (", TF32" if tf32 else "")
+                     + (f", autotune `{level}`" if level else ""), tf32,
+                     {m: r.get(("burn", m + suffix + tf32 + autotune_suffix(level)))
                       for m in FIRST_STEP_LOOPS})
                     for layers, suffix in (("burn-nn", ""), ("fused", "_fused_layers"))
+                    for tf32 in ("", "_tf32")
                     for level in [None] + levels]
-        variants = [(layers, burn) for layers, burn in variants if any(burn.values())]
-        if not variants and any(("torch", m) in r for m in FIRST_STEP_LOOPS):
-            variants = [("-", dict.fromkeys(FIRST_STEP_LOOPS))]
-        for layers, burn in variants:
+        variants = [v for v in variants if any(v[2].values())]
+        for tf32 in ("", "_tf32"):
+            if (not any(v[1] == tf32 for v in variants)
+                    and any(("torch", m + tf32) in r for m in FIRST_STEP_LOOPS)):
+                variants.append(("-" + (", TF32" if tf32 else ""), tf32,
+                                 dict.fromkeys(FIRST_STEP_LOOPS)))
+        for layers, tf32, burn in variants:
             whole = burn["first_step"]
             split = counts = "n/a"
             if whole and "cold_median_us" in whole and whole.get("split_valid", True):
@@ -580,7 +587,7 @@ def first_step_table(rows):
             out.append(
                 f"| {model} | {dtype} | {layers} | {pair(burn['first_step_eager'])} "
                 f"| {pair(burn['first_step_graphed'])} | {pair(whole)} | {split} | {counts} "
-                f"| {check} | {torch} |")
+                f"| {check} | {torch(tf32)} |")
     return "\n".join(out) + "\n"
 
 
@@ -1051,8 +1058,8 @@ def sections(paths):
         out["whole_step"] = ("Whole step", whole_step_table(rows))
     if has_modes(rows, ("whole_step" + FUSED,)):
         out["fused_layers"] = ("Whole step with fused layers", fused_layers_table(rows))
-    if has_modes([dict(r, mode=r["mode"].removesuffix(FUSED)) for r in singles],
-                 FIRST_STEP_MODES):
+    # Any first-step mode, whatever it is suffixed with (fused layers, TF32, autotune effort).
+    if any(r["mode"].startswith(FIRST_STEP_MODES) for r in singles):
         out["first_step"] = ("Time to the first trained step", first_step_table(singles))
     if has_modes(rows, GOAL_MODES):
         out["goal"] = ("Goal", goal_table(rows))

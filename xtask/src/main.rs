@@ -1122,6 +1122,17 @@ mod tests {
                        \"mode\": \"first_step_eager_fused_layers\", \"single\": true, \
                        \"autotune_level\": \"full\", \"stopped_after_s\": 240, \
                        \"error\": \"cold process stopped after 240 s\"}\n";
+        // With TF32 products on both sides (`first_step.py --tf32 on`): rows of their own, the
+        // Burn row beside PyTorch's TF32 row, neither replacing the plain `f32` rows.
+        let tf32 = burn("first_step", true, true)
+            .replace("\"tf32\": false", "\"tf32\": true")
+            .replace(
+                "\"cold_median_us\": 9000000",
+                "\"cold_median_us\": 30000000",
+            );
+        let torch_tf32 = torch
+            .replace("\"median_us\": 4200000", "\"median_us\": 3100000")
+            .replace("\"single\": true", "\"single\": true, \"tf32\": true");
         let file = dir.join("first.jsonl");
         let rows = [
             burn("first_step", true, true),
@@ -1129,6 +1140,8 @@ mod tests {
             minimal,
             stopped.to_string(),
             torch.to_string(),
+            tf32,
+            torch_tf32,
         ];
         std::fs::write(&file, rows.concat()).expect("results file");
         let table = report_py_table(&file, "first_step");
@@ -1151,6 +1164,13 @@ mod tests {
         assert!(!fused.contains("4.0 s + 4.7 s"), "{fused}");
         let quick = line("burn-nn, autotune `minimal`");
         assert!(quick.contains("| 7.0 s / 0.30 s |"), "{quick}");
+        let rounded = line("burn-nn, TF32");
+        assert!(rounded.contains("| 30.0 s / 0.30 s |"), "{rounded}");
+        assert!(rounded.contains("| n/a / n/a / 3.1 s |"), "{rounded}");
+        assert!(
+            !plain.contains("30.0 s") && !plain.contains("3.1 s"),
+            "{plain}"
+        );
         let bound = line("fused, autotune `full`");
         assert!(bound.contains("| > 240 s (stopped) / n/a |"), "{bound}");
         assert!(bound.contains("| - |"), "{bound}");
@@ -1164,8 +1184,8 @@ mod tests {
     /// whole process group (the bench that run.sh started, and what the bench started), and
     /// leaves a lower-bound row with what cubecl's logs say the process had done by then; the
     /// first-step table shows it. A stand-in run.sh writes two compilation lines and one
-    /// autotune decision (and one line of each kind that must not count), starts a grandchild,
-    /// and sleeps.
+    /// autotune decision (and one line of each kind that must not count), notes the TF32
+    /// setting it was given (`--tf32 on`), starts a grandchild, and sleeps.
     #[test]
     fn first_step_py_stops_a_process_and_counts_what_it_did() {
         let dir = std::env::temp_dir().join(format!("xtask-stopped-{}", std::process::id()));
@@ -1178,8 +1198,10 @@ mod tests {
             format!(
                 "printf '[Compiling kernel] a\\n[Compiling kernel] b\\nnot a kernel\\n' >> \"$BURN_GRAPHED_COMPILE_LOG\"\n\
                  printf 'Fastest result k\\nslower result k\\n' >> \"$BURN_GRAPHED_AUTOTUNE_LOG\"\n\
+                 echo \"$BURN_GRAPHED_TF32\" > {}\n\
                  sleep 60 & echo $! > {}\n\
                  wait\n",
+                dir.join("tf32.txt").display(),
                 grandchild.display()
             ),
         )
@@ -1187,7 +1209,7 @@ mod tests {
         let out = dir.join("out");
         let started = std::time::Instant::now();
         let mut args: Vec<std::ffi::OsString> =
-            "--models mlp --dtypes bf16 --modes first_step --sides burn --process-timeout 2"
+            "--models mlp --dtypes f32 --modes first_step --sides burn --process-timeout 2 --tf32 on"
                 .split(' ')
                 .map(Into::into)
                 .collect();
@@ -1209,9 +1231,13 @@ mod tests {
             "\"stopped_process\": \"cold\"",
             "\"kernels_compiled_so_far\": 2",
             "\"keys_tuned_so_far\": 1",
+            "\"tf32\": true",
         ] {
             assert!(row.contains(field), "{field} in {row}");
         }
+        // `--tf32 on` reached run.sh as its one TF32 setting.
+        let tf32 = std::fs::read_to_string(dir.join("tf32.txt")).expect("the stand-in's tf32");
+        assert_eq!(tf32.trim(), "on");
         // The grandchild went with its process group: gone, or a zombie its new parent has
         // not reaped yet (Linux's /proc: state `Z`).
         let pid = std::fs::read_to_string(&grandchild).expect("the grandchild's pid");
