@@ -401,20 +401,30 @@ TF32_PAIRS = (
 
 def tf32_table(rows):
     # Burn's fused layers and PyTorch, both with TF32 matrix products (`"tf32": true` rows of
-    # both sides, run together): each mode of `TF32_PAIRS` beside its PyTorch counterpart.
+    # both sides, run together): each mode of `TF32_PAIRS` beside its PyTorch counterpart, and,
+    # where PyTorch also ran with its transformer fast path off (the exact GELU the model
+    # defines, as Burn computes it: rows suffixed `_tf32_no_fastpath`), beside that one too.
+    no_fastpath = any(row["mode"].endswith("_tf32_no_fastpath") for row in rows)
     out = header("| model | dtype | what | burn, fused layers, TF32 | burn checks "
-                 "| torch, TF32 | burn / torch |")
+                 "| torch, TF32 | burn / torch |"
+                 + (" torch, TF32, fast path off | burn / torch, fast path off |"
+                    if no_fastpath else ""))
     for (model, dtype), r in group(rows).items():
         us, cell = medians(r), cells(r)
         for what, burn_mode, torch_mode in TF32_PAIRS:
             burn_mode, torch_mode = burn_mode + FUSED + "_tf32", torch_mode + "_tf32"
             if ("burn", burn_mode) not in r:
                 continue
-            out.append(
+            line = (
                 f"| {model} | {dtype} | {what} | {cell('burn', burn_mode)} "
                 f"| {check_cell(r.get(('burn', burn_mode)))} | {cell('torch', torch_mode)} "
                 f"| {num(us('burn', burn_mode) / us('torch', torch_mode), '.2f')} |"
             )
+            if no_fastpath:
+                exact = torch_mode + "_no_fastpath"
+                line += (f" {cell('torch', exact) if ('torch', exact) in r else '-'} "
+                         f"| {num(us('burn', burn_mode) / us('torch', exact), '.2f') if ('torch', exact) in r else '-'} |")
+            out.append(line)
     return "\n".join(out) + "\n"
 
 

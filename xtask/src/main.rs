@@ -1021,6 +1021,54 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// report.py's TF32 table sets Burn's fused TF32 row beside PyTorch's TF32 row and, where
+    /// PyTorch also ran with its transformer fast path off (the model's exact GELU), beside that
+    /// one; a fast-path-off row without TF32 (a control) is never taken for it.
+    #[test]
+    fn report_py_tf32_table_sets_the_exact_gelu_beside_it() {
+        let dir = std::env::temp_dir().join(format!("xtask-exact-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let row = |framework: &str, mode: &str, extra: &str, us: f64| {
+            format!(
+                "{{\"framework\": \"{framework}\", \"model\": \"m\", \"dtype\": \"f32\"{extra}, \
+                 \"mode\": \"{mode}\", \"median_us\": {us}, \"p10_us\": {us}, \"p90_us\": {us}, \
+                 \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
+            )
+        };
+        let on = ", \"tf32\": true";
+        let rows = |exact: &str| {
+            [
+                row("burn", "inference_graphed_fused_layers", on, 120.0),
+                row("torch", "inference_graphed", on, 100.0),
+                row("torch", "inference_graphed", exact, 150.0),
+                row(
+                    "torch",
+                    "inference_graphed",
+                    ", \"tf32\": false, \"fastpath\": false",
+                    300.0,
+                ),
+            ]
+            .concat()
+        };
+        let file = dir.join("exact.jsonl");
+        std::fs::write(&file, rows(", \"tf32\": true, \"fastpath\": false")).expect("results");
+        let table = report_py_table(&file, "tf32");
+        assert!(table.contains("| torch, TF32, fast path off |"), "{table}");
+        let line = table.lines().nth(2).expect("a row");
+        assert!(
+            line.ends_with("| 1.20 | 150 us (150-150) | 0.80 |"),
+            "{table}"
+        );
+        // Without a TF32 fast-path-off row: no such column, and the plain one is not taken.
+        std::fs::write(&file, rows(on)).expect("results");
+        let table = report_py_table(&file, "tf32");
+        assert!(
+            !table.contains("fast path off") && !table.contains("300 us"),
+            "{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The output of `python3 benches/SCRIPT ARGS...` (the run must succeed).
     fn bench_script(script: &str, args: &[&std::ffi::OsStr]) -> String {
         let out = Command::new("python3")
