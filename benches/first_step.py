@@ -82,6 +82,17 @@ def tuned_line(line):
     return line.startswith("Fastest result")
 
 
+def tf32_of(dtype, tf32):
+    """The TF32 setting a row of `dtype` runs with: `--tf32` for `f32`, "off" otherwise (no
+    `bf16` product is TF32)."""
+    return tf32 if dtype == "f32" else "off"
+
+
+def tf32_tag(tf32):
+    """What a TF32 row adds to its scratch and log names."""
+    return "-tf32" if tf32 == "on" else ""
+
+
 def base_name(model):
     """The bench model a fused variant is built from (`transformer_fused` -> `transformer`):
     PyTorch's model of the same name."""
@@ -158,9 +169,14 @@ def one_row(rows, mode):
 def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeout=None,
              tf32="off"):
     """The three processes of one Burn row, combined."""
-    tf32 = tf32 if dtype == "f32" else "off"
+    tf32 = tf32_of(dtype, tf32)
     tag = (f"{model}-{dtype}-{mode}" + ("" if level == "balanced" else f"-{level}")
-           + ("-tf32" if tf32 == "on" else ""))
+           + tf32_tag(tf32))
+
+    def failed(model, mode, error):
+        return {"framework": "burn", "model": model, "dtype": dtype, "tf32": tf32 == "on",
+                "mode": mode, "error": error}
+
     cold_env = os.path.join(scratch, tag + "-cold")
     picks_env = os.path.join(scratch, tag + "-picks")
     picks = os.path.join(scratch, tag + ".picks")
@@ -205,15 +221,12 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
         if row is None or status != 0 or "median_us" not in row:
             error = (row or {}).get("error") or f"exit {status}, no row: see {log}"
             # The row's own names where it printed one, so that the table's cell shows it.
-            return {"framework": "burn", "model": (row or {}).get("model", model),
-                    "dtype": dtype, "tf32": tf32 == "on", "mode": (row or {}).get("mode", mode),
-                    "error": f"{name} process: {error}"}
+            return failed((row or {}).get("model", model), (row or {}).get("mode", mode),
+                          f"{name} process: {error}")
         row["process_s"] = round(wall, 2)
         runs[name] = row
         if name == "cold" and not os.path.exists(picks):
-            return {"framework": "burn", "model": model, "dtype": dtype, "tf32": tf32 == "on",
-                    "mode": runs["cold"]["mode"],
-                    "error": f"cold process exported no picks: see {log}"}
+            return failed(model, runs["cold"]["mode"], f"cold process exported no picks: see {log}")
     # `median_us` is the cold time: the row's figure where a table reads one number.
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
            "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32"),
@@ -234,9 +247,8 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
 
 def torch_row(run_sh, model, dtype, mode, logs, tf32="off"):
     base = base_name(model)
-    tf32 = tf32 if dtype == "f32" else "off"
-    log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}" + ("-tf32" if tf32 == "on" else "")
-                       + ".log")
+    tf32 = tf32_of(dtype, tf32)
+    log = os.path.join(logs, f"torch-{base}-{dtype}-{mode}{tf32_tag(tf32)}.log")
     rows, wall, status = bench(run_sh, base, mode, dtype, "torch",
                                side_env("torch", dtype, {}, tf32=tf32), log)
     row = one_row(rows, mode)

@@ -420,10 +420,12 @@ def tf32_table(rows):
                 f"| {check_cell(r.get(('burn', burn_mode)))} | {cell('torch', torch_mode)} "
                 f"| {num(us('burn', burn_mode) / us('torch', torch_mode), '.2f')} |"
             )
-            if no_fastpath:
-                exact = torch_mode + "_no_fastpath"
-                line += (f" {cell('torch', exact) if ('torch', exact) in r else '-'} "
-                         f"| {num(us('burn', burn_mode) / us('torch', exact), '.2f') if ('torch', exact) in r else '-'} |")
+            exact = torch_mode + "_no_fastpath"
+            if no_fastpath and ("torch", exact) in r:
+                line += (f" {cell('torch', exact)} "
+                         f"| {num(us('burn', burn_mode) / us('torch', exact), '.2f')} |")
+            elif no_fastpath:
+                line += " - | - |"
             out.append(line)
     return "\n".join(out) + "\n"
 

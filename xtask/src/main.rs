@@ -972,11 +972,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let row = |framework: &str, mode: &str, tf32: Option<bool>, us: f64| {
             let tf32 = tf32.map_or_else(String::new, |t| format!(", \"tf32\": {t}"));
-            format!(
-                "{{\"framework\": \"{framework}\", \"model\": \"m\", \"dtype\": \"f32\"{tf32}, \
-                 \"mode\": \"{mode}\", \"median_us\": {us}, \"p10_us\": {us}, \"p90_us\": {us}, \
-                 \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
-            )
+            timed_row(framework, mode, &tf32, us)
         };
         let table = |name: &str, rows: &[String]| {
             let file = dir.join(name);
@@ -1028,20 +1024,13 @@ mod tests {
     fn report_py_tf32_table_sets_the_exact_gelu_beside_it() {
         let dir = std::env::temp_dir().join(format!("xtask-exact-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let row = |framework: &str, mode: &str, extra: &str, us: f64| {
-            format!(
-                "{{\"framework\": \"{framework}\", \"model\": \"m\", \"dtype\": \"f32\"{extra}, \
-                 \"mode\": \"{mode}\", \"median_us\": {us}, \"p10_us\": {us}, \"p90_us\": {us}, \
-                 \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
-            )
-        };
         let on = ", \"tf32\": true";
         let rows = |exact: &str| {
             [
-                row("burn", "inference_graphed_fused_layers", on, 120.0),
-                row("torch", "inference_graphed", on, 100.0),
-                row("torch", "inference_graphed", exact, 150.0),
-                row(
+                timed_row("burn", "inference_graphed_fused_layers", on, 120.0),
+                timed_row("torch", "inference_graphed", on, 100.0),
+                timed_row("torch", "inference_graphed", exact, 150.0),
+                timed_row(
                     "torch",
                     "inference_graphed",
                     ", \"tf32\": false, \"fastpath\": false",
@@ -1067,6 +1056,16 @@ mod tests {
             "{table}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A checked timing row of model `m` in `f32`, as the bench prints it: `extra` adds fields
+    /// after the dtype (", \"tf32\": true").
+    fn timed_row(framework: &str, mode: &str, extra: &str, us: f64) -> String {
+        format!(
+            "{{\"framework\": \"{framework}\", \"model\": \"m\", \"dtype\": \"f32\"{extra}, \
+             \"mode\": \"{mode}\", \"median_us\": {us}, \"p10_us\": {us}, \"p90_us\": {us}, \
+             \"reserved_mib\": 1.0, \"check_passed\": true}}\n"
+        )
     }
 
     /// The output of `python3 benches/SCRIPT ARGS...` (the run must succeed).
