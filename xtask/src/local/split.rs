@@ -129,7 +129,7 @@ fn build(mut cargo: Command, root: &Path) -> Option<PathBuf> {
     if !built.status.success() {
         return None;
     }
-    suite_binary(&String::from_utf8_lossy(&built.stdout), root)
+    executable_of(&String::from_utf8_lossy(&built.stdout), &root.join(SUITE))
 }
 
 /// The names of the suite's tests (`--list`).
@@ -213,13 +213,10 @@ impl Costs {
     }
 }
 
-/// The executable of [`SUITE`] in cargo's JSON messages (one object a line: the artifact whose
-/// target's `src_path` is the suite's source has its `executable`).
-fn suite_binary(messages: &str, root: &Path) -> Option<PathBuf> {
-    let source = format!(
-        "\"src_path\":{}",
-        json_string(&root.join(SUITE).to_string_lossy())
-    );
+/// The executable of the target built from `source` in cargo's JSON messages (one object a line:
+/// the artifact whose target's `src_path` is `source` has its `executable`).
+pub(super) fn executable_of(messages: &str, source: &Path) -> Option<PathBuf> {
+    let source = format!("\"src_path\":{}", json_string(&source.to_string_lossy()));
     messages
         .lines()
         .filter(|line| line.contains("\"reason\":\"compiler-artifact\"") && line.contains(&source))
@@ -314,16 +311,16 @@ mod tests {
 
     #[test]
     fn the_suite_binary_is_found_in_cargos_messages() {
-        let root = Path::new("/w/main");
+        let suite = Path::new("/w/main").join(SUITE);
         let messages = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"x","src_path":"/w/main/src/lib.rs"},"executable":null}
 {"reason":"compiler-artifact","target":{"kind":["test"],"name":"memory","src_path":"/w/main/tests/memory.rs"},"executable":"/t/debug/deps/memory-1"}
 {"reason":"compiler-artifact","target":{"kind":["test"],"name":"cpu","src_path":"/w/main/tests/cpu.rs"},"executable":"/t/debug/deps/cpu-2"}
 {"reason":"build-finished","success":true}"#;
         assert_eq!(
-            suite_binary(messages, root),
+            executable_of(messages, &suite),
             Some(PathBuf::from("/t/debug/deps/cpu-2"))
         );
-        assert_eq!(suite_binary("", root), None);
+        assert_eq!(executable_of("", &suite), None);
     }
 
     fn names() -> Vec<String> {
