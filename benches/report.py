@@ -541,8 +541,9 @@ def first_step_table(rows):
         if "stopped_after_s" in b:
             done = ""
             if "kernels_compiled_so_far" in b:
-                done = (f"; {b['kernels_compiled_so_far']} kernels compiled, "
-                        f"{b['keys_tuned_so_far']} keys tuned")
+                kernels, keys = b["kernels_compiled_so_far"], b["keys_tuned_so_far"]
+                done = (f"; {kernels} kernel{'s' * (kernels != 1)} compiled, "
+                        f"{keys} key{'s' * (keys != 1)} tuned")
             return f"> {b['stopped_after_s']:.0f} s (stopped{done}) / n/a"
         if "cold_median_us" not in b:
             # A row of one process (`run.sh bench --modes first_step`): cold or warm as its

@@ -1305,7 +1305,7 @@ mod tests {
         );
         let table = report_py_table(&out.join("first_step.jsonl"), "first_step");
         assert!(
-            table.contains("| > 2 s (stopped; 2 kernels compiled, 1 keys tuned) / n/a |"),
+            table.contains("| > 2 s (stopped; 2 kernels compiled, 1 key tuned) / n/a |"),
             "{table}"
         );
         let _ = std::fs::remove_dir_all(&dir);
