@@ -37,6 +37,13 @@ const CARRIED: &[Carried] = &[
         copy: "vendor/burn-cubecl-fusion",
         patch: "vendor/burn-cubecl-fusion.patch",
     },
+    Carried {
+        name: "burn-cubecl",
+        version: "0.22.1",
+        sha256: "8d00b95290d2a8de2529aea94c1106a96c7f433eb314da1bba133c068479e3ce",
+        copy: "vendor/burn-cubecl",
+        patch: "vendor/burn-cubecl.patch",
+    },
 ];
 
 fn run(command: &mut Command) -> Result<String, String> {

@@ -1,0 +1,4 @@
+use crate::CubeBackend;
+use burn_backend::ops::ActivationOps;
+
+impl ActivationOps<Self> for CubeBackend {}

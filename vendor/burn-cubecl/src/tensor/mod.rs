@@ -1,0 +1,5 @@
+mod base;
+mod quantization;
+
+pub use base::*;
+pub use quantization::*;
