@@ -2,22 +2,25 @@
 """Where a cubecl kernel's compile time goes, kernel by kernel, outside cubecl.
 
 Reads the CUDA sources a Burn process compiled from cubecl's compilation log at level `full`
-(each between `[START_KERNEL_COMPILATION]` and `[END_KERNEL_COMPILATION]`) and compiles each
-again with NVRTC the way cubecl-cuda does (`--gpu-architecture=sm_XXa`, the CUDA and CCCL
-include folders, `-lineinfo`), timing:
+(each between `[START_KERNEL_COMPILATION]` and `[END_KERNEL_COMPILATION]`), takes a random
+sample (fixed seed) and compiles each again with NVRTC the way cubecl-cuda 0.11.3 does
+(`--gpu-architecture=sm_XXa`, the CUDA and CCCL include folders, `-lineinfo`), timing:
 
 - `ptx`: NVRTC to PTX (what cubecl asks for), then `load`: the driver's JIT of that PTX to the
   GPU's code (`cuModuleLoadData`, the driver's disk cache off), the two steps cubecl takes;
-- `cubin`: NVRTC straight to the GPU's code (`nvrtcGetCUBIN`), whose load is a copy;
-- `no_lineinfo`: `ptx` without `-lineinfo`;
-- `pch`: `ptx` with NVRTC's automatic precompiled headers (`-pch`), in source order, so the
-  first kernel builds the header and the others may reuse it;
-- `prelude`: the source's `#include` lines alone, i.e. what parsing the headers costs;
+- for a kernel whose two steps take under `--alternatives-below` seconds: `cubin` (NVRTC
+  straight to the GPU's code) and its load, `no_lineinfo`, `pch` (`-pch` on the source as
+  cubecl writes it) and `prelude` (the source's `#include` lines alone: what its headers cost);
 - `parallel_N`: every kernel's `ptx` + `load` on N threads at once, the wall time.
 
-Prints one JSON line per measurement and a summary line. Needs libnvrtc and libcuda (a GPU).
+`--pch` measures instead, for each kernel with two or more includes: the source as written,
+the source with its includes moved first, and that with NVRTC's automatic precompiled headers
+(`-pch`) twice in turn, with NVRTC's PCH status and messages (whether one kernel's header is
+reused by the next).
 
-    python3 nvrtc_probe.py --log compile.log [--threads 4,8,16] [--limit 60]
+Prints one JSON line per kernel and a summary line. Needs libnvrtc and a GPU's driver.
+
+    python3 nvrtc_probe.py --log compile.log [--threads 4,16] [--limit 80] [--pch]
 """
 
 import argparse
