@@ -27,15 +27,17 @@ compiles nothing) come from the same models. Every process's wall time is record
 (`process_s`: its start, CUDA's and the framework's initialization included).
 
 Writes OUT/first_step.jsonl (a row per model, dtype, framework and mode) and each process's
-log under OUT/first_step_logs/; `benches/report.py` makes BENCHMARKS.md's table from it. A
-process that fails leaves a row with its error. `--deadline` stops starting Burn rows after that
+log, with its cubecl compilation and autotune logs, under OUT/first_step_logs/;
+`benches/report.py` makes BENCHMARKS.md's table from it. A process that fails leaves a row with
+its error. `--deadline` stops starting Burn rows after that
 many seconds (a device command has ten minutes), saying which were not run.
 `--autotune-level` is cubecl's autotune effort for the Burn processes (default `balanced`,
 cubecl's own default: what a user's first run gets); a row at another level says so
 (`autotune_level`). `--process-timeout` stops a Burn process that runs longer (its process
 group killed) and leaves a row that says so (`stopped_after_s`): a lower bound, not a time,
 with what cubecl's logs say the process had done by then (`kernels_compiled_so_far`,
-`keys_tuned_so_far`). `--tf32 on` lets both sides' `f32` products run on TF32 tensor cores
+`keys_tuned_so_far`; and `first_step_s_before_stop` where its first step had ended and the stop
+came in its value check). `--tf32 on` lets both sides' `f32` products run on TF32 tensor cores
 (Burn's `--tf32 on`, the default of burn and of burn-graphed; PyTorch's `--tf32`); the rows say
 so (`tf32`). The default, `off`, is `f32` on both sides.
 """
@@ -43,6 +45,7 @@ so (`tf32`). The default, `off`, is `f32` on both sides.
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +75,29 @@ def log_count(path, matches):
             return sum(1 for line in log if matches(line.rstrip("\n")))
     except OSError:
         return 0
+
+
+def first_step_before_stop(path):
+    """The seconds of the first step a process printed before it was stopped (its `# ...:
+    first step N s (...)` line, written before its value check), or None."""
+    try:
+        with open(path, errors="replace") as log:
+            for line in log:
+                match = re.search(r": first step ([0-9.]+) s \(", line)
+                if line.startswith("# ") and match:
+                    return float(match.group(1))
+    except OSError:
+        pass
+    return None
+
+
+def keep_cubecl_logs(extra, logs, tag, name):
+    """Copies the process's cubecl compilation and autotune logs next to its own log, so that
+    a stopped or slow process can be read afterwards (which candidates took the time)."""
+    for var, kind in (("BURN_GRAPHED_COMPILE_LOG", "compile"),
+                      ("BURN_GRAPHED_AUTOTUNE_LOG", "autotune")):
+        if os.path.exists(extra[var]):
+            shutil.copyfile(extra[var], os.path.join(logs, f"{tag}-{name}.{kind}.log"))
 
 
 def compiled_line(line):
@@ -206,6 +232,8 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
             # candidates among them) and keys tuned.
             compiled = log_count(extra["BURN_GRAPHED_COMPILE_LOG"], compiled_line)
             tuned = log_count(extra["BURN_GRAPHED_AUTOTUNE_LOG"], tuned_line)
+            keep_cubecl_logs(extra, logs, tag, name)
+            first = first_step_before_stop(log)
             print(f"# {tag} {name}: stopped after {timeout} s ({compiled} kernels compiled, "
                   f"{tuned} keys tuned)", file=sys.stderr, flush=True)
             suffix = "_fused_layers" if model.endswith("_fused") else ""
@@ -214,7 +242,10 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
                     "mode": mode + suffix, "single": True, "autotune_level": level,
                     "stopped_after_s": timeout, "stopped_process": name,
                     "kernels_compiled_so_far": compiled, "keys_tuned_so_far": tuned,
+                    # Its first step ended, unchecked: the stop came in the value check.
+                    **({"first_step_s_before_stop": first} if first is not None else {}),
                     "error": f"{name} process stopped after {timeout} s: see {log}"}
+        keep_cubecl_logs(extra, logs, tag, name)
         row = one_row(rows, mode)
         print(f"# {tag} {name}: {wall:.1f} s process, exit {status}, "
               f"row {json.dumps(row) if row else None}", file=sys.stderr, flush=True)

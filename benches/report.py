@@ -544,6 +544,10 @@ def first_step_table(rows):
                 kernels, keys = b["kernels_compiled_so_far"], b["keys_tuned_so_far"]
                 done = (f"; {kernels} kernel{'s' * (kernels != 1)} compiled, "
                         f"{keys} key{'s' * (keys != 1)} tuned")
+            if "first_step_s_before_stop" in b:
+                # The step had ended; the stop came in its value check: a time, unchecked.
+                done = (f"; its first step ended at {b['first_step_s_before_stop']:.1f} s, "
+                        f"unchecked{done}")
             return f"> {b['stopped_after_s']:.0f} s (stopped{done}) / n/a"
         if "cold_median_us" not in b:
             # A row of one process (`run.sh bench --modes first_step`): cold or warm as its

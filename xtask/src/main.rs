@@ -1230,9 +1230,11 @@ mod tests {
     /// `benches/first_step.py --process-timeout` stops a Burn process that runs past it, its
     /// whole process group (the bench that run.sh started, and what the bench started), and
     /// leaves a lower-bound row with what cubecl's logs say the process had done by then; the
-    /// first-step table shows it. A stand-in run.sh writes two compilation lines and one
-    /// autotune decision (and one line of each kind that must not count), notes the TF32
-    /// setting it was given (`--tf32 on`), starts a grandchild, and sleeps.
+    /// first-step table shows it, with the time of the first step the process printed before
+    /// its check, and cubecl's logs are kept. A stand-in run.sh writes two compilation lines
+    /// and one autotune decision (and one line of each kind that must not count), notes the
+    /// TF32 setting it was given (`--tf32 on`), prints its first-step line, starts a
+    /// grandchild, and sleeps.
     #[test]
     fn first_step_py_stops_a_process_and_counts_what_it_did() {
         let dir = std::env::temp_dir().join(format!("xtask-stopped-{}", std::process::id()));
@@ -1246,6 +1248,7 @@ mod tests {
                 "printf '[Compiling kernel] a\\n[Compiling kernel] b\\nnot a kernel\\n' >> \"$BURN_GRAPHED_COMPILE_LOG\"\n\
                  printf 'Fastest result k\\nslower result k\\n' >> \"$BURN_GRAPHED_AUTOTUNE_LOG\"\n\
                  echo \"$BURN_GRAPHED_TF32\" > {}\n\
+                 echo '# mlp 8x256 b32 first_step: first step 1.50 s (make 0.00, setup 1.45, step 0.05)'\n\
                  sleep 60 & echo $! > {}\n\
                  wait\n",
                 dir.join("tf32.txt").display(),
@@ -1278,6 +1281,7 @@ mod tests {
             "\"stopped_process\": \"cold\"",
             "\"kernels_compiled_so_far\": 2",
             "\"keys_tuned_so_far\": 1",
+            "\"first_step_s_before_stop\": 1.5",
             "\"tf32\": true",
         ] {
             assert!(row.contains(field), "{field} in {row}");
@@ -1303,9 +1307,16 @@ mod tests {
             "the grandchild {} outlived its group",
             pid.trim()
         );
+        // cubecl's logs of the stopped process are kept beside its own.
+        let kept = out.join("first_step_logs/mlp-f32-first_step-tf32-cold.compile.log");
+        let kept = std::fs::read_to_string(&kept).unwrap_or_else(|e| panic!("{kept:?}: {e}"));
+        assert!(kept.contains("[Compiling kernel] b"), "{kept}");
         let table = report_py_table(&out.join("first_step.jsonl"), "first_step");
         assert!(
-            table.contains("| > 2 s (stopped; 2 kernels compiled, 1 key tuned) / n/a |"),
+            table.contains(
+                "| > 2 s (stopped; its first step ended at 1.5 s, unchecked; 2 kernels compiled, \
+                 1 key tuned) / n/a |"
+            ),
             "{table}"
         );
         let _ = std::fs::remove_dir_all(&dir);
