@@ -183,3 +183,83 @@ fn carried_crates_are_their_release_plus_the_listed_patch() {
         let _ = std::fs::remove_dir_all(&scratch);
     }
 }
+
+/// The workspace's `[patch.crates-io]` entries as (crate, path) pairs, read line by line (each
+/// entry is one `name = { path = "..." }` line).
+fn patch_entries(manifest: &str) -> Vec<(String, String)> {
+    let mut inside = false;
+    let mut entries = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[patch.crates-io]";
+            continue;
+        }
+        if !inside || line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (name, rest) = line
+            .split_once('=')
+            .expect("an entry is `name = { path = .. }`");
+        let path = rest
+            .split_once("path = \"")
+            .and_then(|(_, after)| after.split_once('"'))
+            .map(|(path, _)| path.to_string())
+            .unwrap_or_else(|| panic!("a [patch.crates-io] entry without a path: {line}"));
+        entries.push((name.trim().to_string(), path));
+    }
+    entries
+}
+
+/// A user's workspace copies the `[patch.crates-io]` section (README: cargo applies patches only
+/// from the root workspace), each entry as `{ git = URL }`: cargo then finds the crate in this
+/// repository by its package name. So every entry is a folder of this repository whose package
+/// has the entry's name, and the README says to copy the section.
+#[test]
+fn patch_entries_resolve_by_name_for_a_git_dependency() {
+    let root = crate::root();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let entries = patch_entries(&manifest);
+    assert!(
+        entries.len() >= CARRIED.len(),
+        "the section lists every carried crate: {entries:?}"
+    );
+    for carried in CARRIED {
+        assert!(
+            entries
+                .iter()
+                .any(|(name, path)| name == carried.name && path == carried.copy),
+            "{} at {} is in [patch.crates-io]: {entries:?}",
+            carried.name,
+            carried.copy
+        );
+    }
+    let package_name = |path: &str| {
+        let package = std::fs::read_to_string(root.join(path).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{path}/Cargo.toml: {e}"));
+        package
+            .lines()
+            .skip_while(|line| line.trim() != "[package]")
+            .find_map(|line| line.trim().strip_prefix("name = "))
+            .map(|name| name.trim_matches('"').to_string())
+    };
+    for (name, path) in &entries {
+        assert_eq!(
+            package_name(path).as_deref(),
+            Some(name.as_str()),
+            "the package at {path}"
+        );
+    }
+    // Negative control: an entry whose key is not its package's name reads as such.
+    let wrong =
+        patch_entries("[patch.crates-io]\nnot-cubecl = { path = \"vendor/cubecl-cuda\" }\n");
+    assert_eq!(wrong.len(), 1);
+    assert_ne!(
+        package_name(&wrong[0].1).as_deref(),
+        Some(wrong[0].0.as_str())
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    assert!(
+        readme.contains("`[patch.crates-io]`"),
+        "README tells a user to copy the section"
+    );
+}
