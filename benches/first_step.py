@@ -29,8 +29,8 @@ compiles nothing) come from the same models. Every process's wall time is record
 Writes OUT/first_step.jsonl (a row per model, dtype, framework and mode) and each process's
 log, with its cubecl compilation and autotune logs, under OUT/first_step_logs/;
 `benches/report.py` makes BENCHMARKS.md's table from it. A process that fails leaves a row with
-its error. `--deadline` stops starting Burn rows after that
-many seconds (a device command has ten minutes), saying which were not run.
+its error. `--deadline` stops starting Burn rows after that many seconds (a device command has
+ten minutes), saying which were not run.
 `--autotune-level` is cubecl's autotune effort for the Burn processes (default `balanced`,
 cubecl's own default: what a user's first run gets); a row at another level says so
 (`autotune_level`). `--process-timeout` stops a Burn process that runs longer (its process
@@ -232,7 +232,6 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
             # candidates among them) and keys tuned.
             compiled = log_count(extra["BURN_GRAPHED_COMPILE_LOG"], compiled_line)
             tuned = log_count(extra["BURN_GRAPHED_AUTOTUNE_LOG"], tuned_line)
-            keep_cubecl_logs(extra, logs, tag, name)
             first = first_step_before_stop(log)
             print(f"# {tag} {name}: stopped after {timeout} s ({compiled} kernels compiled, "
                   f"{tuned} keys tuned)", file=sys.stderr, flush=True)
@@ -245,7 +244,8 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
                     # Its first step ended, unchecked: the stop came in the value check.
                     **({"first_step_s_before_stop": first} if first is not None else {}),
                     "error": f"{name} process stopped after {timeout} s: see {log}"}
-        keep_cubecl_logs(extra, logs, tag, name)
+        finally:
+            keep_cubecl_logs(extra, logs, tag, name)
         row = one_row(rows, mode)
         print(f"# {tag} {name}: {wall:.1f} s process, exit {status}, "
               f"row {json.dumps(row) if row else None}", file=sys.stderr, flush=True)
