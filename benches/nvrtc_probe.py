@@ -93,8 +93,9 @@ def options(version, lineinfo=True, extra=()):
     return opts
 
 
-def compile_source(src, opts, output="ptx"):
-    """NVRTC's time in seconds and the output bytes (None with the log when it fails)."""
+def compile_program(src, opts, output="ptx"):
+    """Compiles `src` with NVRTC: its time in seconds, the status, the PCH creation status,
+    the program log and the output bytes (`output`: "ptx" or "cubin"; None where it failed)."""
     prog = ctypes.c_void_p()
     status = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), None, 0, None, None)
     if status != 0:
@@ -103,23 +104,31 @@ def compile_source(src, opts, output="ptx"):
     started = time.perf_counter()
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
     took = time.perf_counter() - started
+    # NVRTC before 12.8 has no precompiled headers (and no status to ask).
+    create = (nvrtc.nvrtcGetPCHCreateStatus(prog)
+              if hasattr(nvrtc, "nvrtcGetPCHCreateStatus") else None)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    log = buf.value.decode(errors="replace")
     data = None
     if status == 0:
-        size = ctypes.c_size_t()
         get_size = nvrtc.nvrtcGetPTXSize if output == "ptx" else nvrtc.nvrtcGetCUBINSize
         get = nvrtc.nvrtcGetPTX if output == "ptx" else nvrtc.nvrtcGetCUBIN
         get_size(prog, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)
         get(prog, buf)
         data = buf.raw
-    else:
-        size = ctypes.c_size_t()
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        data = None
-        print(json.dumps({"nvrtc_error": buf.value.decode(errors="replace")[:400]}), flush=True)
     nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+    return took, status, create, log, data
+
+
+def compile_source(src, opts, output="ptx"):
+    """NVRTC's time in seconds and the output bytes (None, its log printed, when it fails)."""
+    took, status, _, log, data = compile_program(src, opts, output)
+    if status != 0:
+        print(json.dumps({"nvrtc_error": log[:400]}), flush=True)
     return took, data
 
 
@@ -132,30 +141,26 @@ def load_module(image):
     return took
 
 
+def is_include(line):
+    return line.lstrip().startswith("#include")
+
+
+def includes(src):
+    """The `#include` lines of `src`, in order."""
+    return [line for line in src.splitlines() if is_include(line)]
+
+
 def hoisted(src):
     """`src` with its `#include` lines moved to the top, above cubecl's typedefs: NVRTC's
     automatic precompiled header covers only includes that start the program."""
-    lines = src.splitlines()
-    includes = [line for line in lines if line.lstrip().startswith("#include")]
-    rest = [line for line in lines if not line.lstrip().startswith("#include")]
-    return "\n".join(includes + rest) + "\n"
+    rest = [line for line in src.splitlines() if not is_include(line)]
+    return "\n".join(includes(src) + rest) + "\n"
 
 
 def pch_status(src, opts):
     """NVRTC's time, the PCH creation status and the program log, compiling `src` to PTX."""
-    prog = ctypes.c_void_p()
-    nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), None, 0, None, None)
-    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    started = time.perf_counter()
-    status = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    took = time.perf_counter() - started
-    create = nvrtc.nvrtcGetPCHCreateStatus(prog)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, buf)
-    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return took, status, create, buf.value.decode(errors="replace")[-600:]
+    took, status, create, log, _ = compile_program(src, opts)
+    return took, status, create, log[-600:]
 
 
 def pch_mode(kernels, version):
@@ -164,8 +169,7 @@ def pch_mode(kernels, version):
     heap = ctypes.c_size_t()
     nvrtc.nvrtcGetPCHHeapSize(ctypes.byref(heap))
     print(json.dumps({"pch_heap_bytes": heap.value}), flush=True)
-    with_headers = [(n, s) for n, s in kernels if sum(
-        1 for line in s.splitlines() if line.lstrip().startswith("#include")) >= 2]
+    with_headers = [(n, s) for n, s in kernels if len(includes(s)) >= 2]
     for index, (name, src) in enumerate(with_headers):
         row = {"pch_kernel": index, "name": name[:80]}
         row["plain_s"], row["plain_status"], _, _ = pch_status(src, options(version))
@@ -185,8 +189,7 @@ def pch_mode(kernels, version):
 
 
 def prelude(src):
-    lines = [line for line in src.splitlines() if line.lstrip().startswith("#include")]
-    return "\n".join(lines) + "\n__global__ void probe_empty() {}\n"
+    return "\n".join(includes(src)) + "\n__global__ void probe_empty() {}\n"
 
 
 def main():
@@ -225,7 +228,7 @@ def main():
             print(json.dumps({"stopped_at_kernel": index}), flush=True)
             break
         row = {"kernel": index, "name": name, "source_bytes": len(src),
-               "includes": sum(1 for line in src.splitlines() if line.lstrip().startswith("#include"))}
+               "includes": len(includes(src))}
         took, ptx = compile_source(src, options(version))
         row["ptx_s"] = round(took, 4)
         if ptx is None:
