@@ -627,12 +627,9 @@ fn launch_failed(op: &'static str, err: cudarc::driver::DriverError) -> LaunchEr
 /// The headers are self-contained, so no include depends on the declarations generated above it.
 fn includes_first(source: &str) -> String {
     let is_include = |line: &&str| line.trim_start().starts_with("#include");
+    let (includes, rest): (Vec<&str>, Vec<&str>) = source.lines().partition(is_include);
     let mut reordered = String::with_capacity(source.len() + 1);
-    for line in source.lines().filter(is_include) {
-        reordered.push_str(line);
-        reordered.push('\n');
-    }
-    for line in source.lines().filter(|line| !is_include(line)) {
+    for line in includes.into_iter().chain(rest) {
         reordered.push_str(line);
         reordered.push('\n');
     }
@@ -663,4 +660,3 @@ mod tests {
         );
     }
 }
-
