@@ -219,10 +219,6 @@ fn patch_entries_resolve_by_name_for_a_git_dependency() {
     let root = crate::root();
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
     let entries = patch_entries(&manifest);
-    assert!(
-        entries.len() >= CARRIED.len(),
-        "the section lists every carried crate: {entries:?}"
-    );
     for carried in CARRIED {
         assert!(
             entries
