@@ -17,7 +17,9 @@
 //! scores land in its own `f32` tiles in shared memory, where the two units of a row take the
 //! row's softmax or gradient arithmetic in `f32`, its even and its odd columns, and combine
 //! through a plane shuffle. The forward's output accumulates in shared memory (the softmax
-//! rescales it), the gradients' in registers (`cmma` accumulator tiles). Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
+//! rescales it; a plane's first block writes it without reading it), the gradients' in
+//! registers (`cmma` accumulator tiles); the forward's combine stores the output in vectors
+//! ([`output_width`]). Shared rows are padded by 16 bytes so that a plane's units, one row each, and a
 //! tile's rows fall into different banks.
 //! Rounding: the probabilities and the scores' gradients are rounded to the dtype before they
 //! multiply (FlashAttention's choice; burn's composition rounds them too; in `f32` they are split
@@ -201,6 +203,13 @@ pub(in crate::cube) fn staging_width(dim: usize, aligned: usize, bytes: usize) -
         .into_iter()
         .find(|&w| aligned.is_multiple_of(w) && dim.is_multiple_of(w))
         .unwrap_or(1)
+}
+
+/// The elements one store of the forward's output moves (its combine gives each unit `dim / 8`
+/// consecutive columns of a row): [`staging_width`] of those columns, for rows and a buffer
+/// that start at multiples of `aligned` elements of `bytes` each.
+pub(in crate::cube) fn output_width(dim: usize, aligned: usize, bytes: usize) -> usize {
+    staging_width(dim / (UNITS / TILE), aligned, bytes)
 }
 
 /// Vectors of `width` elements a unit stages of `count` rows of `dim` among `units` units:
@@ -655,6 +664,7 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
     fill: f32,
     #[comptime] dim: usize,
     #[comptime] width: usize,
+    #[comptime] out_width: usize,
     #[comptime] keys: usize,
     #[comptime] masked: bool,
     #[comptime] causal: bool,
@@ -662,8 +672,10 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
     #[comptime] split: bool,
     #[define(F, M)] _dtypes: [ElemType; 2],
 ) {
-    // The staged operands move `width` elements a load and a store.
+    // The staged operands move `width` elements a load and a store, the output `out_width` a
+    // store.
     let size!(W) = width;
+    let size!(V) = out_width;
     let q_len = q_len as usize;
     let k_len = k_len as usize;
     let heads = heads as usize;
@@ -732,8 +744,12 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
     stage_rows::<F, M, W>(
         q, &mut qs, b, h, first, q_len, q_at, stride, UNITS, TILE, dim, split,
     );
-    for c in 0..comptime!(dim / 2) {
-        os[o_at + r * ap + 2 * c + half] = 0.0f32;
+    // A plane's first block writes its accumulator whole (below); one without a block leaves
+    // it 0 for the combine, where its weight is 0.
+    if steps == 0 {
+        for c in 0..comptime!(dim / 2) {
+            os[o_at + r * ap + 2 * c + half] = 0.0f32;
+        }
     }
     // The quiet softmax's virtual score 0, counted once (plane 0): running maximum 0, running
     // sum exp(0 - 0).
@@ -807,7 +823,11 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
             );
         }
         sync_plane();
+        // The unit's scores (its row, every other column), scaled and masked, kept in
+        // registers between the block's maximum and its weights.
+        let mut scores = Array::<f32>::new(comptime!(keys / 2));
         let mut high = f32::min_value();
+        #[unroll]
         for c in 0..comptime!(keys / 2) {
             let j = 2 * c + half;
             let kj = base + j;
@@ -819,15 +839,16 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
             if kj < k_len {
                 high = f32::max(high, s);
             }
-            ss[s_at + r * sp + j] = s;
+            scores[c] = s;
         }
         let new_max = f32::max(row_max, f32::max(high, plane_shuffle_xor(high, 1)));
         let mut part = 0.0f32;
+        #[unroll]
         for c in 0..comptime!(keys / 2) {
             let j = 2 * c + half;
             let mut p = 0.0f32;
             if base + j < k_len {
-                p = (ss[s_at + r * sp + j] - new_max).exp();
+                p = (scores[c] - new_max).exp();
             }
             put::<M>(&mut ps, p_at + r * pp + j, p, p_lo, split);
             part += p;
@@ -836,29 +857,23 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
         let alpha = (row_max - new_max).exp();
         row_sum = row_sum * alpha + block_sum;
         row_max = new_max;
-        for c in 0..comptime!(dim / 2) {
-            os[o_at + r * ap + 2 * c + half] *= alpha;
+        // The accumulator rescaled to the new maximum; the first block's starts from 0, which
+        // the rescale would leave 0 (the quiet softmax's virtual score adds no output).
+        if step > 0 {
+            for c in 0..comptime!(dim / 2) {
+                os[o_at + r * ap + 2 * c + half] *= alpha;
+            }
         }
         sync_plane();
-        // The plane's output rows += its weights times its block's values.
-        #[unroll]
-        for n in 0..comptime!(dim / TILE) {
-            product_tile::<M>(
-                &ps,
-                p_at,
-                pp,
-                &vs,
-                kv_at + n * TILE,
-                op,
-                op,
-                &mut os,
-                o_at + n * TILE,
-                ap,
-                keys,
-                MatrixLayout::RowMajor,
-                true,
-                p_lo,
-                kv_lo,
+        // The plane's output rows (+)= its weights times its block's values.
+        if step == 0 {
+            output_tiles::<M>(
+                &ps, &vs, &mut os, p_at, pp, kv_at, op, o_at, ap, keys, dim, false, p_lo, kv_lo,
+                split,
+            );
+        } else {
+            output_tiles::<M>(
+                &ps, &vs, &mut os, p_at, pp, kv_at, op, o_at, ap, keys, dim, true, p_lo, kv_lo,
                 split,
             );
         }
@@ -894,21 +909,73 @@ pub(in crate::cube) fn attention_forward_tc_kernel<F: Float, M: Float>(
         if total > 0.0f32 {
             inv = 1.0f32 / total;
         }
-        let at = ((b * q_len + ci) * heads + h) * dim;
+        // The unit's columns, `out_width` a store (it divides them and the row's start).
         let columns = comptime!(dim / (UNITS / TILE));
+        let at = ((b * q_len + ci) * heads + h) * dim + part * columns;
+        let lines = out.as_vectorized_mut().with_vector_size_mut::<V>();
         #[unroll]
-        for c in 0..columns {
-            let d = part * columns + c;
-            let mut o = 0.0f32;
+        for n in 0..comptime!(columns / out_width) {
+            let mut value = Vector::<F, V>::zeroed();
             #[unroll]
-            for p in 0..SPLIT {
-                o += os[(p * TILE + row) * ap + d] * weights[p];
+            for e in 0..out_width {
+                let d = part * columns + n * out_width + e;
+                let mut o = 0.0f32;
+                #[unroll]
+                for p in 0..SPLIT {
+                    o += os[(p * TILE + row) * ap + d] * weights[p];
+                }
+                value.insert(e, F::cast_from(o * inv));
             }
-            out[at + d] = F::cast_from(o * inv);
+            lines[(at + n * out_width) / out_width] = value;
         }
         if part == 0 {
             lse[(b * q_len + ci) * heads + h] = m + total.ln();
         }
+    }
+}
+
+/// A forward plane's output tiles: its 16 rows of weights (`ps` from `p_at`, rows `pp`
+/// apart) times its block of `keys` values (`vs` from `kv_at`, rows `op` apart) into the
+/// accumulator (`os` from `o_at`, rows `ap` apart), added to it with `accumulate`, else
+/// written whole.
+#[cube]
+fn output_tiles<M: Float>(
+    ps: &Shared<[M]>,
+    vs: &Shared<[M]>,
+    os: &mut Shared<[f32]>,
+    p_at: usize,
+    #[comptime] pp: usize,
+    kv_at: usize,
+    #[comptime] op: usize,
+    o_at: usize,
+    #[comptime] ap: usize,
+    #[comptime] keys: usize,
+    #[comptime] dim: usize,
+    #[comptime] accumulate: bool,
+    #[comptime] p_lo: usize,
+    #[comptime] kv_lo: usize,
+    #[comptime] split: bool,
+) {
+    #[unroll]
+    for n in 0..comptime!(dim / TILE) {
+        product_tile::<M>(
+            ps,
+            p_at,
+            pp,
+            vs,
+            kv_at + n * TILE,
+            op,
+            op,
+            os,
+            o_at + n * TILE,
+            ap,
+            keys,
+            MatrixLayout::RowMajor,
+            accumulate,
+            p_lo,
+            kv_lo,
+            split,
+        );
     }
 }
 
@@ -1687,6 +1754,21 @@ mod tests {
         // `f32`: 16 bytes are 4 elements.
         assert_eq!(staging_width(32, 768, 4), 4);
         assert_eq!(staging_width(32, 6, 4), 2);
+    }
+
+    #[test]
+    fn output_width_is_whole_aligned_vectors_of_a_units_columns() {
+        // The bench's heads (32, four columns a unit): one 8-byte vector of bf16, one 16-byte
+        // of f32; head dimension 64 (eight): one 16-byte vector of either.
+        assert_eq!(output_width(32, 256, 2), 4);
+        assert_eq!(output_width(32, 256, 4), 4);
+        assert_eq!(output_width(64, 512, 2), 8);
+        assert_eq!(output_width(64, 512, 4), 4);
+        // Head dimension 48 (six columns): pairs; 16 (two): a pair.
+        assert_eq!(output_width(48, 384, 2), 2);
+        assert_eq!(output_width(16, 128, 2), 2);
+        // A buffer starting at an odd element: one element a store.
+        assert_eq!(output_width(64, 1, 2), 1);
     }
 
     #[test]

@@ -54,7 +54,7 @@ use super::super::kernels::attention_kernels::{
 };
 use super::super::kernels::attention_tc_kernels::{
     Arithmetic, LANES, SPLIT, TILE, TensorBlocks, attention_forward_tc_kernel,
-    attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, staging_width,
+    attention_key_grad_tc_kernel, attention_query_grad_tc_kernel, output_width, staging_width,
 };
 use super::super::kernels::row_kernels::count_forward;
 use super::super::update::update_kernel::{checked_elem, kernel_elem};
@@ -488,7 +488,9 @@ fn launch_forward(
         // that it multiplies the tiles of `arith` into f32), `TILE` rows each, its
         // shared arrays sized by `TensorBlocks::for_dim` within the device's limit; its
         // staging vectors of `staging_width` elements divide the rows, the offsets and the
-        // buffers' starts, so each is one aligned read of elements the scalar reads covered.
+        // buffers' starts, so each is one aligned read of elements the scalar reads covered;
+        // its output vectors of `output_width` elements divide a unit's columns, the rows and
+        // out's start, so each is one aligned write of elements the scalar writes covered.
         unsafe {
             attention_forward_tc_kernel::launch_unchecked(
                 &client,
@@ -509,6 +511,11 @@ fn launch_forward(
                 fill,
                 call.dim,
                 call.staging_width(&[q, k, v]),
+                output_width(
+                    call.dim,
+                    Dense::common_alignment(&[&out], [call.heads * call.dim]),
+                    arith.bytes(),
+                ),
                 blocks.forward_keys,
                 masked,
                 causal,
