@@ -400,7 +400,10 @@ impl CudaContext {
         Ok(())
     }
 
-    /// Compiles `source` to PTX with NVRTC.
+    /// Compiles `source` with NVRTC to the device's own code (a cubin: loading it skips the
+    /// driver's JIT compile of PTX, as long as NVRTC's own), or to PTX while
+    /// `CUBECL_CUDA_DUMP_PTX` asks for the PTX to be written out. The module loader and the
+    /// cache take either.
     ///
     /// # Errors
     ///
@@ -466,7 +469,11 @@ impl CudaContext {
                     backtrace: BackTrace::capture(),
                 })?;
             };
-            cudarc::nvrtc::result::get_ptx(program).map_err(|err| CompilationError::Generic {
+            let code = match std::env::var_os("CUBECL_CUDA_DUMP_PTX") {
+                Some(_) => cudarc::nvrtc::result::get_ptx(program),
+                None => get_cubin(program),
+            };
+            code.map_err(|err| CompilationError::Generic {
                 reason: format!("{err}"),
                 backtrace: BackTrace::capture(),
             })
@@ -485,7 +492,7 @@ impl CudaContext {
         dump_ptx(&kernel_id, &ptx);
 
         let func_name = CString::new(entrypoint_name).unwrap();
-        // SAFETY: `ptx` is a valid null-terminated PTX binary from NVRTC. `func_name` is a
+        // SAFETY: `ptx` is a cubin or a null-terminated PTX image from NVRTC. `func_name` is a
         // null-terminated `CString` matching the kernel entry point in the compiled module.
         let func = unsafe {
             let module = cudarc::driver::result::module::load_data(ptx.as_ptr() as *const _)
@@ -582,6 +589,25 @@ impl CudaContext {
     }
 }
 
+/// The cubin NVRTC made of `program`, compiled for a real architecture (`sm_XX`).
+///
+/// # Safety
+///
+/// `program` was compiled without error and is not destroyed.
+unsafe fn get_cubin(
+    program: cudarc::nvrtc::sys::nvrtcProgram,
+) -> Result<Vec<c_char>, cudarc::nvrtc::result::NvrtcError> {
+    let mut size = 0usize;
+    // SAFETY: the caller's contract; `size` and `cubin` outlive the calls, and `cubin` holds the
+    // size NVRTC gave.
+    unsafe {
+        cudarc::nvrtc::sys::nvrtcGetCUBINSize(program, &mut size).result()?;
+        let mut cubin = vec![0 as c_char; size];
+        cudarc::nvrtc::sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr()).result()?;
+        Ok(cubin)
+    }
+}
+
 /// Writes the PTX for `kernel_id` under the directory named by `CUBECL_CUDA_DUMP_PTX`, if that
 /// variable is set.
 ///
@@ -592,6 +618,10 @@ fn dump_ptx(kernel_id: &KernelId, ptx: &[c_char]) {
     let Some(dir) = std::env::var_os("CUBECL_CUDA_DUMP_PTX") else {
         return;
     };
+    // A cubin (an ELF image, from the cache of a run that did not dump) is no PTX to write.
+    if ptx.iter().take(4).map(|&b| b as u8).eq(*b"\x7fELF") {
+        return;
+    }
     let dir = std::path::PathBuf::from(dir);
     if std::fs::create_dir_all(&dir).is_err() {
         return;
