@@ -13,8 +13,9 @@
 # by one; `benches/ncu_summary.py --rows` turns each profile into a row of $OUT/families.jsonl
 # (labelled with the profiled process's bench row and its value check). SKIP_NN="dtype/model
 # ..." leaves burn-nn's layers out (bf16/cnn always: it does not train correctly on CUDA,
-# UPSTREAM.md 1); DEADLINE (seconds) skips what would start after it. Profiles and logs stay
-# under $OUT/prof.
+# UPSTREAM.md 1); SIDES ("burn torch" by default) the sides profiled, e.g. SIDES=burn to
+# profile Burn's new kernels against PyTorch rows of an earlier file; DEADLINE (seconds) skips
+# what would start after it. Profiles and logs stay under $OUT/prof.
 set -u
 B=target/gpu-bundle/run.sh
 OUT=${OUT:?set OUT to a folder for the results}
@@ -30,6 +31,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# de
 # prof SIDE DTYPE MODEL "MODES": one model's modes on one side, each a row of $rows.
 prof() {
   local side=$1 dt=$2 model=$3 modes=$4 dir=$OUT/prof/$2_$1_$3 mode
+  case " ${SIDES:-burn torch} " in *" $side "*) ;; *) return ;; esac
   [ "$(left)" -lt 40 ] && { echo "== skipped $side $dt $model ($modes): past DEADLINE"; return; }
   mkdir -p "$dir"
   if [ "$side" = burn ]; then

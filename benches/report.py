@@ -124,9 +124,22 @@ def load(paths):
             elif line.startswith("{"):
                 row = json.loads(line)
                 if row.get("kind") == "kernel_families":
-                    # A profile's device time by kernel family: its own table only.
-                    families.append(row)
+                    # A profile's device time by kernel family: its own table only; a later
+                    # file's profile of the same key replaces an earlier one's, in its place.
+                    key = (row["framework"], row["model"], row["dtype"], row["mode"])
+                    at = next((i for i, f in enumerate(families)
+                               if (f["framework"], f["model"], f["dtype"], f["mode"]) == key),
+                              None)
+                    if at is None:
+                        families.append(row)
+                    else:
+                        families[at] = row
                     continue
+                if row.get("nvrtc_output") == "ptx":
+                    # A first step with kernels compiled to PTX and JIT-compiled by the driver
+                    # (cubecl-cuda 0.11.3's way; `CUBECL_CUDA_DUMP_PTX` set), beside the cubins
+                    # of the carried crate: its own row.
+                    row["mode"] += "_ptx"
                 if row.get("tf32"):
                     # PyTorch with TF32 matrix products (`--tf32`): its own mode beside the
                     # plain-f32 row of the same run.
@@ -1108,6 +1121,10 @@ def sections(paths):
     if families:
         out["families"] = ("Device time by kernel family (Nsight Compute, base clocks, per step)",
                            families_table(families))
+        steps = [r for r in families if r["mode"].startswith("whole_step")]
+        if steps:
+            out["families_steps"] = ("Device time by kernel family, whole steps only",
+                                     families_table(steps))
     if failed:
         out["failed"] = ("Failed runs", failed_table(failed))
     return out, rows, device

@@ -5,7 +5,8 @@
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
 //!
 //! ```text
-//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,transformer_fused,lm_fused,cnn_fused]
+//! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,mlp256_fused,transformer_fused,
+//!                     lm_fused,cnn_fused]
 //!            [--dtype f32|bf16] [--steps 50] [--reps 30]
 //!            [--modes eager,graphed,graphed_no_input_copy,graphed_no_param_copy,graphed_static,
 //!                     eager_fused_adam,graphed_fused_adam,graphed_static_fused_adam,
@@ -18,8 +19,8 @@
 //!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8] [--attention-blocks 16x16]
 //! ```
 //!
-//! `mlp_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`, `transformer`, `lm`
-//! and `cnn` with
+//! `mlp_fused`, `mlp256_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`,
+//! `mlp256`, `transformer`, `lm` and `cnn` with
 //! `burn_graphed::nn`'s fused layers (the same parameters); their rows carry the model's name and the mode with
 //! `_fused_layers` appended (`whole_step_fused_layers`, ...), PyTorch having no such variant.
 //!
@@ -514,28 +515,31 @@ fn main() {
                     &options,
                 );
             }
-            "mlp_fused" => bench(
-                Case {
-                    name: "mlp 8x256 b32".into(),
-                    make: |d| FusedMlp {
-                        layers: mlp_of(LinearLayout::Row, d)
-                            .layers
-                            .into_iter()
-                            .map(Into::into)
-                            .collect(),
+            "mlp_fused" | "mlp256_fused" => {
+                let batch = if model == "mlp256_fused" { 256 } else { 32 };
+                bench(
+                    Case {
+                        name: format!("mlp 8x256 b{batch}"),
+                        make: |d| FusedMlp {
+                            layers: mlp_of(LinearLayout::Row, d)
+                                .layers
+                                .into_iter()
+                                .map(Into::into)
+                                .collect(),
+                        },
+                        call: fused_mlp_forward,
+                        loss: mean_square_of,
+                        call_loss: |m, x| mean_square(fused_mlp_forward(m, x)),
+                        input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
+                        forward_input: Some(mlp_forward_batch),
+                        shard: negate_odd,
+                        batch,
+                        variant: "_fused_layers",
                     },
-                    call: fused_mlp_forward,
-                    loss: mean_square_of,
-                    call_loss: |m, x| mean_square(fused_mlp_forward(m, x)),
-                    input: |d, rows| Tensor::random([rows, 256], Distribution::Default, d),
-                    forward_input: Some(mlp_forward_batch),
-                    shard: negate_odd,
-                    batch: 32,
-                    variant: "_fused_layers",
-                },
-                &device,
-                &options,
-            ),
+                    &device,
+                    &options,
+                );
+            }
             "transformer" => bench(
                 Case {
                     name: "transformer 2x256 s128 b8".into(),
