@@ -149,8 +149,9 @@ fn batches(
         .collect()
 }
 
-/// CUDA where a device answers, else wgpu's software graphs.
-fn pick_device() -> (Device, bool) {
+/// CUDA where a device answers, else wgpu's software graphs; an error naming why where the
+/// build has neither (`--no-default-features --features cuda` on a machine without a GPU).
+fn pick_device() -> Result<(Device, bool), String> {
     #[cfg(feature = "cuda")]
     if std::panic::catch_unwind(|| {
         cudarc::driver::result::init().is_ok()
@@ -158,9 +159,12 @@ fn pick_device() -> (Device, bool) {
     })
     .unwrap_or(false)
     {
-        return (Device::cuda(0), true);
+        return Ok((Device::cuda(0), true));
     }
-    (Device::wgpu(Default::default()), false)
+    #[cfg(feature = "wgpu")]
+    return Ok((Device::wgpu(Default::default()), false));
+    #[allow(unreachable_code)]
+    Err("no CUDA device answers, and this build has no `wgpu` feature to fall back on".into())
 }
 
 fn arg(index: usize, default: usize) -> usize {
@@ -177,7 +181,7 @@ fn median(mut times: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     progress::install();
-    let (device, cuda) = pick_device();
+    let (device, cuda) = pick_device()?;
     let (width, layers, batch, steps, length) = if cuda {
         (arg(1, 256), arg(2, 4), arg(3, 16), arg(4, 200), 128)
     } else {
