@@ -39,7 +39,9 @@ with what cubecl's logs say the process had done by then (`kernels_compiled_so_f
 `keys_tuned_so_far`; and `first_step_s_before_stop` where its first step had ended and the stop
 came in its value check). `--tf32 on` lets both sides' `f32` products run on TF32 tensor cores
 (Burn's `--tf32 on`, the default of burn and of burn-graphed; PyTorch's `--tf32`); the rows say
-so (`tf32`). The default, `off`, is `f32` on both sides.
+so (`tf32`). The default, `off`, is `f32` on both sides. With `CUBECL_CUDA_DUMP_PTX` set in its
+environment the carried cubecl-cuda compiles to PTX (for the dump) instead of cubins, as
+cubecl-cuda 0.11.3 does: the Burn rows say so (`nvrtc_output`), an A/B of the two.
 """
 
 import argparse
@@ -262,6 +264,10 @@ def burn_row(run_sh, model, dtype, mode, scratch, logs, level="balanced", timeou
     out = {"framework": "burn", "model": runs["cold"]["model"], "dtype": dtype,
            "mode": runs["cold"]["mode"], "tf32": runs["cold"].get("tf32"),
            "median_us": runs["cold"]["median_us"], "single": True, "autotune_level": level}
+    if os.environ.get("CUBECL_CUDA_DUMP_PTX"):
+        # The carried cubecl-cuda compiled to PTX for its dump, and the driver JIT-compiled it
+        # at load (cubecl-cuda 0.11.3's way): report.py gives such a row a mode of its own.
+        out["nvrtc_output"] = "ptx"
     # The split holds only where the picks process tuned nothing and the warm one compiled and
     # tuned nothing: otherwise the row says so and the table shows no split.
     out["split_valid"] = (runs["picks"].get("keys_tuned") == 0
