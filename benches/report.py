@@ -112,7 +112,7 @@ def load(paths):
     # of the same (framework, model, dtype, mode) are rounds (`BURN_GRAPHED_ROUNDS`, a
     # data-parallel row's rank count included in the key) and are merged by `merge_rounds`; a
     # later file's rows replace an earlier file's of the same key, keeping the first one's place.
-    by, devices, failed, families = OrderedDict(), [], [], []
+    by, devices, failed, families = OrderedDict(), [], [], OrderedDict()
     for path in paths:
         rounds = OrderedDict()
         for line in open(path):
@@ -126,14 +126,7 @@ def load(paths):
                 if row.get("kind") == "kernel_families":
                     # A profile's device time by kernel family: its own table only; a later
                     # file's profile of the same key replaces an earlier one's, in its place.
-                    key = (row["framework"], row["model"], row["dtype"], row["mode"])
-                    at = next((i for i, f in enumerate(families)
-                               if (f["framework"], f["model"], f["dtype"], f["mode"]) == key),
-                              None)
-                    if at is None:
-                        families.append(row)
-                    else:
-                        families[at] = row
+                    families[(row["framework"], row["model"], row["dtype"], row["mode"])] = row
                     continue
                 if row.get("nvrtc_output") == "ptx":
                     # A first step with kernels compiled to PTX and JIT-compiled by the driver
@@ -181,7 +174,7 @@ def load(paths):
              row.get("ranks"))
         if k in by:
             by[k]["failed_rounds"] = by[k].get("failed_rounds", 0) + 1
-    return list(by.values()), "; ".join(devices) or None, failed, families
+    return list(by.values()), "; ".join(devices) or None, failed, list(families.values())
 
 
 def merge_rounds(rows):
