@@ -2,6 +2,7 @@
 extern crate derive_new;
 extern crate alloc;
 
+pub mod capture_mode;
 pub mod compiler;
 mod compute;
 mod device;

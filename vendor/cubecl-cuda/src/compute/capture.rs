@@ -30,13 +30,10 @@ impl GraphDriver for Cuda {
     type Executable = Executable;
 
     fn begin(stream: &mut Stream) -> Result<(), ServerError> {
-        // SAFETY: `stream.sys` is a valid CUDA stream; global capture mode
-        // records every launch issued on it until `cuStreamEndCapture`.
+        // SAFETY: `stream.sys` is a valid CUDA stream; capture records every
+        // launch issued on it until `cuStreamEndCapture`, in the mode chosen.
         let status = unsafe {
-            cudarc::driver::sys::cuStreamBeginCapture_v2(
-                stream.sys,
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            )
+            cudarc::driver::sys::cuStreamBeginCapture_v2(stream.sys, crate::capture_mode::sys())
         };
         checked("cuStreamBeginCapture", status)
     }

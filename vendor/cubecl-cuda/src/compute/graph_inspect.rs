@@ -4,9 +4,10 @@
 //!
 //! Added by burn-graphed's carried patch (see the workspace's UPSTREAM.md): the template is
 //! destroyed inside [`instantiate_recording`](super::capture), so nothing outside this crate
-//! can read it afterwards. A process records one graph at a time (captures run in CUDA's
-//! global mode), so the request and the result are process-wide: set the request before
-//! `stop_capture`, take the result after it.
+//! can read it afterwards. The request and the result are process-wide: set the request before
+//! `stop_capture`, take the result after it, one recording at a time (in
+//! [`ThreadLocal`](crate::capture_mode::CaptureMode) mode devices record at once: the caller
+//! keeps their stops apart).
 
 use cudarc::driver::sys::{CUgraph, CUgraphNode, CUgraphNodeType};
 use std::path::PathBuf;
