@@ -411,8 +411,13 @@ fn graphed_noise_matches_eager() {
     scenarios::random::graphed_noise_matches_eager(&cuda(), 20);
 }
 
+/// Thread-local capture mode: another thread's draws and reads on the same GPU go on during
+/// captures, none refused; the control, global mode, refuses every capture (3 of 3) and fails
+/// that thread's reads.
 #[test]
 fn other_threads_keep_their_draws() {
+    scenarios::random::other_threads_keep_their_draws(&cuda(), true);
+    let _control = scenarios::capture_mode::GlobalMode::on();
     scenarios::random::other_threads_keep_their_draws(&cuda(), false);
 }
 
@@ -956,6 +961,71 @@ fn data_parallel_whole_step_ranks_that_differ_fail_together() {
 fn data_parallel_host_replicas_match_one_model() {
     let Some(devices) = gpus(2) else { return };
     scenarios::data_parallel::replicas_match_one_model(&devices, burn_graphed::Collective::Host);
+}
+
+/// Ranks that are threads of one process, one per GPU, each step's bucket averaged by
+/// burn-graphed's NCCL communicator inside the step's one graph (`Collective::Nccl { in_graph:
+/// true }` from `DataParallel::group`): the ranks warm up, record and replay at once, the
+/// devices recording in CUDA's thread-local capture mode; every step replays, the replicas are
+/// bitwise equal and equal one model trained on the whole batches, with Adam and with SGD;
+/// replicas trained apart differ (skipped on one GPU).
+#[test]
+fn data_parallel_threads_nccl_in_graph_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    let in_graph = burn_graphed::Collective::Nccl { in_graph: true };
+    scenarios::data_parallel::whole_steps_match_one_model(&devices, in_graph);
+}
+
+/// The same with the all-reduce between the step's two graphs (`in_graph: false`), NCCL
+/// between threads (skipped on one GPU).
+#[test]
+fn data_parallel_threads_nccl_two_graphs_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    let two_graphs = burn_graphed::Collective::Nccl { in_graph: false };
+    scenarios::data_parallel::whole_steps_match_one_model(&devices, two_graphs);
+}
+
+/// The same in graph on four GPUs, a quarter of every batch each (skipped on fewer GPUs).
+#[test]
+fn data_parallel_threads_nccl_in_graph_four_gpus_match_one_model() {
+    let Some(devices) = gpus(4) else { return };
+    let in_graph = burn_graphed::Collective::Nccl { in_graph: true };
+    scenarios::data_parallel::whole_steps_match_one_model(&devices, in_graph);
+}
+
+/// Thread ranks with the all-reduce inside the graph whose batches change shape capture the
+/// new shapes at once after an eager step and replay them (skipped on one GPU).
+#[test]
+fn data_parallel_threads_nccl_in_graph_captures_new_shapes_together() {
+    let Some(devices) = gpus(2) else { return };
+    let in_graph = burn_graphed::Collective::Nccl { in_graph: true };
+    scenarios::data_parallel::whole_steps_capture_new_shapes_together(&devices, in_graph);
+}
+
+/// Thread ranks with the all-reduce inside the graph that differ (a failed capture, another
+/// learning rate, replicas that start apart, a refused step) fail on both with a typed error,
+/// before NCCL could hang (skipped on one GPU).
+#[test]
+fn data_parallel_threads_nccl_in_graph_ranks_that_differ_fail_together() {
+    let Some(devices) = gpus(2) else { return };
+    let in_graph = burn_graphed::Collective::Nccl { in_graph: true };
+    scenarios::data_parallel::whole_step_ranks_that_differ_fail_together(&devices, in_graph);
+}
+
+/// One thread rank with the all-reduce inside the graph, on one GPU: the thread group's NCCL
+/// communicator, its warm-ups and its recording in thread-local capture mode, one graph a
+/// step, equal one model trained eagerly on the same batches, and moved by training.
+#[test]
+fn data_parallel_threads_nccl_in_graph_one_rank_matches_one_model() {
+    scenarios::data_parallel::one_rank_in_graph_matches_one_model(&cuda());
+}
+
+/// A recording in thread-local capture mode (burn-graphed's) holds while another thread of the
+/// process allocates and frees device memory without pause; in global mode (the release's, the
+/// control) that thread's calls fail or the recordings are refused.
+#[test]
+fn capture_thread_local_lets_other_threads_call_cuda() {
+    scenarios::capture_mode::other_threads_call_cuda_during_captures(&cuda());
 }
 
 /// Two processes, one per GPU (as `cargo xtask launch --nproc 2` starts them), each step's

@@ -35,7 +35,7 @@ pub(crate) struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-pub(crate) const MODES: [Mode; 32] = [
+pub(crate) const MODES: [Mode; 33] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -80,6 +80,7 @@ pub(crate) const MODES: [Mode; 32] = [
     Mode::Ddp(DdpStep::InGraph),
     Mode::Ddp(DdpStep::BetweenGraphs),
     Mode::Ddp(DdpStep::InGraphSockets),
+    Mode::Ddp(DdpStep::ThreadsInGraph),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -164,7 +165,9 @@ pub(crate) enum Mode {
     /// others started by it): `ddp_whole_step_in_graph` (the all-reduce inside the step's one
     /// graph) and `ddp_whole_step_processes` (between its two graphs);
     /// `ddp_whole_step_in_graph_sockets`: the first with NCCL on sockets over the loopback, as
-    /// between two machines (the run's environment must say so: `processes::SOCKETS`).
+    /// between two machines (the run's environment must say so: `processes::SOCKETS`). With
+    /// one thread per GPU and burn-graphed's NCCL inside the step's one graph
+    /// (`Collective::Nccl` from `DataParallel::group`): `ddp_whole_step_threads_in_graph`.
     Ddp(DdpStep),
 }
 
@@ -180,6 +183,8 @@ pub(crate) enum DdpStep {
     BetweenGraphs,
     /// [`DdpStep::InGraph`] with NCCL on sockets over the loopback.
     InGraphSockets,
+    /// One thread per GPU, burn-graphed's NCCL inside the step's graph.
+    ThreadsInGraph,
 }
 
 impl Mode {
@@ -241,6 +246,7 @@ impl Mode {
             Mode::Ddp(DdpStep::InGraph) => "ddp_whole_step_in_graph",
             Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
             Mode::Ddp(DdpStep::InGraphSockets) => "ddp_whole_step_in_graph_sockets",
+            Mode::Ddp(DdpStep::ThreadsInGraph) => "ddp_whole_step_threads_in_graph",
         }
     }
 

@@ -34,6 +34,10 @@ where
         return super::processes::data_parallel(case, mode, in_graph, device, options, before);
     }
     let (devices, collective) = ddp_devices(device, options);
+    let collective = match ddp {
+        DdpStep::ThreadsInGraph => Collective::Nccl { in_graph: true },
+        _ => collective,
+    };
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
     let model = (case.make)(device);
@@ -61,7 +65,8 @@ where
                         DdpStep::WholeStep
                         | DdpStep::InGraph
                         | DdpStep::BetweenGraphs
-                        | DdpStep::InGraphSockets => {
+                        | DdpStep::InGraphSockets
+                        | DdpStep::ThreadsInGraph => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod batch_norm;
+#[cfg(feature = "cuda")]
+pub mod capture_mode;
 pub mod controls;
 pub mod data_parallel;
 pub mod exact;

@@ -346,15 +346,20 @@ pub fn graphed_noise_matches_eager(device: &Device, steps: usize) {
 /// state of every live generator, and the other thread's draws repeated).
 ///
 /// `concurrent_use`: whether the backend lets another thread use the device while a recording
-/// is open (wgpu does: no capture is refused and no read fails). CUDA (global capture mode, as
-/// cubecl 0.11 records) does not: there the other thread's reads fail with an error value and
-/// every capture (3 of 3) fails with `GraphedError::Capture` naming the cause; neither may
-/// panic or crash, and the device must work on both threads afterwards.
+/// is open: no capture is refused and no read fails. wgpu does, and CUDA in burn-graphed's
+/// thread-local capture mode does (the other thread's reads wait on their own thread, its
+/// launches go on its own stream). CUDA in global capture mode (the release's, the control of
+/// `capture_mode.rs`) does not: there the other thread's reads fail with an error value and every
+/// capture (3 of 3) fails with `GraphedError::Capture` naming the cause; neither may panic or
+/// crash, and the device must work on both threads afterwards. The other thread makes its first
+/// draws before the captures begin, so that the memory its draws need is there: a new page
+/// allocated during a recording is refused in either mode.
 pub fn other_threads_keep_their_draws(device: &Device, concurrent_use: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let device = device.clone().autodiff();
     super::require_graphs(&device);
     let done = std::sync::Arc::new(AtomicBool::new(false));
+    let (started, first_draws) = std::sync::mpsc::channel::<()>();
     let drawer = {
         let done = done.clone();
         let device = device.clone().inner();
@@ -365,7 +370,12 @@ pub fn other_threads_keep_their_draws(device: &Device, concurrent_use: bool) {
             // At least a few draws, and on until the captures are over.
             while draws.len() < 4 || !done.load(Ordering::Acquire) {
                 match rng.uniform(&like, 0.0, 1.0).into_data().try_to_vec::<f32>() {
-                    Ok(values) => draws.push(values),
+                    Ok(values) => {
+                        draws.push(values);
+                        if draws.len() == 2 {
+                            let _ = started.send(());
+                        }
+                    }
                     Err(error) if !concurrent_use => {
                         failed += 1;
                         if failed == 1 {
@@ -378,6 +388,8 @@ pub fn other_threads_keep_their_draws(device: &Device, concurrent_use: bool) {
             (draws, failed)
         })
     };
+    // Before any capture: two draws (the drawer's memory in place), or a drawer that ended.
+    let _ = first_draws.recv();
     let mut refused = 0;
     for capture in 0..3 {
         let dropout = GraphDropout::new(0.5, DeviceRng::new(capture, &device)).expect("prob");
@@ -408,9 +420,9 @@ pub fn other_threads_keep_their_draws(device: &Device, concurrent_use: bool) {
             "the device lets another thread use it during captures"
         );
     } else {
-        // CUDA: every capture is invalidated by the drawing thread, which draws without pause
-        // while the captures run, and that thread's reads fail in turn (measured on an H100:
-        // 3 of 3 captures refused).
+        // CUDA in global capture mode: every capture is invalidated by the drawing thread,
+        // which draws without pause while the captures run, and that thread's reads fail in
+        // turn (measured on an H100: 3 of 3 captures refused).
         assert_eq!(
             refused, 3,
             "captures refused, with {failed} failed reads on the other thread"

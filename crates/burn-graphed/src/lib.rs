@@ -296,6 +296,15 @@ pub mod testing {
         crate::cube::nccl_set_abort(on);
     }
 
+    /// Makes CUDA recordings begin in CUDA's global capture mode (`true`), where a potentially
+    /// unsafe CUDA call of any other thread invalidates a recording, or in thread-local mode
+    /// (`false`, the default), where only the recording device's own thread is restricted: a
+    /// negative control. Process-wide; global mode also keeps every device's captures one at a
+    /// time.
+    pub fn capture_in_global_mode(on: bool) {
+        crate::cube::set_capture_global_mode(on);
+    }
+
     /// Makes the NCCL watchdog's next poll report `reason` as an asynchronous error of every
     /// communicator of this process, as a failing network would.
     pub fn inject_nccl_error(reason: &str) {

@@ -137,7 +137,36 @@ impl<S, K: PartialEq> ShapeCache<S, K> {
     /// `busy` until both limits hold. Returns the evicted values, or `Err(value)` when the new
     /// entry cannot fit (it alone exceeds the byte limit, or every other entry is busy): the
     /// cache is then unchanged, and a signature too large on its own is refused from then on.
+    /// A `key` the cache holds already (captured again: a data-parallel rank whose all-reduce
+    /// is inside its graphs captures with every rank that must) is replaced, its old value
+    /// returned first and not counted as an eviction.
     pub fn insert(
+        &mut self,
+        key: K,
+        value: S,
+        bytes: u64,
+        busy: impl Fn(&S) -> bool,
+    ) -> Result<Vec<S>, S> {
+        let Some(index) = self.entries.iter().position(|e| e.key == key) else {
+            return self.insert_new(key, value, bytes, busy);
+        };
+        let old = self.entries.remove(index);
+        self.refresh_totals();
+        match self.insert_new(key, value, bytes, busy) {
+            Ok(mut evicted) => {
+                evicted.insert(0, old.value);
+                Ok(evicted)
+            }
+            Err(value) => {
+                self.entries.insert(index, old);
+                self.refresh_totals();
+                Err(value)
+            }
+        }
+    }
+
+    /// [`insert`](Self::insert) of a `key` the cache does not hold.
+    fn insert_new(
         &mut self,
         key: K,
         value: S,
@@ -246,6 +275,26 @@ mod tests {
             (1, 2, 1, 2)
         );
         assert_eq!(stats.held_bytes, 20);
+    }
+
+    #[test]
+    fn a_key_captured_again_replaces_its_entry() {
+        let mut cache = ShapeCache::new(limits(2, None), key(1), 1, 10);
+        assert_eq!(cache.insert(key(2), 2, 10, |_| false), Ok(vec![]));
+        // Key 1 again, with other bytes: its old value comes back, nothing else is evicted.
+        assert_eq!(cache.insert(key(1), 11, 15, |_| false), Ok(vec![1]));
+        assert_eq!(cache.get(&key(1)), Some(&11));
+        assert_eq!(cache.get(&key(2)), Some(&2));
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.graphs, stats.evictions, stats.held_bytes),
+            (2, 0, 25)
+        );
+        // A replacement that cannot fit leaves the old entry.
+        let mut full = ShapeCache::new(limits(2, Some(20)), key(1), 1, 10);
+        assert_eq!(full.insert(key(1), 11, 30, |_| false), Err(11));
+        assert_eq!(full.get(&key(1)), Some(&1));
+        assert_eq!(full.stats().held_bytes, 10);
     }
 
     #[test]

@@ -39,9 +39,11 @@ pub(crate) const UNIQUE_ID_BYTES: usize = 128;
 /// The communicators of this process: index `i` is [`join`]'s `i`-th answer.
 static COMMUNICATORS: Mutex<Vec<Communicator>> = Mutex::new(Vec::new());
 
-/// The failures of all-reduces since the last [`take_failure`], first one kept: the fusion
-/// operation cannot return an error, so it leaves its bucket unreduced and says why here.
-static FAILURE: Mutex<Option<String>> = Mutex::new(None);
+/// The failures of all-reduces since the last [`take_failure`] of their group, first one kept
+/// per group (index `i`: group `i`, as [`COMMUNICATORS`]): the fusion operation cannot return
+/// an error, so it leaves its bucket unreduced and says why here. Per group: thread ranks of
+/// one process each take their own.
+static FAILURES: Mutex<Vec<Option<String>>> = Mutex::new(Vec::new());
 
 /// How long an ended group's stream may take to drain on its own before its communicator is
 /// aborted: a peer that ended after its last all-reduce completed leaves nothing waiting, and
@@ -196,20 +198,26 @@ pub(crate) fn mean(bucket: Tensor<1>, group: usize) -> Tensor<1> {
             Tensor::from_primitive::<Cube>(<Cube as CollectiveOps>::nccl_mean(fused, group))
         }
         Err(_) => {
-            fail("the bucket is not on burn's cubecl backend".into());
+            fail(group, "the bucket is not on burn's cubecl backend".into());
             bucket
         }
     }
 }
 
-/// The first all-reduce failure since the last call, if any.
-pub(crate) fn take_failure() -> Option<String> {
-    crate::sync::lock(&FAILURE).take()
+/// The first all-reduce failure of group `group` since the last call, if any.
+pub(crate) fn take_failure(group: usize) -> Option<String> {
+    crate::sync::lock(&FAILURES)
+        .get_mut(group)
+        .and_then(Option::take)
 }
 
-fn fail(reason: String) {
+fn fail(group: usize, reason: String) {
     log::error!("burn-graphed: an NCCL all-reduce did not run: {reason}");
-    crate::sync::lock(&FAILURE).get_or_insert(reason);
+    let mut failures = crate::sync::lock(&FAILURES);
+    if failures.len() <= group {
+        failures.resize(group + 1, None);
+    }
+    failures[group].get_or_insert(reason);
 }
 
 /// The all-reduce as a lazy fusion operation on burn's cubecl backend.
@@ -229,15 +237,14 @@ impl CollectiveOps for CubeBackend {
             match nccl::mean(&bucket, group) {
                 Ok(out) => out,
                 Err(reason) => {
-                    fail(reason);
+                    fail(group, reason);
                     bucket
                 }
             }
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = group;
-            fail("NCCL needs burn-graphed's cuda feature".into());
+            fail(group, "NCCL needs burn-graphed's cuda feature".into());
             bucket
         }
     }
@@ -271,52 +278,84 @@ mod nccl {
         Ok(id.internal.iter().map(|&c| c as u8).collect())
     }
 
-    /// The communicator of group `group` in `communicators`, made now if this is its first
-    /// all-reduce (every rank makes it in the same step; NCCL waits for all of them), with
-    /// `stream`'s context current. The caller holds the lock until its all-reduce is enqueued,
-    /// so that [`super::end`] never aborts a communicator in the middle of that call.
-    fn communicator(
+    /// The entry of group `group`, unless the group ended.
+    fn live(
         communicators: &mut [super::Communicator],
         group: usize,
-        stream: CUstream,
-    ) -> Result<sys::ncclComm_t, String> {
+    ) -> Result<&mut super::Communicator, String> {
         let entry = communicators
             .get_mut(group)
             .ok_or_else(|| format!("no NCCL group {group} in this process"))?;
         if let Some(reason) = &entry.ended {
             return Err(format!("the group ended ({reason})"));
         }
-        entry.stream = Some(stream as usize);
-        if let Some(comm) = entry.comm {
-            return Ok(comm as sys::ncclComm_t);
-        }
-        let mut id = sys::ncclUniqueId {
+        Ok(entry)
+    }
+
+    /// Makes group `group`'s communicator if this is its first all-reduce (every rank makes it
+    /// in the same step; NCCL waits for all of them), with `stream`'s context current. NCCL's
+    /// wait is outside the lock: the ranks of a group may be threads of this process, each
+    /// making its own.
+    fn make_communicator(group: usize, stream: CUstream) -> Result<(), String> {
+        let (id, rank, size) = {
+            let mut communicators = crate::sync::lock(&COMMUNICATORS);
+            let entry = live(&mut communicators, group)?;
+            entry.stream = Some(stream as usize);
+            if entry.comm.is_some() {
+                return Ok(());
+            }
+            (entry.id, entry.rank, entry.size)
+        };
+        let mut unique = sys::ncclUniqueId {
             internal: [0; UNIQUE_ID_BYTES],
         };
-        for (slot, byte) in id.internal.iter_mut().zip(entry.id) {
+        for (slot, byte) in unique.internal.iter_mut().zip(id) {
             *slot = byte as std::ffi::c_char;
         }
         let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` is a valid place for the communicator NCCL makes; `id` is the group's
-        // id as rank 0 minted it, `entry.rank < entry.size` (the rendezvous numbered the
-        // ranks); the caller made the context of the device this rank runs on current.
+        // SAFETY: `comm` is a valid place for the communicator NCCL makes; `unique` is the
+        // group's id as rank 0 minted it, `rank < size` (the group numbered the ranks); the
+        // caller made the context of the device this rank runs on current.
         unsafe {
             result::comm_init_rank(
                 &mut comm,
-                entry.size as std::ffi::c_int,
-                id,
-                entry.rank as std::ffi::c_int,
+                size as std::ffi::c_int,
+                unique,
+                rank as std::ffi::c_int,
             )
         }
-        .map_err(|e| {
-            format!(
-                "ncclCommInitRank (rank {} of {}): {e:?}",
-                entry.rank, entry.size
-            )
-        })?;
-        entry.comm = Some(comm as usize);
+        .map_err(|e| format!("ncclCommInitRank (rank {rank} of {size}): {e:?}"))?;
+        let ended = {
+            let mut communicators = crate::sync::lock(&COMMUNICATORS);
+            let entry = &mut communicators[group];
+            match &entry.ended {
+                Some(reason) => Some(reason.clone()),
+                None => {
+                    entry.comm = Some(comm as usize);
+                    None
+                }
+            }
+        };
+        if let Some(reason) = ended {
+            // The group ended while NCCL made it: no one else holds the communicator.
+            abort(comm as usize, None, &reason);
+            return Err(format!("the group ended ({reason})"));
+        }
         watch();
-        Ok(comm)
+        Ok(())
+    }
+
+    /// The communicator of group `group` in `communicators`, made by [`make_communicator`].
+    /// The caller holds the lock until its all-reduce is enqueued, so that [`super::end`] never
+    /// aborts a communicator in the middle of that call.
+    fn communicator(
+        communicators: &mut [super::Communicator],
+        group: usize,
+    ) -> Result<sys::ncclComm_t, String> {
+        live(communicators, group)?
+            .comm
+            .map(|comm| comm as sys::ncclComm_t)
+            .ok_or_else(|| format!("NCCL group {group} has no communicator"))
     }
 
     /// Starts the watchdog once per process: every [`POLL`](super::POLL), [`poll`].
@@ -448,8 +487,9 @@ mod nccl {
         // SAFETY: `stream` is a live stream of cubecl's server: its pool holds `out`, which we
         // hold.
         unsafe { make_current(stream) }.map_err(|(call, e)| format!("{call}: {e}"))?;
+        make_communicator(group, stream)?;
         let mut communicators = crate::sync::lock(&COMMUNICATORS);
-        let comm = communicator(&mut communicators, group, stream)?;
+        let comm = communicator(&mut communicators, group)?;
         // SAFETY: both addresses are live device allocations of at least `len` elements of
         // `dtype` (`source` dense over the bucket, `out` made for it), held until the
         // operation returns, after which the stream orders every later use after the

@@ -75,6 +75,7 @@ pub(crate) use self::{
 pub(crate) use self::{
     collective::{inject_error as nccl_inject_error, set_abort as nccl_set_abort},
     driver_copy::copies as driver_copies,
+    graph::driver::set_global_mode as set_capture_global_mode,
     graph::progress::set_intervals as set_progress_intervals,
     kernels::row_kernels::forwards as fused_norm_forwards,
     ops::attention_op::{
@@ -101,7 +102,7 @@ pub(crate) use stand_in::{
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
     fused_norm_forwards, nccl_inject_error, nccl_set_abort, norm_rows_per_chunk, norm_sum_lanes,
-    packed_attention_calls, set_progress_intervals, vendor_gemms,
+    packed_attention_calls, set_capture_global_mode, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

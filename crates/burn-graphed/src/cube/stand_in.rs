@@ -56,6 +56,10 @@ pub(crate) fn nccl_end(_group: usize, _reason: &str) {}
 #[cfg(feature = "testing")]
 pub(crate) fn nccl_set_abort(_on: bool) {}
 
+/// Nothing records without cubecl.
+#[cfg(feature = "testing")]
+pub(crate) fn set_capture_global_mode(_on: bool) {}
+
 /// No communicator to fail without the `cuda` feature.
 #[cfg(feature = "testing")]
 pub(crate) fn nccl_inject_error(_reason: &str) {}
@@ -66,7 +70,7 @@ pub(crate) fn nccl_mean(bucket: Tensor<1>, _group: usize) -> Tensor<1> {
 }
 
 /// Never reached: no group joins without the `cuda` feature.
-pub(crate) fn nccl_failure() -> Option<String> {
+pub(crate) fn nccl_failure(_group: usize) -> Option<String> {
     None
 }
 

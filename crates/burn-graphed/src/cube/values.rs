@@ -48,6 +48,17 @@ pub(crate) enum StepCut {
     },
 }
 
+impl StepCut {
+    /// The NCCL group of a step with its all-reduce inside.
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
+    pub(crate) fn group(self) -> Option<usize> {
+        match self {
+            StepCut::InGraph { group } => Some(group),
+            StepCut::Whole | StepCut::AtBucket => None,
+        }
+    }
+}
+
 /// How the ranks of a step with its all-reduce inside agree before each all-reduce, so that no
 /// rank waits in one that another rank will never reach: every rank states its outcome
 /// (`Ok` or its error) on `what` and gets the group's (the first failure, on every rank).

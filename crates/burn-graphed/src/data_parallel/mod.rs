@@ -40,13 +40,15 @@ pub enum Collective {
     /// order (so every rank gets the same bits) and write the mean back. For backends without
     /// collectives and for tests; a device sync per step.
     Host,
-    /// NCCL between processes, one per GPU ([`DataParallel::join`]; CUDA only): rank 0 mints
-    /// the communicator's id and the group's rendezvous hands it to every rank; the mean of
-    /// the buckets (`ncclAvg`) is enqueued on the stream the model's kernels run on. With
-    /// `in_graph`, a [`GraphedStep::data_parallel`] records the all-reduce inside its one graph
-    /// per step (forward, backward, all-reduce, clipping, update), as PyTorch's DDP under
-    /// whole-network capture does; without, the step is two graphs with the all-reduce
-    /// between their replays (the fallback).
+    /// NCCL with burn-graphed's own communicator (CUDA only), between processes, one per GPU
+    /// ([`DataParallel::join`]: rank 0 mints the communicator's id and the group's rendezvous
+    /// hands it to every rank), or between the threads of one process, one per GPU
+    /// ([`DataParallel::group`]: the id minted there); the mean of the buckets (`ncclAvg`) is
+    /// enqueued on the stream the model's kernels run on. With `in_graph`, a
+    /// [`GraphedStep::data_parallel`] records the all-reduce inside its one graph per step
+    /// (forward, backward, all-reduce, clipping, update), as PyTorch's DDP under whole-network
+    /// capture does, the ranks warming up, recording and replaying at once; without, the step
+    /// is two graphs with the all-reduce between their replays (the fallback).
     ///
     /// [`GraphedStep::data_parallel`]: crate::GraphedStep::data_parallel
     Nccl {
@@ -71,23 +73,16 @@ impl DataParallel {
     ///
     /// # Errors
     ///
-    /// [`GraphedError::InvalidArgument`] for `size` 0, a zero `timeout`, an
-    /// [`Collective::AllReduce`] whose device count is not `size`, or [`Collective::Nccl`]
-    /// (which joins processes: the ranks of one process use `AllReduce`).
+    /// [`GraphedError::InvalidArgument`] for `size` 0, a zero `timeout`, or an
+    /// [`Collective::AllReduce`] whose device count is not `size`; [`GraphedError::Collective`]
+    /// for [`Collective::Nccl`] where NCCL cannot mint an id (built without `cuda`, `libnccl`
+    /// not found). Each rank of an NCCL group must train on a GPU of its own: NCCL refuses two
+    /// ranks on one device when the communicator is made, at the first step.
     pub fn group(
         size: usize,
         timeout: Duration,
         collective: Collective,
     ) -> Result<Vec<DataParallel>, GraphedError> {
-        if let Collective::Nccl { .. } = collective {
-            return Err(GraphedError::InvalidArgument {
-                argument: "collective",
-                detail: "given Nccl, expected AllReduce or Host: Nccl joins one process per \
-                         GPU (DataParallel::join); the ranks of one process average with \
-                         AllReduce"
-                    .into(),
-            });
-        }
         if let Collective::AllReduce { devices } = &collective {
             if devices.len() != size {
                 return Err(GraphedError::InvalidArgument {
@@ -114,14 +109,28 @@ impl DataParallel {
                 });
             }
         }
-        Ok(RankGroup::new(size, timeout)?
+        let groups = RankGroup::new(size, timeout)?;
+        let id = match collective {
+            Collective::Nccl { .. } => Some(
+                crate::cube::nccl_unique_id()
+                    .map_err(|reason| GraphedError::Collective { reason })?,
+            ),
+            _ => None,
+        };
+        groups
             .into_iter()
-            .map(|ranks| DataParallel {
-                ranks,
-                collective: collective.clone(),
-                nccl: None,
+            .map(|ranks| {
+                let nccl = id
+                    .as_ref()
+                    .map(|id| Self::nccl_group(&ranks, id))
+                    .transpose()?;
+                Ok(DataParallel {
+                    ranks,
+                    collective: collective.clone(),
+                    nccl,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// This process's handle on a group of processes, one per GPU, as `torchrun` or `cargo
@@ -153,7 +162,7 @@ impl DataParallel {
         }
         let ranks = RankGroup::join(env, timeout)?;
         let nccl = match collective {
-            Collective::Nccl { .. } => Some(Self::nccl_group(&ranks)?),
+            Collective::Nccl { .. } => Some(Self::nccl_group(&ranks, &Self::nccl_id(&ranks)?)?),
             _ => None,
         };
         Ok(DataParallel {
@@ -163,19 +172,23 @@ impl DataParallel {
         })
     }
 
-    /// Rank 0's NCCL id on every rank (as bytes, each an `f32` of the round's values: exact),
-    /// and this process's group in the engine.
-    fn nccl_group(ranks: &RankGroup) -> Result<usize, GraphedError> {
-        let failed = |reason: String| GraphedError::Collective { reason };
+    /// Rank 0's NCCL id on every rank of a group of processes (as bytes, each an `f32` of the
+    /// round's values: exact).
+    fn nccl_id(ranks: &RankGroup) -> Result<Vec<u8>, GraphedError> {
         let minted = if ranks.rank() == 0 {
             crate::cube::nccl_unique_id()
                 .map(|id| id.into_iter().map(f32::from).collect())
-                .map_err(failed)
+                .map_err(|reason| GraphedError::Collective { reason })
         } else {
             Ok(vec![0.0; crate::cube::NCCL_ID_BYTES])
         };
         let values = ranks.rank_0_values("NCCL's communicator id from rank 0", minted)?;
-        let id: Vec<u8> = values.into_iter().map(|v| v as u8).collect();
+        Ok(values.into_iter().map(|v| v as u8).collect())
+    }
+
+    /// This rank's NCCL group in the engine, of the communicator `id` names.
+    fn nccl_group(ranks: &RankGroup, id: &[u8]) -> Result<usize, GraphedError> {
+        let failed = |reason: String| GraphedError::Collective { reason };
         // The communicator's own failure (the watchdog's poll) ends the group on every rank;
         // the group's end, on whichever thread learns of it first, ends the communicator
         // (`nccl_end`: aborted unless its stream drains).
@@ -184,7 +197,7 @@ impl DataParallel {
             failing.abandon(GraphedError::Collective { reason });
         });
         let group =
-            crate::cube::nccl_join(&id, ranks.rank(), ranks.size(), on_error).map_err(failed)?;
+            crate::cube::nccl_join(id, ranks.rank(), ranks.size(), on_error).map_err(failed)?;
         ranks.on_end(std::sync::Arc::new(move |error| {
             crate::cube::nccl_end(group, &error.to_string());
         }));
@@ -260,13 +273,13 @@ impl DataParallel {
     }
 
     /// Runs `work` on every rank, one rank at a time in rank order, then agrees on its outcome:
-    /// for captures, which on CUDA must not overlap anything else the process runs (cubecl
-    /// records in CUDA's global capture mode), and which every rank must have made before any
-    /// replays. First every rank drains `device`, its own, and waits for the others; then each
-    /// rank's turn comes while the others wait at a barrier, and ends when `device` has run
-    /// what `work` queued (so that seeded draws in turn come out alike: burn's cubecl backends
-    /// seed a draw from one process-wide generator when it launches). Ranks that are processes
-    /// of their own ([`DataParallel::join`]) share no process, so they run `work` all at once.
+    /// for captures, which every rank must have made before any replays. First every rank
+    /// drains `device`, its own, and waits for the others; then each rank's turn comes while
+    /// the others wait at a barrier, and ends when `device` has run what `work` queued (so that
+    /// seeded draws in turn come out alike: burn's cubecl backends seed a draw from one
+    /// process-wide generator when it launches, and nothing one rank queued runs during
+    /// another's capture). Ranks that are processes of their own ([`DataParallel::join`]) share
+    /// no process, so they run `work` all at once.
     /// Returns this rank's value when every rank's `work` succeeded.
     ///
     /// # Errors
@@ -280,6 +293,30 @@ impl DataParallel {
         device: &Device,
         work: impl FnOnce() -> Result<T, GraphedError>,
     ) -> Result<T, GraphedError> {
+        self.turns(what, device, self.ranks.is_process_group(), work)
+    }
+
+    /// [`in_turn`](Self::in_turn) with every rank's `work` at once, threads too: for the
+    /// captures of steps that hold their all-reduce ([`Collective::Nccl`] with `in_graph`),
+    /// whose warm-ups each wait in an all-reduce for every rank. CUDA devices record at once
+    /// (thread-local capture mode); seeded draws made at once by threads are not alike.
+    pub(crate) fn at_once<T>(
+        &self,
+        what: &str,
+        device: &Device,
+        work: impl FnOnce() -> Result<T, GraphedError>,
+    ) -> Result<T, GraphedError> {
+        self.turns(what, device, true, work)
+    }
+
+    /// [`in_turn`](Self::in_turn), or every rank at once (`at_once`).
+    fn turns<T>(
+        &self,
+        what: &str,
+        device: &Device,
+        at_once: bool,
+        work: impl FnOnce() -> Result<T, GraphedError>,
+    ) -> Result<T, GraphedError> {
         // The rank's device drained, or why not (`when`: before the captures, or at the end of
         // its turn).
         let drain = |when: &str| {
@@ -289,7 +326,7 @@ impl DataParallel {
             })
         };
         self.ranks.agree(what, drain("before the captures"))?;
-        let mine = if self.ranks.is_process_group() {
+        let mine = if at_once {
             work()
         } else {
             let mut work = Some(work);
@@ -466,7 +503,7 @@ impl DataParallel {
                 let mean = crate::cube::nccl_mean(bucket, group);
                 // Runs the all-reduce (it is lazy), so that its failure is this step's.
                 let ran = crate::cube::check_written(&mean.clone().into_dispatch());
-                if let Some(reason) = crate::cube::nccl_failure() {
+                if let Some(reason) = crate::cube::nccl_failure(group) {
                     return Err(GraphedError::Collective { reason });
                 }
                 ran.map_err(|reason| GraphedError::Collective { reason })?;

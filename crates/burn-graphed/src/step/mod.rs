@@ -165,8 +165,11 @@ where
     ///
     /// Each step replays two graphs cut at the gradient bucket: forward, loss, backward and
     /// the gradients flattened into one bucket; then, after the group's collective averaged
-    /// the bucket in place of the graphs, the clipping and the update. The ranks capture in
-    /// turn ([`DataParallel::in_turn`]), and agree before every collective on the bucket's
+    /// the bucket in place of the graphs, the clipping and the update. With
+    /// [`Collective::Nccl`](crate::Collective::Nccl)'s `in_graph` (threads or processes) each
+    /// step is one graph with the all-reduce inside. The ranks capture in turn
+    /// ([`DataParallel::in_turn`]; at once with the all-reduce inside), and agree before every
+    /// collective on the bucket's
     /// layout and the learning rate: a rank that fails, or whose step differs, ends the step on
     /// every rank with the same typed error instead of a hang. Run each rank's training inside
     /// [`DataParallel::run`], so that a rank failing outside a step releases the others.
@@ -392,18 +395,21 @@ where
         let alone = |_: &str, outcome| outcome;
         let graph = match &self.parallel {
             None => cube::capture_step(state, &runner, flat, &self.config, StepCut::Whole, &alone),
-            Some((group, device)) => group.in_turn(CAPTURE_TURN, device, || {
-                group.check_device(device)?;
-                let Some(nccl) = group.in_graph_group() else {
+            Some((group, device)) => match group.in_graph_group() {
+                None => group.in_turn(CAPTURE_TURN, device, || {
+                    group.check_device(device)?;
                     let cut = StepCut::AtBucket;
-                    return cube::capture_step(state, &runner, flat, &self.config, cut, &alone);
-                };
-                // Every rank captures at once (ranks are processes): they agree before each
-                // all-reduce of the capture.
-                let meet = |what: &str, outcome| group.ranks().agree(what, outcome);
-                let cut = StepCut::InGraph { group: nccl };
-                cube::capture_step(state, &runner, flat, &self.config, cut, &meet)
-            }),
+                    cube::capture_step(state, &runner, flat, &self.config, cut, &alone)
+                }),
+                // Every rank captures at once (processes, or threads whose devices record in
+                // thread-local capture mode): they agree before each all-reduce of the capture.
+                Some(nccl) => group.at_once(CAPTURE_TURN, device, || {
+                    group.check_device(device)?;
+                    let meet = |what: &str, outcome| group.ranks().agree(what, outcome);
+                    let cut = StepCut::InGraph { group: nccl };
+                    cube::capture_step(state, &runner, flat, &self.config, cut, &meet)
+                }),
+            },
         }?;
         let bytes = graph.held_bytes();
         Ok((Arc::new(graph), bytes))

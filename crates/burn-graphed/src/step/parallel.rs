@@ -96,7 +96,8 @@ where
     /// `in_graph`): the route, and what could fail before the collective (the inputs' values,
     /// an eager step's gradients); the ranks' agreement on it; then the one replay, or the
     /// eager step's all-reduce and update; then, when any rank met shapes without graphs,
-    /// every rank's capture of them (all at once).
+    /// every rank's capture of its step's shapes (all at once; a rank that had their graph
+    /// replaces it).
     ///
     /// [`Collective::Nccl`]: crate::Collective::Nccl
     fn in_graph_step(
@@ -138,7 +139,9 @@ where
             }
         };
         if any_capture {
-            self.capture_in_turn(state, flat, key, wants_capture)?;
+            // Every rank captures, those with graphs for their shapes again: each warm-up's
+            // all-reduce, and the recording's first run, wait for every rank.
+            self.capture_in_turn(state, flat, key, true)?;
         }
         Ok(concat(losses))
     }

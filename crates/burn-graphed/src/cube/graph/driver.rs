@@ -3,7 +3,7 @@
 //! its two data-parallel halves (`step_graph.rs`) are recipes written with these stages only,
 //! in this order:
 //!
-//! 1. **enter** ([`under_lock`]): the progress reports, the process-wide capture lock, the device
+//! 1. **enter** ([`under_lock`]): the progress reports, the device's capture lock, the device
 //!    generators saved;
 //! 2. **static buffers** ([`Pools::start`] first, then [`static_inputs`], [`dense_param_copy`],
 //!    [`ordered_param_copy`]): copies that only the graphs will read;
@@ -18,7 +18,8 @@
 //! Each stage leaves the device usable when it fails: the guards of `lifecycle.rs` take the
 //! stream out of capture mode, and the exit puts back what the warm-ups changed.
 
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{
@@ -41,10 +42,54 @@ use crate::tensors::{ElementKind, FlatTensor};
 /// The device of burn's cubecl backend, without autodiff.
 pub(in crate::cube) type CubeDevice = <Cube as burn::backend::BackendTypes>::Device;
 
-/// CUDA captures in global mode: one capture at a time in the whole process.
-static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
+/// One capture at a time per device: cubecl's device thread issues a CUDA device's launches and
+/// allocations, and two recordings there would forbid each other's calls. CUDA records in
+/// thread-local mode ([`capture_mode`]), so CUDA devices record at once, as the thread ranks of
+/// a data-parallel group with the all-reduce inside the graph must (their warm-ups meet at
+/// each all-reduce); every other device shares one lock (key `None`), as every device does
+/// under the global mode of a test's control.
+static CAPTURE_LOCKS: Mutex<Vec<(Option<DispatchDevice>, Arc<Mutex<()>>)>> = Mutex::new(Vec::new());
 
-/// Stages 1 and 6: runs `capture` holding the capture lock, with progress reports headed
+/// Recordings begin in CUDA's global capture mode instead of thread-local (a test's control).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+static GLOBAL_MODE: AtomicBool = AtomicBool::new(false);
+
+/// Makes CUDA recordings begin in global capture mode (`true`) or thread-local (`false`, the
+/// default): a test's control, to show that a raw CUDA call of another thread then invalidates
+/// a recording.
+#[cfg(feature = "testing")]
+pub(crate) fn set_global_mode(on: bool) {
+    GLOBAL_MODE.store(on, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The capture mode for recordings on `dispatch` from now on, and the key of its capture lock.
+fn capture_mode(dispatch: &DispatchDevice) -> Option<DispatchDevice> {
+    #[cfg(feature = "cuda")]
+    if let DispatchDevice::Cube(cubecl::Device::Cuda(_)) = dispatch {
+        use cubecl_cuda::capture_mode::{CaptureMode, set};
+        if GLOBAL_MODE.load(std::sync::atomic::Ordering::SeqCst) {
+            set(CaptureMode::Global);
+            return None;
+        }
+        set(CaptureMode::ThreadLocal);
+        return Some(dispatch.clone());
+    }
+    let _ = dispatch;
+    None
+}
+
+/// The capture lock of `key` ([`CAPTURE_LOCKS`]).
+fn capture_lock(key: Option<DispatchDevice>) -> Arc<Mutex<()>> {
+    let mut locks = lock(&CAPTURE_LOCKS);
+    if let Some((_, found)) = locks.iter().find(|(k, _)| *k == key) {
+        return found.clone();
+    }
+    let made = Arc::new(Mutex::new(()));
+    locks.push((key, made.clone()));
+    made
+}
+
+/// Stages 1 and 6: runs `capture` holding the device's capture lock, with progress reports headed
 /// `what`, and puts the device generators back as they were before it (warm-ups, recordings
 /// and checks draw from them too: capturing consumes no randomness, so a graphed model and an
 /// eager copy seeded alike draw the same masks). `capture` receives the saved generators, for
@@ -60,7 +105,8 @@ pub(in crate::cube) fn under_lock<T>(
     capture: impl FnOnce(&SavedStates) -> Result<T, GraphedError>,
 ) -> Result<T, GraphedError> {
     let _progress = CaptureProgress::start(what);
-    let _lock = lock(&CAPTURE_LOCK);
+    let device_lock = capture_lock(capture_mode(dispatch));
+    let _lock = lock(&device_lock);
     let generators = random_state::save();
     let captured = capture(&generators);
     let restored =

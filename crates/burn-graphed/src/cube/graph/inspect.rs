@@ -3,9 +3,10 @@
 //!
 //! cubecl-cuda destroys the template right after instantiating it, so the workspace carries
 //! a patched cubecl-cuda (`vendor/README.md`) that reads it first and keeps the result for the
-//! process; [`super::lifecycle::Recording`] asks for it around every `graph_stop_capture`. One
-//! graph records at a time in a process (the capture lock), so the request and the answer are
-//! process-wide too. Without CUDA (wgpu's software graphs) no graph says what it holds.
+//! process; [`super::lifecycle::Recording`] asks for it around every `graph_stop_capture`. The
+//! request and the answer are process-wide, and CUDA devices record at once (thread-local
+//! capture mode), so every stop runs with its request and answer under one lock
+//! ([`stop_inspected`], [`stop_abandoned`]). Without CUDA (wgpu's software graphs) no graph says what it holds.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -26,8 +27,31 @@ pub(crate) fn write_graphs_as_dot(dir: Option<PathBuf>) {
     *lock(&DOT_DIR) = dir;
 }
 
-/// Before a recording starts: forgets what an earlier, failed recording may have left.
-pub(in crate::cube) fn forget() {
+/// Keeps each stop of a recording, its request and its answer apart from every other's.
+static STOPS: Mutex<()> = Mutex::new(());
+
+/// Runs `stop`, the `graph_stop_capture` of a recording of `phase`: with its DOT file asked
+/// for when [`write_graphs_as_dot`] is on, and what its graph holds.
+pub(in crate::cube) fn stop_inspected<T>(
+    phase: CapturePhase,
+    stop: impl FnOnce() -> T,
+) -> (T, GraphContents) {
+    let _one = lock(&STOPS);
+    forget();
+    before_stop(phase);
+    let stopped = stop();
+    (stopped, after_stop(phase))
+}
+
+/// Runs `stop`, which ends an abandoned recording, and drops what its graph held.
+pub(in crate::cube) fn stop_abandoned(stop: impl FnOnce()) {
+    let _one = lock(&STOPS);
+    stop();
+    forget();
+}
+
+/// Forgets what an earlier recording may have left.
+fn forget() {
     #[cfg(feature = "cuda")]
     {
         cubecl_cuda::graph_inspect::take_last_captured_graph();
@@ -37,7 +61,7 @@ pub(in crate::cube) fn forget() {
 
 /// Right before `graph_stop_capture` of a recording of `phase`: asks for its DOT file when
 /// [`write_graphs_as_dot`] is on.
-pub(in crate::cube) fn before_stop(phase: CapturePhase) {
+fn before_stop(phase: CapturePhase) {
     let Some(dir) = lock(&DOT_DIR).clone() else {
         return;
     };
@@ -61,7 +85,7 @@ pub(in crate::cube) fn before_stop(phase: CapturePhase) {
 }
 
 /// Right after `graph_stop_capture` returned a graph of `phase`: what it holds.
-pub(in crate::cube) fn after_stop(phase: CapturePhase) -> GraphContents {
+fn after_stop(phase: CapturePhase) -> GraphContents {
     #[cfg(feature = "cuda")]
     {
         cubecl_cuda::graph_inspect::request_graph_dot(None);

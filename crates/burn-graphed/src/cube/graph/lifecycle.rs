@@ -81,9 +81,11 @@ impl Drop for Preparation<'_> {
         if self.armed {
             // The lifecycle has no "cancel": an empty recording returns the stream to its
             // normal state, and the empty graph is dropped at once.
-            if Dispatch::graph_start_capture(self.device).is_ok() {
-                let _ = Dispatch::graph_stop_capture(self.device);
-            }
+            super::inspect::stop_abandoned(|| {
+                if Dispatch::graph_start_capture(self.device).is_ok() {
+                    let _ = Dispatch::graph_stop_capture(self.device);
+                }
+            });
         }
     }
 }
@@ -100,7 +102,6 @@ pub(in crate::cube) struct Recording<'a> {
 
 impl<'a> Recording<'a> {
     fn start(device: &'a DispatchDevice, phase: CapturePhase) -> Result<Self, GraphedError> {
-        super::inspect::forget();
         Dispatch::graph_start_capture(device).map_err(|error| GraphedError::Capture {
             phase,
             reason: error.to_string(),
@@ -115,9 +116,8 @@ impl<'a> Recording<'a> {
         phase: CapturePhase,
     ) -> Result<RecordedGraph, GraphedError> {
         self.open = false;
-        super::inspect::before_stop(phase);
-        let stopped = Dispatch::graph_stop_capture(self.device);
-        let contents = super::inspect::after_stop(phase);
+        let (stopped, contents) =
+            super::inspect::stop_inspected(phase, || Dispatch::graph_stop_capture(self.device));
         announce(format_args!("{phase} closed"));
         let graph = stopped.map_err(|error| {
             let mut reason = error.to_string();
@@ -132,19 +132,22 @@ impl<'a> Recording<'a> {
 
 /// Appended to a recording that the driver invalidated.
 ///
-/// cubecl 0.11 records CUDA graphs in global capture mode: while a recording is open, an
-/// operation that another thread issues on the device and that is not allowed during a
-/// capture (a synchronization, a read) fails there (status 900) and invalidates the recording
-/// (the GPU test `other_threads_keep_their_draws`).
-const INVALIDATED_HINT: &str = " (CUDA records graphs in global capture mode: a read or \
-synchronization that another thread issued on the device during the recording invalidates it, \
-and fails on that thread; keep other threads off the device while capturing, then retry)";
+/// cubecl's device thread issues a CUDA device's launches, copies and allocations, and records
+/// in thread-local capture mode ([`super::driver`]): a call CUDA forbids during a recording (an
+/// allocation or a free, a synchronization) that this thread makes while the recording is open
+/// fails (status 900) and invalidates it: memory the recorded work grows into, or the new
+/// memory of another thread's work on the same device (the GPU tests
+/// `capture_failures_are_recovered`, `other_threads_keep_their_draws`). Other threads' reads,
+/// and their work that needs no new memory, go on.
+const INVALIDATED_HINT: &str = " (an allocation, free or synchronization made on the device while it recorded invalidates the recording: memory the recorded work or another thread's work on the same device grew into; run a step eagerly first or keep other threads off the device while capturing, then retry)";
 
 impl Drop for Recording<'_> {
     fn drop(&mut self) {
         if self.open {
             // The recording is abandoned; its error says only that, so it is not reported.
-            let _ = Dispatch::graph_stop_capture(self.device);
+            super::inspect::stop_abandoned(|| {
+                let _ = Dispatch::graph_stop_capture(self.device);
+            });
         }
     }
 }
@@ -191,7 +194,7 @@ pub(in crate::cube) fn materialize(
     // streams, and refreshed on the capture stream. The caller still holds every tensor the
     // recording read or wrote (static inputs, parameters, outputs, gradients), the freed
     // activations lie in pages guarded for the graph's life, and this thread holds the
-    // capture lock and issued the recording on this stream.
+    // device's capture lock and issued the recording on this stream.
     unsafe { Dispatch::graph_replay(dispatch, graph) }.map_err(capture_error(phase))?;
     Dispatch::sync(dispatch).map_err(capture_error(phase))
 }

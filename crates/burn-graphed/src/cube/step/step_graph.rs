@@ -397,7 +397,7 @@ fn capture_from(
             }
         }
     })?;
-    if let Some(reason) = take_failure() {
+    if let Some(reason) = cut.group().and_then(take_failure) {
         return Err(GraphedError::Capture {
             phase: warmup,
             reason: format!("the all-reduce failed: {reason}"),
