@@ -1,7 +1,8 @@
-//! NCCL between processes: one communicator per process of a data-parallel group (one process
-//! per GPU), made from a unique id that rank 0 mints and the group's rendezvous hands to every
-//! rank, and the gradient bucket's mean as a lazy fusion operation that enqueues
-//! `ncclAllReduce` on cubecl's own stream.
+//! NCCL between the ranks of a data-parallel group, one per GPU, processes or threads of one
+//! process: one communicator per rank, made from a unique id that rank 0 mints (handed to every
+//! process by the group's rendezvous; shared by the threads of `DataParallel::group`), and the
+//! gradient bucket's mean as a lazy fusion operation that enqueues `ncclAllReduce` on cubecl's
+//! own stream.
 //!
 //! Why not cubecl's collectives: cubecl 0.11 mints its NCCL ids inside the process and numbers
 //! the ranks by the devices of that process, so processes cannot share a communicator; and it

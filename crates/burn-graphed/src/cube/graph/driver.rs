@@ -48,7 +48,10 @@ pub(in crate::cube) type CubeDevice = <Cube as burn::backend::BackendTypes>::Dev
 /// a data-parallel group with the all-reduce inside the graph must (their warm-ups meet at
 /// each all-reduce); every other device shares one lock (key `None`), as every device does
 /// under the global mode of a test's control.
-static CAPTURE_LOCKS: Mutex<Vec<(Option<DispatchDevice>, Arc<Mutex<()>>)>> = Mutex::new(Vec::new());
+static CAPTURE_LOCKS: Mutex<Vec<CaptureLock>> = Mutex::new(Vec::new());
+
+/// A device's capture lock in [`CAPTURE_LOCKS`], under its key ([`capture_mode`]).
+type CaptureLock = (Option<DispatchDevice>, Arc<Mutex<()>>);
 
 /// Recordings begin in CUDA's global capture mode instead of thread-local (a test's control).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
