@@ -765,11 +765,16 @@ pub fn whole_step_ranks_that_differ_fail_together(devices: &[Device], collective
             step_on(&dp, width).map(|_| ())
         });
         // In turn, the capture's agreement names it; with the all-reduce inside, the ranks
-        // capture at once and the first agreement inside the capture names its own stage.
+        // capture at once and the capture's first agreement, before the warm-up's all-reduce
+        // (where rank 1's forward fails), may name it instead.
         let in_graph = matches!(collective, Collective::Nccl { in_graph: true });
+        let named = |what: &str| {
+            what == "capturing a whole step"
+                || (in_graph && what == "a warm-up's gradients, before their all-reduce")
+        };
         for result in failed {
             assert!(
-                matches!(&result, Err(GraphedError::RankFailed { rank: 1, what, .. }) if in_graph || what == "capturing a whole step"),
+                matches!(&result, Err(GraphedError::RankFailed { rank: 1, what, .. }) if named(what)),
                 "{result:?}"
             );
         }
