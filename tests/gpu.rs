@@ -1020,6 +1020,21 @@ fn data_parallel_threads_nccl_in_graph_one_rank_matches_one_model() {
     scenarios::data_parallel::one_rank_in_graph_matches_one_model(&cuda());
 }
 
+/// NCCL's mean on one GPU: in the bucket's own buffer where it alone holds the bucket, into a
+/// new buffer where the bucket is held elsewhere too.
+#[test]
+fn data_parallel_nccl_mean_in_place_only_when_unshared() {
+    scenarios::data_parallel::nccl_mean_in_place_only_when_unshared(&[cuda()]);
+}
+
+/// The same on two GPUs, where the mean differs from each rank's values: a bucket held
+/// elsewhere keeps its own (skipped on one GPU).
+#[test]
+fn data_parallel_nccl_mean_in_place_only_when_unshared_two_gpus() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::nccl_mean_in_place_only_when_unshared(&devices);
+}
+
 /// A recording in thread-local capture mode (burn-graphed's) holds while another thread of the
 /// process allocates and frees device memory without pause; in global mode (the release's, the
 /// control) that thread's calls fail or the recordings are refused.

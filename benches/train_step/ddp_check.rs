@@ -13,7 +13,9 @@
 //! the ranks' losses, so its gradient is the mean of theirs, what the all-reduce computes) and
 //! compares its own replica with it by [`StepCheck`]. The control: the same eager training on
 //! rank 0's shards alone must fail the comparison, or the check could not see a missing
-//! all-reduce and the run ends there. What it cannot see: a wrong scale of the average (a sum
+//! all-reduce and the run ends there. With one rank (`--ranks 1`: what the all-reduce's gather,
+//! collective and split cost a step) the check is one model on the rank's own shards and the
+//! control one on a second rank's, another batch. What it cannot see: a wrong scale of the average (a sum
 //! for a mean), which Adam's update divides away; the GPU suite's data-parallel tests train
 //! with SGD too, whose update scales with the gradient (`tests/scenarios/data_parallel.rs`).
 //! Every rank waits at a barrier until rank 0 has compared, so that no rank ends its process
@@ -41,11 +43,6 @@ where
     O: TensorGroup,
 {
     let (rank, ranks) = (dp.ranks().rank(), dp.ranks().size());
-    if ranks < 2 {
-        // One rank averages nothing: its control would be its check.
-        eprintln!("# {label}: no data-parallel value check with one rank");
-        return None;
-    }
     let (initial, draws) = dp
         .in_turn("the check's draws", device, || {
             device.seed(CHECK_SEED);
@@ -62,6 +59,13 @@ where
     let shards: Vec<Vec<I>> = (0..ranks)
         .map(|r| draws.iter().map(|d| (case.shard)(d.clone(), r)).collect())
         .collect();
+    // The control's batches: rank 0's alone, which leave the other ranks' out; with one rank,
+    // whose check is one model on its own batches, a second rank's (another batch).
+    let control: Vec<Vec<I>> = if ranks > 1 {
+        shards[..1].to_vec()
+    } else {
+        vec![draws.iter().map(|d| (case.shard)(d.clone(), 1)).collect()]
+    };
     let mine = &shards[rank];
     let step = GraphedStep::data_parallel(
         dp,
@@ -79,7 +83,7 @@ where
             case,
             options,
             &initial,
-            &shards,
+            (&shards, &control),
             (&graphed_losses, &graphed),
         )
     });
@@ -88,7 +92,14 @@ where
         .unwrap_or_else(|error| panic!("{label}: {error}"));
     let (check, control) = compared?;
     eprintln!("# {label}: value check against one model on every rank's shards: {check}");
-    eprintln!("# {label}: control, one model on rank 0's shards alone (must fail): {control}");
+    eprintln!(
+        "# {label}: control, one model on {} (must fail): {control}",
+        if ranks > 1 {
+            "rank 0's shards alone"
+        } else {
+            "another rank's shards"
+        }
+    );
     assert!(
         !control.passed(),
         "{label}: the check is blind: one model trained without the ranks' average passed it \
@@ -98,12 +109,13 @@ where
 }
 
 /// Rank 0's comparisons: its replica's `graphed` losses and parameters against one model
-/// trained eagerly on every rank's `shards` (the check), and on rank 0's alone (the control).
+/// trained eagerly on every rank's `shards` (the check), and on the `control`'s (which leave
+/// out what the ranks trained on).
 fn compare_with_eager<M, I, O>(
     case: &Case<M, I, O>,
     options: &Options,
     initial: &M,
-    shards: &[Vec<I>],
+    (shards, control): (&[Vec<I>], &[Vec<I>]),
     (graphed_losses, graphed): (&[f64], &[TensorData]),
 ) -> (StepCheck, StepCheck)
 where
@@ -140,5 +152,5 @@ where
             (params, graphed),
         )
     };
-    (compare(&eager(shards)), compare(&eager(&shards[..1])))
+    (compare(&eager(shards)), compare(&eager(control)))
 }

@@ -582,7 +582,16 @@ pub fn one_rank_in_graph_matches_one_model(device: &Device) {
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let in_graph = Collective::Nccl { in_graph: true };
+    let reductions = burn_graphed::testing::nccl_reductions();
     let replicas = train_whole_steps(&model, std::slice::from_ref(&device), &in_graph, true, true);
+    // Every all-reduce of the step (the eager first step's, each warm-up's, the recording's)
+    // reduces the bucket in its own buffer: one copy of the bucket per rank.
+    let now = burn_graphed::testing::nccl_reductions();
+    assert!(
+        now.0 > reductions.0 && now.1 == reductions.1,
+        "all-reduces (in place, into a new buffer) went from {reductions:?} to {now:?}: every \
+         one of the step's must be in place"
+    );
     let single = one_model_for(&model, &device, true, STEPS);
     ParamsCheck::new(&device, &model).assert("one rank, in graph", &single, &replicas[0]);
     let short = one_model_for(&model, &device, true, STEPS - 1);
@@ -899,4 +908,46 @@ pub fn replica_moves_every_parameter(source: &Device, target: &Device) {
     // A bool's storage differs between backends (u32 on wgpu): compared as ints.
     let mask = |m: &Mixed| m.mask.val().int().into_data().convert::<i64>();
     assert_eq!(mask(&replica), mask(&model));
+}
+
+/// NCCL's mean reduces a bucket in its own buffer where the all-reduce holds the bucket's only
+/// reference (as a step hands its gradients' bucket over: one copy of the bucket per rank), and
+/// into a new buffer where anything else holds the bucket too, which then keeps its values.
+/// Rank `i` on `devices[i]` fills its bucket with `i + 1`: on two GPUs the mean (1.5) differs
+/// from every rank's values, so a bucket clobbered in place would show; on one the counts of
+/// in-place and new-buffer reductions tell the two paths apart.
+pub fn nccl_mean_in_place_only_when_unshared(devices: &[Device]) {
+    const LEN: usize = 1000;
+    let ranks = devices.len();
+    let mean = (1..=ranks).sum::<usize>() as f32 / ranks as f32;
+    let (in_place, into_new) = burn_graphed::testing::nccl_reductions();
+    on_group(ranks, &Collective::Nccl { in_graph: false }, |dp| {
+        let rank = dp.ranks().rank();
+        let device = &devices[rank];
+        let filled = || Tensor::<1>::full([LEN], rank as f32 + 1.0, device);
+        let values = |tensor: Tensor<1>| tensor.into_data().try_to_vec::<f32>().expect("f32");
+        let bucket = filled();
+        let kept = bucket.clone();
+        let shared =
+            burn_graphed::testing::all_reduce_mean(&dp, bucket).expect("mean of a shared bucket");
+        assert_eq!(
+            values(shared),
+            vec![mean; LEN],
+            "rank {rank}: shared bucket's mean"
+        );
+        assert_eq!(
+            values(kept),
+            vec![rank as f32 + 1.0; LEN],
+            "rank {rank}: a bucket held elsewhere must keep its values"
+        );
+        let whole =
+            burn_graphed::testing::all_reduce_mean(&dp, filled()).expect("mean of a bucket");
+        assert_eq!(values(whole), vec![mean; LEN], "rank {rank}: bucket's mean");
+    });
+    let (now_in_place, now_into_new) = burn_graphed::testing::nccl_reductions();
+    assert_eq!(
+        (now_in_place - in_place, now_into_new - into_new),
+        (ranks, ranks),
+        "(in place, into a new buffer) over {ranks} ranks: one of each per rank"
+    );
 }

@@ -310,6 +310,27 @@ pub mod testing {
     pub fn inject_nccl_error(reason: &str) {
         crate::cube::nccl_inject_error(reason);
     }
+
+    /// The NCCL all-reduces this process enqueued so far: `(in place, into a new buffer)`. A
+    /// bucket the all-reduce alone holds is reduced in its own buffer; one held elsewhere too
+    /// keeps its values, and the mean goes to a new buffer.
+    pub fn nccl_reductions() -> (usize, usize) {
+        crate::cube::nccl_reductions()
+    }
+
+    /// [`DataParallel`](crate::DataParallel)'s mean of every rank's `bucket` (a 1-D float
+    /// tensor, the same length on every rank, each rank calling at once), as a step averages
+    /// its gradients' bucket.
+    ///
+    /// # Errors
+    ///
+    /// The collective's, as [`DataParallel::average`](crate::DataParallel::average)'s.
+    pub fn all_reduce_mean(
+        group: &crate::DataParallel,
+        bucket: burn::tensor::Tensor<1>,
+    ) -> Result<burn::tensor::Tensor<1>, crate::GraphedError> {
+        group.mean(bucket)
+    }
     pub use crate::host_phases::{HostPhase, phase_times, time_phases};
 
     /// How many ops this process ran through the fused kernels of [`crate::nn`] (norms,

@@ -25,7 +25,7 @@
 //! asynchronous error (`ncclCommGetAsyncError`) and ends the group on one.
 
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
 use burn::backend::tensor::FloatTensor;
@@ -65,6 +65,20 @@ static ABORT: AtomicBool = AtomicBool::new(true);
 /// communicator of this process.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 static INJECTED: Mutex<Option<String>> = Mutex::new(None);
+
+/// All-reduces enqueued in place (the bucket's own buffer) and into a new buffer (the bucket
+/// held elsewhere too), for tests.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+static IN_PLACE: AtomicUsize = AtomicUsize::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+static INTO_NEW: AtomicUsize = AtomicUsize::new(0);
+
+/// The all-reduces enqueued so far in this process: in place, and into a new buffer.
+#[cfg(feature = "testing")]
+pub(crate) fn reductions() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (IN_PLACE.load(Relaxed), INTO_NEW.load(Relaxed))
+}
 
 /// What a group does on its communicator's asynchronous error: ends the rank group.
 pub(crate) type OnError = Box<dyn Fn(String) + Send + Sync>;
@@ -259,7 +273,7 @@ mod nccl {
     use cudarc::nccl::{result, sys};
 
     use super::super::cuda_stream::{CudaServer, make_current};
-    use super::super::dense::Dense;
+    use super::super::dense::{Dense, is_dense};
     use super::{COMMUNICATORS, UNIQUE_ID_BYTES};
 
     /// NCCL's data type for `dtype`.
@@ -465,13 +479,21 @@ mod nccl {
         let dtype = nccl_type(bucket.dtype)
             .ok_or_else(|| format!("a bucket of {:?}, expected f32, f16 or bf16", bucket.dtype))?;
         let len = bucket.meta.shape()[0];
-        let source = Dense::of(bucket);
-        let out = Dense::new_empty(
-            bucket.client.clone(),
-            bucket.device.clone(),
-            Shape::new([len]),
-            bucket.dtype,
-        );
+        // In place where this operation holds the bucket's only reference (the step's bucket,
+        // handed over at its last use): one copy of the gradients' bucket per rank. Where
+        // anything else holds the buffer, its values must stay, and the mean goes to a new one.
+        let in_place = bucket.can_mut() && is_dense(bucket);
+        let (source, out) = if in_place {
+            (None, Dense::of(bucket))
+        } else {
+            let out = Dense::new_empty(
+                bucket.client.clone(),
+                bucket.device.clone(),
+                Shape::new([len]),
+                bucket.dtype,
+            );
+            (Some(Dense::of(bucket)), out)
+        };
         let resource = |tensor: &CubeTensor| {
             tensor
                 .client
@@ -480,7 +502,11 @@ mod nccl {
         };
         // The output first: made on this thread's stream, it names the stream to enqueue on.
         let out_res = resource(out.tensor())?;
-        let source_res = resource(source.tensor())?;
+        let source_res = match &source {
+            Some(source) => Some(resource(source.tensor())?),
+            None => None,
+        };
+        let send = source_res.as_ref().unwrap_or(&out_res).resource().ptr;
         let stream: CUstream = out_res.resource().stream;
         if stream.is_null() {
             return Err("the buffer names no stream".into());
@@ -492,14 +518,15 @@ mod nccl {
         let mut communicators = crate::sync::lock(&COMMUNICATORS);
         let comm = communicator(&mut communicators, group)?;
         // SAFETY: both addresses are live device allocations of at least `len` elements of
-        // `dtype` (`source` dense over the bucket, `out` made for it), held until the
-        // operation returns, after which the stream orders every later use after the
+        // `dtype` (`source` dense over the bucket, `out` made for it, or both the bucket's own
+        // dense buffer, which NCCL reduces in place, and which nothing else holds), held until
+        // the operation returns, after which the stream orders every later use after the
         // all-reduce; `comm` is this process's communicator of the group, made on this
         // device; `stream` is cubecl's stream of this thread, on which the kernels that wrote
-        // `source` were enqueued (the resources were handed out after them).
+        // the bucket were enqueued (the resources were handed out after them).
         unsafe {
             result::all_reduce(
-                source_res.resource().ptr as *const std::ffi::c_void,
+                send as *const std::ffi::c_void,
                 out_res.resource().ptr as *mut std::ffi::c_void,
                 len,
                 dtype,
@@ -510,6 +537,12 @@ mod nccl {
         }
         .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
         drop(communicators);
+        let counter = if in_place {
+            &super::IN_PLACE
+        } else {
+            &super::INTO_NEW
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(out.into_tensor())
     }
 }

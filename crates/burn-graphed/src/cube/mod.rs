@@ -73,7 +73,10 @@ pub(crate) use self::{
 // Read by `burn_graphed::testing` only.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub(crate) use self::{
-    collective::{inject_error as nccl_inject_error, set_abort as nccl_set_abort},
+    collective::{
+        inject_error as nccl_inject_error, reductions as nccl_reductions,
+        set_abort as nccl_set_abort,
+    },
     driver_copy::copies as driver_copies,
     graph::driver::set_global_mode as set_capture_global_mode,
     graph::progress::set_intervals as set_progress_intervals,
@@ -101,8 +104,9 @@ pub(crate) use stand_in::{
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
-    fused_norm_forwards, nccl_inject_error, nccl_set_abort, norm_rows_per_chunk, norm_sum_lanes,
-    packed_attention_calls, set_capture_global_mode, set_progress_intervals, vendor_gemms,
+    fused_norm_forwards, nccl_inject_error, nccl_reductions, nccl_set_abort, norm_rows_per_chunk,
+    norm_sum_lanes, packed_attention_calls, set_capture_global_mode, set_progress_intervals,
+    vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -64,6 +64,12 @@ pub(crate) fn set_capture_global_mode(_on: bool) {}
 #[cfg(feature = "testing")]
 pub(crate) fn nccl_inject_error(_reason: &str) {}
 
+/// No all-reduce runs without the `cuda` feature.
+#[cfg(feature = "testing")]
+pub(crate) fn nccl_reductions() -> (usize, usize) {
+    (0, 0)
+}
+
 /// Never reached: no group joins without the `cuda` feature.
 pub(crate) fn nccl_mean(bucket: Tensor<1>, _group: usize) -> Tensor<1> {
     bucket

@@ -391,7 +391,7 @@ fn capture_from(
                     "a warm-up's gradients, before their all-reduce",
                     gradients,
                 )?;
-                let averaged = average(&bucket, group);
+                let averaged = average(bucket, group);
                 queued.extend(state.update(state.split_bucket(&averaged), warmup)?);
                 Ok((losses, queued))
             }
@@ -418,10 +418,9 @@ fn capture_from(
             let record = || {
                 let (losses, grads, mut queued) =
                     state.gradients(run, &leaves, &autodiff_inputs, phase)?;
-                let bucket = state.fill_bucket(grads)?;
-                let mean = average(&bucket, group);
+                let mean = average(state.fill_bucket(grads)?, group);
                 queued.extend(state.update(state.split_bucket(&mean), phase)?);
-                Ok((losses, bucket.layout, queued))
+                Ok((losses, mean.layout, queued))
             };
             let stopped = |result| meet("the recording of the step, before its first run", result);
             let ((losses, layout, _queued), (graph, contents)) =
@@ -495,11 +494,12 @@ fn met<T>(meet: &Meet<'_>, what: &str, result: Result<T, GraphedError>) -> Resul
     result
 }
 
-/// `bucket` averaged over NCCL group `group` (lazily: a fusion operation), same layout.
-fn average(bucket: &Bucket, group: usize) -> Bucket {
-    let tensor = burn::tensor::Tensor::<1>::from_dispatch(bucket.tensor.clone());
+/// `bucket` averaged over NCCL group `group` (lazily: a fusion operation), same layout. Taken
+/// whole, so that the all-reduce holds the bucket's only reference and reduces it in place.
+fn average(bucket: Bucket, group: usize) -> Bucket {
+    let tensor = burn::tensor::Tensor::<1>::from_dispatch(bucket.tensor);
     Bucket {
         tensor: mean(tensor, group).into_dispatch(),
-        layout: bucket.layout.clone(),
+        layout: bucket.layout,
     }
 }
