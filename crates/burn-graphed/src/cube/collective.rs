@@ -210,6 +210,9 @@ pub(crate) fn mean(bucket: Tensor<1>, group: usize) -> Tensor<1> {
     let bucket = bucket.inner();
     match bucket.clone().try_into_primitive::<Cube>() {
         Ok(fused) => {
+            // The operation alone holds the bucket where the caller handed over its last
+            // reference: fusion marks it read-write, and the all-reduce reduces it in place.
+            drop(bucket);
             Tensor::from_primitive::<Cube>(<Cube as CollectiveOps>::nccl_mean(fused, group))
         }
         Err(_) => {
