@@ -1020,6 +1020,13 @@ fn data_parallel_threads_nccl_in_graph_one_rank_matches_one_model() {
     scenarios::data_parallel::one_rank_in_graph_matches_one_model(&cuda());
 }
 
+/// One thread rank with the all-reduce inside the graph and a bucket per parameter: the buckets
+/// start during the backward, and the replica equals one model and the one-bucket replica.
+#[test]
+fn data_parallel_threads_nccl_in_graph_buckets_start_during_the_backward() {
+    scenarios::data_parallel::one_rank_in_graph_buckets_start_during_the_backward(&cuda());
+}
+
 /// NCCL's mean on one GPU: in the bucket's own buffer where it alone holds the bucket, into a
 /// new buffer where the bucket is held elsewhere too.
 #[test]

@@ -35,7 +35,7 @@ pub(crate) struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-pub(crate) const MODES: [Mode; 33] = [
+pub(crate) const MODES: [Mode; 34] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -81,6 +81,7 @@ pub(crate) const MODES: [Mode; 33] = [
     Mode::Ddp(DdpStep::BetweenGraphs),
     Mode::Ddp(DdpStep::InGraphSockets),
     Mode::Ddp(DdpStep::ThreadsInGraph),
+    Mode::Ddp(DdpStep::ThreadsInGraphAfterBackward),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -167,7 +168,8 @@ pub(crate) enum Mode {
     /// `ddp_whole_step_in_graph_sockets`: the first with NCCL on sockets over the loopback, as
     /// between two machines (the run's environment must say so: `processes::SOCKETS`). With
     /// one thread per GPU and burn-graphed's NCCL inside the step's one graph
-    /// (`Collective::Nccl` from `DataParallel::group`): `ddp_whole_step_threads_in_graph`.
+    /// (`Collective::Nccl` from `DataParallel::group`): `ddp_whole_step_threads_in_graph`, its
+    /// all-reduces started during the backward, and `..._after_backward`, in one bucket after it.
     Ddp(DdpStep),
 }
 
@@ -185,6 +187,9 @@ pub(crate) enum DdpStep {
     InGraphSockets,
     /// One thread per GPU, burn-graphed's NCCL inside the step's graph.
     ThreadsInGraph,
+    /// [`DdpStep::ThreadsInGraph`] with the all-reduce after the backward, in one bucket
+    /// (`testing::overlap_all_reduces(false)`): the overlap's A/B.
+    ThreadsInGraphAfterBackward,
 }
 
 impl Mode {
@@ -247,6 +252,9 @@ impl Mode {
             Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
             Mode::Ddp(DdpStep::InGraphSockets) => "ddp_whole_step_in_graph_sockets",
             Mode::Ddp(DdpStep::ThreadsInGraph) => "ddp_whole_step_threads_in_graph",
+            Mode::Ddp(DdpStep::ThreadsInGraphAfterBackward) => {
+                "ddp_whole_step_threads_in_graph_after_backward"
+            }
         }
     }
 

@@ -35,9 +35,13 @@ where
     }
     let (devices, collective) = ddp_devices(device, options);
     let collective = match ddp {
-        DdpStep::ThreadsInGraph => Collective::Nccl { in_graph: true },
+        DdpStep::ThreadsInGraph | DdpStep::ThreadsInGraphAfterBackward => {
+            Collective::Nccl { in_graph: true }
+        }
         _ => collective,
     };
+    // The whole process runs one mode: the switch holds for its captures.
+    burn_graphed::testing::overlap_all_reduces(ddp != DdpStep::ThreadsInGraphAfterBackward);
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
     let model = (case.make)(device);
@@ -66,7 +70,8 @@ where
                         | DdpStep::InGraph
                         | DdpStep::BetweenGraphs
                         | DdpStep::InGraphSockets
-                        | DdpStep::ThreadsInGraph => {
+                        | DdpStep::ThreadsInGraph
+                        | DdpStep::ThreadsInGraphAfterBackward => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,

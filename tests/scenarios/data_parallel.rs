@@ -583,7 +583,15 @@ pub fn one_rank_in_graph_matches_one_model(device: &Device) {
     let model = Mlp::new(16, 2, 4, &device);
     let in_graph = Collective::Nccl { in_graph: true };
     let reductions = burn_graphed::testing::nccl_reductions();
+    let starts = burn_graphed::testing::overlap_starts();
     let replicas = train_whole_steps(&model, std::slice::from_ref(&device), &in_graph, true, true);
+    // The warm-ups' and the recording's buckets start while their backward goes on (one
+    // bucket here: the model is far below the first bucket's cap).
+    let started = burn_graphed::testing::overlap_starts();
+    assert!(
+        started.0 > starts.0 && started.1 == starts.1,
+        "buckets (started during the backward, after it) went from {starts:?} to {started:?}"
+    );
     // Every all-reduce of the step (the eager first step's, each warm-up's, the recording's)
     // reduces the bucket in its own buffer: one copy of the bucket per rank.
     let now = burn_graphed::testing::nccl_reductions();
@@ -950,4 +958,53 @@ pub fn nccl_mean_in_place_only_when_unshared(devices: &[Device]) {
         (ranks, ranks),
         "(in place, into a new buffer) over {ranks} ranks: one of each per rank"
     );
+}
+
+/// One rank, the all-reduce inside the graph, a bucket per parameter (caps of one byte): every
+/// bucket starts while the backward goes on (each parameter's gradient is final before the
+/// backward ends), the replica equals one model trained eagerly, and equals the replica of the
+/// same steps with the all-reduce after the backward in one bucket (the A/B), bit for bit.
+pub fn one_rank_in_graph_buckets_start_during_the_backward(device: &Device) {
+    use burn_graphed::testing::{overlap_all_reduces, overlap_bucket_caps, overlap_starts};
+    let device = device.clone().autodiff();
+    let model = Mlp::new(16, 2, 4, &device);
+    let in_graph = Collective::Nccl { in_graph: true };
+    let devices = std::slice::from_ref(&device);
+    overlap_bucket_caps(Some((1, 1)));
+    let starts = overlap_starts();
+    let buckets = train_whole_steps(&model, devices, &in_graph, true, true);
+    let started = overlap_starts();
+    overlap_bucket_caps(None);
+    let params = count_float_params(&model);
+    assert!(
+        started.0 - starts.0 >= params && started.1 == starts.1,
+        "buckets (started during the backward, after it) went from {starts:?} to {started:?}; \
+         each backward of {params} parameters starts {params} during it"
+    );
+    let single = one_model_for(&model, &device, true, STEPS);
+    ParamsCheck::new(&device, &model).assert("a bucket per parameter", &single, &buckets[0]);
+    overlap_all_reduces(false);
+    let starts = overlap_starts();
+    let after = train_whole_steps(&model, devices, &in_graph, true, true);
+    let unchanged = overlap_starts();
+    overlap_all_reduces(true);
+    assert_eq!(unchanged, starts, "no bucket starts with the overlap off");
+    assert_eq!(
+        param_values(&buckets[0]).expect("read"),
+        param_values(&after[0]).expect("read"),
+        "the buckets' replica and the one-bucket replica, bit for bit"
+    );
+}
+
+/// The float parameters of `model`.
+fn count_float_params(model: &Mlp) -> usize {
+    struct Count(usize);
+    impl burn::module::ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, _: &burn::module::Param<Tensor<D>>) {
+            self.0 += 1;
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
 }

@@ -44,6 +44,13 @@ const CARRIED: &[Carried] = &[
         copy: "vendor/burn-cubecl",
         patch: "vendor/burn-cubecl.patch",
     },
+    Carried {
+        name: "burn-backend",
+        version: "0.22.1",
+        sha256: "4e50f934127d772ca3a687e7aa5f9fd671cc66dec253d383f4391b1a97031401",
+        copy: "vendor/burn-backend",
+        patch: "vendor/burn-backend.patch",
+    },
 ];
 
 fn run(command: &mut Command) -> Result<String, String> {

@@ -318,6 +318,25 @@ pub mod testing {
         crate::cube::nccl_reductions()
     }
 
+    /// Makes the data-parallel steps captured after it, with the all-reduce inside their graph
+    /// and one micro-batch, start their all-reduces during the backward, bucket by bucket
+    /// (`true`, the default), or after it, in one bucket (`false`): an A/B.
+    pub fn overlap_all_reduces(on: bool) {
+        crate::cube::set_overlap(on);
+    }
+
+    /// Makes the steps captured after it cut their gradients' buckets at `caps` bytes (the
+    /// first bucket's, the others'; PyTorch's DDP's 1 MiB and 25 MiB by default, `None`).
+    pub fn overlap_bucket_caps(caps: Option<(usize, usize)>) {
+        crate::cube::set_overlap_caps(caps);
+    }
+
+    /// The gradient buckets this process started so far: while their backward went on, and
+    /// after it.
+    pub fn overlap_starts() -> (usize, usize) {
+        crate::cube::overlap_starts()
+    }
+
     /// [`DataParallel`](crate::DataParallel)'s mean of every rank's `bucket` (a 1-D float
     /// tensor, the same length on every rank, each rank calling at once), as a step averages
     /// its gradients' bucket.
@@ -326,9 +345,9 @@ pub mod testing {
     ///
     /// The collective's, as [`DataParallel::average`](crate::DataParallel::average)'s.
     pub fn all_reduce_mean(
-        group: &crate::DataParallel,
+        group: &crate::data_parallel::DataParallel,
         bucket: burn::tensor::Tensor<1>,
-    ) -> Result<burn::tensor::Tensor<1>, crate::GraphedError> {
+    ) -> Result<burn::tensor::Tensor<1>, crate::error::GraphedError> {
         group.mean(bucket)
     }
     pub use crate::host_phases::{HostPhase, phase_times, time_phases};

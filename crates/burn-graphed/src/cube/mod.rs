@@ -34,6 +34,8 @@ mod kernel_cache;
 mod kernels;
 #[cfg(feature = "cube")]
 mod ops;
+#[cfg(feature = "cuda")]
+mod side_stream;
 #[cfg(feature = "cube")]
 mod step;
 #[cfg(feature = "cube")]
@@ -88,6 +90,9 @@ pub(crate) use self::{
     ops::conv_tiling::force_tiling as force_conv_tiling,
     ops::norm_op::{grad_rows_per_chunk as norm_rows_per_chunk, grad_sum_lanes as norm_sum_lanes},
     ops::vendor_matmul::gemms as vendor_gemms,
+    step::overlap::{
+        set_caps as set_overlap_caps, set_enabled as set_overlap, starts as overlap_starts,
+    },
 };
 
 #[cfg(not(feature = "cube"))]
@@ -105,8 +110,8 @@ pub(crate) use stand_in::{
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
     fused_norm_forwards, nccl_inject_error, nccl_reductions, nccl_set_abort, norm_rows_per_chunk,
-    norm_sum_lanes, packed_attention_calls, set_capture_global_mode, set_progress_intervals,
-    vendor_gemms,
+    norm_sum_lanes, overlap_starts, packed_attention_calls, set_capture_global_mode, set_overlap,
+    set_overlap_caps, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -64,6 +64,20 @@ pub(crate) fn set_capture_global_mode(_on: bool) {}
 #[cfg(feature = "testing")]
 pub(crate) fn nccl_inject_error(_reason: &str) {}
 
+/// Nothing records without cubecl.
+#[cfg(feature = "testing")]
+pub(crate) fn set_overlap(_on: bool) {}
+
+/// Nothing records without cubecl.
+#[cfg(feature = "testing")]
+pub(crate) fn set_overlap_caps(_caps: Option<(usize, usize)>) {}
+
+/// Nothing records without cubecl.
+#[cfg(feature = "testing")]
+pub(crate) fn overlap_starts() -> (usize, usize) {
+    (0, 0)
+}
+
 /// No all-reduce runs without the `cuda` feature.
 #[cfg(feature = "testing")]
 pub(crate) fn nccl_reductions() -> (usize, usize) {

@@ -2,6 +2,7 @@
 //! clipping, the small kernels of its schedule, and its graphs. The update itself is the
 //! engine's one update operation (`update`), its clock on the device.
 
+pub(super) mod overlap;
 pub(super) mod schedule_op;
 pub(super) mod step_clip;
 pub(super) mod step_graph;

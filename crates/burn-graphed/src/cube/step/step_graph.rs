@@ -19,7 +19,7 @@ use burn::backend::{Backend, Dispatch, DispatchGraph, DispatchTensor};
 use super::super::buffers::{
     DirectCopy, FusedTensor, StaticBuffer, check_written, dispatch_of, fused, static_fused,
 };
-use super::super::collective::{mean, take_failure};
+use super::super::collective::{end as end_collective, mean, take_failure};
 use super::super::graph::driver::{InputView, Pools, static_inputs, under_lock, warm_up};
 use super::super::graph::lifecycle::capture_error;
 use super::super::graph::random_state::SavedStates;
@@ -366,6 +366,11 @@ fn capture_from(
     } else {
         config
     };
+    // With the all-reduce inside and one micro-batch, the all-reduces start during the
+    // backward (`overlap`); the update's gradients come from the buckets either way.
+    let overlapped = matches!(cut, StepCut::InGraph { .. })
+        && autodiff_inputs.len() == 1
+        && super::overlap::enabled();
     let (warmed, eager_losses) = warm_up(dispatch, warm_config, warmup, || {
         restore()?;
         match cut {
@@ -375,6 +380,28 @@ fn capture_from(
                     state.gradients(run, &leaves, &autodiff_inputs, warmup)?;
                 let bucket = state.fill_bucket(grads)?;
                 queued.extend(state.update(state.split_bucket(&bucket), warmup)?);
+                Ok((losses, queued))
+            }
+            StepCut::InGraph { group } if overlapped => {
+                let gradients =
+                    super::overlap::gradients(state, run, &leaves, &autodiff_inputs, warmup, group)
+                        .and_then(|(losses, started, kept)| {
+                            started
+                                .check_written()
+                                .map_err(|reason| GraphedError::GradientsNotWritten { reason })?;
+                            Ok((losses, started, kept))
+                        });
+                // The all-reduces began in the backward: where a rank failed before its own,
+                // the others' wait on the device for a peer that will not come, so the group's
+                // communicator ends (aborted unless the streams drain).
+                let met = met(
+                    meet,
+                    "a warm-up's gradients, their all-reduces begun",
+                    gradients,
+                )
+                .inspect_err(|error| end_collective(group, &error.to_string()));
+                let (losses, started, mut queued) = met?;
+                queued.extend(state.update(super::overlap::split(state, started, group), warmup)?);
                 Ok((losses, queued))
             }
             StepCut::InGraph { group } => {
@@ -416,6 +443,20 @@ fn capture_from(
         StepCut::InGraph { group } => {
             // The ranks agree that every recording stopped before any runs its graph once.
             let record = || {
+                if overlapped {
+                    let (losses, started, mut queued) = super::overlap::gradients(
+                        state,
+                        run,
+                        &leaves,
+                        &autodiff_inputs,
+                        phase,
+                        group,
+                    )?;
+                    let layout = started.layout.clone();
+                    queued
+                        .extend(state.update(super::overlap::split(state, started, group), phase)?);
+                    return Ok((losses, layout, queued));
+                }
                 let (losses, grads, mut queued) =
                     state.gradients(run, &leaves, &autodiff_inputs, phase)?;
                 let mean = average(state.fill_bucket(grads)?, group);

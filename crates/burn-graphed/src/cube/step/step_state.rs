@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{Backend, Cube, Dispatch, DispatchDevice, DispatchTensor};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Shape, Tensor};
 
 use super::super::buffers::{FusedTensor, StaticBuffer, dispatch_of, fused, static_fused};
 use super::super::copy_op::{StaticCopyOps, copy_into, copy_to_new};
@@ -432,6 +432,19 @@ impl StepState {
             },
             tensor: tensor.into_dispatch(),
         })
+    }
+
+    /// Whether each float parameter requires grad (is trained).
+    pub(in crate::cube) fn trained(&self) -> &[bool] {
+        &self.require_grad
+    }
+
+    /// Each float parameter's shape and dtype.
+    pub(in crate::cube) fn param_specs(&self) -> Vec<(Shape, DType)> {
+        self.params
+            .iter()
+            .map(|p| (p.fused.shape.clone(), p.fused.dtype))
+            .collect()
     }
 
     /// `bucket` split back into the gradients of the parameters its layout names, each in its
