@@ -941,6 +941,7 @@ DDP_BASELINES = {
     ("burn", "ddp_whole_step_in_graph_sockets"): "whole_step",
     ("burn", "ddp_whole_step_threads_in_graph"): "whole_step",
     ("burn", "ddp_whole_step_threads_in_graph_after_backward"): "whole_step",
+    ("burn", "ddp_whole_step_threads_in_graph_overlap"): "whole_step",
     ("torch", "ddp_eager"): "eager_fused_adam",
     ("torch", "ddp_graphed"): "graphed_fused_adam",
     ("torch", "ddp_whole_step"): "whole_step_fused_adam",

@@ -16,7 +16,7 @@
 //!                     ddp_eager,ddp_graphed,ddp_whole_step,ddp_whole_step_in_graph,
 //!                     ddp_whole_step_processes,ddp_whole_step_in_graph_sockets,
 //!                     ddp_whole_step_threads_in_graph,
-//!                     ddp_whole_step_threads_in_graph_after_backward]
+//!                     ddp_whole_step_threads_in_graph_overlap]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8] [--attention-blocks 16x16]
 //! ```

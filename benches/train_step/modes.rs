@@ -81,7 +81,7 @@ pub(crate) const MODES: [Mode; 34] = [
     Mode::Ddp(DdpStep::BetweenGraphs),
     Mode::Ddp(DdpStep::InGraphSockets),
     Mode::Ddp(DdpStep::ThreadsInGraph),
-    Mode::Ddp(DdpStep::ThreadsInGraphAfterBackward),
+    Mode::Ddp(DdpStep::ThreadsInGraphOverlap),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -169,7 +169,7 @@ pub(crate) enum Mode {
     /// between two machines (the run's environment must say so: `processes::SOCKETS`). With
     /// one thread per GPU and burn-graphed's NCCL inside the step's one graph
     /// (`Collective::Nccl` from `DataParallel::group`): `ddp_whole_step_threads_in_graph`, its
-    /// all-reduces started during the backward, and `..._after_backward`, in one bucket after it.
+    /// all-reduce after the backward in one bucket, and `..._overlap`, started during it.
     Ddp(DdpStep),
 }
 
@@ -187,9 +187,9 @@ pub(crate) enum DdpStep {
     InGraphSockets,
     /// One thread per GPU, burn-graphed's NCCL inside the step's graph.
     ThreadsInGraph,
-    /// [`DdpStep::ThreadsInGraph`] with the all-reduce after the backward, in one bucket
-    /// (`testing::overlap_all_reduces(false)`): the overlap's A/B.
-    ThreadsInGraphAfterBackward,
+    /// [`DdpStep::ThreadsInGraph`] with the all-reduces started during the backward, bucket by
+    /// bucket (`testing::overlap_all_reduces(true)`): the overlap's A/B.
+    ThreadsInGraphOverlap,
 }
 
 impl Mode {
@@ -252,9 +252,7 @@ impl Mode {
             Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
             Mode::Ddp(DdpStep::InGraphSockets) => "ddp_whole_step_in_graph_sockets",
             Mode::Ddp(DdpStep::ThreadsInGraph) => "ddp_whole_step_threads_in_graph",
-            Mode::Ddp(DdpStep::ThreadsInGraphAfterBackward) => {
-                "ddp_whole_step_threads_in_graph_after_backward"
-            }
+            Mode::Ddp(DdpStep::ThreadsInGraphOverlap) => "ddp_whole_step_threads_in_graph_overlap",
         }
     }
 

@@ -35,13 +35,13 @@ where
     }
     let (devices, collective) = ddp_devices(device, options);
     let collective = match ddp {
-        DdpStep::ThreadsInGraph | DdpStep::ThreadsInGraphAfterBackward => {
+        DdpStep::ThreadsInGraph | DdpStep::ThreadsInGraphOverlap => {
             Collective::Nccl { in_graph: true }
         }
         _ => collective,
     };
     // The whole process runs one mode: the switch holds for its captures.
-    burn_graphed::testing::overlap_all_reduces(ddp != DdpStep::ThreadsInGraphAfterBackward);
+    burn_graphed::testing::overlap_all_reduces(ddp == DdpStep::ThreadsInGraphOverlap);
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
     let model = (case.make)(device);
@@ -71,7 +71,7 @@ where
                         | DdpStep::BetweenGraphs
                         | DdpStep::InGraphSockets
                         | DdpStep::ThreadsInGraph
-                        | DdpStep::ThreadsInGraphAfterBackward => {
+                        | DdpStep::ThreadsInGraphOverlap => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,

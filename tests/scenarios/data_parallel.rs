@@ -585,12 +585,11 @@ pub fn one_rank_in_graph_matches_one_model(device: &Device) {
     let reductions = burn_graphed::testing::nccl_reductions();
     let starts = burn_graphed::testing::overlap_starts();
     let replicas = train_whole_steps(&model, std::slice::from_ref(&device), &in_graph, true, true);
-    // The warm-ups' and the recording's buckets start while their backward goes on (one
-    // bucket here: the model is far below the first bucket's cap).
+    // By default the all-reduce follows the backward, in one bucket: none starts during it.
     let started = burn_graphed::testing::overlap_starts();
-    assert!(
-        started.0 > starts.0 && started.1 == starts.1,
-        "buckets (started during the backward, after it) went from {starts:?} to {started:?}"
+    assert_eq!(
+        started, starts,
+        "buckets (started during the backward, after it)"
     );
     // Every all-reduce of the step (the eager first step's, each warm-up's, the recording's)
     // reduces the bucket in its own buffer: one copy of the bucket per rank.
@@ -960,21 +959,24 @@ pub fn nccl_mean_in_place_only_when_unshared(devices: &[Device]) {
     );
 }
 
-/// One rank, the all-reduce inside the graph, a bucket per parameter (caps of one byte): every
-/// bucket starts while the backward goes on (each parameter's gradient is final before the
-/// backward ends), the replica equals one model trained eagerly, and equals the replica of the
-/// same steps with the all-reduce after the backward in one bucket (the A/B), bit for bit.
+/// One rank, the all-reduce inside the graph, its all-reduces started during the backward
+/// (`overlap_all_reduces(true)`) with a bucket per parameter (caps of one byte): every bucket
+/// starts while the backward goes on (each parameter's gradient is final before the backward
+/// ends), the replica equals one model trained eagerly, and equals the replica of the same
+/// steps with the all-reduce after the backward in one bucket (the default), bit for bit.
 pub fn one_rank_in_graph_buckets_start_during_the_backward(device: &Device) {
     use burn_graphed::testing::{overlap_all_reduces, overlap_bucket_caps, overlap_starts};
     let device = device.clone().autodiff();
     let model = Mlp::new(16, 2, 4, &device);
     let in_graph = Collective::Nccl { in_graph: true };
     let devices = std::slice::from_ref(&device);
+    overlap_all_reduces(true);
     overlap_bucket_caps(Some((1, 1)));
     let starts = overlap_starts();
     let buckets = train_whole_steps(&model, devices, &in_graph, true, true);
     let started = overlap_starts();
     overlap_bucket_caps(None);
+    overlap_all_reduces(false);
     let params = count_float_params(&model);
     assert!(
         started.0 - starts.0 >= params && started.1 == starts.1,
@@ -983,11 +985,9 @@ pub fn one_rank_in_graph_buckets_start_during_the_backward(device: &Device) {
     );
     let single = one_model_for(&model, &device, true, STEPS);
     ParamsCheck::new(&device, &model).assert("a bucket per parameter", &single, &buckets[0]);
-    overlap_all_reduces(false);
     let starts = overlap_starts();
     let after = train_whole_steps(&model, devices, &in_graph, true, true);
     let unchanged = overlap_starts();
-    overlap_all_reduces(true);
     assert_eq!(unchanged, starts, "no bucket starts with the overlap off");
     assert_eq!(
         param_values(&buckets[0]).expect("read"),

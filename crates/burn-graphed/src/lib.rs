@@ -320,7 +320,8 @@ pub mod testing {
 
     /// Makes the data-parallel steps captured after it, with the all-reduce inside their graph
     /// and one micro-batch, start their all-reduces during the backward, bucket by bucket
-    /// (`true`, the default), or after it, in one bucket (`false`): an A/B.
+    /// (`true`), or after it, in one bucket (`false`, the default until two GPUs measure the
+    /// overlap's gain): the A/B.
     pub fn overlap_all_reduces(on: bool) {
         crate::cube::set_overlap(on);
     }

@@ -30,16 +30,18 @@ use crate::error::{CapturePhase, GraphedError};
 use crate::sync::lock;
 use crate::tensors::FlatTensor;
 
-/// Whether data-parallel steps start their all-reduces during the backward (the default) or
-/// after it, in one bucket: a test's or a benchmark's A/B.
-static ENABLED: AtomicBool = AtomicBool::new(true);
+/// Whether data-parallel steps start their all-reduces during the backward, or after it in one
+/// bucket (the default): off until two GPUs show it gains. On one rank, where nothing overlaps,
+/// it cost 12 us of the MLP's 183 us step and 38 us of the transformer's 751 us
+/// (`h200_ddp_one_rank_overlap_ab_9efc0d7.jsonl`; docs/decisions.md).
+static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Whether the all-reduces start during the backward ([`ENABLED`]).
 pub(in crate::cube) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Turns the start during the backward on (the default) or off, for recordings made after.
+/// Turns the start during the backward on or off (the default), for recordings made after.
 #[cfg(feature = "testing")]
 pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
