@@ -6,45 +6,85 @@ below which a small model's replay cannot go however little each kernel computes
 replay is value-checked: x must have grown by exactly N per replay. Prints one JSON row per N and
 one with the fitted slope.
 
-    python3 benches/graph_node_cost.py [--reps 200]
+`--branch`: also each graph with one node more on a second stream, joined back before the
+chain's last node and forked off it three nodes before its end (`"branch": "end"`, as a
+data-parallel step's all-reduce started during the backward is) or after its second node
+(`"start"`), each with its own fit: whether a graph that is not a straight line pays per branch
+or per node. Its check: the side node ran once per replay. `--branch-op nccl`: the side node
+is instead NCCL's all-reduce of the side tensor in a group of one process (`ncclAvg`, as a
+data-parallel step's bucket; its check: the tensor's value unchanged), and the "none" graphs
+hold that all-reduce in the chain, three nodes before its end.
+
+    python3 benches/graph_node_cost.py [--reps 200] [--branch [--branch-op add|nccl]]
 """
 
 import argparse
 import json
+import time
 
 import torch
 
 
-def time_graph(nodes: int, reps: int) -> dict:
+def side_op(op: str, y: torch.Tensor) -> None:
+    if op == "nccl":
+        torch.distributed.all_reduce(y, op=torch.distributed.ReduceOp.AVG)
+    else:
+        y.add_(1.0)
+
+
+def time_graph(nodes: int, reps: int, branch: str | None = None, op: str = "add") -> dict:
     x = torch.zeros(1, device="cuda", dtype=torch.float32)
+    # NCCL's all-reduce of a step's bucket: 2 MB, as the bench MLP's gradients.
+    y = torch.zeros(1 if op == "add" else 1 << 19, device="cuda", dtype=torch.float32)
+    side = torch.cuda.Stream()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):  # warm-up outside the capture, as torch.cuda.graph asks
             x.add_(1.0)
+            if op == "nccl":
+                side_op(op, y)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(nodes):
+        for i in range(nodes):
+            if branch and i == (nodes - 3 if branch == "end" else 2):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    side_op(op, y)
+            elif not branch and op == "nccl" and i == nodes - 3:
+                side_op(op, y)
+            if branch and i == nodes - 1:
+                torch.cuda.current_stream().wait_stream(side)
             x.add_(1.0)
     x.zero_()
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
     x.zero_()
+    y.fill_(0.0 if op == "add" else 1.0)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    host = time.perf_counter()
     for _ in range(reps):
         graph.replay()
+    host = time.perf_counter() - host
     end.record()
     torch.cuda.synchronize()
-    got, expected = x.item(), float(nodes * reps)
+    # The side node's effect: `reps` additions, or a mean of ones over one rank (ones).
+    side_value = float(reps if branch else 0) if op == "add" else 1.0
+    got, expected = (x.item(), y[0].item()), (float(nodes * reps), side_value)
     return {
         "what": "graph_node_cost",
         "nodes": nodes,
+        "branch": branch,
+        "branch_op": op,
         "reps": reps,
         "us_per_replay": start.elapsed_time(end) * 1000.0 / reps,
-        "check": "passed" if got == expected else f"FAILED: x = {got}, expected {expected}",
+        # The host's time to launch one replay (the launches run ahead of the device while
+        # the graph takes longer on the device than its launch on the host).
+        "host_us_per_launch": host * 1e6 / reps,
+        "check": "passed" if got == expected else f"FAILED: (x, y) = {got}, expected {expected}",
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
@@ -53,8 +93,21 @@ def time_graph(nodes: int, reps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--branch", action="store_true")
+    parser.add_argument("--branch-op", choices=["add", "nccl"], default="add")
     args = parser.parse_args()
-    rows = [time_graph(n, args.reps) for n in (16, 64, 256, 1024)]
+    if args.branch_op == "nccl":
+        torch.distributed.init_process_group(
+            "nccl", store=torch.distributed.HashStore(), rank=0, world_size=1,
+            device_id=torch.device("cuda", 0))
+    for branch in [None, "end", "start"] if args.branch else [None]:
+        fit([time_graph(n, args.reps, branch, args.branch_op) for n in (16, 64, 256, 1024)],
+            branch)
+    if args.branch_op == "nccl":
+        torch.distributed.destroy_process_group()
+
+
+def fit(rows: list, branch: str | None) -> None:
     for row in rows:
         print(json.dumps(row))
     # Least-squares slope of us per replay over nodes.
@@ -63,7 +116,8 @@ def main() -> None:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
     checks = "passed" if all(r["check"] == "passed" for r in rows) else "FAILED"
-    print(json.dumps({"what": "graph_node_cost_fit", "us_per_node": slope,
+    print(json.dumps({"what": "graph_node_cost_fit", "branch": branch,
+                      "branch_op": rows[0]["branch_op"], "us_per_node": slope,
                       "us_at_zero_nodes": my - slope * mx, "check": checks,
                       "device": rows[0]["device"]}))
 

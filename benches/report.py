@@ -65,7 +65,8 @@ second of all ranks (R * batch * 1e6 / median; the batch is the model name's `bN
 scaling efficiency: those samples per second over R times the same framework's one-GPU samples
 per second (batch * 1e6 / median) in the mode of `DDP_BASELINES` (Burn: `eager_multi_adam`,
 `graphed_static_multi_adam`, `whole_step` (also for the process modes `ddp_whole_step_in_graph`
-and `ddp_whole_step_processes`, and the threads' `ddp_whole_step_threads_in_graph`); PyTorch: `eager_fused_adam`, `graphed_fused_adam`, and
+and `ddp_whole_step_processes`, the threads' `ddp_whole_step_threads_in_graph`, and their
+`_overlap` variants); PyTorch: `eager_fused_adam`, `graphed_fused_adam`, and
 `whole_step_fused_adam` for `ddp_whole_step`), "-" where that row is missing. Data-parallel rows enter no other table nor the
 plot.
 
@@ -937,11 +938,13 @@ DDP_BASELINES = {
     ("burn", "ddp_graphed"): "graphed_static_multi_adam",
     ("burn", "ddp_whole_step"): "whole_step",
     ("burn", "ddp_whole_step_in_graph"): "whole_step",
+    ("burn", "ddp_whole_step_in_graph_overlap"): "whole_step",
     ("burn", "ddp_whole_step_processes"): "whole_step",
     ("burn", "ddp_whole_step_in_graph_sockets"): "whole_step",
     ("burn", "ddp_whole_step_threads_in_graph"): "whole_step",
     ("burn", "ddp_whole_step_threads_in_graph_after_backward"): "whole_step",
     ("burn", "ddp_whole_step_threads_in_graph_overlap"): "whole_step",
+    ("burn", "ddp_whole_step_threads_in_graph_overlap_one_stream"): "whole_step",
     ("torch", "ddp_eager"): "eager_fused_adam",
     ("torch", "ddp_graphed"): "graphed_fused_adam",
     ("torch", "ddp_whole_step"): "whole_step_fused_adam",

@@ -5,6 +5,7 @@ mod scenarios;
 
 use burn::backend::{Backend, Dispatch};
 use burn::prelude::*;
+use scenarios::processes::Place;
 
 /// The CUDA device. Also sends the libraries' warnings to stderr, tagged with this test's name
 /// ([`warnings`]), and sets the process's TF32 choice first ([`choose_tf32`]).
@@ -976,6 +977,14 @@ fn data_parallel_threads_nccl_in_graph_matches_one_model() {
     scenarios::data_parallel::whole_steps_match_one_model(&devices, in_graph);
 }
 
+/// The same with the all-reduces started during the backward, a bucket per parameter on the
+/// side stream beside it (`testing::overlap_all_reduces(true)`; skipped on one GPU).
+#[test]
+fn data_parallel_threads_nccl_in_graph_overlap_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::data_parallel::overlapped_whole_steps_match_one_model(&devices);
+}
+
 /// The same with the all-reduce between the step's two graphs (`in_graph: false`), NCCL
 /// between threads (skipped on one GPU).
 #[test]
@@ -1057,7 +1066,20 @@ fn capture_thread_local_lets_other_threads_call_cuda() {
 #[test]
 fn data_parallel_process_nccl_in_graph_matches_one_model() {
     let Some(devices) = gpus(2) else { return };
-    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, true);
+    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, Place::InGraph);
+}
+
+/// The same with the all-reduces started during the backward, a bucket per parameter on a
+/// side stream beside it (`testing::overlap_all_reduces(true)` in every rank's process;
+/// skipped on one GPU).
+#[test]
+fn data_parallel_process_nccl_in_graph_overlap_matches_one_model() {
+    let Some(devices) = gpus(2) else { return };
+    scenarios::processes::nccl_processes_match_one_model(
+        PROCESS_CHILD,
+        &devices,
+        Place::InGraphOverlap,
+    );
 }
 
 /// The same with the all-reduce between the step's two graphs (`in_graph: false`, the
@@ -1065,7 +1087,7 @@ fn data_parallel_process_nccl_in_graph_matches_one_model() {
 #[test]
 fn data_parallel_process_nccl_two_graphs_matches_one_model() {
     let Some(devices) = gpus(2) else { return };
-    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, false);
+    scenarios::processes::nccl_processes_match_one_model(PROCESS_CHILD, &devices, Place::TwoGraphs);
 }
 
 /// The same in graph, with NCCL on its network transport over the loopback (sockets;

@@ -14,11 +14,13 @@
 //!                     graphed_static_multi_adam,graphed_loss_static_multi_adam,
 //!                     graphed_multi_adam_no_check,graphed_multi_adam_no_input_copy,
 //!                     ddp_eager,ddp_graphed,ddp_whole_step,ddp_whole_step_in_graph,
-//!                     ddp_whole_step_processes,ddp_whole_step_in_graph_sockets,
-//!                     ddp_whole_step_threads_in_graph,
-//!                     ddp_whole_step_threads_in_graph_overlap]
+//!                     ddp_whole_step_in_graph_overlap,ddp_whole_step_processes,
+//!                     ddp_whole_step_in_graph_sockets,ddp_whole_step_threads_in_graph,
+//!                     ddp_whole_step_threads_in_graph_overlap,
+//!                     ddp_whole_step_threads_in_graph_overlap_one_stream]
 //!            [--host-profile FILE] [--kernel-trace FILE] [--no-check] [--in-process]
 //!            [--check-cost] [--ranks 2] [--tf32 off|on] [--conv-tiling 4x8] [--attention-blocks 16x16]
+//!            [--bucket-caps 1048576x26214400]
 //! ```
 //!
 //! `mlp_fused`, `mlp256_fused`, `transformer_fused`, `lm_fused` and `cnn_fused` are `mlp`,
@@ -179,6 +181,9 @@ struct Options {
     /// `--attention-blocks KEYSxROWS`: the attention backward's blocks on tensor cores
     /// (diagnostic).
     attention_blocks: Option<String>,
+    /// `--bucket-caps FIRSTxREST`: the `_overlap` modes' buckets cut at those bytes
+    /// (diagnostic).
+    bucket_caps: Option<String>,
 }
 
 fn options() -> Options {
@@ -204,6 +209,7 @@ fn options() -> Options {
         tf32: false,
         conv_tiling: None,
         attention_blocks: None,
+        bucket_caps: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -267,6 +273,21 @@ fn options() -> Options {
                 burn_graphed::testing::force_attention_blocks(Some((keys, rows)));
                 eprintln!("# attention backward blocks forced: {keys} keys x {rows} rows");
                 options.attention_blocks = Some(value);
+            }
+            // Diagnostic: the `_overlap` modes' buckets cut at FIRST bytes (the first bucket)
+            // and REST (the others) instead of PyTorch DDP's 1 MiB and 25 MiB; its rows name no
+            // caps, so keep each choice's rows apart.
+            "--bucket-caps" => {
+                let parts: Vec<usize> = value
+                    .split('x')
+                    .map(|p| p.parse().expect("--bucket-caps takes numbers"))
+                    .collect();
+                let [first, rest] = parts[..] else {
+                    panic!("--bucket-caps takes FIRSTxREST bytes, such as 1048576x26214400")
+                };
+                burn_graphed::testing::overlap_bucket_caps(Some((first, rest)));
+                eprintln!("# overlap buckets cut at {first} bytes, then {rest}");
+                options.bucket_caps = Some(value);
             }
             "--steps" => options.steps = value.parse().expect("--steps takes a number"),
             "--reps" => options.reps = value.parse().expect("--reps takes a number"),
@@ -363,6 +384,9 @@ fn run_isolated(options: &Options) {
             }
             if let Some(blocks) = &options.attention_blocks {
                 command.args(["--attention-blocks", blocks]);
+            }
+            if let Some(caps) = &options.bucket_caps {
+                command.args(["--bucket-caps", caps]);
             }
             let status = command.status().expect("spawning a bench run");
             if !status.success() {

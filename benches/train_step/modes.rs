@@ -35,7 +35,7 @@ pub(crate) struct Case<M, I, O> {
 }
 
 /// Every run, in the order they are timed (the default: all but `graphed_static`).
-pub(crate) const MODES: [Mode; 34] = [
+pub(crate) const MODES: [Mode; 36] = [
     Mode::Eager(Optim::Adam),
     Mode::Graphed(FaultInjection::None, Optim::Adam),
     Mode::Graphed(FaultInjection::SkipInputCopy, Optim::Adam),
@@ -78,10 +78,12 @@ pub(crate) const MODES: [Mode; 34] = [
     Mode::Ddp(DdpStep::Graphed),
     Mode::Ddp(DdpStep::WholeStep),
     Mode::Ddp(DdpStep::InGraph),
+    Mode::Ddp(DdpStep::InGraphOverlap),
     Mode::Ddp(DdpStep::BetweenGraphs),
     Mode::Ddp(DdpStep::InGraphSockets),
     Mode::Ddp(DdpStep::ThreadsInGraph),
     Mode::Ddp(DdpStep::ThreadsInGraphOverlap),
+    Mode::Ddp(DdpStep::ThreadsInGraphOverlapOneStream),
 ];
 
 /// Modes of `torch_reference.py` alone: `run.sh bench` passes one `--modes` to both sides, and
@@ -164,12 +166,14 @@ pub(crate) enum Mode {
     /// and `ddp_whole_step` (the whole step in one graph, its all-reduces inside). With one
     /// process per GPU and NCCL between them (`Collective::Nccl`, the run's process rank 0, the
     /// others started by it): `ddp_whole_step_in_graph` (the all-reduce inside the step's one
-    /// graph) and `ddp_whole_step_processes` (between its two graphs);
+    /// graph; `..._overlap`: its all-reduces started during the backward) and
+    /// `ddp_whole_step_processes` (between its two graphs);
     /// `ddp_whole_step_in_graph_sockets`: the first with NCCL on sockets over the loopback, as
     /// between two machines (the run's environment must say so: `processes::SOCKETS`). With
     /// one thread per GPU and burn-graphed's NCCL inside the step's one graph
     /// (`Collective::Nccl` from `DataParallel::group`): `ddp_whole_step_threads_in_graph`, its
-    /// all-reduce after the backward in one bucket, and `..._overlap`, started during it.
+    /// all-reduce after the backward in one bucket, `..._overlap`, started during it, and
+    /// `..._overlap_one_stream`, started during it on the backward's own stream.
     Ddp(DdpStep),
 }
 
@@ -181,6 +185,9 @@ pub(crate) enum DdpStep {
     WholeStep,
     /// One process per GPU, NCCL inside the step's graph.
     InGraph,
+    /// [`DdpStep::InGraph`] with the all-reduces started during the backward, bucket by bucket
+    /// (`testing::overlap_all_reduces(true)` in every rank's process).
+    InGraphOverlap,
     /// One process per GPU, NCCL between the step's two graphs.
     BetweenGraphs,
     /// [`DdpStep::InGraph`] with NCCL on sockets over the loopback.
@@ -190,6 +197,10 @@ pub(crate) enum DdpStep {
     /// [`DdpStep::ThreadsInGraph`] with the all-reduces started during the backward, bucket by
     /// bucket (`testing::overlap_all_reduces(true)`): the overlap's A/B.
     ThreadsInGraphOverlap,
+    /// [`DdpStep::ThreadsInGraphOverlap`] with the buckets' all-reduces on the backward's own
+    /// stream (`testing::overlap_on_side_stream(false)`): what the side stream's fork and joins
+    /// cost.
+    ThreadsInGraphOverlapOneStream,
 }
 
 impl Mode {
@@ -249,10 +260,14 @@ impl Mode {
             Mode::Ddp(DdpStep::Graphed) => "ddp_graphed",
             Mode::Ddp(DdpStep::WholeStep) => "ddp_whole_step",
             Mode::Ddp(DdpStep::InGraph) => "ddp_whole_step_in_graph",
+            Mode::Ddp(DdpStep::InGraphOverlap) => "ddp_whole_step_in_graph_overlap",
             Mode::Ddp(DdpStep::BetweenGraphs) => "ddp_whole_step_processes",
             Mode::Ddp(DdpStep::InGraphSockets) => "ddp_whole_step_in_graph_sockets",
             Mode::Ddp(DdpStep::ThreadsInGraph) => "ddp_whole_step_threads_in_graph",
             Mode::Ddp(DdpStep::ThreadsInGraphOverlap) => "ddp_whole_step_threads_in_graph_overlap",
+            Mode::Ddp(DdpStep::ThreadsInGraphOverlapOneStream) => {
+                "ddp_whole_step_threads_in_graph_overlap_one_stream"
+            }
         }
     }
 

@@ -26,7 +26,20 @@ where
 {
     let mode = Mode::Ddp(ddp);
     let label = format!("{} {}", case.name, mode.label());
-    if let DdpStep::InGraph | DdpStep::BetweenGraphs | DdpStep::InGraphSockets = ddp {
+    // The whole process runs one mode: the switches hold for its captures (each rank's
+    // process sets them, as it runs the same mode).
+    burn_graphed::testing::overlap_all_reduces(matches!(
+        ddp,
+        DdpStep::InGraphOverlap
+            | DdpStep::ThreadsInGraphOverlap
+            | DdpStep::ThreadsInGraphOverlapOneStream
+    ));
+    burn_graphed::testing::overlap_on_side_stream(ddp != DdpStep::ThreadsInGraphOverlapOneStream);
+    if let DdpStep::InGraph
+    | DdpStep::InGraphOverlap
+    | DdpStep::BetweenGraphs
+    | DdpStep::InGraphSockets = ddp
+    {
         let in_graph = ddp != DdpStep::BetweenGraphs;
         if ddp == DdpStep::InGraphSockets {
             super::processes::require_sockets(&label);
@@ -35,13 +48,11 @@ where
     }
     let (devices, collective) = ddp_devices(device, options);
     let collective = match ddp {
-        DdpStep::ThreadsInGraph | DdpStep::ThreadsInGraphOverlap => {
-            Collective::Nccl { in_graph: true }
-        }
+        DdpStep::ThreadsInGraph
+        | DdpStep::ThreadsInGraphOverlap
+        | DdpStep::ThreadsInGraphOverlapOneStream => Collective::Nccl { in_graph: true },
         _ => collective,
     };
-    // The whole process runs one mode: the switch holds for its captures.
-    burn_graphed::testing::overlap_all_reduces(ddp == DdpStep::ThreadsInGraphOverlap);
     let group = DataParallel::group(devices.len(), Duration::from_secs(600), collective)
         .expect("a data-parallel group");
     let model = (case.make)(device);
@@ -68,10 +79,12 @@ where
                     let (per_step, values) = match ddp {
                         DdpStep::WholeStep
                         | DdpStep::InGraph
+                        | DdpStep::InGraphOverlap
                         | DdpStep::BetweenGraphs
                         | DdpStep::InGraphSockets
                         | DdpStep::ThreadsInGraph
-                        | DdpStep::ThreadsInGraphOverlap => {
+                        | DdpStep::ThreadsInGraphOverlap
+                        | DdpStep::ThreadsInGraphOverlapOneStream => {
                             let (per_step, step) = timed_ddp_whole_step(
                                 &dp,
                                 replica,

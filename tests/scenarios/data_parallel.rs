@@ -959,11 +959,35 @@ pub fn nccl_mean_in_place_only_when_unshared(devices: &[Device]) {
     );
 }
 
+/// [`whole_steps_match_one_model`] with NCCL inside the graph and the all-reduces started
+/// during the backward (`overlap_all_reduces(true)`), a bucket per parameter (caps of one
+/// byte: as many all-reduces on the side stream beside the backward as there are parameters,
+/// each joined before the update reads it): the replicas are bitwise equal and equal one
+/// model trained on the whole batches; replicas trained apart differ. Every backward starts
+/// every bucket before it returns.
+pub fn overlapped_whole_steps_match_one_model(devices: &[Device]) {
+    use burn_graphed::testing::{overlap_all_reduces, overlap_bucket_caps, overlap_starts};
+    overlap_all_reduces(true);
+    overlap_bucket_caps(Some((1, 1)));
+    let starts = overlap_starts();
+    whole_steps_match_one_model(devices, Collective::Nccl { in_graph: true });
+    let started = overlap_starts();
+    overlap_bucket_caps(None);
+    overlap_all_reduces(false);
+    assert!(
+        started.0 > starts.0 && started.1 == starts.1,
+        "buckets (started during the backward, after it) went from {starts:?} to {started:?}: \
+         every bucket must start during the backward"
+    );
+}
+
 /// One rank, the all-reduce inside the graph, its all-reduces started during the backward
 /// (`overlap_all_reduces(true)`) with a bucket per parameter (caps of one byte): every bucket
 /// starts while the backward goes on (each parameter's gradient is final before the backward
 /// ends), the replica equals one model trained eagerly, and equals the replica of the same
-/// steps with the all-reduce after the backward in one bucket (the default), bit for bit.
+/// steps with the all-reduce after the backward in one bucket (the default), bit for bit; so
+/// does the replica whose buckets' all-reduces ran on the backward's own stream
+/// (`overlap_on_side_stream(false)`, the A/B of the side stream's cost).
 pub fn one_rank_in_graph_buckets_start_during_the_backward(device: &Device) {
     use burn_graphed::testing::{overlap_all_reduces, overlap_bucket_caps, overlap_starts};
     let device = device.clone().autodiff();
@@ -985,6 +1009,18 @@ pub fn one_rank_in_graph_buckets_start_during_the_backward(device: &Device) {
     );
     let single = one_model_for(&model, &device, true, STEPS);
     ParamsCheck::new(&device, &model).assert("a bucket per parameter", &single, &buckets[0]);
+    overlap_all_reduces(true);
+    overlap_bucket_caps(Some((1, 1)));
+    burn_graphed::testing::overlap_on_side_stream(false);
+    let one_stream = train_whole_steps(&model, devices, &in_graph, true, true);
+    burn_graphed::testing::overlap_on_side_stream(true);
+    overlap_bucket_caps(None);
+    overlap_all_reduces(false);
+    assert_eq!(
+        param_values(&buckets[0]).expect("read"),
+        param_values(&one_stream[0]).expect("read"),
+        "the buckets' replica on the side stream and on the backward's stream, bit for bit"
+    );
     let starts = overlap_starts();
     let after = train_whole_steps(&model, devices, &in_graph, true, true);
     let unchanged = overlap_starts();

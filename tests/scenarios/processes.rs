@@ -22,9 +22,41 @@ use super::data_parallel::{
 };
 use super::*;
 
-/// Set in a child: the all-reduce's place (`in_graph` or `two_graphs`) and the optimizer
-/// (`adam` or `sgd`), as `in_graph,adam`.
+/// Set in a child: the all-reduce's place ([`Place::name`]) and the optimizer (`adam` or
+/// `sgd`), as `in_graph,adam`.
 pub const CHILD: &str = "BURN_GRAPHED_PROCESS_CHILD";
+
+/// Where a data-parallel step's all-reduce runs.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Place {
+    /// Inside the step's one graph, after the backward in one bucket.
+    InGraph,
+    /// Inside the step's one graph, started during the backward, a bucket per parameter
+    /// (`testing::overlap_all_reduces(true)`, caps of one byte).
+    InGraphOverlap,
+    /// Between the step's two graphs.
+    TwoGraphs,
+}
+
+impl Place {
+    /// Its name in [`CHILD`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Place::InGraph => "in_graph",
+            Place::InGraphOverlap => "in_graph_overlap",
+            Place::TwoGraphs => "two_graphs",
+        }
+    }
+
+    fn parse(what: &str) -> Self {
+        match what.split(',').next() {
+            Some("in_graph") => Place::InGraph,
+            Some("in_graph_overlap") => Place::InGraphOverlap,
+            Some("two_graphs") => Place::TwoGraphs,
+            other => panic!("{CHILD}={what}: no place {other:?}"),
+        }
+    }
+}
 
 /// How long a rank waits for the others: a cold kernel cache compiles for minutes.
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -93,8 +125,14 @@ impl ModuleMapper for Load<'_> {
 /// prints `params: BITS` (every parameter's `f32` bits, in visiting order) and its counts.
 pub fn child(device: &Device) {
     let what = std::env::var(CHILD).expect("run by a parent test");
-    let in_graph = what.starts_with("in_graph");
+    let place = Place::parse(&what);
+    let in_graph = place != Place::TwoGraphs;
     let sgd = what.ends_with("sgd");
+    if place == Place::InGraphOverlap {
+        burn_graphed::testing::overlap_all_reduces(true);
+        burn_graphed::testing::overlap_bucket_caps(Some((1, 1)));
+    }
+    let starts = burn_graphed::testing::overlap_starts();
     let env = ProcessEnv::from_env().expect("the launcher's variables, set by the parent");
     let dp = DataParallel::join(&env, TIMEOUT, Collective::Nccl { in_graph }).expect("joined");
     let (rank, ranks) = (env.rank, env.world_size);
@@ -116,11 +154,15 @@ pub fn child(device: &Device) {
     });
     let step = trained.unwrap_or_else(|error| panic!("rank {rank}: {error}"));
     let stats = step.stats();
+    let started = burn_graphed::testing::overlap_starts();
     println!(
-        "rank {rank}: steps {}, replays {}, eager {}, graphs {:?}",
+        "rank {rank}: steps {}, replays {}, eager {}, buckets started during the backward {}, \
+         after it {}, graphs {:?}",
         step.steps(),
         stats.replays,
         stats.total_eager(),
+        started.0 - starts.0,
+        started.1 - starts.1,
         stats.graphs
     );
     let bits: Vec<String> = param_values(&step.module())
@@ -213,19 +255,19 @@ fn launch(child_test: &str, what: &str, extra: &[(&str, &str)]) -> Vec<(Vec<f32>
 }
 
 /// Two processes, one per GPU (`devices`, the parent's view of both), averaging with NCCL
-/// (`in_graph`: inside the step's one graph; otherwise between its two graphs): every step of
-/// every rank replays, and the replicas equal one model trained eagerly on the whole batches
-/// on `devices[0]`, with Adam and with SGD; the replicas trained apart (no averaging, in this
-/// process) differ, or the check is blind.
-pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], in_graph: bool) {
-    match_one_model(child_test, devices, in_graph, &[]);
+/// at `place`: every step of every rank replays, and the replicas equal one model trained
+/// eagerly on the whole batches on `devices[0]`, with Adam and with SGD; the replicas trained
+/// apart (no averaging, in this process) differ, or the check is blind. Buckets start during
+/// the backward where the place says so, and only there.
+pub fn nccl_processes_match_one_model(child_test: &str, devices: &[Device], place: Place) {
+    match_one_model(child_test, devices, place, &[]);
 }
 
 /// [`nccl_processes_match_one_model`] in graph, NCCL on sockets over the loopback
 /// ([`OVER_SOCKETS`]): a stand-in for two machines. Every rank's NCCL log must name the socket
 /// transport (else the run proved nothing of it).
 pub fn nccl_over_sockets_matches_one_model(child_test: &str, devices: &[Device]) {
-    for printed in match_one_model(child_test, devices, true, OVER_SOCKETS) {
+    for printed in match_one_model(child_test, devices, Place::InGraph, OVER_SOCKETS) {
         assert!(
             printed.contains("via NET/Socket"),
             "NCCL ran over sockets: {}",
@@ -244,7 +286,7 @@ pub fn nccl_over_sockets_matches_one_model(child_test: &str, devices: &[Device])
 fn match_one_model(
     child_test: &str,
     devices: &[Device],
-    in_graph: bool,
+    place: Place,
     extra: &[(&str, &str)],
 ) -> Vec<String> {
     let mut printed = Vec::new();
@@ -254,7 +296,8 @@ fn match_one_model(
     let model = start_model(&device);
     for sgd in [false, true] {
         let single = one_model_on_whole_batches(&model, &device, sgd);
-        let place = if in_graph { "in_graph" } else { "two_graphs" };
+        let in_graph = place != Place::TwoGraphs;
+        let place = place.name();
         let optimizer = if sgd { "sgd" } else { "adam" };
         let ranks = launch(child_test, &format!("{place},{optimizer}"), extra);
         printed.extend(ranks.iter().map(|(_, _, text)| text.clone()));
@@ -265,6 +308,16 @@ fn match_one_model(
                 assert!(
                     counts.contains(&format!("replays {STEPS}, eager 0")),
                     "every step replays: {counts}"
+                );
+                let overlapped = !counts.contains("during the backward 0,");
+                assert_eq!(
+                    overlapped,
+                    place == Place::InGraphOverlap.name(),
+                    "buckets start during the backward with the overlap only: {counts}"
+                );
+                assert!(
+                    counts.contains("after it 0,"),
+                    "no bucket after it: {counts}"
                 );
                 // One graph a step with the all-reduce inside, two around it.
                 let graphs = if in_graph { 1 } else { 2 };

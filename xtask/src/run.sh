@@ -51,7 +51,8 @@
 #                          around them) of the PROFILE_MODES (default "eager graphed"; each side
 #                          runs the ones it knows) on the PROFILE_SIDES (default "burn torch":
 #                          PyTorch names modes and models its own way) in PROFILE_DTYPE (f32) with
-#                          Nsight Systems (kernel and API summaries as CSV into $OUT), or with
+#                          Nsight Systems (kernel and API summaries as CSV into $OUT; other
+#                          `nsys stats` reports with PROFILE_REPORTS, e.g. cuda_gpu_trace), or with
 #                          Nsight Compute where nsys is missing (the range's first
 #                          PROFILE_COUNT=300 launches, each graph one launch unless
 #                          PROFILE_GRAPHS=node; GPU clocks locked at base, as unlocked ones
@@ -639,7 +640,7 @@ PY
             --capture-range=cudaProfilerApi --capture-range-end=stop \
             -o "$work/${side}_$mode" "${cmd[@]}" --dtype "$dtype" --modes "$mode" "${args[@]}" \
             > "$dest/${side}_$mode.jsonl" 2>"$dest/${side}_$mode.err"
-          nsys stats --report cuda_gpu_kern_sum,cuda_api_sum --format csv \
+          nsys stats --report "${PROFILE_REPORTS:-cuda_gpu_kern_sum,cuda_api_sum}" --format csv \
             --output "$dest/${side}_$mode" "$work/${side}_$mode.nsys-rep" >/dev/null 2>&1
         done
       elif command -v ncu >/dev/null 2>&1; then

@@ -326,6 +326,13 @@ pub mod testing {
         crate::cube::set_overlap(on);
     }
 
+    /// Makes the all-reduces that [`overlap_all_reduces`] starts during the backward run on a
+    /// side stream beside it (`true`, the default), or on the backward's own stream in its order
+    /// (`false`): the A/B of what the fork and the joins cost a step.
+    pub fn overlap_on_side_stream(on: bool) {
+        crate::cube::nccl_set_side_stream(on);
+    }
+
     /// Makes the steps captured after it cut their gradients' buckets at `caps` bytes (the
     /// first bucket's, the others'; PyTorch's DDP's 1 MiB and 25 MiB by default, `None`).
     pub fn overlap_bucket_caps(caps: Option<(usize, usize)>) {

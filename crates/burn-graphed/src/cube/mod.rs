@@ -77,7 +77,7 @@ pub(crate) use self::{
 pub(crate) use self::{
     collective::{
         inject_error as nccl_inject_error, reductions as nccl_reductions,
-        set_abort as nccl_set_abort,
+        set_abort as nccl_set_abort, set_side_stream as nccl_set_side_stream,
     },
     driver_copy::copies as driver_copies,
     graph::driver::set_global_mode as set_capture_global_mode,
@@ -109,9 +109,9 @@ pub(crate) use stand_in::{
 #[cfg(all(not(feature = "cube"), feature = "testing"))]
 pub(crate) use stand_in::{
     attention_tensor_core_calls, driver_copies, force_attention_blocks, force_conv_tiling,
-    fused_norm_forwards, nccl_inject_error, nccl_reductions, nccl_set_abort, norm_rows_per_chunk,
-    norm_sum_lanes, overlap_starts, packed_attention_calls, set_capture_global_mode, set_overlap,
-    set_overlap_caps, set_progress_intervals, vendor_gemms,
+    fused_norm_forwards, nccl_inject_error, nccl_reductions, nccl_set_abort, nccl_set_side_stream,
+    norm_rows_per_chunk, norm_sum_lanes, overlap_starts, packed_attention_calls,
+    set_capture_global_mode, set_overlap, set_overlap_caps, set_progress_intervals, vendor_gemms,
 };
 /// Without cubecl no convolution is fused (the value is never used).
 #[cfg(not(feature = "cube"))]

@@ -2,9 +2,14 @@
 //! run while the backward goes on in cubecl's stream (`collective`'s `start_mean` and
 //! `wait_mean`). A bucket's all-reduce is forked off cubecl's stream by an event (the side
 //! stream waits for the kernels that filled the bucket) and its end is recorded in an event of
-//! its own, which cubecl's stream waits for before the update reads the bucket. Inside a
-//! recording the fork draws the side stream into the capture and the waits join it back, as
-//! CUDA requires of every stream a capture forks before the capture ends.
+//! its own. cubecl's stream joins the side stream once, on the last bucket's event (the side
+//! stream runs its buckets in order), before anything reads a bucket. Inside a recording the
+//! fork draws the side stream into the capture and the join brings it back, as CUDA requires of
+//! every stream a capture forks before the capture ends.
+//!
+//! One join on the last event, not one per bucket: a wait on an earlier bucket's event would
+//! be an edge the later one implies, and a graph with such redundant edges launches each of its
+//! kernels more slowly (docs/decisions.md, "The all-reduces can start during the backward").
 //!
 //! Streams and events live as long as the process, as cubecl's streams do: a group's are made
 //! at its first overlapped all-reduce, on the device of the stream it forks from.
@@ -22,6 +27,8 @@ struct Side {
     fork: usize,
     /// `CUevent`s, as addresses: bucket `k`'s all-reduce ended.
     done: Vec<usize>,
+    /// The bucket whose all-reduce was enqueued last and cubecl's stream has not joined yet.
+    pending: Option<usize>,
 }
 
 /// The side streams of this process, by NCCL group.
@@ -58,6 +65,7 @@ pub(super) unsafe fn fork(group: usize, main: CUstream, bucket: usize) -> Result
             stream: stream as usize,
             fork: event()?,
             done: Vec::new(),
+            pending: None,
         };
         vacant.insert(side);
     }
@@ -87,9 +95,9 @@ pub(super) unsafe fn fork(group: usize, main: CUstream, bucket: usize) -> Result
 ///
 /// [`fork`] made the group's stream and the bucket's event, and its context is current.
 pub(super) unsafe fn done(group: usize, bucket: usize) -> Result<(), String> {
-    let sides = crate::sync::lock(&SIDES);
+    let mut sides = crate::sync::lock(&SIDES);
     let side = sides
-        .get(&group)
+        .get_mut(&group)
         .ok_or_else(|| format!("NCCL group {group} has no side stream"))?;
     let event = *side
         .done
@@ -98,24 +106,29 @@ pub(super) unsafe fn done(group: usize, bucket: usize) -> Result<(), String> {
     // SAFETY: the event and stream are live (made by `fork`, never destroyed).
     unsafe { sys::cuEventRecord(event as CUevent, side.stream as CUstream) }
         .result()
-        .map_err(|e| format!("cuEventRecord (bucket {bucket} done): {e}"))
+        .map_err(|e| format!("cuEventRecord (bucket {bucket} done): {e}"))?;
+    side.pending = Some(bucket);
+    Ok(())
 }
 
-/// Makes `main` wait until bucket `bucket`'s all-reduce on group `group`'s side stream ended.
+/// Makes `main` wait until every all-reduce enqueued on group `group`'s side stream ended (the
+/// last one's event), unless it did already since they were enqueued.
 ///
 /// # Safety
 ///
-/// `main` is a live stream of cubecl's server on the device of the group's side stream, and
-/// [`done`] recorded the bucket's event since the step began.
-pub(super) unsafe fn join(group: usize, bucket: usize, main: CUstream) -> Result<(), String> {
-    let sides = crate::sync::lock(&SIDES);
-    let event = sides
-        .get(&group)
-        .and_then(|side| side.done.get(bucket))
-        .ok_or_else(|| format!("NCCL group {group} started no bucket {bucket} on a side stream"))?;
+/// `main` is a live stream of cubecl's server on the device of the group's side stream.
+pub(super) unsafe fn join(group: usize, main: CUstream) -> Result<(), String> {
+    let mut sides = crate::sync::lock(&SIDES);
+    let Some(side) = sides.get_mut(&group) else {
+        return Ok(());
+    };
+    let Some(bucket) = side.pending.take() else {
+        return Ok(());
+    };
+    let event = side.done[bucket];
     // SAFETY: the event is live (made by `fork`, never destroyed); `main` is live (this
     // function's contract).
-    unsafe { sys::cuStreamWaitEvent(main, *event as CUevent, 0) }
+    unsafe { sys::cuStreamWaitEvent(main, event as CUevent, 0) }
         .result()
         .map_err(|e| format!("cuStreamWaitEvent (bucket {bucket}): {e}"))
 }

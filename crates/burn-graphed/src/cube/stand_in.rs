@@ -70,6 +70,10 @@ pub(crate) fn set_overlap(_on: bool) {}
 
 /// Nothing records without cubecl.
 #[cfg(feature = "testing")]
+pub(crate) fn nccl_set_side_stream(_on: bool) {}
+
+/// Nothing records without cubecl.
+#[cfg(feature = "testing")]
 pub(crate) fn set_overlap_caps(_caps: Option<(usize, usize)>) {}
 
 /// Nothing records without cubecl.

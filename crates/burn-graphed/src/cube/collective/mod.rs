@@ -72,6 +72,24 @@ static INJECTED: Mutex<Option<String>> = Mutex::new(None);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 static HELD: Mutex<Vec<(usize, usize, CubeTensor)>> = Mutex::new(Vec::new());
 
+/// Whether [`start_mean`]'s all-reduces fork onto the group's side stream (the default), or are
+/// enqueued on cubecl's stream where they start, in the backward's order ([`wait_mean`] then
+/// waits for nothing): a test's A/B of what the fork and the joins cost where nothing overlaps.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+static SIDE_STREAM: AtomicBool = AtomicBool::new(true);
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn on_side_stream() -> bool {
+    SIDE_STREAM.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Makes the all-reduces started after it run on the group's side stream (`true`, the default)
+/// or on cubecl's stream.
+#[cfg(feature = "testing")]
+pub(crate) fn set_side_stream(on: bool) {
+    SIDE_STREAM.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// All-reduces enqueued in place (the bucket's own buffer) and into a new buffer (the bucket
 /// held elsewhere too), for tests.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -219,13 +237,30 @@ pub(crate) fn mean(bucket: Tensor<1>, group: usize) -> Tensor<1> {
     })
 }
 
+/// Where an all-reduce is enqueued.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Clone, Copy)]
+enum On {
+    /// cubecl's stream, in order.
+    Main,
+    /// The group's side stream, forked off cubecl's after what it holds so far, as bucket
+    /// `index` of a step.
+    Side(usize),
+    /// cubecl's stream, once it joined the side stream: a step's last bucket, which nothing is
+    /// left to overlap.
+    MainAfterSide,
+}
+
 /// [`mean`] of bucket `index` of a step whose all-reduces start during the backward: enqueued on
 /// the group's side stream (`side_stream`), after what cubecl's stream holds so far, so that the
-/// backward's later kernels run beside it. Every rank starts the same buckets in the same order;
-/// [`wait_mean`] makes cubecl's stream wait for it before anything reads the mean.
-pub(crate) fn start_mean(bucket: Tensor<1>, group: usize, index: usize) -> Tensor<1> {
+/// backward's later kernels run beside it; or (`last`: the step's last bucket, which starts as
+/// its backward ends) on cubecl's stream after it joined the side stream, so that the step's
+/// graph holds one branch and no edge another implies. Every rank starts the same buckets in
+/// the same order; [`wait_mean`] makes cubecl's stream wait for it before anything reads the
+/// mean.
+pub(crate) fn start_mean(bucket: Tensor<1>, group: usize, index: usize, last: bool) -> Tensor<1> {
     collective_op(bucket, group, |fused| {
-        <Cube as CollectiveOps>::nccl_start_mean(fused, group, index)
+        <Cube as CollectiveOps>::nccl_start_mean(fused, group, index, last)
     })
 }
 
@@ -284,10 +319,15 @@ pub(crate) trait CollectiveOps: Backend {
     #[fusion(meta = |bucket, _group| bucket.clone())]
     fn nccl_mean(bucket: FloatTensor<Self>, group: usize) -> FloatTensor<Self>;
 
-    /// [`nccl_mean`](Self::nccl_mean) on the group's side stream, as bucket `index` of a step
-    /// ([`start_mean`]).
-    #[fusion(meta = |bucket, _group, _index| bucket.clone())]
-    fn nccl_start_mean(bucket: FloatTensor<Self>, group: usize, index: usize) -> FloatTensor<Self>;
+    /// [`nccl_mean`](Self::nccl_mean) on the group's side stream, as bucket `index` of a step,
+    /// or after it (`last`) ([`start_mean`]).
+    #[fusion(meta = |bucket, _group, _index, _last| bucket.clone())]
+    fn nccl_start_mean(
+        bucket: FloatTensor<Self>,
+        group: usize,
+        index: usize,
+        last: bool,
+    ) -> FloatTensor<Self>;
 
     /// `mean` once cubecl's stream waited for bucket `index`'s all-reduce ([`wait_mean`]).
     #[fusion(meta = |mean, _group, _index| mean.clone())]
@@ -296,13 +336,16 @@ pub(crate) trait CollectiveOps: Backend {
 
 impl CollectiveOps for CubeBackend {
     fn nccl_mean(bucket: CubeTensor, group: usize) -> CubeTensor {
-        enqueued(bucket, group, |bucket| nccl::mean(bucket, group, None))
+        enqueued(bucket, group, |bucket| nccl::mean(bucket, group, On::Main))
     }
 
-    fn nccl_start_mean(bucket: CubeTensor, group: usize, index: usize) -> CubeTensor {
-        enqueued(bucket, group, |bucket| {
-            nccl::mean(bucket, group, Some(index))
-        })
+    fn nccl_start_mean(bucket: CubeTensor, group: usize, index: usize, last: bool) -> CubeTensor {
+        let on = if last {
+            On::MainAfterSide
+        } else {
+            On::Side(index)
+        };
+        enqueued(bucket, group, |bucket| nccl::mean(bucket, group, on))
     }
 
     fn nccl_wait_mean(mean: CubeTensor, group: usize, index: usize) -> CubeTensor {
@@ -318,7 +361,7 @@ mod nccl {
 
     const NO_NCCL: &str = "NCCL needs burn-graphed's cuda feature";
 
-    pub(super) fn mean(_: &CubeTensor, _: usize, _: Option<usize>) -> Result<CubeTensor, String> {
+    pub(super) fn mean(_: &CubeTensor, _: usize, _: super::On) -> Result<CubeTensor, String> {
         Err(NO_NCCL.into())
     }
 

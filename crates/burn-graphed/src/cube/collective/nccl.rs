@@ -9,7 +9,7 @@ use cudarc::nccl::{result, sys};
 
 use super::super::cuda_stream::{CudaServer, make_current};
 use super::super::dense::{Dense, is_dense};
-use super::{COMMUNICATORS, UNIQUE_ID_BYTES};
+use super::{COMMUNICATORS, On, UNIQUE_ID_BYTES};
 
 /// NCCL's data type for `dtype`.
 fn nccl_type(dtype: DType) -> Option<sys::ncclDataType_t> {
@@ -212,13 +212,8 @@ pub(super) fn abort(comm: usize, streams: &[Option<usize>], reason: &str) {
 }
 
 /// The mean of `bucket` over group `group`, in the bucket's buffer or a new dense tensor,
-/// enqueued on the stream cubecl's kernels run on, or (`side`: bucket `index` of a step) on
-/// the group's side stream after what that stream holds so far ([`wait`] joins it back).
-pub(super) fn mean(
-    bucket: &CubeTensor,
-    group: usize,
-    side: Option<usize>,
-) -> Result<CubeTensor, String> {
+/// enqueued where `on` says.
+pub(super) fn mean(bucket: &CubeTensor, group: usize, on: On) -> Result<CubeTensor, String> {
     let dims = bucket.meta.shape().num_dims();
     if dims != 1 {
         return Err(format!("a bucket of {dims} dimensions, expected 1"));
@@ -262,10 +257,19 @@ pub(super) fn mean(
     // hold.
     unsafe { make_current(main) }.map_err(|(call, e)| format!("{call}: {e}"))?;
     make_communicator(group, main)?;
-    let stream = match side {
+    let on = match on {
+        On::Side(_) | On::MainAfterSide if !super::on_side_stream() => On::Main,
+        on => on,
+    };
+    let stream = match on {
         // SAFETY: `main` is live and its context current (above).
-        Some(index) => unsafe { super::super::side_stream::fork(group, main, index) }?,
-        None => main,
+        On::Side(index) => unsafe { super::super::side_stream::fork(group, main, index) }?,
+        On::MainAfterSide => {
+            // SAFETY: `main` is live and its context current (above).
+            unsafe { super::super::side_stream::join(group, main) }?;
+            main
+        }
+        On::Main => main,
     };
     let mut communicators = crate::sync::lock(&COMMUNICATORS);
     let comm = communicator(&mut communicators, group)?;
@@ -291,7 +295,7 @@ pub(super) fn mean(
     }
     .map_err(|e| format!("ncclAllReduce: {e:?}"))?;
     drop(communicators);
-    if let Some(index) = side {
+    if let On::Side(index) = on {
         // SAFETY: `fork` made the side stream and this bucket's event; the context is
         // current (above).
         unsafe { super::super::side_stream::done(group, index) }?;
@@ -309,9 +313,14 @@ pub(super) fn mean(
 }
 
 /// `mean` (bucket `index` of group `group`, started on the side stream) once the stream
-/// cubecl's kernels run on waited for its all-reduce; the bucket's source, where it was
-/// not reduced in place, is let go.
+/// cubecl's kernels run on waited for its all-reduce (and every one started before it, the
+/// side stream's last: the first wait of a step joins, the others find it joined); the
+/// bucket's source, where it was not reduced in place, is let go.
 pub(super) fn wait(mean: &CubeTensor, group: usize, index: usize) -> Result<CubeTensor, String> {
+    if !super::on_side_stream() {
+        // Enqueued on cubecl's stream (`mean`): in order already.
+        return Ok(mean.clone());
+    }
     let resource = mean
         .client
         .get_resource::<CudaServer>(mean.handle.clone())
@@ -324,7 +333,7 @@ pub(super) fn wait(mean: &CubeTensor, group: usize, index: usize) -> Result<Cube
     // hold; the bucket's event was recorded when its all-reduce was enqueued (`mean`).
     unsafe {
         make_current(main).map_err(|(call, e)| format!("{call}: {e}"))?;
-        super::super::side_stream::join(group, index, main)?;
+        super::super::side_stream::join(group, main)?;
     }
     crate::sync::lock(&super::HELD).retain(|(g, i, _)| (*g, *i) != (group, index));
     Ok(mean.clone())

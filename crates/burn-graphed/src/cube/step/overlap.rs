@@ -7,7 +7,10 @@
 //! backward. After the backward, the buckets not started yet start (a parameter without a
 //! gradient leaves its bucket to then, composed of the gradients there are, alike on every rank
 //! whose gradients are alike: the ranks agree on that layout every step); the update reads
-//! each bucket after cubecl's stream waited for its all-reduce.
+//! each bucket after cubecl's stream waited for its all-reduce. The plan's last bucket (the
+//! first layers', final as the backward ends) and the buckets that start after the backward run
+//! on cubecl's stream once it joined the side stream: nothing is left to overlap them with, and
+//! a step's graph then holds one branch without redundant edges (`side_stream`).
 //!
 //! [`StepCut::InGraph`]: super::super::values::StepCut::InGraph
 
@@ -117,8 +120,9 @@ pub(in crate::cube) fn plan(
 }
 
 /// How a started bucket's all-reduce is enqueued (`collective::start_mean` on CUDA; the CPU
-/// suite's tests pass their own): bucket `index` of the step, its values, to its mean.
-pub(in crate::cube) type Start = Box<dyn FnMut(usize, Tensor<1>) -> Tensor<1> + Send>;
+/// suite's tests pass their own): bucket `index` of the step, its values, whether it is the
+/// step's last (nothing left to overlap it with), to its mean.
+pub(in crate::cube) type Start = Box<dyn FnMut(usize, Tensor<1>, bool) -> Tensor<1> + Send>;
 
 /// The buckets of one backward pass: the gradients handed over, the buckets started.
 pub(in crate::cube) struct Buckets {
@@ -216,7 +220,10 @@ impl Buckets {
             .collect();
         // A fresh buffer the all-reduce alone holds: reduced in place.
         let bucket = Tensor::cat(parts, 0);
-        let mean = (self.start)(self.started.len(), bucket);
+        // The plan's last bucket holds the first layers' gradients, final as the backward ends,
+        // as are the buckets that start after it.
+        let last = self.finishing || self.next == self.plan.len();
+        let mean = (self.start)(self.started.len(), bucket, last);
         self.started.push((members, mean));
         let count = if self.finishing { &STARTS.1 } else { &STARTS.0 };
         count.fetch_add(1, Ordering::Relaxed);
@@ -306,7 +313,7 @@ pub(in crate::cube) fn gradients(
         DType::F32
     };
     let plan = plan(&numels, trained, dtype.size(), caps());
-    let start: Start = Box::new(move |index, bucket| start_mean(bucket, group, index));
+    let start: Start = Box::new(move |index, bucket, last| start_mean(bucket, group, index, last));
     let buckets = Buckets::new(plan, numels.len(), dtype, start);
     let marked = marked(leaves, trained);
     let (gradients, buckets) = during(buckets, || {
@@ -479,10 +486,10 @@ mod tests {
             };
             let started = Arc::new(Mutex::new(Vec::new()));
             let log = started.clone();
-            let start: super::Start = Box::new(move |index, bucket: Tensor<1>| {
+            let start: super::Start = Box::new(move |index, bucket: Tensor<1>, last| {
                 log.lock()
                     .unwrap()
-                    .push((index, bucket.shape().num_elements()));
+                    .push((index, bucket.shape().num_elements(), last));
                 bucket
             });
             // One parameter a bucket: caps of one byte.
@@ -492,8 +499,8 @@ mod tests {
             if mark {
                 assert_eq!(
                     during_backward,
-                    vec![(0, 16), (1, 64), (2, 32)],
-                    "last layer first"
+                    vec![(0, 16, false), (1, 64, false), (2, 32, true)],
+                    "last layer first; the first layer's bucket, the plan's last, last"
                 );
             } else {
                 assert!(during_backward.is_empty(), "control: {during_backward:?}");
