@@ -3,6 +3,8 @@
 //! method). Built and bundled by `cargo xtask gpu-test` (or `cargo xtask bench`); run on a GPU
 //! machine with `bash target/gpu-bundle/run.sh bench`, which runs both sides and writes the
 //! JSON lines that `benches/report.py` turns into BENCHMARKS.md's table and plot.
+//! (Long: this doc is the bench's manual, every mode and flag; the modes themselves are in
+//! `modes.rs`, their timing in `timed.rs`, the value checks in `checks.rs`.)
 //!
 //! ```text
 //! train_step [--models mlp,mlp256,mlpcol,transformer,cnn,lm,mlp_fused,mlp256_fused,transformer_fused,

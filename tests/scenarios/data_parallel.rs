@@ -1,6 +1,10 @@
 //! Data-parallel training with `DataParallel`: two graphed replicas, each on half of every
 //! batch, their gradients averaged, against one model trained eagerly on the whole batch; and
 //! the failures that must end every rank's step, not hang it.
+//!
+//! Long on purpose: the thread scenarios share one model, one split of the batch and the
+//! checks of `whole_steps_match_one_model` (with its controls); the process scenarios, which
+//! need a child process each, are in `processes.rs`.
 
 use std::thread;
 use std::time::Duration;
