@@ -188,6 +188,18 @@ struct Options {
     bucket_caps: Option<String>,
 }
 
+/// The numbers of a flag's `AxB[x...]` value (`--conv-tiling`, `--attention-blocks`,
+/// `--bucket-caps`).
+fn numbers(value: &str, flag: &str) -> Vec<usize> {
+    value
+        .split('x')
+        .map(|p| {
+            p.parse()
+                .unwrap_or_else(|_| panic!("{flag} takes numbers, got {value}"))
+        })
+        .collect()
+}
+
 fn options() -> Options {
     let mut options = Options {
         models: ["mlp", "mlp256", "transformer", "cnn", "lm"]
@@ -244,10 +256,7 @@ fn options() -> Options {
             // SPLITS parts, 1 if not given), to compare tilings; its rows name no tiling, so
             // keep each tiling's rows apart.
             "--conv-tiling" => {
-                let parts: Vec<usize> = value
-                    .split('x')
-                    .map(|p| p.parse().expect("--conv-tiling takes numbers"))
-                    .collect();
+                let parts = numbers(&value, "--conv-tiling");
                 let (pixels, channels, splits) = match parts[..] {
                     [p, c] => (p, c, 1),
                     [p, c, s] => (p, c, s),
@@ -265,10 +274,7 @@ fn options() -> Options {
             // block of a dQ plane, query rows per block of a dK/dV plane), where they fit; its
             // rows name no blocks, so keep each choice's rows apart.
             "--attention-blocks" => {
-                let parts: Vec<usize> = value
-                    .split('x')
-                    .map(|p| p.parse().expect("--attention-blocks takes numbers"))
-                    .collect();
+                let parts = numbers(&value, "--attention-blocks");
                 let [keys, rows] = parts[..] else {
                     panic!("--attention-blocks takes KEYSxROWS, such as 16x16")
                 };
@@ -280,10 +286,7 @@ fn options() -> Options {
             // and REST (the others) instead of PyTorch DDP's 1 MiB and 25 MiB; its rows name no
             // caps, so keep each choice's rows apart.
             "--bucket-caps" => {
-                let parts: Vec<usize> = value
-                    .split('x')
-                    .map(|p| p.parse().expect("--bucket-caps takes numbers"))
-                    .collect();
+                let parts = numbers(&value, "--bucket-caps");
                 let [first, rest] = parts[..] else {
                     panic!("--bucket-caps takes FIRSTxREST bytes, such as 1048576x26214400")
                 };
